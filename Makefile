@@ -1,0 +1,46 @@
+# Entry points; each one installs what it needs first (Debian, as root or with sudo).
+#   make demo         train the default GPT on local ranks (until training lands: bench-comm)
+#   make test         release build + every test
+#   make sanitize     ASan+UBSan over the fast tests, TSan over the comm tests
+#   make format-check clang-format over the sources, changing nothing
+JOBS ?= $(shell nproc)
+RELEASE := build/release
+ZERODP := $(RELEASE)/cli/zerodp
+
+.PHONY: deps build demo test sanitize asan tsan format format-check clean
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	@cmake --preset release >/dev/null
+	@cmake --build --preset release -j $(JOBS)
+
+demo: build
+	$(ZERODP) bench-comm --ranks 2 --max-bytes 64MiB
+
+test: build
+	ctest --preset release -j $(JOBS)
+
+asan: deps
+	@cmake --preset asan-ubsan >/dev/null
+	@cmake --build --preset asan-ubsan -j $(JOBS)
+	ctest --preset asan-ubsan -j $(JOBS)
+
+tsan: deps
+	@cmake --preset tsan >/dev/null
+	@cmake --build --preset tsan -j $(JOBS) --target comm_test
+	TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan.supp halt_on_error=1" \
+	  ctest --preset tsan -j $(JOBS)
+
+sanitize: asan tsan
+
+FORMAT_FILES = $(shell git ls-files '*.h' '*.cc' '*.cpp')
+format:
+	clang-format -i $(FORMAT_FILES)
+
+format-check:
+	clang-format --dry-run --Werror $(FORMAT_FILES)
+
+clean:
+	rm -rf build

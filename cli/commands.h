@@ -1,0 +1,34 @@
+// The zerodp subcommands. Each registers its flags on a CLI11 subcommand and returns the
+// function that runs it; main() owns parsing, MPI start-up and turning errors into exit codes.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace zerodp::cli {
+
+// Exit codes: 0 ok, 1 runtime failure (comm, I/O), 2 bad usage or configuration,
+// 3 corrupt data. main() maps exceptions onto them.
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitCorrupt = 3;
+
+struct Launch {
+  int& argc;
+  char**& argv;
+};
+
+using Runner = std::function<int(Launch)>;
+
+// The command line without the program name, with `--config FILE` (a JSON object of
+// flag names without "--" to values) replaced by the flags it holds, placed before the
+// other flags so that those win. Throws InvalidArgument naming the file and the key.
+std::vector<std::string> expand_config_file(int argc, char** argv);
+
+Runner add_bench_comm(CLI::App& app);
+Runner add_train(CLI::App& app);
+
+}  // namespace zerodp::cli

@@ -1,0 +1,64 @@
+// zerodp: data-parallel training with ZeRO stages 0-3, and the tools around it.
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <string>
+
+#include <fmt/core.h>
+
+#include "commands.h"
+#include "comm/communicator.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  using namespace zerodp;
+  CLI::App app{
+      "zerodp " ZERODP_VERSION
+      ": data-parallel training with ZeRO stages 0-3, measured.\n"
+      "Every stage's memory and communication is counted per rank and reported.",
+      "zerodp"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "zerodp " ZERODP_VERSION);
+  app.footer(
+      "Examples:\n"
+      "  zerodp bench-comm --ranks 4 --max-bytes 64MiB\n"
+      "  mpirun -np 2 zerodp bench-comm --backend mpi --json\n"
+      "Run 'zerodp SUBCOMMAND --help' for a subcommand's options.");
+
+  std::map<const CLI::App*, cli::Runner> runners;
+  CLI::App* train = app.add_subcommand("train", "Train a model data-parallel at a ZeRO stage");
+  runners[train] = cli::add_train(*train);
+  CLI::App* bench = app.add_subcommand("bench-comm", "Time every collective, like nccl-tests");
+  runners[bench] = cli::add_bench_comm(*bench);
+
+  std::vector<std::string> args;
+  try {
+    args = cli::expand_config_file(argc, argv);
+  } catch (const Error& e) {
+    fmt::print(stderr, "zerodp: {}\n", e.what());
+    return cli::kExitUsage;
+  }
+  try {
+    std::reverse(args.begin(), args.end());  // CLI11 takes a vector last-first
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : cli::kExitUsage;
+  }
+  try {
+    for (const auto& [sub, run] : runners) {
+      if (sub->parsed()) return run(cli::Launch{argc, argv});
+    }
+  } catch (const InvalidArgument& e) {
+    fmt::print(stderr, "zerodp: {}\n", e.what());
+    return cli::kExitUsage;
+  } catch (const CorruptData& e) {
+    fmt::print(stderr, "zerodp: {}\n", e.what());
+    return cli::kExitCorrupt;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "zerodp: {}\n", e.what());
+    return cli::kExitFailure;
+  }
+  return cli::kExitUsage;
+}

@@ -1,0 +1,187 @@
+// zerodp train: a data-parallel training run at any ZeRO stage, with a report.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "core/error.h"
+#include "core/units.h"
+#include "train/engine.h"
+#include "train/report.h"
+
+namespace zerodp::cli {
+namespace {
+
+struct Flags {
+  TrainConfig cfg;
+  std::string backend = "local";
+  std::string precision = "bf16";
+  std::string accumulate;  // empty = the stage's default
+  std::string memory_per_rank;
+  std::string timeout = "300";
+  std::string config_file;
+  bool no_progress = false;
+};
+
+class Progress {
+ public:
+  explicit Progress(bool enabled) : tty_(enabled && isatty(fileno(stderr)) != 0) {}
+
+  void operator()(const StepRecord& s, int64_t total) {
+    tokens_ += s.tokens;
+    seconds_ += s.seconds;
+    const double tps = seconds_ > 0 ? static_cast<double>(tokens_) / seconds_ : 0;
+    const double eta = seconds_ / static_cast<double>(s.step) * static_cast<double>(total - s.step);
+    std::string line = fmt::format("step {:>{}}/{} loss {:.4f} lr {:.2e} norm {:.3f} {:.0f} tok/s",
+                                   s.step, digits(total), total, s.loss, s.lr, s.grad_norm, tps);
+    if (s.loss_scale) line += fmt::format(" scale {:g}", *s.loss_scale);
+    if (s.skipped) line += " [skipped]";
+    if (s.val_loss) line += fmt::format(" val {:.4f}", *s.val_loss);
+    if (tty_) {
+      const int width = 24;
+      const int filled = static_cast<int>(width * s.step / total);
+      fmt::print(stderr, "\r[{}{}] {} ETA {:.0f}s   ", std::string(filled, '#'),
+                 std::string(width - filled, '.'), line, eta);
+      if (s.step == total) fmt::print(stderr, "\n");
+    } else {
+      const int64_t every = std::max<int64_t>(1, total / 20);
+      if (s.step == 1 || s.step % every == 0 || s.step == total || s.val_loss) {
+        fmt::print(stderr, "{}\n", line);
+      }
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  static int digits(int64_t n) { return static_cast<int>(std::to_string(n).size()); }
+  bool tty_;
+  uint64_t tokens_ = 0;
+  double seconds_ = 0;
+};
+
+int run_train(Flags& f, Launch args) {
+  TrainConfig& c = f.cfg;
+  const auto backend = parse_backend(f.backend);
+  if (!backend) throw InvalidArgument(fmt::format("--backend '{}' is unknown; use local or mpi", f.backend));
+  c.launch.backend = *backend;
+  const auto precision = parse_precision(f.precision);
+  if (!precision) {
+    throw InvalidArgument(
+        fmt::format("--precision '{}' is unknown; use bf16, fp16 or fp32", f.precision));
+  }
+  c.precision = *precision;
+  (void)Sharding::for_stage(c.stage);
+  if (f.accumulate.empty()) {
+    c.accumulate = c.stage >= 2 ? AccumulatePolicy::kReduce : AccumulatePolicy::kLocal;
+  } else {
+    const auto acc = parse_accumulate(f.accumulate);
+    if (!acc) {
+      throw InvalidArgument(
+          fmt::format("--accumulate '{}' is unknown; use local or reduce", f.accumulate));
+    }
+    c.accumulate = *acc;
+  }
+  c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout");
+  if (!(c.launch.comm.timeout_seconds > 0)) {
+    throw InvalidArgument(fmt::format("--collective-timeout '{}' is invalid; use a positive duration, e.g. 300 or 30s", f.timeout));
+  }
+  if (!f.memory_per_rank.empty()) c.memory_per_rank = parse_bytes(f.memory_per_rank, "--memory-per-rank");
+  c.progress = !f.no_progress;
+
+  std::unique_ptr<std::ofstream> metrics;
+  Progress progress(c.progress);
+  const bool mpi_child = false;
+  (void)mpi_child;
+  StepCallback on_step = [&](const StepRecord& s, int64_t total) {
+    if (!c.metrics_path.empty()) {
+      if (!metrics) {
+        metrics = std::make_unique<std::ofstream>(c.metrics_path, std::ios::trunc);
+        if (!*metrics) throw IoError(fmt::format("--metrics: cannot write '{}'", c.metrics_path));
+      }
+      *metrics << step_json(s).dump() << "\n";
+      metrics->flush();
+    }
+    progress(s, total);
+  };
+  const TrainResult r = train(c, args.argc, args.argv, on_step);
+  if (!r.is_reporter) return 0;
+  fmt::print("{}\n", r.data_description);
+  fmt::print("trained {} parameters for {} steps: stage {}, {} ranks ({}), {}\n", r.params,
+             r.steps.size(), r.config.stage, r.world_size, r.backend,
+             precision_name(r.config.precision));
+  fmt::print("final loss {:.4f}, validation loss {}, {:.0f} tokens/s, weights sha256 {}\n",
+             r.final_loss, r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
+             r.tokens_per_second, r.weights_sha256.substr(0, 16));
+  fmt::print("{}", summary_table(r));
+  if (!c.report_path.empty()) {
+    write_file_atomically(c.report_path, report_json(r).dump(2) + "\n");
+    fmt::print("report: {}\n", c.report_path);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_train(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  TrainConfig& c = f->cfg;
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--config", f->config_file,
+                 "JSON file of options (keys are flag names without --); flags given on the "
+                 "command line win");
+  auto* model = app.add_option_group("Model");
+  model->add_option("--model", c.model, "gpt (byte-level language model) or mlp (Fashion-MNIST)")
+      ->capture_default_str();
+  model->add_option("--size", c.size, "GPT preset: tiny, small, medium, large")->capture_default_str();
+  model->add_option("--layers", c.layers, "GPT blocks (overrides the preset)");
+  model->add_option("--heads", c.heads, "GPT attention heads (overrides the preset)");
+  model->add_option("--embd", c.embd, "GPT embedding width (overrides the preset)");
+  model->add_option("--seq-len", c.seq_len, "GPT context length (overrides the preset)");
+  model->add_option("--mlp-hidden", c.mlp_hidden, "MLP hidden width")->capture_default_str();
+  model->add_option("--mlp-layers", c.mlp_layers, "MLP hidden layers")->capture_default_str();
+  auto* data = app.add_option_group("Data");
+  data->add_option("--data", c.data, "kjv, fashion-mnist, synthetic or a text file PATH")
+      ->capture_default_str();
+  data->add_option("--cache-dir", c.cache_dir, "Where prepared data is cached (default ~/.cache/zerodp)");
+  auto* par = app.add_option_group("Parallelism");
+  par->add_option("--ranks", c.launch.ranks, "Data-parallel ranks (local backend)")->capture_default_str();
+  par->add_option("--backend", f->backend, "local (threads) or mpi (under mpirun)")->capture_default_str();
+  par->add_option("--stage", c.stage, "ZeRO stage 0..3")->capture_default_str();
+  par->add_option("--precision", f->precision, "bf16, fp16 (dynamic loss scaling) or fp32")
+      ->capture_default_str();
+  par->add_option("--micro-batch", c.micro_batch, "Sequences per rank per micro-batch (default: the size preset's)");
+  par->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  par->add_option("--accumulate", f->accumulate,
+                  "local (sum, reduce at the boundary) or reduce (every micro-batch); default local "
+                  "at stages 0-1, reduce at 2-3");
+  par->add_option("--prefetch", c.prefetch, "Stage 3: units gathered ahead")->capture_default_str();
+  par->add_option("--memory-per-rank", f->memory_per_rank, "Per-rank memory budget, e.g. 2GiB");
+  par->add_option("--collective-timeout", f->timeout, "A collective waiting longer fails, e.g. 300 or 30s")
+      ->capture_default_str();
+  auto* opt = app.add_option_group("Optimization");
+  opt->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
+  opt->add_option("--seed", c.seed, "Seed for init and data order")->capture_default_str();
+  opt->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
+  opt->add_option("--schedule", c.schedule, "constant or cosine (with linear warmup)")->capture_default_str();
+  opt->add_option("--warmup", c.warmup, "Warmup steps (default 5% of steps with cosine)");
+  opt->add_option("--clip", c.clip, "Clip the global gradient norm to this (0 = off)")->capture_default_str();
+  opt->add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  opt->add_flag("--decay-all", c.decay_all, "Decay norms and biases too (as the PyTorch peer does)");
+  auto* out = app.add_option_group("Output");
+  out->add_option("--eval-every", c.eval_every, "Validation loss every K steps (0 = at the end only)")
+      ->capture_default_str();
+  out->add_option("--eval-batches", c.eval_batches, "Validation micro-batches per rank")->capture_default_str();
+  out->add_option("--metrics", c.metrics_path, "Write one JSON line per step here");
+  out->add_option("--report", c.report_path, "Write the run's report (docs/report.md) here");
+  out->add_flag("--no-progress", f->no_progress, "No progress output");
+  return [f](Launch args) { return run_train(*f, args); };
+}
+
+}  // namespace zerodp::cli

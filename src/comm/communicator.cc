@@ -1,0 +1,262 @@
+#include "comm/communicator.h"
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include <fmt/core.h>
+
+#include "core/error.h"
+
+namespace zerodp {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "unknown";
+}
+
+struct Work::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+void Work::wait() {
+  if (!state_) return;
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::ready() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mu);
+  return state_->done;
+}
+
+// Runs a rank's collectives one at a time, in issue order, on its own thread, so that
+// compute can go on while they progress. A failed collective poisons the worker: every
+// later one fails with the same error without running, since peers can no longer be in step.
+class Communicator::Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() { stop(); }
+
+  void push(std::function<void()> op, std::shared_ptr<Work::State> state) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back({std::move(op), std::move(state)});
+    }
+    cv_.notify_one();
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Item {
+    std::function<void()> op;
+    std::shared_ptr<Work::State> state;
+  };
+
+  void loop() {
+    std::exception_ptr poisoned;
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and nothing left to finish
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr error = poisoned;
+      if (!error) {
+        try {
+          item.op();
+        } catch (...) {
+          error = std::current_exception();
+          poisoned = error;
+        }
+      }
+      {
+        std::lock_guard lock(item.state->mu);
+        item.state->done = true;
+        item.state->error = error;
+      }
+      item.state->cv.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts after the members above exist
+};
+
+Communicator::Communicator(int rank, int size)
+    : rank_(rank), size_(size), worker_(std::make_unique<Worker>()) {}
+
+Communicator::~Communicator() { stop_worker(); }
+
+void Communicator::stop_worker() {
+  if (worker_) worker_->stop();
+}
+
+Work Communicator::submit(std::function<void()> op) {
+  auto state = std::make_shared<Work::State>();
+  worker_->push(std::move(op), state);
+  return Work(state);
+}
+
+namespace {
+
+const char* byte_ptr(const void* p) { return static_cast<const char*>(p); }
+
+// True when [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  if (a_bytes == 0 || b_bytes == 0) return false;
+  return byte_ptr(a) < byte_ptr(b) + b_bytes && byte_ptr(b) < byte_ptr(a) + a_bytes;
+}
+
+void check_partition(std::string_view op, const Partition& part, int rank, int size) {
+  if (part.world_size() != size) {
+    throw InvalidArgument(fmt::format("{}: partition has {} ranges but the world has {} ranks",
+                                      op, part.world_size(), size));
+  }
+  (void)rank;
+}
+
+void check_dtypes(std::string_view op, DType a, DType b) {
+  if (a != b) {
+    throw InvalidArgument(fmt::format("{}: input is {} but output is {}; both must have one dtype",
+                                      op, dtype_name(a), dtype_name(b)));
+  }
+}
+
+}  // namespace
+
+Work Communicator::reduce_scatter_async(ConstBuffer in, MutableBuffer out, const Partition& part,
+                                        ReduceOp op) {
+  constexpr std::string_view kOp = "reduce_scatter";
+  check_partition(kOp, part, rank_, size_);
+  check_dtypes(kOp, in.dtype, out.dtype);
+  if (in.count != part.length()) {
+    throw InvalidArgument(fmt::format("{}: input holds {} elements, partition covers {} (world {})",
+                                      kOp, in.count, part.length(), size_));
+  }
+  const size_t mine = part.count(rank_);
+  if (out.count != mine) {
+    throw InvalidArgument(fmt::format("{}: output holds {} elements, rank {} owns {} of {} (world {})",
+                                      kOp, out.count, rank_, mine, part.length(), size_));
+  }
+  const size_t w = dtype_size(in.dtype);
+  const void* own_range = byte_ptr(in.data) + part.offset(rank_) * w;
+  if (out.data != own_range && overlaps(in.data, in.bytes(), out.data, out.bytes())) {
+    throw InvalidArgument(fmt::format(
+        "{}: output overlaps the input but is not rank {}'s range of it; use that range or "
+        "a separate buffer",
+        kOp, rank_));
+  }
+  ledger_.record(CommKind::kReduceScatter, static_cast<uint64_t>(size_ - 1) * mine * w);
+  return submit([=, this] { run_reduce_scatter(in, out, part, op); });
+}
+
+Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const Partition& part) {
+  constexpr std::string_view kOp = "all_gather";
+  check_partition(kOp, part, rank_, size_);
+  check_dtypes(kOp, shard.dtype, out.dtype);
+  const size_t mine = part.count(rank_);
+  if (shard.count != mine) {
+    throw InvalidArgument(fmt::format("{}: shard holds {} elements, rank {} owns {} of {} (world {})",
+                                      kOp, shard.count, rank_, mine, part.length(), size_));
+  }
+  if (out.count != part.length()) {
+    throw InvalidArgument(fmt::format("{}: output holds {} elements, partition covers {} (world {})",
+                                      kOp, out.count, part.length(), size_));
+  }
+  const size_t w = dtype_size(out.dtype);
+  const void* own_range = byte_ptr(out.data) + part.offset(rank_) * w;
+  if (shard.data != own_range && overlaps(shard.data, shard.bytes(), out.data, out.bytes())) {
+    throw InvalidArgument(fmt::format(
+        "{}: shard overlaps the output but is not rank {}'s range of it; use that range or a "
+        "separate buffer",
+        kOp, rank_));
+  }
+  ledger_.record(CommKind::kAllGather, (part.length() - mine) * w);
+  return submit([=, this] { run_all_gather(shard, out, part); });
+}
+
+Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
+  const Partition part(buf.count, size_);
+  const size_t w = dtype_size(buf.dtype);
+  const size_t mine = part.count(rank_);
+  ledger_.record(CommKind::kAllReduce,
+                 (static_cast<uint64_t>(size_ - 1) * mine + (part.length() - mine)) * w);
+  return submit([=, this] {
+    MutableBuffer shard(static_cast<char*>(buf.data) + part.offset(rank_) * w, mine, buf.dtype);
+    run_reduce_scatter(buf, shard, part, op);
+    run_all_gather(shard, buf, part);
+  });
+}
+
+Work Communicator::broadcast_async(MutableBuffer buf, int root) {
+  if (root < 0 || root >= size_) {
+    throw InvalidArgument(
+        fmt::format("broadcast: root {} is outside the world of {} ranks", root, size_));
+  }
+  ledger_.record(CommKind::kBroadcast, rank_ == root ? 0 : buf.bytes());
+  return submit([=, this] { run_broadcast(buf, root); });
+}
+
+std::vector<double> Communicator::gather_control(std::span<const double> mine) {
+  std::vector<double> all(mine.size() * static_cast<size_t>(size_));
+  ledger_.record(CommKind::kControl, static_cast<uint64_t>(size_ - 1) * mine.size() * sizeof(double));
+  submit([&, this] { run_gather_control(mine, all); }).wait();
+  return all;
+}
+
+void Communicator::barrier() {
+  const double token = 0;
+  (void)gather_control(std::span<const double>(&token, 1));
+}
+
+std::vector<double> Communicator::sum_control(std::span<const double> mine) {
+  const std::vector<double> all = gather_control(mine);
+  std::vector<double> sum(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(mine.size()));
+  for (int r = 1; r < size_; ++r) {
+    for (size_t i = 0; i < mine.size(); ++i) sum[i] += all[r * mine.size() + i];
+  }
+  return sum;
+}
+
+double Communicator::sum_control(double mine) {
+  return sum_control(std::span<const double>(&mine, 1))[0];
+}
+
+double Communicator::max_control(double mine) {
+  const std::vector<double> all = gather_control(std::span<const double>(&mine, 1));
+  double m = all[0];
+  for (double v : all) m = (m >= v || m != m) ? m : v;
+  return m;
+}
+
+}  // namespace zerodp

@@ -1,0 +1,155 @@
+// Communicator: collective communication among the ranks of one training job.
+//
+// Contract (as in c10d): every rank calls the same collectives, in the same order, with the
+// same element counts, dtype and partition. Calls return a Work handle at once; the
+// collective runs on the rank's communication thread, in call order, and Work::wait()
+// returns when it is done or rethrows its error. Buffers must stay alive and untouched
+// until then. The blocking forms are the async forms followed by wait().
+//
+// Determinism: a reduction computes ((x_0 + x_1) + ...) + x_{N-1} element-wise in fp32, in
+// rank order, then divides by N for kAvg, then rounds once (to nearest even) to the
+// buffer's dtype. Every backend reduces with the same code (comm/reduce.h), so results are
+// the same bits whichever backend runs them.
+//
+// Accounting: each call is recorded in the rank's CommLedger when it is issued, as bytes
+// this rank receives from its peers (docs/architecture.md, "Comm ledger").
+//
+// Failure: if any rank fails, every other rank's pending or next collective fails with a
+// CommError naming that rank and its reason; a collective that waits longer than the
+// timeout fails with CommTimeout naming the ranks that did not arrive.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comm/ledger.h"
+#include "core/partition.h"
+#include "tensor/dtype.h"
+
+namespace zerodp {
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
+
+struct CommOptions {
+  // A collective that waits longer than this fails with CommTimeout.
+  double timeout_seconds = 300.0;
+};
+std::string_view reduce_op_name(ReduceOp op);
+
+// A buffer handed to a collective: `count` elements of `dtype` at `data`.
+struct ConstBuffer {
+  const void* data = nullptr;
+  size_t count = 0;
+  DType dtype = DType::kF32;
+  template <typename T>
+  ConstBuffer(std::span<const T> s) : data(s.data()), count(s.size()), dtype(dtype_of<T>()) {}
+  template <typename T>
+  ConstBuffer(std::span<T> s) : data(s.data()), count(s.size()), dtype(dtype_of<T>()) {}
+  ConstBuffer(const void* d, size_t n, DType t) : data(d), count(n), dtype(t) {}
+  size_t bytes() const { return count * dtype_size(dtype); }
+};
+struct MutableBuffer {
+  void* data = nullptr;
+  size_t count = 0;
+  DType dtype = DType::kF32;
+  template <typename T>
+  MutableBuffer(std::span<T> s) : data(s.data()), count(s.size()), dtype(dtype_of<T>()) {}
+  MutableBuffer(void* d, size_t n, DType t) : data(d), count(n), dtype(t) {}
+  size_t bytes() const { return count * dtype_size(dtype); }
+  operator ConstBuffer() const { return {data, count, dtype}; }
+};
+
+// Handle to an issued collective. Waiting twice is allowed; a default Work is complete.
+class [[nodiscard]] Work {
+ public:
+  struct State;
+  Work() = default;
+  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  // Blocks until the collective finished; rethrows its error (every time it is called).
+  void wait();
+  bool ready() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class Communicator {
+ public:
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  virtual ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string_view backend_name() const = 0;
+
+  // Reduce-scatter: `in` holds part.length() elements on every rank; `out` receives
+  // part.count(rank()) elements, rank rank()'s range reduced over all ranks. `out` may be
+  // exactly rank()'s range of `in` (in place); no other overlap is allowed.
+  Work reduce_scatter_async(ConstBuffer in, MutableBuffer out, const Partition& part,
+                            ReduceOp op);
+  // All-gather: `shard` holds part.count(rank()) elements; `out` receives part.length(),
+  // each rank's shard at its range. `shard` may be exactly rank()'s range of `out`.
+  Work all_gather_async(ConstBuffer shard, MutableBuffer out, const Partition& part);
+  // All-reduce in place: exactly a reduce-scatter over Partition(count, size()) followed by
+  // an all-gather, recorded as one all_reduce call.
+  Work all_reduce_async(MutableBuffer buf, ReduceOp op);
+  // Broadcast `buf` from `root` to every rank.
+  Work broadcast_async(MutableBuffer buf, int root);
+
+  void reduce_scatter(ConstBuffer in, MutableBuffer out, const Partition& part, ReduceOp op) {
+    reduce_scatter_async(in, out, part, op).wait();
+  }
+  void all_gather(ConstBuffer shard, MutableBuffer out, const Partition& part) {
+    all_gather_async(shard, out, part).wait();
+  }
+  void all_reduce(MutableBuffer buf, ReduceOp op) { all_reduce_async(buf, op).wait(); }
+  void broadcast(MutableBuffer buf, int root) { broadcast_async(buf, root).wait(); }
+  // Returns when every rank has called barrier(). Counted as control traffic.
+  void barrier();
+
+  // Control traffic (loss, overflow flags, partial norms): every rank contributes the same
+  // number of values; all receive everyone's, rank-major (values of rank 0 first).
+  // Reducing them is the caller's business, in rank order.
+  std::vector<double> gather_control(std::span<const double> mine);
+  // The sum over ranks, in rank order, of each value; a control all-reduce.
+  std::vector<double> sum_control(std::span<const double> mine);
+  double sum_control(double mine);
+  double max_control(double mine);
+
+  CommLedger& ledger() { return ledger_; }
+  const CommLedger& ledger() const { return ledger_; }
+
+  // Declares this rank failed: peers' pending and next collectives fail naming it. Called
+  // by launchers when a rank's code throws; never returns an error itself.
+  virtual void abort(const std::string& reason) noexcept = 0;
+
+ protected:
+  Communicator(int rank, int size);
+  // Backends implement blocking primitives; they run on the rank's communication thread in
+  // call order, never concurrently with each other. Arguments are already validated.
+  virtual void run_reduce_scatter(ConstBuffer in, MutableBuffer out, const Partition& part,
+                                  ReduceOp op) = 0;
+  virtual void run_all_gather(ConstBuffer shard, MutableBuffer out, const Partition& part) = 0;
+  virtual void run_broadcast(MutableBuffer buf, int root) = 0;
+  virtual void run_gather_control(std::span<const double> mine, std::span<double> all) = 0;
+  // Must be called by the backend's destructor before its members go away.
+  void stop_worker();
+
+ private:
+  class Worker;
+  Work submit(std::function<void()> op);
+
+  int rank_;
+  int size_;
+  CommLedger ledger_;
+  std::unique_ptr<Worker> worker_;
+};
+
+}  // namespace zerodp

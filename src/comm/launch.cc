@@ -1,0 +1,50 @@
+#include "comm/launch.h"
+
+#include <cstdio>
+#include <exception>
+
+#include <fmt/core.h>
+
+#include "comm/local.h"
+#include "comm/mpi.h"
+#include "core/error.h"
+
+namespace zerodp {
+
+std::optional<Backend> parse_backend(std::string_view name) {
+  if (name == "local") return Backend::kLocal;
+  if (name == "mpi") return Backend::kMpi;
+  return std::nullopt;
+}
+
+std::string_view backend_name(Backend b) { return b == Backend::kLocal ? "local" : "mpi"; }
+
+void launch(const LaunchOptions& options, int& argc, char**& argv,
+            const std::function<void(Communicator&)>& fn) {
+  if (options.backend == Backend::kLocal) {
+    if (options.ranks < 1) {
+      throw InvalidArgument(
+          fmt::format("--ranks {} is invalid; the local backend needs 1 or more ranks", options.ranks));
+    }
+    run_local(options.ranks, options.comm, fn);
+    return;
+  }
+  MpiSession session(argc, argv);
+  if (options.ranks != 0 && options.ranks != session.size()) {
+    throw InvalidArgument(fmt::format(
+        "--ranks {} does not match the MPI job's {} processes; omit --ranks under mpirun or "
+        "pass -np {}",
+        options.ranks, session.size(), options.ranks));
+  }
+  std::unique_ptr<Communicator> comm = session.make_communicator(options.comm);
+  try {
+    fn(*comm);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "zerodp: rank {} of {}: {}\n", session.rank(), session.size(), e.what());
+    std::fflush(stderr);
+    session.abort_job(options.mpi_exit_code);
+  }
+  comm.reset();
+}
+
+}  // namespace zerodp

@@ -1,0 +1,33 @@
+// Starting the ranks of a job on either backend, with one failure policy.
+//
+// local: `ranks` threads in this process; if one throws, the others' collectives fail
+//        naming it and launch() rethrows the root cause.
+// mpi:   this process is one rank of an mpirun job (`ranks` must be 0 or equal the job's
+//        size); if fn throws, the error is printed as "rank R: <reason>" and the whole job
+//        is ended with exit code `mpi_exit_code` (MPI_Abort), so no rank hangs.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "comm/communicator.h"
+
+namespace zerodp {
+
+enum class Backend { kLocal, kMpi };
+std::optional<Backend> parse_backend(std::string_view name);
+std::string_view backend_name(Backend b);
+
+struct LaunchOptions {
+  Backend backend = Backend::kLocal;
+  int ranks = 2;  // local: thread count; mpi: 0 = the job's size, else must equal it
+  CommOptions comm;
+  int mpi_exit_code = 1;
+};
+
+void launch(const LaunchOptions& options, int& argc, char**& argv,
+            const std::function<void(Communicator&)>& fn);
+
+}  // namespace zerodp

@@ -1,0 +1,310 @@
+#include "comm/local.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include <fmt/core.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/reduce.h"
+#include "core/error.h"
+
+namespace zerodp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// What a collective is, so ranks can check they are all in the same one.
+struct Fingerprint {
+  CommKind kind = CommKind::kControl;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = -1;
+  size_t count = 0;
+  bool operator==(const Fingerprint&) const = default;
+};
+
+std::string describe(const Fingerprint& f) {
+  std::string s = fmt::format("{}({} x {}", comm_kind_name(f.kind), f.count, dtype_name(f.dtype));
+  if (f.kind == CommKind::kReduceScatter) s += fmt::format(", {}", reduce_op_name(f.op));
+  if (f.kind == CommKind::kBroadcast) s += fmt::format(", root {}", f.root);
+  return s + ")";
+}
+
+}  // namespace
+
+// State shared by the ranks of one local world: the abort record, a barrier, and one
+// rendezvous slot per rank where it publishes the buffers of its current collective.
+struct LocalWorld::Shared {
+  struct alignas(64) Slot {
+    const void* in = nullptr;
+    void* out = nullptr;
+    Fingerprint fingerprint;
+  };
+
+  Shared(int n, const CommOptions& opt)
+      : world(n), options(opt), slots(static_cast<size_t>(n)), entered(static_cast<size_t>(n)) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    // Spinning only pays while every rank has a core; oversubscribed ranks must sleep soon.
+    spin_limit = static_cast<unsigned>(n) <= cores ? 20000 : 200;
+  }
+
+  const int world;
+  const CommOptions options;
+  std::vector<Slot> slots;
+
+  // Barrier: ranks count in; the last one bumps the generation.
+  std::atomic<int> arrived{0};
+  std::atomic<uint64_t> generation{0};
+  std::vector<std::atomic<uint64_t>> entered;  // barriers each rank has entered, for diagnosis
+  unsigned spin_limit = 0;
+
+  // Abort record: the first failure wins.
+  std::atomic<bool> aborted{false};
+  std::mutex mu;  // guards the fields below and the sleeping side of the barrier
+  std::condition_variable cv;
+  int failed_rank = -1;
+  std::string failure;
+
+  void abort(int rank, const std::string& reason) {
+    {
+      std::lock_guard lock(mu);
+      if (aborted.load()) return;
+      failed_rank = rank;
+      failure = reason;
+      aborted.store(true);
+    }
+    cv.notify_all();
+  }
+
+  [[noreturn]] void throw_aborted() {
+    std::lock_guard lock(mu);
+    throw CommError(fmt::format("rank {} failed: {}", failed_rank, failure), failed_rank);
+  }
+
+  // Waits until every rank has arrived. `what` names the collective for error messages.
+  void arrive_and_wait(int rank, const std::string& what) {
+    if (aborted.load(std::memory_order_acquire)) throw_aborted();
+    const uint64_t my_entry = entered[rank].fetch_add(1, std::memory_order_relaxed) + 1;
+    const uint64_t gen = generation.load(std::memory_order_acquire);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == world) {
+      arrived.store(0, std::memory_order_relaxed);
+      {
+        std::lock_guard lock(mu);
+        generation.store(gen + 1, std::memory_order_release);
+      }
+      cv.notify_all();
+      return;
+    }
+    for (unsigned i = 0; i < spin_limit; ++i) {
+      if (generation.load(std::memory_order_acquire) != gen) return;
+      if (aborted.load(std::memory_order_relaxed)) throw_aborted();
+      cpu_relax();
+    }
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(options.timeout_seconds));
+    std::unique_lock lock(mu);
+    while (generation.load(std::memory_order_acquire) == gen) {
+      if (aborted.load()) {
+        lock.unlock();
+        throw_aborted();
+      }
+      if (cv.wait_until(lock, deadline) == std::cv_status::timeout &&
+          generation.load(std::memory_order_acquire) == gen && !aborted.load()) {
+        std::vector<int> missing;
+        for (int r = 0; r < world; ++r) {
+          if (entered[r].load(std::memory_order_relaxed) < my_entry) missing.push_back(r);
+        }
+        const std::string reason =
+            fmt::format("{} timed out after {:g} s on rank {} waiting for rank(s) {}", what,
+                        options.timeout_seconds, rank, fmt::join(missing, ", "));
+        lock.unlock();
+        abort(missing.empty() ? -1 : missing.front(), reason);
+        throw CommTimeout(reason, missing.empty() ? -1 : missing.front());
+      }
+    }
+  }
+};
+
+namespace {
+
+class LocalCommunicator final : public Communicator {
+ public:
+  LocalCommunicator(int rank, std::shared_ptr<LocalWorld::Shared> shared)
+      : Communicator(rank, shared->world), shared_(std::move(shared)) {}
+  ~LocalCommunicator() override { stop_worker(); }
+
+  std::string_view backend_name() const override { return "local"; }
+
+  void abort(const std::string& reason) noexcept override {
+    try {
+      shared_->abort(rank(), reason);
+    } catch (...) {
+      // Aborting must not fail; the peers then fail by their timeout instead.
+    }
+  }
+
+ protected:
+  void run_reduce_scatter(ConstBuffer in, MutableBuffer out, const Partition& part,
+                          ReduceOp op) override {
+    const Fingerprint f{CommKind::kReduceScatter, in.dtype, op, -1, in.count};
+    publish(f, in.data, out.data);
+    const size_t w = dtype_size(in.dtype);
+    const size_t offset_bytes = part.offset(rank()) * w;
+    std::vector<const void*> inputs(static_cast<size_t>(size()));
+    for (int k = 0; k < size(); ++k) {
+      inputs[k] = static_cast<const char*>(shared_->slots[k].in) + offset_bytes;
+    }
+    reduce_rank_order(inputs, out.data, out.count, in.dtype, op);
+    depart(f);
+  }
+
+  void run_all_gather(ConstBuffer shard, MutableBuffer out, const Partition& part) override {
+    const Fingerprint f{CommKind::kAllGather, out.dtype, ReduceOp::kSum, -1, out.count};
+    publish(f, shard.data, out.data);
+    const size_t w = dtype_size(out.dtype);
+    for (int k = 0; k < size(); ++k) {
+      void* dst = static_cast<char*>(out.data) + part.offset(k) * w;
+      const void* src = shared_->slots[k].in;
+      if (dst != src && part.count(k) > 0) std::memcpy(dst, src, part.count(k) * w);
+    }
+    depart(f);
+  }
+
+  void run_broadcast(MutableBuffer buf, int root) override {
+    const Fingerprint f{CommKind::kBroadcast, buf.dtype, ReduceOp::kSum, root, buf.count};
+    publish(f, buf.data, buf.data);
+    if (rank() != root && buf.count > 0) std::memcpy(buf.data, shared_->slots[root].in, buf.bytes());
+    depart(f);
+  }
+
+  void run_gather_control(std::span<const double> mine, std::span<double> all) override {
+    const Fingerprint f{CommKind::kControl, DType::kF32, ReduceOp::kSum, -1, mine.size()};
+    publish(f, mine.data(), all.data());
+    for (int k = 0; k < size(); ++k) {
+      const auto* src = static_cast<const double*>(shared_->slots[k].in);
+      std::copy(src, src + mine.size(), all.begin() + static_cast<std::ptrdiff_t>(k * mine.size()));
+    }
+    depart(f);
+  }
+
+ private:
+  // Makes this rank's buffers visible and waits for every peer to do the same; then checks
+  // that all ranks are in the same collective, since reading a peer's buffer with another
+  // length or dtype would be undefined behaviour, not merely a wrong result.
+  void publish(const Fingerprint& f, const void* in, void* out) {
+    ++sequence_;
+    auto& slot = shared_->slots[rank()];
+    slot.in = in;
+    slot.out = out;
+    slot.fingerprint = f;
+    shared_->arrive_and_wait(rank(), fmt::format("{} #{}", describe(f), sequence_));
+    for (int k = 0; k < size(); ++k) {
+      const Fingerprint& other = shared_->slots[k].fingerprint;
+      if (!(other == f)) {
+        const std::string reason =
+            fmt::format("collective mismatch at call #{}: rank {} called {}, rank {} called {}",
+                        sequence_, rank(), describe(f), k, describe(other));
+        shared_->abort(std::min(rank(), k), reason);
+        throw CommError(reason, k);
+      }
+    }
+  }
+
+  // Waits until every peer is done reading this rank's buffers, so the caller may reuse them.
+  void depart(const Fingerprint& f) {
+    shared_->arrive_and_wait(rank(), fmt::format("{} #{} (completion)", describe(f), sequence_));
+  }
+
+  std::shared_ptr<LocalWorld::Shared> shared_;
+  uint64_t sequence_ = 0;
+};
+
+}  // namespace
+
+LocalWorld::LocalWorld(int world_size, const CommOptions& options) {
+  if (world_size < 1) {
+    throw InvalidArgument(
+        fmt::format("local backend: world size {} is invalid; use 1 or more ranks", world_size));
+  }
+  if (!(options.timeout_seconds > 0)) {
+    throw InvalidArgument(fmt::format(
+        "collective timeout {} s is invalid; use a positive number of seconds (default 300)",
+        options.timeout_seconds));
+  }
+  shared_ = std::make_shared<Shared>(world_size, options);
+  for (int r = 0; r < world_size; ++r) {
+    comms_.push_back(std::make_unique<LocalCommunicator>(r, shared_));
+  }
+}
+
+LocalWorld::~LocalWorld() = default;
+
+int LocalWorld::failed_rank() const {
+  std::lock_guard lock(shared_->mu);
+  return shared_->failed_rank;
+}
+
+int LocalWorld::size() const { return shared_->world; }
+
+Communicator& LocalWorld::comm(int rank) {
+  if (rank < 0 || rank >= size()) {
+    throw InvalidArgument(
+        fmt::format("local backend: rank {} is outside the world of {} ranks", rank, size()));
+  }
+  return *comms_[rank];
+}
+
+void run_local(int world_size, const CommOptions& options,
+               const std::function<void(Communicator&)>& fn) {
+  LocalWorld world(world_size, options);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world_size));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      Communicator& comm = world.comm(r);
+      try {
+        fn(comm);
+      } catch (const std::exception& e) {
+        errors[r] = std::current_exception();
+        comm.abort(e.what());
+      } catch (...) {
+        errors[r] = std::current_exception();
+        comm.abort("unknown exception");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // The root cause is the failure of the rank the abort record names; the others' errors
+  // are consequences.
+  const int culprit = world.failed_rank();
+  if (culprit >= 0 && errors[culprit]) std::rethrow_exception(errors[culprit]);
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+}  // namespace zerodp

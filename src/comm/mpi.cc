@@ -1,0 +1,652 @@
+// The `mpi` backend (comm/mpi.h): one rank per process. MPI moves bytes; comm/reduce.h
+// reduces, so results are the local backend's bits.
+//
+// How each collective runs on rank r of N (c_p elements in rank p's range, w wire bytes per
+// element, K = chunk_bytes / w elements per chunk):
+//   reduce_scatter  in rounds of K elements of each range: r sends piece k of range p to
+//                   every peer p and receives piece k of range r from every peer into
+//                   scratch, then reduces the N pieces in rank order (its own piece read
+//                   from `in`, never sent to itself). Scratch: (N-1) * min(K, c_r) * w bytes,
+//                   kept between calls.
+//   all_gather      r sends its shard to every peer and receives every peer's shard straight
+//                   into its range of `out`; no staging.
+//   broadcast       MPI_Ibcast of bytes.
+//   control         r sends its k doubles to every peer; a barrier sends 0 bytes.
+// Every message is split into pieces of at most chunk_bytes, so counts of any size fit
+// MPI 3's int counts. Point-to-point rather than MPI_Ialltoallv / MPI_Iallgatherv for three
+// reasons: their displacements are int (2 GiB); own data need not travel to itself; and a
+// timeout can name the peers whose messages did not arrive. Each rank receives exactly the
+// bytes the ledger records (ledger.h), the ring algorithm's volume.
+//
+// Threads: MPI is initialized at MPI_THREAD_SERIALIZED. Collectives run on each
+// communicator's worker thread, while init, finalize, abort() and abort_job() run on the
+// caller's; every MPI call in this file holds one process-wide mutex, and no call blocks in
+// MPI (requests are polled with MPI_Test*), so the mutex is never held for long.
+//
+// Failure: each communicator keeps one receive posted for abort notices (tag kNoticeTag,
+// any source). abort(reason) sends the reason to every peer; a peer polling a collective
+// sees the notice and fails with CommError naming the rank and its reason. After any
+// failure (notice, local abort, timeout, MPI error) the communicator refuses further
+// collectives with the same error: messages of the failed collective may still be in
+// flight, so the job should end (MpiSession::abort_job).
+
+// Keep the deprecated C++ bindings out: they are not used and warn under -Wall.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include "comm/mpi.h"
+#include "comm/reduce.h"
+#include "core/error.h"
+
+namespace zerodp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Default upper bound of one message, and of one reduce-scatter round per peer. Large enough
+// that per-message overhead is noise, small enough to bound the scratch buffer.
+constexpr size_t kDefaultChunkBytes = size_t{8} << 20;
+constexpr size_t kMaxChunkBytes = size_t{1} << 30;  // below INT_MAX: MPI 3 counts are int
+constexpr const char* kChunkEnv = "ZERODP_MPI_CHUNK_BYTES";
+// Abort notices carry at most this many bytes of the reason (small, so sent eagerly).
+constexpr int kMaxNoticeBytes = 512;
+
+// Tags: one per kind, so ranks that disagree on the order of collectives wait on different
+// tags (and time out naming each other) instead of exchanging the wrong data.
+constexpr int kReduceScatterTag = 1;
+constexpr int kAllGatherTag = 2;
+constexpr int kControlTag = 3;
+constexpr int kNoticeTag = 4;
+
+// Serializes every MPI call of the process (MPI_THREAD_SERIALIZED).
+std::mutex& mpi_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    return fmt::format("MPI error {}", code);
+  return std::string(text, static_cast<size_t>(length));
+}
+
+// Throws CommError naming `what` when an MPI call failed. Called with the mutex held.
+void check_mpi(int code, std::string_view what, std::string_view call) {
+  if (code == MPI_SUCCESS) return;
+  throw CommError(fmt::format("{}: {} failed: {} (do all ranks call the same collectives, in "
+                              "the same order, with the same counts?)",
+                              what, call, mpi_error_string(code)),
+                  -1);
+}
+
+std::string_view thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+    default:
+      return "an unknown thread level";
+  }
+}
+
+// Reads ZERODP_MPI_CHUNK_BYTES (tests set it small to exercise the split paths).
+size_t chunk_bytes_from_env() {
+  const char* text = std::getenv(kChunkEnv);
+  if (text == nullptr || *text == '\0') return kDefaultChunkBytes;
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  if (*end != '\0' || value == 0 || value > kMaxChunkBytes || text[0] == '-') {
+    throw InvalidArgument(fmt::format("{}={} is not a valid chunk size; use a byte count in 1..{}",
+                                      kChunkEnv, text, kMaxChunkBytes));
+  }
+  return static_cast<size_t>(value);
+}
+
+int to_int(size_t n) {
+  // Every count handed to MPI is a piece of at most kMaxChunkBytes or a rank number.
+  return static_cast<int>(std::min(n, static_cast<size_t>(INT_MAX)));
+}
+
+enum class PollResult { kDone, kTimedOut, kNotice, kAborted };
+
+// Polls `requests` until all completed, `deadline` passed, `notice` (when not null)
+// completed, or `*aborted` (when not null) became true. Spins briefly, then yields, then sleeps
+// between polls, so ranks oversubscribed on few cores do not starve each other. Completed requests
+// become MPI_REQUEST_NULL.
+PollResult poll(std::vector<MPI_Request>& requests, MPI_Request* notice, MPI_Status* notice_status,
+                const std::atomic<bool>* aborted, Clock::time_point deadline,
+                std::string_view what) {
+  std::vector<int> indices(requests.size());
+  for (long spins = 0;; ++spins) {
+    {
+      std::lock_guard lock(mpi_mutex());
+      if (!requests.empty()) {
+        int done = 0;
+        check_mpi(MPI_Testsome(to_int(requests.size()), requests.data(), &done, indices.data(),
+                               MPI_STATUSES_IGNORE),
+                  what, "MPI_Testsome");
+        if (done == MPI_UNDEFINED) requests.clear();  // every request was already null
+      }
+      if (notice != nullptr && *notice != MPI_REQUEST_NULL) {
+        int arrived = 0;
+        check_mpi(MPI_Test(notice, &arrived, notice_status), what, "MPI_Test (abort notice)");
+        if (arrived) return PollResult::kNotice;
+      }
+    }
+    if (std::all_of(requests.begin(), requests.end(),
+                    [](MPI_Request r) { return r == MPI_REQUEST_NULL; })) {
+      return PollResult::kDone;
+    }
+    if (aborted != nullptr && aborted->load()) return PollResult::kAborted;
+    if (Clock::now() > deadline) return PollResult::kTimedOut;
+    if (spins > 4000) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else if (spins > 400) {
+      std::this_thread::yield();
+    }
+  }
+}
+
+Clock::time_point deadline_after(double seconds) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// Releases point-to-point requests left pending by a failed collective: each is cancelled
+// (so a late message is not written into a receive buffer the caller may free by now) and,
+// if the cancel does not complete it at once (a send MPI cannot recall, a receive already
+// matched), freed to complete on its own. Requests of nonblocking collectives may be neither
+// cancelled nor freed: callers drop those.
+void release_pending(std::vector<MPI_Request>& requests) {
+  std::lock_guard lock(mpi_mutex());
+  for (MPI_Request& request : requests) {
+    if (request == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&request);
+    int done = 0;
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done) MPI_Request_free(&request);
+  }
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm`, a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN.
+  MpiCommunicator(MPI_Comm comm, int rank, int size, const CommOptions& options, size_t chunk_bytes)
+      : Communicator(rank, size), comm_(comm), options_(options), chunk_bytes_(chunk_bytes) {
+    std::lock_guard lock(mpi_mutex());
+    const int code = MPI_Irecv(notice_buffer_.data(), kMaxNoticeBytes, MPI_CHAR, MPI_ANY_SOURCE,
+                               kNoticeTag, comm_, &notice_request_);
+    if (code != MPI_SUCCESS) {
+      failure_ = Failure{
+          fmt::format("posting the abort-notice receive failed: {}", mpi_error_string(code)), -1,
+          false};
+    }
+  }
+
+  ~MpiCommunicator() override {
+    stop_worker();
+    bool failed_here = failed();
+    int finalized = 0;
+    std::lock_guard lock(mpi_mutex());
+    MPI_Finalized(&finalized);
+    if (finalized) return;  // the session ended first; nothing can be released any more
+    if (notice_request_ != MPI_REQUEST_NULL) {
+      // Cancelling an unmatched receive completes it at once; a matched one is a small
+      // notice already arriving, and means a peer failed.
+      MPI_Status status;
+      MPI_Cancel(&notice_request_);
+      MPI_Wait(&notice_request_, &status);
+      int cancelled = 0;
+      MPI_Test_cancelled(&status, &cancelled);
+      if (!cancelled) failed_here = true;
+    }
+    for (MPI_Request& request : notice_sends_) {
+      if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
+    }
+    // After a failure, messages of the failed collective may still be in flight. Freeing
+    // the communicator would let MPI give its context to a later communicator (MPICH does),
+    // where those messages could match; so a failed one is left allocated. One per
+    // failure, and a failure ends the job.
+    if (!failed_here) MPI_Comm_free(&comm_);
+  }
+
+  std::string_view backend_name() const override { return "mpi"; }
+
+  // Marks this communicator failed and tells every peer, so their pending and next
+  // collectives fail naming this rank. The notice is small (sent eagerly); abort() waits at
+  // most a second for the sends to leave, then returns. A rank whose failure came from a
+  // peer's notice sends none: the peers heard it from the rank at fault.
+  void abort(const std::string& reason) noexcept override {
+    try {
+      {
+        std::lock_guard lock(state_mutex_);
+        if (notices_sent_) return;
+        notices_sent_ = true;
+        if (!failure_) {
+          failure_ = Failure{fmt::format("rank {} aborted: {}", rank(), reason), rank(), false};
+        }
+        aborted_ = true;  // this rank's pending collective, if any, stops waiting
+        if (failure_->from_notice) return;
+      }
+      notice_text_ = reason.substr(0, kMaxNoticeBytes);
+      std::vector<MPI_Request> sends;
+      {
+        std::lock_guard lock(mpi_mutex());
+        for (int peer = 0; peer < size(); ++peer) {
+          if (peer == rank()) continue;
+          MPI_Request request = MPI_REQUEST_NULL;
+          if (MPI_Isend(notice_text_.data(), to_int(notice_text_.size()), MPI_CHAR, peer,
+                        kNoticeTag, comm_, &request) == MPI_SUCCESS) {
+            sends.push_back(request);
+          }
+        }
+      }
+      poll(sends, nullptr, nullptr, nullptr,
+           deadline_after(std::min(1.0, options_.timeout_seconds)), "abort");
+      notice_sends_ = std::move(sends);  // any still pending are freed by the destructor
+    } catch (...) {
+      // abort() reports nothing: the caller is already handling a failure.
+    }
+  }
+
+ protected:
+  void run_reduce_scatter(ConstBuffer in, MutableBuffer out, const Partition& part,
+                          ReduceOp op) override {
+    constexpr std::string_view what = "reduce_scatter";
+    check_usable(what);
+    const auto deadline = deadline_after(options_.timeout_seconds);
+    const int me = rank();
+    const int n = size();
+    const size_t w = dtype_size(in.dtype);
+    const size_t mine = part.count(me);
+    const size_t chunk = std::max<size_t>(1, chunk_bytes_ / w);  // elements per round
+    const size_t rounds = (part.max_count() + chunk - 1) / chunk;
+    const size_t piece_bytes = std::min(chunk, mine) * w;  // scratch per peer
+    if (scratch_.size() < static_cast<size_t>(n - 1) * piece_bytes) {
+      scratch_.resize(static_cast<size_t>(n - 1) * piece_bytes);
+    }
+    const auto* in_bytes = static_cast<const std::byte*>(in.data);
+    auto* out_bytes = static_cast<std::byte*>(out.data);
+    std::vector<const void*> inputs(static_cast<size_t>(n));
+    std::vector<Message> sends;
+    std::vector<Message> recvs;
+    for (size_t k = 0; k < rounds; ++k) {
+      const size_t begin = k * chunk;  // element offset of this round within each range
+      sends.clear();
+      recvs.clear();
+      for (int peer = 0; peer < n; ++peer) {
+        if (peer == me) continue;
+        const size_t theirs = part.count(peer);
+        if (begin < theirs) {
+          sends.push_back({peer, const_cast<std::byte*>(in_bytes) + (part.offset(peer) + begin) * w,
+                           (std::min(chunk, theirs - begin)) * w});
+        }
+        if (begin < mine) {
+          const size_t slot = static_cast<size_t>(peer < me ? peer : peer - 1);
+          recvs.push_back(
+              {peer, scratch_.data() + slot * piece_bytes, std::min(chunk, mine - begin) * w});
+        }
+      }
+      exchange(what, kReduceScatterTag, sends, recvs, deadline);
+      if (begin >= mine) continue;
+      for (int peer = 0; peer < n; ++peer) {
+        const size_t slot = static_cast<size_t>(peer < me ? peer : peer - 1);
+        inputs[static_cast<size_t>(peer)] =
+            peer == me ? in_bytes + (part.offset(me) + begin) * w
+                       : static_cast<const void*>(scratch_.data() + slot * piece_bytes);
+      }
+      reduce_rank_order(inputs, out_bytes + begin * w, std::min(chunk, mine - begin), in.dtype, op);
+    }
+  }
+
+  void run_all_gather(ConstBuffer shard, MutableBuffer out, const Partition& part) override {
+    constexpr std::string_view what = "all_gather";
+    check_usable(what);
+    const auto deadline = deadline_after(options_.timeout_seconds);
+    const int me = rank();
+    const size_t w = dtype_size(out.dtype);
+    auto* out_bytes = static_cast<std::byte*>(out.data);
+    std::byte* own = out_bytes + part.offset(me) * w;
+    if (shard.count > 0 && shard.data != own) std::memcpy(own, shard.data, shard.bytes());
+    std::vector<Message> sends;
+    std::vector<Message> recvs;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == me) continue;
+      if (part.count(me) > 0) sends.push_back({peer, own, part.count(me) * w});
+      if (part.count(peer) > 0) {
+        recvs.push_back({peer, out_bytes + part.offset(peer) * w, part.count(peer) * w});
+      }
+    }
+    exchange(what, kAllGatherTag, sends, recvs, deadline);
+  }
+
+  void run_broadcast(MutableBuffer buf, int root) override {
+    constexpr std::string_view what = "broadcast";
+    check_usable(what);
+    const auto deadline = deadline_after(options_.timeout_seconds);
+    if (size() == 1 || buf.bytes() == 0) return;
+    auto* bytes = static_cast<std::byte*>(buf.data);
+    std::vector<MPI_Request> requests;
+    {
+      // Several nonblocking broadcasts may be outstanding; every rank issues them in order.
+      std::lock_guard lock(mpi_mutex());
+      for (size_t done = 0; done < buf.bytes(); done += chunk_bytes_) {
+        MPI_Request request = MPI_REQUEST_NULL;
+        const int code =
+            MPI_Ibcast(bytes + done, to_int(std::min(chunk_bytes_, buf.bytes() - done)), MPI_BYTE,
+                       root, comm_, &request);
+        if (code != MPI_SUCCESS) {
+          record_failure(fmt::format("MPI_Ibcast failed: {}", mpi_error_string(code)), -1);
+          break;
+        }
+        requests.push_back(request);
+      }
+    }
+    check_usable(what);
+    // MPI does not say which rank a broadcast waits for: the timeout names the root.
+    finish(what, requests, std::vector<int>(requests.size(), -1), deadline,
+           fmt::format("the broadcast from rank {}", root));
+  }
+
+  void run_gather_control(std::span<const double> mine, std::span<double> all) override {
+    constexpr std::string_view what = "control";
+    check_usable(what);
+    const auto deadline = deadline_after(options_.timeout_seconds);
+    const int me = rank();
+    const size_t k = mine.size();
+    std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(k * me));
+    // Zero-byte messages are sent too: a barrier is a control call of no values.
+    std::vector<Message> sends;
+    std::vector<Message> recvs;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == me) continue;
+      sends.push_back({peer, reinterpret_cast<std::byte*>(const_cast<double*>(mine.data())),
+                       k * sizeof(double)});
+      recvs.push_back(
+          {peer, reinterpret_cast<std::byte*>(all.data() + k * peer), k * sizeof(double)});
+    }
+    exchange(what, kControlTag, sends, recvs, deadline);
+  }
+
+ private:
+  struct Message {
+    int peer = 0;
+    std::byte* data = nullptr;  // read for a send, written for a receive
+    size_t bytes = 0;
+  };
+  struct Failure {
+    std::string message;  // why this communicator can no longer be used
+    int failed_rank = -1;
+    bool from_notice = false;
+  };
+
+  // Posts every receive, then every send, each split into pieces of at most chunk_bytes_
+  // (a message of 0 bytes is sent as one empty piece), and waits for all of them.
+  void exchange(std::string_view what, int tag, const std::vector<Message>& sends,
+                const std::vector<Message>& recvs, Clock::time_point deadline) {
+    std::vector<MPI_Request> requests;
+    std::vector<int> peers;  // peers[i]: the rank requests[i] talks to
+    {
+      std::lock_guard lock(mpi_mutex());
+      auto post = [&](const Message& m, bool is_send) {
+        size_t done = 0;
+        do {
+          const int count = to_int(std::min(chunk_bytes_, m.bytes - done));
+          MPI_Request request = MPI_REQUEST_NULL;
+          const int code =
+              is_send ? MPI_Isend(m.data + done, count, MPI_BYTE, m.peer, tag, comm_, &request)
+                      : MPI_Irecv(m.data + done, count, MPI_BYTE, m.peer, tag, comm_, &request);
+          if (code != MPI_SUCCESS) {
+            throw CommError(
+                fmt::format("{}: {} to rank {} failed: {}", what,
+                            is_send ? "MPI_Isend" : "MPI_Irecv", m.peer, mpi_error_string(code)),
+                -1);
+          }
+          requests.push_back(request);
+          peers.push_back(m.peer);
+          done += static_cast<size_t>(count);
+        } while (done < m.bytes);
+      };
+      try {
+        for (const Message& m : recvs) post(m, false);
+        for (const Message& m : sends) post(m, true);
+      } catch (const CommError& e) {
+        record_failure(e.what(), -1);
+      }
+    }
+    if (failed()) release_pending(requests);
+    check_usable(what);
+    finish(what, requests, peers, deadline, "");
+  }
+
+  // Waits for `requests`: point-to-point ones talking to peers[i], or (when `waiting_for`
+  // is not empty) a nonblocking collective's, whose peers MPI does not tell. On a timeout,
+  // an abort notice or an MPI error, records the failure, releases the requests and throws.
+  void finish(std::string_view what, std::vector<MPI_Request>& requests,
+              const std::vector<int>& peers, Clock::time_point deadline,
+              const std::string& waiting_for) {
+    const bool point_to_point = waiting_for.empty();
+    auto release = [&] {
+      if (point_to_point) release_pending(requests);
+    };
+    MPI_Status notice_status;
+    PollResult result = PollResult::kDone;
+    try {
+      result = poll(requests, &notice_request_, &notice_status, &aborted_, deadline, what);
+    } catch (const CommError& e) {
+      record_failure(e.what(), -1);
+      release();
+      check_usable(what);
+    }
+    if (result == PollResult::kDone) return;
+    if (result == PollResult::kNotice) {
+      record_notice(notice_status);
+    } else {
+      std::vector<int> missing;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        if (requests[i] != MPI_REQUEST_NULL && peers[i] >= 0) missing.push_back(peers[i]);
+      }
+      std::sort(missing.begin(), missing.end());
+      missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+      const std::string whom = !point_to_point ? waiting_for
+                               : missing.size() == 1
+                                   ? fmt::format("rank {}", missing[0])
+                                   : fmt::format("ranks {}", fmt::join(missing, ", "));
+      const std::string message = fmt::format(
+          "{} on rank {} timed out after {} s waiting for {} (world {}); a rank that never "
+          "arrives is stuck, dead, or called a different collective",
+          what, rank(), options_.timeout_seconds, whom, size());
+      release();
+      const int failed_rank = missing.size() == 1 ? missing[0] : -1;
+      record_failure(message, failed_rank);
+      throw CommTimeout(message, failed_rank);
+    }
+    release();
+    check_usable(what);
+  }
+
+  // Throws CommError if this communicator failed earlier or a peer's notice has arrived.
+  void check_usable(std::string_view what) {
+    if (!failed()) {
+      MPI_Status status;
+      int arrived = 0;
+      {
+        std::lock_guard lock(mpi_mutex());
+        if (notice_request_ != MPI_REQUEST_NULL) MPI_Test(&notice_request_, &arrived, &status);
+      }
+      if (arrived) record_notice(status);
+    }
+    std::lock_guard lock(state_mutex_);
+    if (!failure_) return;
+    throw CommError(fmt::format("{} on rank {}: {}", what, rank(), failure_->message),
+                    failure_->failed_rank);
+  }
+
+  bool failed() {
+    std::lock_guard lock(state_mutex_);
+    return failure_.has_value();
+  }
+  void record_failure(std::string message, int failed_rank) {
+    std::lock_guard lock(state_mutex_);
+    if (!failure_) failure_ = Failure{std::move(message), failed_rank, false};
+  }
+  void record_notice(const MPI_Status& status) {
+    int length = 0;
+    {
+      std::lock_guard lock(mpi_mutex());
+      MPI_Get_count(&status, MPI_CHAR, &length);
+    }
+    const std::string reason(notice_buffer_.data(), static_cast<size_t>(std::max(length, 0)));
+    std::lock_guard lock(state_mutex_);
+    if (!failure_) {
+      failure_ = Failure{fmt::format("rank {} failed: {}", status.MPI_SOURCE, reason),
+                         status.MPI_SOURCE, true};
+    }
+  }
+
+  MPI_Comm comm_;
+  CommOptions options_;
+  size_t chunk_bytes_;
+  std::vector<std::byte> scratch_;  // reduce-scatter pieces from peers: (N-1) * piece bytes
+
+  // Abort notices: one receive posted for the communicator's life (polled by the worker).
+  std::array<char, kMaxNoticeBytes> notice_buffer_{};
+  MPI_Request notice_request_ = MPI_REQUEST_NULL;
+  std::string notice_text_;                // what abort() sent; alive until the sends finish
+  std::vector<MPI_Request> notice_sends_;  // freed by the destructor
+
+  // Written by the worker and by abort() from any thread.
+  std::mutex state_mutex_;
+  std::optional<Failure> failure_;
+  bool notices_sent_ = false;
+  std::atomic<bool> aborted_ = false;  // polled by the worker's waits
+};
+
+}  // namespace
+
+bool mpi_backend_available() { return true; }
+
+MpiSession::MpiSession(int& argc, char**& argv) {
+  std::lock_guard lock(mpi_mutex());
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    throw InvalidArgument(
+        "mpi: MPI is already initialized in this process; create one MpiSession per process");
+  }
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    MPI_Finalize();
+    throw CommError(fmt::format("mpi: the MPI library provides {}, zerodp needs "
+                                "MPI_THREAD_SERIALIZED or better (collectives run on a "
+                                "communication thread); use an MPI built with thread support",
+                                thread_level_name(provided)),
+                    -1);
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+}
+
+MpiSession::~MpiSession() {
+  std::lock_guard lock(mpi_mutex());
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::unique_ptr<Communicator> MpiSession::make_communicator(const CommOptions& options) {
+  if (!(options.timeout_seconds > 0)) {
+    throw InvalidArgument(
+        fmt::format("mpi: timeout_seconds is {}; a collective's timeout must be positive",
+                    options.timeout_seconds));
+  }
+  const size_t chunk_bytes = chunk_bytes_from_env();
+  const auto deadline = deadline_after(options.timeout_seconds);
+  constexpr std::string_view what = "mpi: creating a communicator";
+
+  // A private duplicate of MPI_COMM_WORLD: its traffic cannot meet anyone else's.
+  // MPI_Comm_idup rather than MPI_Comm_dup, so the mutex is not held while ranks gather.
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+  {
+    std::lock_guard lock(mpi_mutex());
+    check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, &comm, requests.data()), what, "MPI_Comm_idup");
+  }
+  if (poll(requests, nullptr, nullptr, nullptr, deadline, what) != PollResult::kDone) {
+    throw CommTimeout(fmt::format("{} on rank {} timed out after {} s: not every rank called "
+                                  "make_communicator",
+                                  what, rank_, options.timeout_seconds),
+                      -1);
+  }
+  auto free_comm = [&comm] {
+    std::lock_guard lock(mpi_mutex());
+    MPI_Comm_free(&comm);
+  };
+  try {
+    {
+      std::lock_guard lock(mpi_mutex());
+      check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), what, "MPI_Comm_set_errhandler");
+    }
+    // Every rank must split messages the same way: agree on the chunk size.
+    std::vector<uint64_t> chunks(static_cast<size_t>(size_));
+    const uint64_t mine = chunk_bytes;
+    requests.assign(1, MPI_REQUEST_NULL);
+    {
+      std::lock_guard lock(mpi_mutex());
+      check_mpi(MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, chunks.data(), sizeof mine, MPI_BYTE,
+                               comm, requests.data()),
+                what, "MPI_Iallgather");
+    }
+    if (poll(requests, nullptr, nullptr, nullptr, deadline, what) != PollResult::kDone) {
+      throw CommTimeout(fmt::format("{} on rank {} timed out after {} s agreeing on the chunk size",
+                                    what, rank_, options.timeout_seconds),
+                        -1);
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (chunks[static_cast<size_t>(r)] != mine) {
+        throw InvalidArgument(
+            fmt::format("{}: {} is {} on rank {} but {} on rank {}; set it the same on every rank",
+                        what, kChunkEnv, mine, rank_, chunks[static_cast<size_t>(r)], r));
+      }
+    }
+  } catch (...) {
+    free_comm();
+    throw;
+  }
+  return std::make_unique<MpiCommunicator>(comm, rank_, size_, options, chunk_bytes);
+}
+
+void MpiSession::abort_job(int code) {
+  // Held until the process ends: no other thread may enter MPI meanwhile.
+  mpi_mutex().lock();
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();  // MPI_Abort does not return; if it ever did, the job must still end
+}
+
+}  // namespace zerodp

@@ -1,0 +1,78 @@
+#include "comm/reduce.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+namespace zerodp {
+namespace {
+
+// Elements per block: the fp32 accumulator (8 KiB) and one widened input stay in L1.
+constexpr size_t kBlock = 2048;
+
+inline void accumulate(float* acc, const float* x, size_t n, ReduceOp op) {
+  if (op == ReduceOp::kMax) {
+    for (size_t j = 0; j < n; ++j) {
+      const float a = acc[j];
+      // NaN propagates: a NaN accumulator stays, a NaN input replaces.
+      acc[j] = (a >= x[j] || a != a) ? a : x[j];
+    }
+  } else {
+    for (size_t j = 0; j < n; ++j) acc[j] += x[j];
+  }
+}
+
+inline void finish(float* acc, size_t n, ReduceOp op, int world) {
+  if (op != ReduceOp::kAvg) return;
+  const float divisor = static_cast<float>(world);
+  for (size_t j = 0; j < n; ++j) acc[j] /= divisor;
+}
+
+template <typename T>
+void reduce_typed(std::span<const void* const> inputs, T* out, size_t count, ReduceOp op) {
+  const int world = static_cast<int>(inputs.size());
+  alignas(64) std::array<float, kBlock> acc;
+  alignas(64) std::array<float, kBlock> wide;
+  for (size_t begin = 0; begin < count; begin += kBlock) {
+    const size_t n = std::min(kBlock, count - begin);
+    for (int k = 0; k < world; ++k) {
+      const T* x = static_cast<const T*>(inputs[k]) + begin;
+      if constexpr (std::is_same_v<T, float>) {
+        if (k == 0) {
+          std::memcpy(acc.data(), x, n * sizeof(float));
+        } else {
+          accumulate(acc.data(), x, n, op);
+        }
+      } else {
+        convert(std::span<const T>(x, n), std::span<float>(k == 0 ? acc.data() : wide.data(), n));
+        if (k > 0) accumulate(acc.data(), wide.data(), n, op);
+      }
+    }
+    finish(acc.data(), n, op, world);
+    if constexpr (std::is_same_v<T, float>) {
+      std::memcpy(out + begin, acc.data(), n * sizeof(float));
+    } else {
+      convert(std::span<const float>(acc.data(), n), std::span<T>(out + begin, n));
+    }
+  }
+}
+
+}  // namespace
+
+void reduce_rank_order(std::span<const void* const> inputs, void* out, size_t count, DType dtype,
+                       ReduceOp op) {
+  if (inputs.empty() || count == 0) return;
+  switch (dtype) {
+    case DType::kF32:
+      reduce_typed(inputs, static_cast<float*>(out), count, op);
+      break;
+    case DType::kF16:
+      reduce_typed(inputs, static_cast<Float16*>(out), count, op);
+      break;
+    case DType::kBF16:
+      reduce_typed(inputs, static_cast<BFloat16*>(out), count, op);
+      break;
+  }
+}
+
+}  // namespace zerodp

@@ -1,0 +1,20 @@
+// The one reduction every backend uses, so results are identical bits across backends.
+//
+// out[i] = ((in[0][i] op in[1][i]) op ...) op in[n-1][i], accumulated in fp32 in the order
+// of `inputs` (rank order), then divided by n for kAvg, then rounded once to `dtype`
+// (round to nearest even). kMax propagates NaN. The result of element i never depends on
+// other elements, on buffer addresses or on how the range is split among calls, so a
+// range may be reduced in pieces. `out` may alias one of the inputs exactly.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "comm/communicator.h"
+
+namespace zerodp {
+
+void reduce_rank_order(std::span<const void* const> inputs, void* out, size_t count, DType dtype,
+                       ReduceOp op);
+
+}  // namespace zerodp

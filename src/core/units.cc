@@ -1,0 +1,114 @@
+#include "core/units.h"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <string>
+
+#include <fmt/core.h>
+
+#include "core/error.h"
+
+namespace zerodp {
+namespace {
+
+struct Split {
+  double number;
+  std::string suffix;
+};
+
+bool split_number(std::string_view text, Split& out) {
+  size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  const std::string s(text.substr(i));
+  if (s.empty()) return false;
+  size_t used = 0;
+  try {
+    out.number = std::stod(s, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  std::string rest = s.substr(used);
+  while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.front()))) rest.erase(0, 1);
+  while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.back()))) rest.pop_back();
+  out.suffix = rest;
+  return std::isfinite(out.number);
+}
+
+double byte_multiplier(const std::string& suffix) {
+  struct Unit {
+    const char* name;
+    double scale;
+  };
+  static constexpr Unit kUnits[] = {
+      {"", 1},       {"B", 1},           {"KB", 1e3},           {"MB", 1e6},
+      {"GB", 1e9},   {"TB", 1e12},       {"KiB", 1024.0},       {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"K", 1024.0}, {"M", 1048576.0},
+      {"G", 1073741824.0},
+  };
+  for (const auto& u : kUnits) {
+    if (suffix == u.name) return u.scale;
+  }
+  return -1;
+}
+
+}  // namespace
+
+uint64_t parse_bytes(std::string_view text, std::string_view what) {
+  Split s{};
+  double scale = -1;
+  if (split_number(text, s)) scale = byte_multiplier(s.suffix);
+  if (scale < 0 || s.number < 0 || s.number * scale >= 1.8e19) {
+    throw InvalidArgument(fmt::format(
+        "{}: '{}' is not a size; write a number with an optional unit, e.g. 2GiB, 512MB, 4096",
+        what, text));
+  }
+  return static_cast<uint64_t>(std::llround(s.number * scale));
+}
+
+double parse_bandwidth(std::string_view text, std::string_view what) {
+  std::string_view t = text;
+  if (t.size() >= 2 && t.substr(t.size() - 2) == "/s") t.remove_suffix(2);
+  Split s{};
+  double scale = -1;
+  if (split_number(t, s)) scale = byte_multiplier(s.suffix);
+  if (scale < 0 || s.number <= 0) {
+    throw InvalidArgument(fmt::format(
+        "{}: '{}' is not a bandwidth; write a positive number of bytes per second, e.g. 1GB/s, "
+        "100MB/s, 25GiB/s",
+        what, text));
+  }
+  return s.number * scale;
+}
+
+double parse_seconds(std::string_view text, std::string_view what) {
+  Split s{};
+  double scale = -1;
+  if (split_number(text, s)) {
+    if (s.suffix.empty() || s.suffix == "s") scale = 1;
+    else if (s.suffix == "ms") scale = 1e-3;
+    else if (s.suffix == "us") scale = 1e-6;
+    else if (s.suffix == "ns") scale = 1e-9;
+    else if (s.suffix == "min") scale = 60;
+  }
+  if (scale < 0 || s.number < 0) {
+    throw InvalidArgument(fmt::format(
+        "{}: '{}' is not a duration; write a number of seconds or use a unit, e.g. 20us, 5ms, 300",
+        what, text));
+  }
+  return s.number * scale;
+}
+
+std::string format_bytes(double bytes) {
+  static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int i = 0;
+  double v = bytes;
+  while (std::fabs(v) >= 1024.0 && i < 5) {
+    v /= 1024.0;
+    ++i;
+  }
+  if (i == 0) return fmt::format("{:.0f} B", v);
+  return fmt::format("{:.2f} {}", v, kNames[i]);
+}
+
+}  // namespace zerodp

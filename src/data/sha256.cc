@@ -1,0 +1,167 @@
+#include "data/sha256.h"
+
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "core/error.h"
+
+namespace zerodp {
+namespace {
+
+constexpr std::array<uint32_t, 64> kRoundConstants = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+constexpr std::array<uint32_t, 8> kInitialState = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+
+constexpr uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+}  // namespace
+
+Sha256::Sha256() : state_(kInitialState) {}
+
+void Sha256::compress(const uint8_t* block) {
+  std::array<uint32_t, 64> w;
+  for (int t = 0; t < 16; ++t) {
+    // Big-endian words by arithmetic, so the result does not depend on host byte order.
+    w[t] = (uint32_t{block[4 * t]} << 24) | (uint32_t{block[4 * t + 1]} << 16) |
+           (uint32_t{block[4 * t + 2]} << 8) | uint32_t{block[4 * t + 3]};
+  }
+  for (int t = 16; t < 64; ++t) {
+    const uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+    const uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+    w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+  }
+  uint32_t a = state_[0], b = state_[1], c = state_[2], d = state_[3];
+  uint32_t e = state_[4], f = state_[5], g = state_[6], h = state_[7];
+  for (int t = 0; t < 64; ++t) {
+    const uint32_t s1 = rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25);
+    const uint32_t ch = (e & f) ^ (~e & g);
+    const uint32_t t1 = h + s1 + ch + kRoundConstants[t] + w[t];
+    const uint32_t s0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22);
+    const uint32_t maj = (a & b) ^ (a & c) ^ (b & c);
+    const uint32_t t2 = s0 + maj;
+    h = g;
+    g = f;
+    f = e;
+    e = d + t1;
+    d = c;
+    c = b;
+    b = a;
+    a = t1 + t2;
+  }
+  state_[0] += a;
+  state_[1] += b;
+  state_[2] += c;
+  state_[3] += d;
+  state_[4] += e;
+  state_[5] += f;
+  state_[6] += g;
+  state_[7] += h;
+}
+
+void Sha256::update(std::span<const std::byte> data) {
+  const auto* p = reinterpret_cast<const uint8_t*>(data.data());
+  size_t left_bytes = data.size();
+  total_bytes_ += left_bytes;
+  if (buffered_bytes_ > 0) {
+    const size_t take_bytes = std::min(left_bytes, buffer_.size() - buffered_bytes_);
+    std::memcpy(buffer_.data() + buffered_bytes_, p, take_bytes);
+    buffered_bytes_ += take_bytes;
+    p += take_bytes;
+    left_bytes -= take_bytes;
+    if (buffered_bytes_ < buffer_.size()) return;
+    compress(buffer_.data());
+    buffered_bytes_ = 0;
+  }
+  for (; left_bytes >= 64; p += 64, left_bytes -= 64) compress(p);
+  if (left_bytes > 0) std::memcpy(buffer_.data(), p, left_bytes);
+  buffered_bytes_ = left_bytes;
+}
+
+Sha256::Digest Sha256::digest() const {
+  // Padding: 0x80, zeros up to 56 mod 64, then the message length in bits, big-endian.
+  Sha256 tail = *this;
+  const uint64_t length_bits = total_bytes_ * 8;
+  const uint8_t one_bit = 0x80;
+  tail.update(&one_bit, 1);
+  const uint8_t zeros[64] = {};
+  const size_t zero_bytes = (tail.buffered_bytes_ <= 56 ? 56 : 120) - tail.buffered_bytes_;
+  tail.update(zeros, zero_bytes);
+  uint8_t length_be[8];
+  for (int i = 0; i < 8; ++i) length_be[i] = static_cast<uint8_t>(length_bits >> (56 - 8 * i));
+  tail.update(length_be, 8);
+
+  Digest out;
+  for (size_t i = 0; i < 8; ++i) {
+    for (size_t k = 0; k < 4; ++k) {
+      out[4 * i + k] = static_cast<uint8_t>(tail.state_[i] >> (24 - 8 * k));
+    }
+  }
+  return out;
+}
+
+std::string Sha256::hex_digest() const {
+  const Digest d = digest();
+  return to_hex(d);
+}
+
+std::string to_hex(std::span<const uint8_t> bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(2 * bytes.size(), '0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    out[2 * i] = kDigits[bytes[i] >> 4];
+    out[2 * i + 1] = kDigits[bytes[i] & 0xf];
+  }
+  return out;
+}
+
+std::string sha256_hex(std::span<const std::byte> data) {
+  Sha256 h;
+  h.update(data);
+  return h.hex_digest();
+}
+
+std::string sha256_hex(std::string_view data) {
+  Sha256 h;
+  h.update(data);
+  return h.hex_digest();
+}
+
+std::string sha256_file_hex(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("sha256: cannot open {} for reading", path.string()));
+  Sha256 h;
+  std::vector<char> chunk(size_t{1} << 20);
+  while (in) {
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    h.update(chunk.data(), static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) throw IoError(fmt::format("sha256: read error in {}", path.string()));
+  return h.hex_digest();
+}
+
+void sha256_update_u64_le(Sha256& hash, std::span<const uint64_t> values) {
+  uint8_t block[8 * 64];
+  size_t filled_bytes = 0;
+  for (const uint64_t v : values) {
+    for (int i = 0; i < 8; ++i) block[filled_bytes++] = static_cast<uint8_t>(v >> (8 * i));
+    if (filled_bytes == sizeof(block)) {
+      hash.update(block, filled_bytes);
+      filled_bytes = 0;
+    }
+  }
+  hash.update(block, filled_bytes);
+}
+
+}  // namespace zerodp

@@ -1,0 +1,394 @@
+// The gpt units: embedding, pre-LN transformer block, final LayerNorm + head + loss.
+#include "models/gpt.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "models/unit_base.h"
+#include "nn/attention.h"
+#include "nn/layers.h"
+
+namespace zerodp {
+
+using models_detail::Carver;
+using models_detail::ParamUnit;
+using models_detail::Slot;
+
+namespace {
+
+constexpr float kInitStd = 0.02f;
+
+size_t rows_of(const BatchShape& s) { return static_cast<size_t>(s.B) * static_cast<size_t>(s.T); }
+
+void zero(std::span<float> x) { std::fill(x.begin(), x.end(), 0.0f); }
+
+// Every gpt unit sees the same (B, T); T is bounded by the position table.
+class GptUnit : public ParamUnit {
+ protected:
+  GptUnit(std::string name, const GptConfig& config)
+      : ParamUnit(std::move(name)),
+        C_(static_cast<size_t>(config.embd)),
+        NH_(static_cast<size_t>(config.heads)),
+        V_(static_cast<size_t>(config.vocab)),
+        max_T_(config.seq_len) {}
+
+  void check_batch(std::string_view fn, const BatchShape& s) const {
+    if (s.B < 1 || s.T < 1 || s.T > max_T_) {
+      throw InvalidArgument(fmt::format(
+          "unit {} {}: micro-batch (B={}, T={}) does not fit; need B >= 1 and 1 <= T <= "
+          "seq_len={}",
+          name(), fn, s.B, s.T, max_T_));
+    }
+  }
+
+  size_t C_;   // channels
+  size_t NH_;  // heads
+  size_t V_;   // vocabulary
+  int max_T_;  // seq_len
+};
+
+// ---------------------------------------------------------------- embedding
+
+class EmbeddingUnit final : public GptUnit {
+ public:
+  explicit EmbeddingUnit(const GptConfig& config) : GptUnit("embedding", config) {
+    const int64_t V = config.vocab, T = config.seq_len, C = config.embd;
+    wte_ = param("wte.weight", {V, C}, InitKind::kNormal, kInitStd, true);
+    wpe_ = param("wpe.weight", {T, C}, InitKind::kNormal, kInitStd, true);
+  }
+
+  size_t input_count(const BatchShape&) const override { return 0; }
+  size_t output_count(const BatchShape& s) const override { return rows_of(s) * C_; }
+  size_t saved_count(const BatchShape&) const override { return 0; }
+  size_t scratch_count(const BatchShape&) const override { return 0; }
+
+  void forward(std::span<const float> w, std::span<const float> in, std::span<float> out,
+               std::span<float>, std::span<float>, const MicroBatch& mb) override {
+    const BatchShape& s = mb.shape;
+    check_batch("forward", s);
+    check_exact("forward", "w", w, numel(), s);
+    check_exact("forward", "in", in, 0, s);
+    check_exact("forward", "out", out, output_count(s), s);
+    encoder_forward(out, mb.tokens, wte_.of(w), wpe_.of(w), s.B, s.T, C_, V_);
+  }
+
+  void backward(std::span<const float> w, std::span<const float>, std::span<const float>,
+                std::span<const float> dout, std::span<float> dw, std::span<float> din,
+                std::span<float>, const MicroBatch& mb) override {
+    const BatchShape& s = mb.shape;
+    check_batch("backward", s);
+    check_exact("backward", "w", w, numel(), s);
+    check_exact("backward", "dout", dout, output_count(s), s);
+    check_exact("backward", "dw", dw, numel(), s);
+    check_exact("backward", "din", din, 0, s);
+    encoder_backward(wte_.of(dw), wpe_.of(dw), dout, mb.tokens, s.B, s.T, C_, V_);
+  }
+
+ private:
+  Slot wte_, wpe_;
+};
+
+// ---------------------------------------------------------------- transformer block
+
+// What the block's forward keeps for backward, in this order. `in` (the residual stream
+// entering the block) is not here: the engine keeps it.
+template <typename T>
+struct BlockSaved {
+  std::span<T> ln1, ln1_mean, ln1_rstd;  // (rows, C), (rows), (rows)
+  std::span<T> qkv;                      // (rows, 3C)
+  std::span<T> att;                      // (attention_saved_count)
+  std::span<T> atty;                     // (rows, C) attention output, c_proj's input
+  std::span<T> res2;                     // (rows, C) in + attn branch
+  std::span<T> ln2, ln2_mean, ln2_rstd;  // (rows, C), (rows), (rows)
+  std::span<T> fch;                      // (rows, 4C) c_fc output, GELU's input
+  std::span<T> fch_gelu;                 // (rows, 4C) GELU output, c_proj's input
+
+  static size_t count(size_t rows, size_t C, const AttentionDims& d) {
+    return rows * (15 * C + 4) + attention_saved_count(d);
+  }
+  static BlockSaved carve(std::span<T> buffer, size_t rows, size_t C, const AttentionDims& d) {
+    Carver<T> c(buffer);
+    BlockSaved k;
+    k.ln1 = c.take(rows * C);
+    k.ln1_mean = c.take(rows);
+    k.ln1_rstd = c.take(rows);
+    k.qkv = c.take(rows * 3 * C);
+    k.att = c.take(attention_saved_count(d));
+    k.atty = c.take(rows * C);
+    k.res2 = c.take(rows * C);
+    k.ln2 = c.take(rows * C);
+    k.ln2_mean = c.take(rows);
+    k.ln2_rstd = c.take(rows);
+    k.fch = c.take(rows * 4 * C);
+    k.fch_gelu = c.take(rows * 4 * C);
+    return k;
+  }
+};
+
+class BlockUnit final : public GptUnit {
+ public:
+  BlockUnit(int index, const GptConfig& config)
+      : GptUnit(fmt::format("h.{}", index), config) {
+    const int64_t C = config.embd;
+    // Residual projections: std scaled by 1/sqrt(2 * layers) (GPT-2; the peer does this).
+    const float proj_std =
+        static_cast<float>(kInitStd / std::sqrt(2.0 * static_cast<double>(config.layers)));
+    const std::string p = name() + ".";
+    ln1_w_ = param(p + "ln_1.weight", {C}, InitKind::kOnes, 0.0f, false);
+    ln1_b_ = param(p + "ln_1.bias", {C}, InitKind::kZeros, 0.0f, false);
+    attn_w_ = param(p + "attn.c_attn.weight", {3 * C, C}, InitKind::kNormal, kInitStd, true);
+    attn_b_ = param(p + "attn.c_attn.bias", {3 * C}, InitKind::kZeros, 0.0f, false);
+    attnproj_w_ = param(p + "attn.c_proj.weight", {C, C}, InitKind::kNormal, proj_std, true);
+    attnproj_b_ = param(p + "attn.c_proj.bias", {C}, InitKind::kZeros, 0.0f, false);
+    ln2_w_ = param(p + "ln_2.weight", {C}, InitKind::kOnes, 0.0f, false);
+    ln2_b_ = param(p + "ln_2.bias", {C}, InitKind::kZeros, 0.0f, false);
+    fc_w_ = param(p + "mlp.c_fc.weight", {4 * C, C}, InitKind::kNormal, kInitStd, true);
+    fc_b_ = param(p + "mlp.c_fc.bias", {4 * C}, InitKind::kZeros, 0.0f, false);
+    fcproj_w_ = param(p + "mlp.c_proj.weight", {C, 4 * C}, InitKind::kNormal, proj_std, true);
+    fcproj_b_ = param(p + "mlp.c_proj.bias", {C}, InitKind::kZeros, 0.0f, false);
+  }
+
+  size_t input_count(const BatchShape& s) const override { return rows_of(s) * C_; }
+  size_t output_count(const BatchShape& s) const override { return rows_of(s) * C_; }
+  size_t saved_count(const BatchShape& s) const override {
+    return BlockSaved<float>::count(rows_of(s), C_, dims(s));
+  }
+  // Forward: the branch output before the residual add (rows, C). Backward: see backward().
+  size_t scratch_count(const BatchShape& s) const override {
+    return rows_of(s) * 9 * C_ + attention_scratch_count(dims(s));
+  }
+
+  void forward(std::span<const float> w, std::span<const float> in, std::span<float> out,
+               std::span<float> saved, std::span<float> scratch, const MicroBatch& mb) override {
+    const BatchShape& s = mb.shape;
+    check_batch("forward", s);
+    check_exact("forward", "w", w, numel(), s);
+    check_exact("forward", "in", in, input_count(s), s);
+    check_exact("forward", "out", out, output_count(s), s);
+    check_exact("forward", "saved", saved, saved_count(s), s);
+    check_at_least("forward", "scratch", scratch, scratch_count(s), s);
+    const size_t rows = rows_of(s), C = C_;
+    const AttentionDims d = dims(s);
+    const auto k = BlockSaved<float>::carve(saved, rows, C, d);
+    const auto branch = scratch.first(rows * C);  // (rows, C)
+
+    // x = in + c_proj(attention(c_attn(ln_1(in))))
+    layernorm_forward(k.ln1, k.ln1_mean, k.ln1_rstd, in, ln1_w_.of(w), ln1_b_.of(w), rows, C);
+    linear_forward(k.qkv, k.ln1, attn_w_.of(w), attn_b_.of(w), rows, C, 3 * C);
+    attention_forward(k.atty, k.att, k.qkv, d);
+    linear_forward(branch, k.atty, attnproj_w_.of(w), attnproj_b_.of(w), rows, C, C);
+    residual_forward(k.res2, in, branch);
+    // out = x + c_proj(gelu(c_fc(ln_2(x))))
+    layernorm_forward(k.ln2, k.ln2_mean, k.ln2_rstd, k.res2, ln2_w_.of(w), ln2_b_.of(w), rows, C);
+    linear_forward(k.fch, k.ln2, fc_w_.of(w), fc_b_.of(w), rows, C, 4 * C);
+    gelu_forward(k.fch_gelu, k.fch);
+    linear_forward(branch, k.fch_gelu, fcproj_w_.of(w), fcproj_b_.of(w), rows, 4 * C, C);
+    residual_forward(out, k.res2, branch);
+  }
+
+  // Scratch: dres2 (rows, C) lives throughout; two (rows, 4C) regions hold the MLP's
+  // gradients and are reused for the attention branch once those are consumed; then the
+  // attention layer's own workspace.
+  void backward(std::span<const float> w, std::span<const float> in,
+                std::span<const float> saved, std::span<const float> dout, std::span<float> dw,
+                std::span<float> din, std::span<float> scratch, const MicroBatch& mb) override {
+    const BatchShape& s = mb.shape;
+    check_batch("backward", s);
+    check_exact("backward", "w", w, numel(), s);
+    check_exact("backward", "in", in, input_count(s), s);
+    check_exact("backward", "saved", saved, saved_count(s), s);
+    check_exact("backward", "dout", dout, output_count(s), s);
+    check_exact("backward", "dw", dw, numel(), s);
+    check_exact("backward", "din", din, input_count(s), s);
+    check_at_least("backward", "scratch", scratch, scratch_count(s), s);
+    const size_t rows = rows_of(s), C = C_;
+    const AttentionDims d = dims(s);
+    const auto k = BlockSaved<const float>::carve(saved, rows, C, d);
+    Carver<float> c(scratch);
+    const auto dres2 = c.take(rows * C);      // d(loss)/d(res2)
+    const auto region_a = c.take(rows * 4 * C);
+    const auto region_b = c.take(rows * 4 * C);
+    const auto att_scratch = c.take(attention_scratch_count(d));
+
+    // MLP branch. out = res2 + c_proj(gelu(c_fc(ln_2(res2)))): d(branch) = dout.
+    std::copy(dout.begin(), dout.end(), dres2.begin());
+    const auto dfch_gelu = region_a;  // (rows, 4C)
+    zero(dfch_gelu);
+    linear_backward(dfch_gelu, fcproj_w_.of(dw), fcproj_b_.of(dw), dout, k.fch_gelu,
+                    fcproj_w_.of(w), rows, 4 * C, C);
+    const auto dfch = region_b;  // (rows, 4C)
+    zero(dfch);
+    gelu_backward(dfch, k.fch, dfch_gelu);
+    const auto dln2 = region_a.first(rows * C);  // dfch_gelu is consumed
+    zero(dln2);
+    linear_backward(dln2, fc_w_.of(dw), fc_b_.of(dw), dfch, k.ln2, fc_w_.of(w), rows, C, 4 * C);
+    layernorm_backward(dres2, ln2_w_.of(dw), ln2_b_.of(dw), dln2, k.res2, ln2_w_.of(w),
+                       k.ln2_mean, k.ln2_rstd, rows, C);
+
+    // Attention branch. res2 = in + c_proj(atty): d(in) += dres2, d(branch) = dres2.
+    for (size_t i = 0; i < din.size(); ++i) din[i] += dres2[i];
+    const auto datty = region_b.first(rows * C);  // dfch is consumed
+    zero(datty);
+    linear_backward(datty, attnproj_w_.of(dw), attnproj_b_.of(dw), dres2, k.atty,
+                    attnproj_w_.of(w), rows, C, C);
+    const auto dqkv = region_b.subspan(rows * C, rows * 3 * C);
+    zero(dqkv);
+    attention_backward(dqkv, att_scratch, datty, k.qkv, k.att, d);
+    const auto dln1 = region_a.first(rows * C);  // dln2 is consumed
+    zero(dln1);
+    linear_backward(dln1, attn_w_.of(dw), attn_b_.of(dw), dqkv, k.ln1, attn_w_.of(w), rows, C,
+                    3 * C);
+    layernorm_backward(din, ln1_w_.of(dw), ln1_b_.of(dw), dln1, in, ln1_w_.of(w), k.ln1_mean,
+                       k.ln1_rstd, rows, C);
+  }
+
+ private:
+  AttentionDims dims(const BatchShape& s) const {
+    return AttentionDims{.B = static_cast<size_t>(s.B),
+                         .T = static_cast<size_t>(s.T),
+                         .C = C_,
+                         .NH = NH_};
+  }
+
+  Slot ln1_w_, ln1_b_, attn_w_, attn_b_, attnproj_w_, attnproj_b_;
+  Slot ln2_w_, ln2_b_, fc_w_, fc_b_, fcproj_w_, fcproj_b_;
+};
+
+// ---------------------------------------------------------------- final norm + head + loss
+
+template <typename T>
+struct HeadSaved {
+  std::span<T> lnf, lnf_mean, lnf_rstd;  // (rows, C), (rows), (rows)
+  std::span<T> logits;                   // (rows, V)
+
+  static size_t count(size_t rows, size_t C, size_t V) { return rows * (C + 2 + V); }
+  static HeadSaved carve(std::span<T> buffer, size_t rows, size_t C, size_t V) {
+    Carver<T> c(buffer);
+    HeadSaved k;
+    k.lnf = c.take(rows * C);
+    k.lnf_mean = c.take(rows);
+    k.lnf_rstd = c.take(rows);
+    k.logits = c.take(rows * V);
+    return k;
+  }
+};
+
+class HeadUnit final : public GptUnit {
+ public:
+  explicit HeadUnit(const GptConfig& config) : GptUnit("head", config) {
+    const int64_t C = config.embd, V = config.vocab;
+    lnf_w_ = param("ln_f.weight", {C}, InitKind::kOnes, 0.0f, false);
+    lnf_b_ = param("ln_f.bias", {C}, InitKind::kZeros, 0.0f, false);
+    lm_w_ = param("lm_head.weight", {V, C}, InitKind::kNormal, kInitStd, true);
+  }
+
+  size_t input_count(const BatchShape& s) const override { return rows_of(s) * C_; }
+  size_t output_count(const BatchShape&) const override { return 1; }
+  size_t saved_count(const BatchShape& s) const override {
+    return HeadSaved<float>::count(rows_of(s), C_, V_);
+  }
+  // Backward: dlogits (rows, V) and dlnf (rows, C).
+  size_t scratch_count(const BatchShape& s) const override { return rows_of(s) * (V_ + C_); }
+
+  void forward(std::span<const float> w, std::span<const float> in, std::span<float> out,
+               std::span<float> saved, std::span<float>, const MicroBatch& mb) override {
+    const BatchShape& s = mb.shape;
+    check_batch("forward", s);
+    check_exact("forward", "w", w, numel(), s);
+    check_exact("forward", "in", in, input_count(s), s);
+    check_exact("forward", "out", out, 1, s);
+    check_exact("forward", "saved", saved, saved_count(s), s);
+    const size_t rows = rows_of(s);
+    const auto k = HeadSaved<float>::carve(saved, rows, C_, V_);
+    layernorm_forward(k.lnf, k.lnf_mean, k.lnf_rstd, in, lnf_w_.of(w), lnf_b_.of(w), rows, C_);
+    linear_forward(k.logits, k.lnf, lm_w_.of(w), {}, rows, C_, V_);
+    out[0] = cross_entropy_forward_backward({}, k.logits, mb.targets, rows, V_);
+  }
+
+  void backward(std::span<const float> w, std::span<const float> in,
+                std::span<const float> saved, std::span<const float>, std::span<float> dw,
+                std::span<float> din, std::span<float> scratch, const MicroBatch& mb) override {
+    const BatchShape& s = mb.shape;
+    check_batch("backward", s);
+    check_exact("backward", "w", w, numel(), s);
+    check_exact("backward", "in", in, input_count(s), s);
+    check_exact("backward", "saved", saved, saved_count(s), s);
+    check_exact("backward", "dw", dw, numel(), s);
+    check_exact("backward", "din", din, input_count(s), s);
+    check_at_least("backward", "scratch", scratch, scratch_count(s), s);
+    const size_t rows = rows_of(s);
+    const auto k = HeadSaved<const float>::carve(saved, rows, C_, V_);
+    Carver<float> c(scratch);
+    const auto dlogits = c.take(rows * V_);
+    const auto dlnf = c.take(rows * C_);
+    zero(dlogits);
+    zero(dlnf);
+    // The loss is recomputed from the saved logits (one exp pass), and its gradient seeded
+    // with loss_grad_scale.
+    cross_entropy_forward_backward(dlogits, k.logits, mb.targets, rows, V_, mb.loss_grad_scale);
+    linear_backward(dlnf, lm_w_.of(dw), {}, dlogits, k.lnf, lm_w_.of(w), rows, C_, V_);
+    layernorm_backward(din, lnf_w_.of(dw), lnf_b_.of(dw), dlnf, in, lnf_w_.of(w), k.lnf_mean,
+                       k.lnf_rstd, rows, C_);
+  }
+
+ private:
+  Slot lnf_w_, lnf_b_, lm_w_;
+};
+
+constexpr std::array<GptPreset, 4> kPresets{{
+    {"tiny", {.layers = 2, .heads = 2, .embd = 32, .seq_len = 32}, 8},
+    {"small", {.layers = 4, .heads = 4, .embd = 128, .seq_len = 64}, 16},
+    {"medium", {.layers = 6, .heads = 6, .embd = 384, .seq_len = 128}, 8},
+    {"large", {.layers = 12, .heads = 12, .embd = 768, .seq_len = 1024}, 4},
+}};
+
+}  // namespace
+
+void validate(const GptConfig& config) {
+  const auto positive = [](std::string_view field, int value) {
+    if (value < 1) {
+      throw InvalidArgument(
+          fmt::format("gpt: {} is {}; it must be at least 1", field, value));
+    }
+  };
+  positive("layers", config.layers);
+  positive("heads", config.heads);
+  positive("embd", config.embd);
+  positive("seq_len", config.seq_len);
+  positive("vocab", config.vocab);
+  if (config.embd % config.heads != 0) {
+    const int below = config.embd / config.heads * config.heads;
+    throw InvalidArgument(fmt::format(
+        "gpt: embd {} is not divisible by heads {}; use an embd that is a multiple of {} "
+        "(e.g. {} or {}) or a heads that divides {}",
+        config.embd, config.heads, config.heads, std::max(below, config.heads),
+        below + config.heads, config.embd));
+  }
+}
+
+std::span<const GptPreset> gpt_presets() { return kPresets; }
+
+const GptPreset& gpt_preset(std::string_view name) {
+  for (const GptPreset& p : kPresets) {
+    if (p.name == name) return p;
+  }
+  throw InvalidArgument(fmt::format(
+      "gpt: unknown size \"{}\"; known sizes are tiny, small, medium, large", name));
+}
+
+Model make_gpt(const GptConfig& config) {
+  validate(config);
+  Model model;
+  model.push_back(std::make_unique<EmbeddingUnit>(config));
+  for (int i = 0; i < config.layers; ++i) model.push_back(std::make_unique<BlockUnit>(i, config));
+  model.push_back(std::make_unique<HeadUnit>(config));
+  return model;
+}
+
+}  // namespace zerodp

@@ -1,0 +1,46 @@
+// Causal multi-head self-attention with explicit forward and backward (llm.c's attention).
+//
+// Input is the (B, T, 3*C) output of the qkv Linear: for each position, C query channels,
+// then C key channels, then C value channels; head h owns channels [h*hs, (h+1)*hs) of each,
+// hs = C / NH. Scores are scaled by 1/sqrt(hs), position t attends to positions 0..t.
+//
+// What forward saves for backward is the layer's business: callers size it with
+// attention_saved_count() and the backward workspace with attention_scratch_count(), and
+// never look inside. Today it is the (B, NH, T, T) softmax probabilities; a fused kernel can
+// keep (B, NH, T) log-sum-exps instead without changing any caller.
+//
+// Conventions as in layers.h: forward writes, backward adds (+=) into dqkv; results depend
+// only on the inputs and the shape. A future position never changes an earlier output: its
+// probability is exactly 0, so even its bits do not reach the sums.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+namespace zerodp {
+
+struct AttentionDims {
+  size_t B = 0;   // batch
+  size_t T = 0;   // sequence length
+  size_t C = 0;   // channels, a multiple of NH
+  size_t NH = 0;  // heads
+  size_t head_size() const { return NH == 0 ? 0 : C / NH; }
+};
+
+// Elements of the state forward saves for backward; of backward's workspace.
+size_t attention_saved_count(const AttentionDims& d);
+size_t attention_scratch_count(const AttentionDims& d);
+
+void attention_forward(std::span<float> out,        // (B, T, C)
+                       std::span<float> saved,      // (attention_saved_count(d))
+                       std::span<const float> qkv,  // (B, T, 3*C)
+                       const AttentionDims& d);
+
+void attention_backward(std::span<float> dqkv,         // (B, T, 3*C) +=
+                        std::span<float> scratch,      // (attention_scratch_count(d))
+                        std::span<const float> dout,   // (B, T, C)
+                        std::span<const float> qkv,    // (B, T, 3*C), as given to forward
+                        std::span<const float> saved,  // (attention_saved_count(d)) from forward
+                        const AttentionDims& d);
+
+}  // namespace zerodp

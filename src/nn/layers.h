@@ -1,0 +1,118 @@
+// Layers with explicit forward and backward passes, in the manner of llm.c's train_gpt2.c.
+//
+// Every layer is a pair of free functions over fp32 spans; the shape of each buffer is
+// written beside it. B = batch, T = time, C = channels, OC = output channels, V = vocabulary;
+// "rows" is B * T for layers that treat each position alike. Parameters and gradients are
+// views into a unit's flat buffers; layers allocate nothing large and never communicate.
+//
+// Conventions, the same for every layer:
+// - forward writes (=) its outputs; backward ADDS (+=) into its d-outputs (dinp, dweight,
+//   dbias, ...). Callers zero gradient buffers before the first micro-batch, so weight
+//   gradients accumulate over micro-batches and residual streams sum their branches.
+// - Every span must hold exactly the elements its shape needs; a mismatch throws
+//   InvalidArgument naming the function, the buffer, its length and the shape.
+// - Results depend only on the inputs and the shape, never on thread counts or buffer
+//   addresses: loops run in a fixed order (no OpenMP here; rank threads give the
+//   parallelism) and matrix products go through tensor/gemm.h, which promises the same.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace zerodp {
+
+// ---- Linear: out = inp @ weight^T + bias (PyTorch nn.Linear layout) ----
+
+void linear_forward(std::span<float> out,           // (rows, OC)
+                    std::span<const float> inp,     // (rows, C)
+                    std::span<const float> weight,  // (OC, C)
+                    std::span<const float> bias,    // (OC), or empty for no bias
+                    size_t rows, size_t C, size_t OC);
+
+// dinp may be empty when the input needs no gradient (data), dbias must be empty exactly
+// when the layer has no bias.
+void linear_backward(std::span<float> dinp,          // (rows, C) +=, or empty
+                     std::span<float> dweight,       // (OC, C) +=
+                     std::span<float> dbias,         // (OC) +=, or empty
+                     std::span<const float> dout,    // (rows, OC)
+                     std::span<const float> inp,     // (rows, C)
+                     std::span<const float> weight,  // (OC, C)
+                     size_t rows, size_t C, size_t OC);
+
+// ---- Encoder: token embedding + learned position embedding ----
+// out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]. Tokens outside [0, V) throw
+// InvalidArgument naming the position and the value. T may be less than the table's
+// length: only wpe's first T rows are used.
+
+void encoder_forward(std::span<float> out,             // (B, T, C)
+                     std::span<const int32_t> tokens,  // (B, T)
+                     std::span<const float> wte,       // (V, C)
+                     std::span<const float> wpe,       // (maxT, C), maxT >= T
+                     size_t B, size_t T, size_t C, size_t V);
+
+void encoder_backward(std::span<float> dwte,            // (V, C) +=
+                      std::span<float> dwpe,            // (maxT, C) +=, first T rows touched
+                      std::span<const float> dout,      // (B, T, C)
+                      std::span<const int32_t> tokens,  // (B, T)
+                      size_t B, size_t T, size_t C, size_t V);
+
+// ---- LayerNorm over the last dimension, eps 1e-5 (PyTorch's default) ----
+// Saves each row's mean and 1/std for backward.
+
+inline constexpr float kLayerNormEps = 1e-5f;
+
+void layernorm_forward(std::span<float> out,           // (rows, C)
+                       std::span<float> mean,          // (rows) saved for backward
+                       std::span<float> rstd,          // (rows) saved for backward
+                       std::span<const float> inp,     // (rows, C)
+                       std::span<const float> weight,  // (C)
+                       std::span<const float> bias,    // (C)
+                       size_t rows, size_t C);
+
+void layernorm_backward(std::span<float> dinp,          // (rows, C) +=
+                        std::span<float> dweight,       // (C) +=
+                        std::span<float> dbias,         // (C) +=
+                        std::span<const float> dout,    // (rows, C)
+                        std::span<const float> inp,     // (rows, C)
+                        std::span<const float> weight,  // (C)
+                        std::span<const float> mean,    // (rows) from forward
+                        std::span<const float> rstd,    // (rows) from forward
+                        size_t rows, size_t C);
+
+// ---- GELU, exact: 0.5 x (1 + erf(x / sqrt 2)), PyTorch nn.GELU()'s default ----
+// (not the tanh approximation llm.c and GPT-2 use; see the design brief)
+
+void gelu_forward(std::span<float> out,         // (count)
+                  std::span<const float> inp);  // (count)
+
+void gelu_backward(std::span<float> dinp,         // (count) +=
+                   std::span<const float> inp,    // (count)
+                   std::span<const float> dout);  // (count)
+
+// ---- Residual: out = inp1 + inp2 ----
+
+void residual_forward(std::span<float> out,          // (count)
+                      std::span<const float> inp1,   // (count)
+                      std::span<const float> inp2);  // (count)
+
+void residual_backward(std::span<float> dinp1,        // (count) +=
+                       std::span<float> dinp2,        // (count) +=
+                       std::span<const float> dout);  // (count)
+
+// ---- Softmax cross-entropy over a vocabulary, mean over the counted targets ----
+// Rows whose target is kIgnoreTarget are left out of the loss and of its mean (PyTorch's
+// ignore_index); other targets outside [0, V) throw InvalidArgument. Returns the mean loss,
+// 0 when every target is ignored. Forward and backward are one pass (the probabilities are
+// not kept): unless dlogits is empty, it ADDS dloss * d(mean loss) / d(logits), i.e.
+// dloss * (softmax - onehot(target)) / counted for counted rows and nothing for ignored
+// ones. dloss carries a loss scale or a 1/accumulation factor.
+
+inline constexpr int32_t kIgnoreTarget = -1;
+
+float cross_entropy_forward_backward(std::span<float> dlogits,          // (rows, V) +=, or empty
+                                     std::span<const float> logits,     // (rows, V)
+                                     std::span<const int32_t> targets,  // (rows)
+                                     size_t rows, size_t V, float dloss = 1.0f);
+
+}  // namespace zerodp

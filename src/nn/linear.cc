@@ -1,0 +1,60 @@
+// Linear layer: out = inp @ weight^T + bias, as three gemm calls in backward.
+#include "nn/layers.h"
+
+#include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "nn/check.h"
+#include "tensor/gemm.h"
+
+namespace zerodp {
+
+using nn_detail::check_count;
+using nn_detail::check_optional_count;
+
+void linear_forward(std::span<float> out, std::span<const float> inp, std::span<const float> weight,
+                    std::span<const float> bias, size_t rows, size_t C, size_t OC) {
+  const std::string shape = fmt::format("(rows={}, C={}, OC={})", rows, C, OC);
+  check_count("linear_forward", "out", out, rows * OC, shape);
+  check_count("linear_forward", "inp", inp, rows * C, shape);
+  check_count("linear_forward", "weight", weight, OC * C, shape);
+  check_optional_count("linear_forward", "bias", bias, OC, shape);
+  // With a bias, start every row of out at the bias and let the product accumulate onto it
+  // (beta = 1): one pass over out instead of two.
+  float beta = 0.0f;
+  if (!bias.empty()) {
+    for (size_t r = 0; r < rows; ++r) std::copy(bias.begin(), bias.end(), out.begin() + r * OC);
+    beta = 1.0f;
+  }
+  // out (rows, OC) = inp (rows, C) @ weight^T (C, OC)
+  gemm(Transpose::kNo, Transpose::kYes, rows, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+void linear_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                     std::span<const float> dout, std::span<const float> inp,
+                     std::span<const float> weight, size_t rows, size_t C, size_t OC) {
+  const std::string shape = fmt::format("(rows={}, C={}, OC={})", rows, C, OC);
+  check_optional_count("linear_backward", "dinp", dinp, rows * C, shape);
+  check_count("linear_backward", "dweight", dweight, OC * C, shape);
+  check_optional_count("linear_backward", "dbias", dbias, OC, shape);
+  check_count("linear_backward", "dout", dout, rows * OC, shape);
+  check_count("linear_backward", "inp", inp, rows * C, shape);
+  check_count("linear_backward", "weight", weight, OC * C, shape);
+  // dinp (rows, C) += dout (rows, OC) @ weight (OC, C)
+  if (!dinp.empty()) {
+    gemm(Transpose::kNo, Transpose::kNo, rows, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+  }
+  // dweight (OC, C) += dout^T (OC, rows) @ inp (rows, C)
+  gemm(Transpose::kYes, Transpose::kNo, OC, C, rows, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  // dbias (OC) += sum over rows of dout, row by row: vectorizes across OC, fixed order.
+  if (!dbias.empty()) {
+    for (size_t r = 0; r < rows; ++r) {
+      const float* dout_r = dout.data() + r * OC;
+      for (size_t o = 0; o < OC; ++o) dbias[o] += dout_r[o];
+    }
+  }
+}
+
+}  // namespace zerodp

@@ -1,0 +1,331 @@
+// gemm: fixed tiles of single-threaded dnnl_sgemm calls, spread over a per-thread pool.
+//
+// Why not let oneDNN thread: its OpenMP partitioning may split K and so changes bits with
+// the thread count (gemm.h). Why a pool of std::threads rather than an OpenMP region: the
+// tiles must run single-threaded inside oneDNN whatever team we are in, the pool's size is a
+// per-rank-thread setting, and this keeps OpenMP compile flags out of the library; oneDNN's
+// own OpenMP runtime (libgomp) is only told "1 thread" on every thread that calls it.
+#include "tensor/gemm.h"
+
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace zerodp {
+namespace {
+
+// Tiling. A tile is halved, along its longer side, while it holds more than kMaxTileFlops
+// and that side stays >= kMinTileDim after halving. Measured on this machine (Zen 5, one
+// core, GPT-shaped products): tiles down to 128 x 128 with >= 8 MFLOP run within noise of
+// one whole dnnl_sgemm call (~180 GFLOP/s), 64-wide tiles lose up to 2x (oneDNN repacks
+// the other operand per tile). Power-of-two part counts keep 2, 4 and 8 threads balanced.
+constexpr double kMaxTileFlops = 16e6;
+constexpr size_t kMinTileDim = 128;
+// Tile edges fall on multiples of this many rows/columns (the kernel's register blocks).
+constexpr size_t kTileAlign = 16;
+constexpr int kMaxGemmThreads = 256;
+
+struct Tiling {
+  size_t parts_m = 1;  // C's rows are cut into parts_m row blocks,
+  size_t parts_n = 1;  // its columns into parts_n column blocks.
+  size_t count() const { return parts_m * parts_n; }
+};
+
+Tiling tiling_for(size_t M, size_t N, size_t K) {
+  Tiling t;
+  auto tile_m = [&] { return (M + t.parts_m - 1) / t.parts_m; };
+  auto tile_n = [&] { return (N + t.parts_n - 1) / t.parts_n; };
+  while (2.0 * static_cast<double>(tile_m()) * static_cast<double>(tile_n()) *
+             static_cast<double>(K) >
+         kMaxTileFlops) {
+    const bool can_m = tile_m() >= 2 * kMinTileDim;
+    const bool can_n = tile_n() >= 2 * kMinTileDim;
+    if (!can_m && !can_n) break;
+    if (can_m && (tile_m() >= tile_n() || !can_n)) {
+      t.parts_m *= 2;
+    } else {
+      t.parts_n *= 2;
+    }
+  }
+  return t;
+}
+
+struct Block {
+  size_t begin = 0;
+  size_t count = 0;
+};
+
+// Part i of p of a dimension of length d: equal aligned blocks, the last one takes the rest.
+Block part_of(size_t d, size_t p, size_t i) {
+  if (p == 1) return {0, d};
+  const size_t base = d / p / kTileAlign * kTileAlign;  // >= kMinTileDim by construction
+  const size_t begin = i * base;
+  const size_t end = i + 1 == p ? d : begin + base;
+  return {begin, end - begin};
+}
+
+struct GemmArgs {
+  char trans_a;
+  char trans_b;
+  size_t M, N, K;
+  float alpha;
+  const float* a;
+  size_t lda;
+  const float* b;
+  size_t ldb;
+  float beta;
+  float* c;
+  size_t ldc;
+};
+
+// One tile: rows rb of C and columns cb, all of K, as one single-threaded dnnl_sgemm.
+dnnl_status_t run_tile(const GemmArgs& g, Block rb, Block cb) {
+  // Row block of op(A): rows of A, or columns of A when A is stored transposed (K, M).
+  const float* a = g.trans_a == 'N' ? g.a + rb.begin * g.lda : g.a + rb.begin;
+  // Column block of op(B): columns of B, or rows of B when B is stored transposed (N, K).
+  const float* b = g.trans_b == 'N' ? g.b + cb.begin : g.b + cb.begin * g.ldb;
+  float* c = g.c + rb.begin * g.ldc + cb.begin;
+  return dnnl_sgemm(g.trans_a, g.trans_b, static_cast<dnnl_dim_t>(rb.count),
+                    static_cast<dnnl_dim_t>(cb.count), static_cast<dnnl_dim_t>(g.K), g.alpha, a,
+                    static_cast<dnnl_dim_t>(g.lda), b, static_cast<dnnl_dim_t>(g.ldb), g.beta, c,
+                    static_cast<dnnl_dim_t>(g.ldc));
+}
+
+// The work of one gemm() call, shared by the caller and its helpers. Tiles are claimed from
+// an atomic counter: which thread runs a tile does not matter for the result.
+struct Job {
+  const GemmArgs* args = nullptr;
+  Tiling tiling;
+  std::atomic<size_t> next{0};
+  std::atomic<int> status{dnnl_success};  // the first failure, if any
+
+  void work() {
+    for (size_t i = next.fetch_add(1); i < tiling.count(); i = next.fetch_add(1)) {
+      const Block rb = part_of(args->M, tiling.parts_m, i / tiling.parts_n);
+      const Block cb = part_of(args->N, tiling.parts_n, i % tiling.parts_n);
+      const dnnl_status_t s = run_tile(*args, rb, cb);
+      if (s != dnnl_success) {
+        int expected = dnnl_success;
+        status.compare_exchange_strong(expected, s);
+      }
+    }
+  }
+};
+
+// oneDNN (OpenMP build) sizes its team from omp_get_max_threads() of the calling thread.
+// Tiles must run on exactly one thread, so set 1 for the duration and restore the caller's
+// value: a rank thread's own OpenMP use, if any, is left as it was.
+class SingleThreadedOneDnn {
+ public:
+  SingleThreadedOneDnn() : saved_(omp_get_max_threads()) {
+    if (saved_ != 1) omp_set_num_threads(1);
+  }
+  ~SingleThreadedOneDnn() {
+    if (saved_ != 1) omp_set_num_threads(saved_);
+  }
+  SingleThreadedOneDnn(const SingleThreadedOneDnn&) = delete;
+  SingleThreadedOneDnn& operator=(const SingleThreadedOneDnn&) = delete;
+
+ private:
+  int saved_;
+};
+
+// Helper threads owned by one calling thread. The helpers block on a condition variable
+// between calls (no spinning): rank threads share the cores, and a spinning helper would
+// take cycles from another rank's gemm (measured in bench_gemm, "ranks" rows).
+class TilePool {
+ public:
+  explicit TilePool(int helpers) {
+    threads_.reserve(static_cast<size_t>(helpers));
+    for (int i = 0; i < helpers; ++i) threads_.emplace_back([this] { helper_loop(); });
+  }
+  ~TilePool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  TilePool(const TilePool&) = delete;
+  TilePool& operator=(const TilePool&) = delete;
+
+  int helpers() const { return static_cast<int>(threads_.size()); }
+
+  // Runs job on the caller and every helper; returns when all have left it.
+  void run(Job& job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &job;
+      busy_ = static_cast<int>(threads_.size());
+      ++generation_;
+    }
+    wake_.notify_all();
+    job.work();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [this] { return busy_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void helper_loop() {
+    omp_set_num_threads(1);  // this thread only ever runs single-threaded tiles
+    uint64_t seen = 0;
+    for (;;) {
+      Job* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+      }
+      job->work();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--busy_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_;  // a new job or stop
+  std::condition_variable done_;  // busy_ reached 0
+  uint64_t generation_ = 0;       // bumped per job, so a helper runs each job once
+  int busy_ = 0;                  // helpers still inside the current job
+  bool stop_ = false;
+  Job* job_ = nullptr;
+  std::vector<std::thread> threads_;
+};
+
+thread_local int t_gemm_threads = 1;
+thread_local std::unique_ptr<TilePool> t_pool;
+
+// Elements a row-major (rows, cols) matrix with row stride ld spans; 0 if it is empty.
+size_t extent(size_t rows, size_t cols, size_t ld) {
+  if (rows == 0 || cols == 0) return 0;
+  size_t span = 0;
+  if (__builtin_mul_overflow(rows - 1, ld, &span) || __builtin_add_overflow(span, cols, &span)) {
+    throw InvalidArgument(
+        fmt::format("gemm: a ({}, {}) matrix with row stride {} overflows size_t", rows, cols, ld));
+  }
+  return span;
+}
+
+void check_operand(const char* name, size_t length, size_t rows, size_t cols, size_t ld,
+                   const char* shape) {
+  if (ld < cols) {
+    throw InvalidArgument(fmt::format(
+        "gemm: ld{} = {} is less than the {} columns of {} as stored ({}); use ld{} >= {}", name,
+        ld, cols, name, shape, name, cols));
+  }
+  const size_t need = extent(rows, cols, ld);
+  if (length < need) {
+    throw InvalidArgument(fmt::format(
+        "gemm: {} holds {} elements, but {} stored as ({}, {}) with ld{} = {} spans {} ({})", name,
+        length, name, rows, cols, name, ld, need, shape));
+  }
+}
+
+bool overlaps(const float* p, size_t n, const float* q, size_t m) {
+  if (n == 0 || m == 0) return false;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const auto b = reinterpret_cast<uintptr_t>(q);
+  return a < b + m * sizeof(float) && b < a + n * sizeof(float);
+}
+
+void throw_dnnl(dnnl_status_t s, size_t M, size_t N, size_t K) {
+  throw Error(fmt::format("gemm: dnnl_sgemm failed with status {} for M={} N={} K={}",
+                          static_cast<int>(s), M, N, K));
+}
+
+}  // namespace
+
+void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, float alpha,
+          std::span<const float> a, size_t lda, std::span<const float> b, size_t ldb, float beta,
+          std::span<float> c, size_t ldc) {
+  const bool ta = trans_a == Transpose::kYes;
+  const bool tb = trans_b == Transpose::kYes;
+  const char* a_shape = ta ? "A^T: K x M" : "M x K";
+  const char* b_shape = tb ? "B^T: N x K" : "K x N";
+  if (ta) {
+    check_operand("a", a.size(), K, M, lda, a_shape);
+  } else {
+    check_operand("a", a.size(), M, K, lda, a_shape);
+  }
+  if (tb) {
+    check_operand("b", b.size(), N, K, ldb, b_shape);
+  } else {
+    check_operand("b", b.size(), K, N, ldb, b_shape);
+  }
+  check_operand("c", c.size(), M, N, ldc, "M x N");
+  if (M == 0 || N == 0) return;
+
+  const size_t c_count = extent(M, N, ldc);
+  const size_t a_count = ta ? extent(K, M, lda) : extent(M, K, lda);
+  const size_t b_count = tb ? extent(N, K, ldb) : extent(K, N, ldb);
+  if (overlaps(c.data(), c_count, a.data(), a_count) ||
+      overlaps(c.data(), c_count, b.data(), b_count)) {
+    throw InvalidArgument(
+        fmt::format("gemm: c overlaps a or b (M={} N={} K={}); write the product to a separate "
+                    "buffer",
+                    M, N, K));
+  }
+
+  // BLAS semantics oneDNN does not follow for K == 0 (it leaves C alone whatever beta is).
+  if (K == 0 || alpha == 0.0f) {
+    for (size_t i = 0; i < M; ++i) {
+      float* row = c.data() + i * ldc;
+      if (beta == 0.0f) {
+        std::fill(row, row + N, 0.0f);
+      } else if (beta != 1.0f) {
+        for (size_t j = 0; j < N; ++j) row[j] *= beta;
+      }
+    }
+    return;
+  }
+
+  const GemmArgs args{ta ? 'T' : 'N', tb ? 'T' : 'N', M,  N, K, alpha, a.data(), lda, b.data(), ldb,
+                      beta,           c.data(),       ldc};
+  Job job;
+  job.args = &args;
+  job.tiling = tiling_for(M, N, K);
+  SingleThreadedOneDnn single;
+  if (job.tiling.count() == 1 || t_gemm_threads == 1) {
+    job.work();
+  } else {
+    if (!t_pool || t_pool->helpers() != t_gemm_threads - 1) {
+      t_pool.reset();
+      t_pool = std::make_unique<TilePool>(t_gemm_threads - 1);
+    }
+    t_pool->run(job);
+  }
+  const auto status = static_cast<dnnl_status_t>(job.status.load());
+  if (status != dnnl_success) throw_dnnl(status, M, N, K);
+}
+
+void set_gemm_threads(int threads) {
+  if (threads < 1 || threads > kMaxGemmThreads) {
+    throw InvalidArgument(fmt::format(
+        "set_gemm_threads: {} threads requested; use 1..{} (1 = the calling thread only)", threads,
+        kMaxGemmThreads));
+  }
+  t_gemm_threads = threads;
+  if (threads == 1) t_pool.reset();
+}
+
+int gemm_threads() { return t_gemm_threads; }
+
+size_t gemm_tile_count(size_t M, size_t N, size_t K) { return tiling_for(M, N, K).count(); }
+
+}  // namespace zerodp

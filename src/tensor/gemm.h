@@ -1,0 +1,64 @@
+// gemm: the one fp32 matrix product every layer uses, backed by oneDNN's dnnl_sgemm.
+//
+//   C = alpha * op(A) * op(B) + beta * C        row-major; op(X) = X or X^T
+//
+// op(A) is (M, K), op(B) is (K, N), C is (M, N). Leading dimensions are row strides in
+// elements, so a head's slice of a (B, T, 3*C) qkv buffer is a matrix with ld = 3*C.
+// BLAS conventions: beta == 0 means C is only written (NaN or garbage in C is ignored);
+// K == 0 or alpha == 0 means C = beta * C without reading A or B.
+//
+// Determinism (the design brief: no result depends on the thread count or on buffer
+// addresses). dnnl_sgemm's own OpenMP threading does not give that: with more threads it
+// may split K across threads and sum the partial products (measured on oneDNN 2.6.3: 82 of
+// 388 random shapes change bits between 1 and 2..16 threads, e.g. NT 1024x512x1024 already at
+// 2 threads, and every M == 1 or N == 1 product, which goes to a threaded gemv). So gemm()
+// never lets oneDNN thread: it cuts C into tiles that are a pure function of (M, N, K),
+// never splitting K, and runs each tile as a single-threaded dnnl_sgemm. The threads of
+// this calling thread's pool (set_gemm_threads) take tiles in any order; each element of C
+// is computed by exactly one tile call, so the bits are the same for 1 or 16 threads, and
+// tests check it. Addresses: oneDNN packs its operands, and tests check that shifting every
+// buffer by a few floats gives the same bits.
+//
+// What is NOT promised: a row of C computed as part of a product with M rows may differ in
+// the last bits from the same row computed by a product with fewer rows (the tiles and
+// oneDNN's internal K blocking depend on the shape). Products of equal shapes agree.
+//
+// Thread safety: gemm() may be called from any number of threads at once; each calling
+// thread uses its own pool (see set_gemm_threads).
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+namespace zerodp {
+
+enum class Transpose : bool { kNo = false, kYes = true };
+
+// C = alpha * op(A) * op(B) + beta * C (see above). Spans must cover every element the
+// product reads or writes: op(A) untransposed is M rows of stride lda (lda >= K), transposed
+// it is stored as K rows of stride lda (lda >= M); likewise B; C is M rows of stride ldc
+// (ldc >= N). C must not overlap A or B. Throws InvalidArgument naming the operand, its
+// length and what the shape needs.
+void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, float alpha,
+          std::span<const float> a, size_t lda, std::span<const float> b, size_t ldb, float beta,
+          std::span<float> c, size_t ldc);
+
+// How many threads gemm() calls made from the calling thread use, the caller included;
+// 1 (the default) runs every tile on the calling thread. A per-thread setting, like
+// omp_set_num_threads: each data-parallel rank thread sets its own. Use
+// max(1, cores / ranks): rank threads that each ask for all cores oversubscribe them, and
+// with 2 ranks on 2 cores one thread each is as fast as two (bench_gemm, "ranks" rows).
+// The helpers (threads - 1 std::threads) start on the first call that needs them, block
+// (never spin) between calls, and stop when the calling thread exits or sets 1. oneDNN's own
+// OpenMP threads are never used, so OMP_NUM_THREADS, OMP_WAIT_POLICY and GOMP_SPINCOUNT do
+// not affect gemm(); it sets the calling thread's OpenMP thread count to 1 for the duration
+// of each call and restores it. Results do not depend on this setting. Throws
+// InvalidArgument unless 1 <= threads <= 256.
+void set_gemm_threads(int threads);
+int gemm_threads();
+
+// The number of tiles gemm() cuts an (M, N, K) product into: the most threads it can use.
+// Exposed for tests and benchmarks.
+size_t gemm_tile_count(size_t M, size_t N, size_t K);
+
+}  // namespace zerodp

@@ -1,0 +1,70 @@
+// TrainConfig: every resolved option of a training run, and the stage as three switches.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "comm/launch.h"
+
+namespace zerodp {
+
+// What each rank keeps only its slice of (the design brief's "stage as three switches").
+struct Sharding {
+  bool optimizer_states = false;  // stage >= 1
+  bool gradients = false;         // stage >= 2
+  bool parameters = false;        // stage >= 3
+  // Throws InvalidArgument for anything outside 0..3.
+  static Sharding for_stage(int stage);
+};
+
+enum class Precision { kBF16, kFP16, kFP32 };
+std::optional<Precision> parse_precision(std::string_view name);
+std::string_view precision_name(Precision p);
+
+// When micro-batch gradients meet the collective (docs/architecture.md, "Accumulation"):
+//   kLocal:  sum locally in the full gradient buffer, reduce once at the boundary (least comm)
+//   kReduce: reduce every micro-batch into the rank's shard (least memory)
+enum class AccumulatePolicy { kLocal, kReduce };
+std::optional<AccumulatePolicy> parse_accumulate(std::string_view name);
+std::string_view accumulate_name(AccumulatePolicy p);
+
+struct TrainConfig {
+  // Model.
+  std::string model = "gpt";  // gpt | mlp
+  std::string size = "small";
+  int layers = 0, heads = 0, embd = 0, seq_len = 0;  // gpt, resolved from size + overrides
+  int mlp_hidden = 256, mlp_layers = 2;
+  // Data.
+  std::string data = "kjv";
+  std::string cache_dir;  // empty = default
+  // Parallelism.
+  LaunchOptions launch;
+  int stage = 0;
+  Precision precision = Precision::kBF16;
+  int micro_batch = 0;  // 0 = the size preset's
+  int grad_accum = 1;
+  AccumulatePolicy accumulate = AccumulatePolicy::kLocal;
+  int prefetch = 1;
+  bool checkpoint_activations = false;
+  // Optimization.
+  int64_t steps = 100;
+  uint64_t seed = 1337;
+  float lr = 1e-3f;
+  std::string schedule = "cosine";
+  int64_t warmup = -1;  // steps; -1 = 5 % of the steps with cosine, 0 with constant
+  float min_lr_ratio = 0.1f;
+  float clip = 1.0f;  // 0 = off
+  float weight_decay = 0.1f;
+  bool decay_all = false;
+  // Evaluation and output.
+  int64_t eval_every = 0;  // 0 = only at the end
+  int eval_batches = 8;
+  std::optional<uint64_t> memory_per_rank;
+  std::string metrics_path;
+  std::string report_path;
+  bool progress = true;
+};
+
+}  // namespace zerodp

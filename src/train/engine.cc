@@ -1,0 +1,805 @@
+#include "train/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <fmt/core.h>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/partition.h"
+#include "data/sampler.h"
+#include "data/sha256.h"
+#include "data/source.h"
+#include "models/gpt.h"
+#include "models/init.h"
+#include "models/mlp.h"
+#include "optim/adamw.h"
+#include "optim/loss_scaler.h"
+#include "optim/grad_clip.h"
+#include "optim/lr_schedule.h"
+#include "tensor/gemm.h"
+#include "train/flat.h"
+
+namespace zerodp {
+
+Sharding Sharding::for_stage(int stage) {
+  if (stage < 0 || stage > 3) {
+    throw InvalidArgument(fmt::format("--stage {} is not a ZeRO stage; use 0, 1, 2 or 3", stage));
+  }
+  return {.optimizer_states = stage >= 1, .gradients = stage >= 2, .parameters = stage >= 3};
+}
+
+std::optional<Precision> parse_precision(std::string_view name) {
+  if (name == "bf16") return Precision::kBF16;
+  if (name == "fp16") return Precision::kFP16;
+  if (name == "fp32") return Precision::kFP32;
+  return std::nullopt;
+}
+
+std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::kBF16:
+      return "bf16";
+    case Precision::kFP16:
+      return "fp16";
+    case Precision::kFP32:
+      return "fp32";
+  }
+  return "unknown";
+}
+
+std::optional<AccumulatePolicy> parse_accumulate(std::string_view name) {
+  if (name == "local") return AccumulatePolicy::kLocal;
+  if (name == "reduce") return AccumulatePolicy::kReduce;
+  return std::nullopt;
+}
+
+std::string_view accumulate_name(AccumulatePolicy p) {
+  return p == AccumulatePolicy::kLocal ? "local" : "reduce";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+DType param_dtype(Precision p) {
+  switch (p) {
+    case Precision::kBF16:
+      return DType::kBF16;
+    case Precision::kFP16:
+      return DType::kF16;
+    case Precision::kFP32:
+      return DType::kF32;
+  }
+  return DType::kF32;
+}
+
+Model build_model(const TrainConfig& c) {
+  if (c.model == "gpt") {
+    return make_gpt(GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd,
+                              .seq_len = c.seq_len});
+  }
+  return make_mlp(MlpConfig{.hidden = c.mlp_hidden, .hidden_layers = c.mlp_layers});
+}
+
+// Byte buffer of `count` elements of `dtype`, charged to one ledger category.
+struct Flat {
+  Buffer<std::byte> bytes;
+  DType dtype = DType::kF32;
+  size_t count = 0;
+  Flat() = default;
+  Flat(MemoryLedger& ledger, MemCategory c, DType t, size_t n)
+      : bytes(ledger, c, n * dtype_size(t)), dtype(t), count(n) {}
+  void* data() { return bytes.data(); }
+  const void* data() const { return bytes.data(); }
+  void* at(size_t i) { return bytes.data() + i * dtype_size(dtype); }
+  MutableBuffer buffer() { return {bytes.data(), count, dtype}; }
+  MutableBuffer range(size_t first, size_t n) { return {at(first), n, dtype}; }
+  void zero() {
+    if (count) std::memset(bytes.data(), 0, bytes.size());
+  }
+};
+
+// A segment of the optimizer range with one weight-decay setting.
+struct DecaySegment {
+  size_t begin = 0;  // relative to the optimizer range
+  size_t end = 0;
+  bool decay = true;
+};
+
+struct UnitState {
+  Unit* unit = nullptr;
+  size_t numel = 0;
+  Partition part;
+  Range own;        // this rank's range of the unit's flat buffer
+  Range opt_range;  // what this rank's optimizer updates: own, or all of it at stage 0
+  Flat params;      // full, or own range when sharding parameters
+  Flat grads;       // full, or own range when sharding gradients
+  Flat accum_full;  // stage >= 2 with --accumulate local: the full buffer summed until the boundary
+  Buffer<float> master;  // 16-bit precisions; fp32 updates `params` in place
+  Buffer<float> adam_m;
+  Buffer<float> adam_v;
+  std::vector<DecaySegment> decay;
+};
+
+class RankTrainer {
+ public:
+  RankTrainer(const TrainConfig& config, Communicator& comm, const DataSplits& data)
+      : cfg_(config),
+        comm_(comm),
+        sharding_(Sharding::for_stage(config.stage)),
+        dtype_(param_dtype(config.precision)),
+        ledger_(comm.rank(), config.memory_per_rank),
+        model_(build_model(config)),
+        data_(data) {
+    const int n = comm.size();
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    set_gemm_threads(std::max(1, static_cast<int>(cores) / n));
+
+    shape_ = BatchShape{.B = cfg_.micro_batch, .T = cfg_.model == "gpt" ? cfg_.seq_len : 1};
+    SamplerOptions so{.dataset_size = dataset_size(data.train), .world_size = n,
+                      .micro_batch = cfg_.micro_batch, .grad_accum = cfg_.grad_accum,
+                      .seed = cfg_.seed};
+    sampler_ = std::make_unique<DistributedSampler>(so);
+
+    CommPhaseScope phase(comm_.ledger(), CommPhase::kOther);
+    allocate_states();
+    allocate_transients();
+    if (cfg_.precision == Precision::kFP16) scaler_.emplace(LossScalerConfig{});
+    LrScheduleConfig lc;
+    lc.kind = parse_lr_schedule(cfg_.schedule);
+    lc.max_lr = cfg_.lr;
+    lc.warmup_steps = cfg_.warmup;
+    lc.total_steps = cfg_.steps;
+    lc.min_lr = cfg_.lr * cfg_.min_lr_ratio;
+    schedule_.emplace(lc);
+  }
+
+  uint64_t params() const {
+    uint64_t p = 0;
+    for (const auto& u : units_) p += u.numel;
+    return p;
+  }
+  const Model& model() const { return model_; }
+  MemoryLedger& ledger() { return ledger_; }
+  const std::string samples_sha256() const { return samples_hash_.hex_digest(); }
+
+  StepRecord step(int64_t step_index);
+  double evaluate();
+  std::string weights_sha256();
+
+ private:
+  void allocate_states();
+  void allocate_transients();
+  void initialize(UnitState& u);
+  std::span<const float> weights_for(size_t ui, int slot);
+  void load_micro_batch(int64_t micro);
+  double forward(bool training);
+  void backward();
+  void reduce_unit_grads(size_t ui, std::span<const float> dw);
+  void finish_pending(bool all);
+  void boundary_reduce();
+  bool update(double lr, double coef, int64_t adam_step);
+
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+  Sharding sharding_;
+  DType dtype_;
+  MemoryLedger ledger_;
+  Model model_;
+  const DataSplits& data_;
+  BatchShape shape_;
+  std::unique_ptr<DistributedSampler> sampler_;
+  std::vector<UnitState> units_;
+  std::optional<LossScaler> scaler_;
+  std::optional<LrSchedule> schedule_;
+  int64_t adam_step_ = 0;
+  Sha256 samples_hash_;
+
+  // Activations: the stream between units (stream_[u] is unit u's input) and what each unit
+  // saves for its backward.
+  std::vector<Buffer<float>> stream_;
+  std::vector<Buffer<float>> saved_;
+  Buffer<int32_t> tokens_, targets_;
+  Buffer<float> features_;
+  // Workspace: weights widened to fp32, their gradient, the gradient flowing backward, scratch.
+  Buffer<float> w32_, dw32_, dx_a_, dx_b_, scratch_;
+  // Stage 3: gathered unit parameters (1 + prefetch buffers).
+  std::vector<Flat> gathered_;
+  // --accumulate reduce: micro-batch gradient buckets in flight and their reduced shards.
+  struct Pending {
+    size_t unit = 0;
+    Work work;
+    int slot = 0;
+  };
+  std::vector<Flat> buckets_;
+  std::vector<Flat> reduced_;
+  std::deque<Pending> pending_;
+  int next_bucket_ = 0;
+  float loss_grad_scale_ = 1.0f;
+  MicroBatch mb_;
+};
+
+void RankTrainer::allocate_states() {
+  const int n = comm_.size();
+  const int r = comm_.rank();
+  const bool fp32 = cfg_.precision == Precision::kFP32;
+  units_.resize(model_.size());
+  for (size_t i = 0; i < model_.size(); ++i) {
+    UnitState& u = units_[i];
+    u.unit = model_[i].get();
+    u.numel = u.unit->numel();
+    u.part = Partition(u.numel, n);
+    u.own = u.part.range(r);
+    u.opt_range = sharding_.optimizer_states ? u.own : Range{0, u.numel};
+    u.params = Flat(ledger_, MemCategory::kParams, dtype_,
+                    sharding_.parameters ? u.own.count() : u.numel);
+    u.grads = Flat(ledger_, MemCategory::kGrads, dtype_,
+                   sharding_.gradients ? u.own.count() : u.numel);
+    const size_t opt = u.opt_range.count();
+    if (!fp32) u.master = Buffer<float>(ledger_, MemCategory::kMaster, opt);
+    u.adam_m = Buffer<float>(ledger_, MemCategory::kAdamM, opt);
+    u.adam_v = Buffer<float>(ledger_, MemCategory::kAdamV, opt);
+    // Decay policy as data: one segment per tensor overlapping the optimizer range.
+    for (const TensorSpec& t : u.unit->tensors()) {
+      const size_t b = std::max(t.offset, u.opt_range.begin);
+      const size_t e = std::min(t.offset + t.numel, u.opt_range.end);
+      if (b < e) {
+        u.decay.push_back({b - u.opt_range.begin, e - u.opt_range.begin,
+                           cfg_.decay_all || t.weight_decay});
+      }
+    }
+    initialize(u);
+  }
+}
+
+// Every rank initializes exactly the ranges it holds, from the pure init function, so the
+// starting model is the same for every N and stage and no rank materializes what it does
+// not keep.
+void RankTrainer::initialize(UnitState& u) {
+  const bool fp32 = cfg_.precision == Precision::kFP32;
+  const Range held = sharding_.parameters ? u.own : Range{0, u.numel};
+  std::vector<float> tmp;
+  constexpr size_t kChunk = 1 << 16;
+  for (size_t b = held.begin; b < held.end; b += kChunk) {
+    const size_t e = std::min(held.end, b + kChunk);
+    tmp.resize(e - b);
+    initialize_range(cfg_.seed, *u.unit, b, e, tmp);
+    narrow(tmp, u.params.data(), dtype_, b - held.begin);
+    if (!fp32 && b < u.opt_range.end && e > u.opt_range.begin) {
+      const size_t ob = std::max(b, u.opt_range.begin);
+      const size_t oe = std::min(e, u.opt_range.end);
+      std::copy(tmp.begin() + static_cast<std::ptrdiff_t>(ob - b),
+                tmp.begin() + static_cast<std::ptrdiff_t>(oe - b),
+                u.master.data() + (ob - u.opt_range.begin));
+    }
+  }
+  // The opt range may lie outside what stage <3 holds? No: held covers it (full buffer), and
+  // at stage 3 held == own == opt_range.
+}
+
+void RankTrainer::allocate_transients() {
+  size_t max_numel = 0, max_own = 0, max_in = 0, max_scratch = 0;
+  for (const auto& u : units_) {
+    max_numel = std::max(max_numel, u.numel);
+    max_own = std::max(max_own, u.own.count());
+  }
+  stream_.clear();
+  saved_.clear();
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const Unit& unit = *units_[i].unit;
+    stream_.emplace_back(ledger_, MemCategory::kActivations, unit.input_count(shape_));
+    saved_.emplace_back(ledger_, MemCategory::kActivations, unit.saved_count(shape_));
+    max_in = std::max(max_in, unit.input_count(shape_));
+    max_scratch = std::max(max_scratch, unit.scratch_count(shape_));
+  }
+  // The head's output: the loss.
+  stream_.emplace_back(ledger_, MemCategory::kActivations, units_.back().unit->output_count(shape_));
+  const size_t rows = static_cast<size_t>(shape_.B) * static_cast<size_t>(shape_.T);
+  tokens_ = Buffer<int32_t>(ledger_, MemCategory::kActivations, cfg_.model == "gpt" ? rows : 0);
+  targets_ = Buffer<int32_t>(ledger_, MemCategory::kActivations, rows);
+  features_ = Buffer<float>(ledger_, MemCategory::kActivations,
+                            cfg_.model == "gpt" ? 0 : rows * 784);
+
+  const bool fp32 = dtype_ == DType::kF32;
+  // Resident fp32 parameters need no widening copy; 16-bit ones are widened per unit.
+  if (!fp32) w32_ = Buffer<float>(ledger_, MemCategory::kWorkspace, max_numel);
+  dw32_ = Buffer<float>(ledger_, MemCategory::kWorkspace, max_numel);
+  dx_a_ = Buffer<float>(ledger_, MemCategory::kWorkspace, max_in);
+  dx_b_ = Buffer<float>(ledger_, MemCategory::kWorkspace, max_in);
+  scratch_ = Buffer<float>(ledger_, MemCategory::kWorkspace, max_scratch);
+
+  if (sharding_.parameters) {
+    for (int k = 0; k < 1 + cfg_.prefetch; ++k) {
+      gathered_.emplace_back(ledger_, MemCategory::kGathered, dtype_, max_numel);
+    }
+  }
+  if (sharding_.gradients && cfg_.accumulate == AccumulatePolicy::kLocal) {
+    for (auto& u : units_) u.accum_full = Flat(ledger_, MemCategory::kGradBuckets, dtype_, u.numel);
+  }
+  if (cfg_.accumulate == AccumulatePolicy::kReduce) {
+    // Two buckets: one reduces while the next unit's backward fills the other.
+    for (int k = 0; k < 2; ++k) {
+      buckets_.emplace_back(ledger_, MemCategory::kGradBuckets, dtype_, max_numel);
+      if (sharding_.optimizer_states || sharding_.gradients) {
+        reduced_.emplace_back(ledger_, MemCategory::kCommBuffers, dtype_, max_own);
+      }
+    }
+  }
+}
+
+// fp32 weights of unit ui for compute. Stage 3: gathered into `slot` first (the caller has
+// issued and waited for the gather).
+std::span<const float> RankTrainer::weights_for(size_t ui, int slot) {
+  UnitState& u = units_[ui];
+  const void* src = u.params.data();
+  if (sharding_.parameters) src = gathered_[slot].data();
+  if (dtype_ == DType::kF32) return {static_cast<const float*>(src), u.numel};
+  widen(src, dtype_, 0, w32_.span().first(u.numel));
+  return w32_.span().first(u.numel);
+}
+
+void RankTrainer::load_micro_batch(int64_t micro) {
+  const auto idx = sampler_->rank_samples(sampler_->position(), micro, comm_.rank());
+  sha256_update_u64_le(samples_hash_, idx);
+  mb_ = MicroBatch{};
+  mb_.shape = shape_;
+  if (const auto* text = std::get_if<TokenDataset>(&data_.train)) {
+    text->fill(idx, tokens_.span(), targets_.span());
+    mb_.tokens = tokens_.span();
+  } else {
+    const auto& images = std::get<ImageDataset>(data_.train);
+    images.fill(idx, features_.span(), targets_.span());
+    mb_.features = features_.span();
+  }
+  mb_.targets = targets_.span();
+  mb_.loss_grad_scale = loss_grad_scale_;
+}
+
+// Gathers for stage 3 run ahead of compute by up to `prefetch` units.
+class GatherQueue {
+ public:
+  GatherQueue(Communicator& comm, std::vector<UnitState>& units, std::vector<Flat>& slots,
+              std::vector<size_t> order)
+      : comm_(comm), units_(units), slots_(slots), order_(std::move(order)) {
+    while (issued_ < order_.size() && issued_ < slots_.size()) issue();
+  }
+  // Waits for the i-th unit of the order; returns its slot.
+  int acquire(size_t i) {
+    works_[i].wait();
+    return static_cast<int>(i % slots_.size());
+  }
+  // The i-th unit is done with its slot: reuse it for the next gather.
+  void release(size_t) {
+    if (issued_ < order_.size()) issue();
+  }
+
+ private:
+  void issue() {
+    UnitState& u = units_[order_[issued_]];
+    Flat& slot = slots_[issued_ % slots_.size()];
+    works_.push_back(comm_.all_gather_async(u.params.buffer(), slot.range(0, u.numel), u.part));
+    ++issued_;
+  }
+  Communicator& comm_;
+  std::vector<UnitState>& units_;
+  std::vector<Flat>& slots_;
+  std::vector<size_t> order_;
+  std::vector<Work> works_;
+  size_t issued_ = 0;
+};
+
+double RankTrainer::forward(bool training) {
+  (void)training;
+  const size_t U = units_.size();
+  std::optional<GatherQueue> gathers;
+  if (sharding_.parameters) {
+    std::vector<size_t> order(U);
+    for (size_t i = 0; i < U; ++i) order[i] = i;
+    gathers.emplace(comm_, units_, gathered_, order);
+  }
+  for (size_t i = 0; i < U; ++i) {
+    const int slot = gathers ? gathers->acquire(i) : 0;
+    const auto w = weights_for(i, slot);
+    units_[i].unit->forward(w, stream_[i].span(), stream_[i + 1].span(), saved_[i].span(),
+                            scratch_.span(), mb_);
+    if (gathers) gathers->release(i);
+  }
+  return stream_[U][0];
+}
+
+void RankTrainer::backward() {
+  const size_t U = units_.size();
+  std::optional<GatherQueue> gathers;
+  if (sharding_.parameters) {
+    std::vector<size_t> order(U);
+    for (size_t i = 0; i < U; ++i) order[i] = U - 1 - i;
+    gathers.emplace(comm_, units_, gathered_, order);
+  }
+  std::span<float> dout;  // the head starts from mb.loss_grad_scale
+  Buffer<float>* din_buf = &dx_a_;
+  for (size_t k = 0; k < U; ++k) {
+    const size_t i = U - 1 - k;
+    UnitState& u = units_[i];
+    const int slot = gathers ? gathers->acquire(k) : 0;
+    const auto w = weights_for(i, slot);
+    std::span<float> dw = dw32_.span().first(u.numel);
+    std::fill(dw.begin(), dw.end(), 0.0f);
+    std::span<float> din = din_buf->span().first(u.unit->input_count(shape_));
+    std::fill(din.begin(), din.end(), 0.0f);
+    u.unit->backward(w, stream_[i].span(), saved_[i].span(), dout, dw, din, scratch_.span(), mb_);
+    if (gathers) gathers->release(k);
+    reduce_unit_grads(i, dw);
+    dout = din;
+    din_buf = din_buf == &dx_a_ ? &dx_b_ : &dx_a_;
+  }
+  finish_pending(true);
+}
+
+// One unit's micro-batch gradient (fp32, already scaled) goes where the policy says.
+void RankTrainer::reduce_unit_grads(size_t ui, std::span<const float> dw) {
+  UnitState& u = units_[ui];
+  if (cfg_.accumulate == AccumulatePolicy::kLocal) {
+    Flat& target = sharding_.gradients ? u.accum_full : u.grads;
+    accumulate(dw, target.data(), dtype_, 0);
+    return;
+  }
+  // kReduce: round into a bucket, reduce it (asynchronously), and add the result to the
+  // owned range when it arrives. At most two buckets are in flight.
+  if (pending_.size() == buckets_.size()) finish_pending(false);
+  const int slot = next_bucket_;
+  next_bucket_ = (next_bucket_ + 1) % static_cast<int>(buckets_.size());
+  Flat& bucket = buckets_[slot];
+  narrow(dw, bucket.data(), dtype_, 0);
+  Pending p{ui, Work(), slot};
+  if (!sharding_.optimizer_states && !sharding_.gradients) {
+    p.work = comm_.all_reduce_async(bucket.range(0, u.numel), ReduceOp::kAvg);
+  } else {
+    p.work = comm_.reduce_scatter_async(bucket.range(0, u.numel),
+                                        reduced_[slot].range(0, u.own.count()), u.part,
+                                        ReduceOp::kAvg);
+  }
+  pending_.push_back(std::move(p));
+}
+
+void RankTrainer::finish_pending(bool all) {
+  std::vector<float> tmp;
+  while (!pending_.empty()) {
+    Pending& p = pending_.front();
+    p.work.wait();
+    UnitState& u = units_[p.unit];
+    if (!sharding_.optimizer_states && !sharding_.gradients) {
+      tmp.resize(u.numel);
+      widen(buckets_[p.slot].data(), dtype_, 0, tmp);
+      accumulate(tmp, u.grads.data(), dtype_, 0);
+    } else {
+      tmp.resize(u.own.count());
+      widen(reduced_[p.slot].data(), dtype_, 0, tmp);
+      accumulate(tmp, u.grads.data(), dtype_, sharding_.gradients ? 0 : u.own.begin);
+    }
+    pending_.pop_front();
+    if (!all) break;
+  }
+}
+
+// --accumulate local: the one reduction of the step, at the boundary.
+void RankTrainer::boundary_reduce() {
+  if (cfg_.accumulate != AccumulatePolicy::kLocal) return;
+  std::vector<Work> works;
+  for (auto& u : units_) {
+    if (sharding_.gradients) {
+      works.push_back(comm_.reduce_scatter_async(u.accum_full.buffer(), u.grads.buffer(), u.part,
+                                                 ReduceOp::kAvg));
+    } else if (sharding_.optimizer_states) {
+      works.push_back(comm_.reduce_scatter_async(
+          u.grads.buffer(), u.grads.range(u.own.begin, u.own.count()), u.part, ReduceOp::kAvg));
+    } else {
+      works.push_back(comm_.all_reduce_async(u.grads.buffer(), ReduceOp::kAvg));
+    }
+  }
+  for (auto& w : works) w.wait();
+}
+
+// AdamW on the optimizer range; then the updated parameters are rounded into place and,
+// at stages 1-2, all-gathered.
+bool RankTrainer::update(double lr, double coef, int64_t adam_step) {
+  const bool fp32 = dtype_ == DType::kF32;
+  AdamWConfig ac;
+  ac.lr = lr;
+  ac.weight_decay = cfg_.weight_decay;
+  std::vector<float> g;
+  std::vector<Work> works;
+  for (auto& u : units_) {
+    const size_t n = u.opt_range.count();
+    if (n > 0) {
+      g.resize(n);
+      // Gradient of the optimizer range: the grads buffer holds it at offset 0 when sharded.
+      const size_t gfirst = sharding_.gradients ? 0 : u.opt_range.begin;
+      widen(u.grads.data(), dtype_, gfirst, g);
+      std::span<float> master =
+          fp32 ? std::span<float>(static_cast<float*>(u.params.data()) +
+                                      (sharding_.parameters ? 0 : u.opt_range.begin),
+                                  n)
+               : u.master.span();
+      for (const DecaySegment& s : u.decay) {
+        const size_t len = s.end - s.begin;
+        const AdamWShard shard{.master = master.subspan(s.begin, len),
+                               .m = u.adam_m.span().subspan(s.begin, len),
+                               .v = u.adam_v.span().subspan(s.begin, len),
+                               .grad = std::span<const float>(g).subspan(s.begin, len),
+                               .offset = u.opt_range.begin + s.begin};
+        adamw_update(shard, s.decay, ac, adam_step, static_cast<float>(coef));
+      }
+      if (!fp32) {
+        narrow(master, u.params.data(), dtype_, sharding_.parameters ? 0 : u.opt_range.begin);
+      }
+    }
+    if (sharding_.optimizer_states && !sharding_.parameters) {
+      works.push_back(comm_.all_gather_async(u.params.range(u.own.begin, u.own.count()),
+                                             u.params.buffer(), u.part));
+    }
+  }
+  for (auto& w : works) w.wait();
+  return true;
+}
+
+StepRecord RankTrainer::step(int64_t step_index) {
+  const auto t0 = Clock::now();
+  CommPhaseScope phase(comm_.ledger(), CommPhase::kTrain);
+  StepRecord rec;
+  rec.step = step_index;
+  const int A = cfg_.grad_accum;
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  loss_grad_scale_ = static_cast<float>(scale / A);
+  for (auto& u : units_) {
+    u.grads.zero();
+    u.accum_full.zero();
+  }
+  double loss_sum = 0;
+  for (int a = 0; a < A; ++a) {
+    load_micro_batch(a);
+    loss_sum += forward(true);
+    backward();
+  }
+  boundary_reduce();
+
+  // Verdicts on the owned ranges, the same data at every stage.
+  bool finite = true;
+  double sq = 0;
+  for (auto& u : units_) {
+    const size_t first = sharding_.gradients ? 0 : u.own.begin;
+    finite = finite && all_finite(u.grads.data(), dtype_, first, u.own.count());
+    sq += sum_squares(u.grads.data(), dtype_, first, u.own.count());
+  }
+  const double partial[] = {sq, finite ? 0.0 : 1.0, loss_sum / A};
+  const auto totals = comm_.sum_control(partial);
+  const bool overflow = totals[1] > 0;
+  rec.loss = totals[2] / comm_.size();
+  rec.loss_scale = scaler_ ? std::optional<double>(scale) : std::nullopt;
+  const double norm = std::sqrt(totals[0]) / scale;
+  rec.grad_norm = norm;
+  const double coef = cfg_.clip > 0 ? clip_coefficient(norm, cfg_.clip) : 1.0;
+  rec.grad_norm_clipped = norm * coef;
+  rec.lr = schedule_->lr_at(step_index - 1);
+  if (overflow) {
+    rec.skipped = true;
+    rec.grad_norm_clipped = rec.grad_norm;
+  } else {
+    ++adam_step_;
+    update(rec.lr, coef / scale, adam_step_);
+  }
+  if (scaler_) (void)scaler_->update(overflow);
+  sampler_->advance();
+  rec.tokens = static_cast<uint64_t>(shape_.B) * static_cast<uint64_t>(shape_.T) *
+               static_cast<uint64_t>(A) * static_cast<uint64_t>(comm_.size());
+  rec.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return rec;
+}
+
+// Mean loss over up to eval_batches validation micro-batches per rank, ranks' slices
+// disjoint; forward only.
+double RankTrainer::evaluate() {
+  const uint64_t size = dataset_size(data_.validation);
+  const uint64_t b = static_cast<uint64_t>(shape_.B);
+  const uint64_t n = static_cast<uint64_t>(comm_.size());
+  const uint64_t batches = std::min<uint64_t>(static_cast<uint64_t>(cfg_.eval_batches), size / (b * n));
+  double sum = 0;
+  std::vector<uint64_t> idx(b);
+  for (uint64_t k = 0; k < batches; ++k) {
+    for (uint64_t j = 0; j < b; ++j) idx[j] = (k * n + static_cast<uint64_t>(comm_.rank())) * b + j;
+    mb_ = MicroBatch{};
+    mb_.shape = shape_;
+    if (const auto* text = std::get_if<TokenDataset>(&data_.validation)) {
+      text->fill(idx, tokens_.span(), targets_.span());
+      mb_.tokens = tokens_.span();
+    } else {
+      std::get<ImageDataset>(data_.validation).fill(idx, features_.span(), targets_.span());
+      mb_.features = features_.span();
+    }
+    mb_.targets = targets_.span();
+    sum += forward(false);
+  }
+  const double total = comm_.sum_control(sum);
+  return batches == 0 ? std::nan("") : total / static_cast<double>(batches * n);
+}
+
+// sha256 of the consolidated fp32 master weights, units and tensors in canonical order.
+std::string RankTrainer::weights_sha256() {
+  const bool fp32 = dtype_ == DType::kF32;
+  Sha256 hash;
+  for (auto& u : units_) {
+    Buffer<float> full(ledger_, MemCategory::kWorkspace, u.numel);
+    const float* mine = fp32 ? static_cast<const float*>(u.params.data()) +
+                                   (sharding_.parameters ? 0 : u.opt_range.begin)
+                             : u.master.data();
+    if (sharding_.optimizer_states) {
+      comm_.all_gather(std::span<const float>(mine, u.own.count()), full.span(), u.part);
+    } else {
+      std::copy(mine, mine + u.numel, full.data());
+    }
+    // Little-endian on every platform zerodp builds for (x86-64, aarch64).
+    hash.update(full.data(), full.bytes());
+  }
+  return hash.hex_digest();
+}
+
+std::vector<double> pack_summary(const RankTrainer& t, MemoryLedger& ledger, Communicator& comm,
+                                 const std::string& samples) {
+  (void)t;
+  std::vector<double> v;
+  for (uint64_t x : ledger.current_table()) v.push_back(static_cast<double>(x));
+  for (uint64_t x : ledger.peak_table()) v.push_back(static_cast<double>(x));
+  v.push_back(static_cast<double>(ledger.peak_total()));
+  for (auto phase : {CommPhase::kTrain, CommPhase::kOther}) {
+    for (const auto& c : comm.ledger().table(phase)) {
+      v.push_back(static_cast<double>(c.calls));
+      v.push_back(static_cast<double>(c.bytes));
+    }
+  }
+  // The samples digest as 32 bytes.
+  for (size_t i = 0; i < 64; i += 2) v.push_back(std::stoi(samples.substr(i, 2), nullptr, 16));
+  return v;
+}
+
+RankSummary unpack_summary(std::span<const double> v, int rank) {
+  RankSummary s;
+  s.rank = rank;
+  size_t k = 0;
+  for (auto& x : s.model_state) x = static_cast<uint64_t>(v[k++]);
+  for (auto& x : s.peak) x = static_cast<uint64_t>(v[k++]);
+  s.peak_total = static_cast<uint64_t>(v[k++]);
+  for (auto* table : {&s.comm_train, &s.comm_other}) {
+    for (auto& c : *table) {
+      c.calls = static_cast<uint64_t>(v[k++]);
+      c.bytes = static_cast<uint64_t>(v[k++]);
+    }
+  }
+  std::string hex;
+  for (int i = 0; i < 32; ++i) hex += fmt::format("{:02x}", static_cast<int>(v[k++]));
+  s.samples_sha256 = hex;
+  return s;
+}
+
+}  // namespace
+
+void resolve_config(TrainConfig& c) {
+  if (c.model != "gpt" && c.model != "mlp") {
+    throw InvalidArgument(fmt::format("--model '{}' is unknown; use gpt or mlp", c.model));
+  }
+  if (c.model == "gpt") {
+    const GptPreset& preset = gpt_preset(c.size);
+    if (c.layers == 0) c.layers = preset.config.layers;
+    if (c.heads == 0) c.heads = preset.config.heads;
+    if (c.embd == 0) c.embd = preset.config.embd;
+    if (c.seq_len == 0) c.seq_len = preset.config.seq_len;
+    if (c.micro_batch == 0) c.micro_batch = preset.micro_batch;
+    validate(GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd, .seq_len = c.seq_len});
+  } else if (c.micro_batch == 0) {
+    c.micro_batch = 64;
+  }
+  (void)Sharding::for_stage(c.stage);
+  if (c.micro_batch < 1) {
+    throw InvalidArgument(fmt::format("--micro-batch {} is invalid; use 1 or more", c.micro_batch));
+  }
+  if (c.grad_accum < 1) {
+    throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", c.grad_accum));
+  }
+  if (c.steps < 1) throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
+  if (c.prefetch < 0 || c.prefetch > 8) {
+    throw InvalidArgument(fmt::format("--prefetch {} is invalid; use 0..8", c.prefetch));
+  }
+  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
+    throw InvalidArgument(fmt::format("--lr {} is invalid; use a positive number, e.g. 1e-3", c.lr));
+  }
+  if (c.clip < 0) throw InvalidArgument(fmt::format("--clip {} is invalid; use 0 (off) or more", c.clip));
+  if (c.schedule != "constant" && c.schedule != "cosine") {
+    throw InvalidArgument(
+        fmt::format("--schedule '{}' is unknown; use constant or cosine", c.schedule));
+  }
+  if (c.warmup < 0) c.warmup = c.schedule == "cosine" ? c.steps / 20 : 0;
+  if (c.schedule == "cosine" && c.warmup >= c.steps) {
+    throw InvalidArgument(fmt::format(
+        "--warmup {} leaves no steps for the cosine decay of --steps {}; use fewer warmup steps",
+        c.warmup, c.steps));
+  }
+  if (c.launch.backend == Backend::kLocal && c.launch.ranks < 1) {
+    throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", c.launch.ranks));
+  }
+}
+
+TrainResult train(const TrainConfig& config, int& argc, char**& argv, const StepCallback& on_step) {
+  TrainConfig cfg = config;
+  resolve_config(cfg);
+  DataOptions dopt;
+  dopt.source = cfg.data;
+  dopt.task = cfg.model == "gpt" ? TaskKind::kLanguageModel : TaskKind::kImageClassification;
+  dopt.seq_len = cfg.seq_len;
+  dopt.seed = cfg.seed;
+  if (!cfg.cache_dir.empty()) dopt.cache_dir = cfg.cache_dir;
+  const DataSplits data = open_data(dopt);
+
+  TrainResult result;
+  std::mutex mu;
+  launch(cfg.launch, argc, argv, [&](Communicator& comm) {
+    RankTrainer trainer(cfg, comm, data);
+    const bool reporter = comm.rank() == 0;
+    std::vector<StepRecord> steps;
+    for (int64_t s = 1; s <= cfg.steps; ++s) {
+      StepRecord rec = trainer.step(s);
+      if (cfg.eval_every > 0 && s % cfg.eval_every == 0 && s != cfg.steps) {
+        CommPhaseScope other(comm.ledger(), CommPhase::kOther);
+        rec.val_loss = trainer.evaluate();
+      }
+      if (reporter && on_step) on_step(rec, cfg.steps);
+      steps.push_back(rec);
+    }
+    CommPhaseScope other(comm.ledger(), CommPhase::kOther);
+    const double val = trainer.evaluate();
+    const std::string weights = trainer.weights_sha256();
+    const std::vector<double> mine =
+        pack_summary(trainer, trainer.ledger(), comm, trainer.samples_sha256());
+    // Snapshot taken: the gather below is the last collective and is not in the summary.
+    const std::vector<double> all = comm.gather_control(mine);
+    if (!reporter) return;
+    std::lock_guard lock(mu);
+    result.is_reporter = true;
+    result.config = cfg;
+    result.params = trainer.params();
+    result.world_size = comm.size();
+    result.backend = std::string(comm.backend_name());
+    result.data_description = data.description;
+    result.steps = steps;
+    result.final_loss = steps.back().loss;
+    if (std::isfinite(val)) result.val_loss = val;
+    result.weights_sha256 = weights;
+    for (int r = 0; r < comm.size(); ++r) {
+      result.ranks.push_back(unpack_summary(
+          std::span<const double>(all).subspan(static_cast<size_t>(r) * mine.size(), mine.size()), r));
+    }
+    for (const auto& u : trainer.model()) {
+      result.unit_names.push_back(u->name());
+      result.unit_numel.push_back(u->numel());
+    }
+    std::vector<double> secs;
+    uint64_t tokens = 0;
+    double total = 0;
+    for (const auto& st : steps) {
+      secs.push_back(st.seconds);
+      tokens += st.tokens;
+      total += st.seconds;
+    }
+    std::sort(secs.begin(), secs.end());
+    result.step_seconds_median = secs[secs.size() / 2];
+    result.tokens_per_second = total > 0 ? static_cast<double>(tokens) / total : 0;
+  });
+  return result;
+}
+
+}  // namespace zerodp

@@ -1,0 +1,78 @@
+// The training engine: one step loop for every ZeRO stage, the stage read as three switches.
+//
+// Per rank, each unit of the model owns (counts for Φ_u elements, own range c_u):
+//   params  16-bit (fp32 at --precision fp32)   Φ_u, or c_u when sharding.parameters
+//   grads   same dtype                          Φ_u, or c_u when sharding.gradients
+//   master  fp32 (none at fp32: params are it)  Φ_u, or c_u when sharding.optimizer_states
+//   adam_m, adam_v  fp32                        as master
+// One step: A micro-batches of forward and backward over the units, gradients reduced by
+// the policy (--accumulate), overflow and norm agreed on the owned ranges, AdamW on the
+// optimizer range, updated parameters rounded and (stages 1-2) all-gathered. Stage 3
+// gathers a unit's parameters before its forward and again before its backward.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/ledger.h"
+#include "memory/ledger.h"
+#include "train/config.h"
+
+namespace zerodp {
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based
+  double loss = 0;   // mean over ranks and micro-batches of the micro-batch mean loss
+  double lr = 0;
+  double grad_norm = 0;          // global norm of the averaged gradient, before clipping
+  double grad_norm_clipped = 0;  // after clipping
+  std::optional<double> loss_scale;
+  bool skipped = false;
+  uint64_t tokens = 0;  // processed by all ranks and micro-batches
+  double seconds = 0;   // wall time
+  std::optional<double> val_loss;  // when evaluated after this step
+};
+
+struct RankSummary {
+  int rank = 0;
+  MemoryLedger::Table model_state{};  // current bytes at the end (steady state)
+  MemoryLedger::Table peak{};
+  uint64_t peak_total = 0;
+  CommLedger::Table comm_train{};
+  CommLedger::Table comm_other{};
+  std::string samples_sha256;
+};
+
+struct TrainResult {
+  bool is_reporter = false;  // false on MPI ranks other than 0: the rest is unset there
+  TrainConfig config;
+  uint64_t params = 0;
+  int world_size = 0;
+  std::string backend;
+  std::string data_description;
+  std::vector<StepRecord> steps;
+  double final_loss = 0;
+  std::optional<double> val_loss;
+  std::string weights_sha256;
+  std::vector<RankSummary> ranks;
+  double tokens_per_second = 0;
+  double step_seconds_median = 0;
+  std::vector<std::string> unit_names;
+  std::vector<uint64_t> unit_numel;
+};
+
+// Called on rank 0 after every step (progress, metrics); `total` is config.steps.
+using StepCallback = std::function<void(const StepRecord&, int64_t total)>;
+
+// Resolves size presets and defaults in place; throws InvalidArgument naming bad values.
+void resolve_config(TrainConfig& config);
+
+// Runs the whole training on the configured backend. Under MPI every process calls it.
+TrainResult train(const TrainConfig& config, int& argc, char**& argv,
+                  const StepCallback& on_step = {});
+
+}  // namespace zerodp

@@ -1,0 +1,95 @@
+#include "train/flat.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+namespace zerodp {
+namespace {
+
+constexpr size_t kChunk = 4096;
+
+template <typename T>
+const T* as(const void* p) {
+  return static_cast<const T*>(p);
+}
+template <typename T>
+T* as(void* p) {
+  return static_cast<T*>(p);
+}
+
+// Calls fn(chunk of fp32 values) over [first, first + count) of the buffer.
+template <typename Fn>
+void for_each_chunk(const void* data, DType dtype, size_t first, size_t count, Fn&& fn) {
+  std::array<float, kChunk> tmp;
+  for (size_t done = 0; done < count; done += kChunk) {
+    const size_t n = std::min(kChunk, count - done);
+    widen(data, dtype, first + done, std::span<float>(tmp.data(), n));
+    fn(std::span<const float>(tmp.data(), n));
+  }
+}
+
+}  // namespace
+
+void widen(const void* data, DType dtype, size_t first, std::span<float> out) {
+  switch (dtype) {
+    case DType::kF32:
+      if (!out.empty()) std::memcpy(out.data(), as<float>(data) + first, out.size_bytes());
+      break;
+    case DType::kBF16:
+      convert(std::span<const BFloat16>(as<BFloat16>(data) + first, out.size()), out);
+      break;
+    case DType::kF16:
+      convert(std::span<const Float16>(as<Float16>(data) + first, out.size()), out);
+      break;
+  }
+}
+
+void narrow(std::span<const float> in, void* data, DType dtype, size_t first) {
+  switch (dtype) {
+    case DType::kF32:
+      if (!in.empty()) std::memcpy(as<float>(data) + first, in.data(), in.size_bytes());
+      break;
+    case DType::kBF16:
+      convert(in, std::span<BFloat16>(as<BFloat16>(data) + first, in.size()));
+      break;
+    case DType::kF16:
+      convert(in, std::span<Float16>(as<Float16>(data) + first, in.size()));
+      break;
+  }
+}
+
+void accumulate(std::span<const float> in, void* data, DType dtype, size_t first) {
+  if (dtype == DType::kF32) {
+    float* d = as<float>(data) + first;
+    for (size_t i = 0; i < in.size(); ++i) d[i] += in[i];
+    return;
+  }
+  std::array<float, kChunk> tmp;
+  for (size_t done = 0; done < in.size(); done += kChunk) {
+    const size_t n = std::min(kChunk, in.size() - done);
+    std::span<float> t(tmp.data(), n);
+    widen(data, dtype, first + done, t);
+    for (size_t i = 0; i < n; ++i) t[i] += in[done + i];
+    narrow(t, data, dtype, first + done);
+  }
+}
+
+double sum_squares(const void* data, DType dtype, size_t first, size_t count) {
+  double sum = 0;
+  for_each_chunk(data, dtype, first, count, [&](std::span<const float> c) {
+    for (float x : c) sum += static_cast<double>(x) * static_cast<double>(x);
+  });
+  return sum;
+}
+
+bool all_finite(const void* data, DType dtype, size_t first, size_t count) {
+  bool ok = true;
+  for_each_chunk(data, dtype, first, count, [&](std::span<const float> c) {
+    for (float x : c) ok = ok && std::isfinite(x);
+  });
+  return ok;
+}
+
+}  // namespace zerodp

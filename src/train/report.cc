@@ -1,0 +1,164 @@
+#include "train/report.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/core.h>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace zerodp {
+
+nlohmann::json config_json(const TrainConfig& c) {
+  nlohmann::json j;
+  j["model"] = c.model;
+  if (c.model == "gpt") {
+    j["size"] = c.size;
+    j["layers"] = c.layers;
+    j["heads"] = c.heads;
+    j["embd"] = c.embd;
+    j["seq_len"] = c.seq_len;
+  } else {
+    j["mlp_hidden"] = c.mlp_hidden;
+    j["mlp_layers"] = c.mlp_layers;
+  }
+  j["data"] = c.data;
+  j["ranks"] = c.launch.ranks;
+  j["backend"] = std::string(backend_name(c.launch.backend));
+  j["stage"] = c.stage;
+  j["precision"] = std::string(precision_name(c.precision));
+  j["micro_batch"] = c.micro_batch;
+  j["grad_accum"] = c.grad_accum;
+  j["accumulate"] = std::string(accumulate_name(c.accumulate));
+  j["prefetch"] = c.prefetch;
+  j["checkpoint_activations"] = c.checkpoint_activations;
+  j["steps"] = c.steps;
+  j["seed"] = c.seed;
+  j["lr"] = c.lr;
+  j["schedule"] = c.schedule;
+  j["warmup"] = c.warmup;
+  j["min_lr_ratio"] = c.min_lr_ratio;
+  j["clip"] = c.clip;
+  j["weight_decay"] = c.weight_decay;
+  j["decay_all"] = c.decay_all;
+  j["eval_every"] = c.eval_every;
+  j["eval_batches"] = c.eval_batches;
+  j["collective_timeout"] = c.launch.comm.timeout_seconds;
+  j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
+  return j;
+}
+
+nlohmann::json step_json(const StepRecord& s) {
+  nlohmann::json j;
+  j["step"] = s.step;
+  j["loss"] = s.loss;
+  j["lr"] = s.lr;
+  j["grad_norm"] = s.grad_norm;
+  j["grad_norm_clipped"] = s.grad_norm_clipped;
+  j["loss_scale"] = s.loss_scale ? nlohmann::json(*s.loss_scale) : nlohmann::json();
+  j["skipped"] = s.skipped;
+  j["tokens"] = s.tokens;
+  j["seconds"] = s.seconds;
+  j["mfu"] = nlohmann::json();
+  if (s.val_loss) j["val_loss"] = *s.val_loss;
+  return j;
+}
+
+namespace {
+
+nlohmann::json comm_json(const CommLedger::Table& t) {
+  nlohmann::json j;
+  for (int k = 0; k < kNumCommKinds; ++k) {
+    j[std::string(comm_kind_name(static_cast<CommKind>(k)))] = {{"calls", t[k].calls},
+                                                                 {"bytes", t[k].bytes}};
+  }
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json report_json(const TrainResult& r) {
+  nlohmann::json j;
+  j["zerodp_version"] = kZerodpVersion;
+  j["config"] = config_json(r.config);
+  j["params"] = r.params;
+  j["world_size"] = r.world_size;
+  j["stage"] = r.config.stage;
+  j["backend"] = r.backend;
+  j["precision"] = std::string(precision_name(r.config.precision));
+  j["data"] = r.data_description;
+  j["steps"] = nlohmann::json::array();
+  for (const auto& s : r.steps) j["steps"].push_back(step_json(s));
+  j["final"] = {{"loss", r.final_loss},
+                {"val_loss", r.val_loss ? nlohmann::json(*r.val_loss) : nlohmann::json()},
+                {"weights_sha256", r.weights_sha256}};
+  j["throughput"] = {{"tokens_per_second", r.tokens_per_second},
+                     {"step_seconds_median", r.step_seconds_median}};
+  j["units"] = nlohmann::json::array();
+  for (size_t i = 0; i < r.unit_names.size(); ++i) {
+    j["units"].push_back({{"name", r.unit_names[i]}, {"params", r.unit_numel[i]}});
+  }
+  j["ranks"] = nlohmann::json::array();
+  for (const auto& rank : r.ranks) {
+    nlohmann::json rj;
+    rj["rank"] = rank.rank;
+    nlohmann::json states, peak;
+    for (int k = 0; k < kNumMemCategories; ++k) {
+      const std::string name(mem_category_name(static_cast<MemCategory>(k)));
+      if (k <= static_cast<int>(MemCategory::kAdamV)) states[name] = rank.model_state[k];
+      peak[name] = rank.peak[k];
+    }
+    peak["total"] = rank.peak_total;
+    rj["model_state_bytes"] = states;
+    rj["peak_bytes"] = peak;
+    rj["comm"] = comm_json(rank.comm_train);
+    rj["comm_other"] = comm_json(rank.comm_other);
+    rj["samples_sha256"] = rank.samples_sha256;
+    j["ranks"].push_back(rj);
+  }
+  return j;
+}
+
+std::string summary_table(const TrainResult& r) {
+  std::string out;
+  const double steps = static_cast<double>(std::max<size_t>(1, r.steps.size()));
+  out += fmt::format("Per-rank memory (peak bytes by category) and communication per step:\n");
+  out += fmt::format("{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}\n",
+                     "rank", "params", "grads", "master", "adam_m+v", "gathered", "activations",
+                     "other", "total", "comm/step");
+  for (const auto& rank : r.ranks) {
+    const auto& p = rank.peak;
+    auto cat = [&](MemCategory c) { return static_cast<double>(p[static_cast<int>(c)]); };
+    const double other = cat(MemCategory::kGradBuckets) + cat(MemCategory::kCommBuffers) +
+                         cat(MemCategory::kWorkspace);
+    uint64_t comm = 0;
+    for (int k = 0; k < kNumCommKinds; ++k) comm += rank.comm_train[k].bytes;
+    out += fmt::format("{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}\n",
+                       rank.rank, format_bytes(cat(MemCategory::kParams)),
+                       format_bytes(cat(MemCategory::kGrads)), format_bytes(cat(MemCategory::kMaster)),
+                       format_bytes(cat(MemCategory::kAdamM) + cat(MemCategory::kAdamV)),
+                       format_bytes(cat(MemCategory::kGathered)),
+                       format_bytes(cat(MemCategory::kActivations)), format_bytes(other),
+                       format_bytes(static_cast<double>(rank.peak_total)),
+                       format_bytes(static_cast<double>(comm) / steps));
+  }
+  return out;
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw IoError(fmt::format("cannot write '{}': opening '{}' failed", path, tmp));
+    f << text;
+    f.flush();
+    if (!f) throw IoError(fmt::format("cannot write '{}': writing '{}' failed", path, tmp));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw IoError(fmt::format("cannot write '{}': {}", path, ec.message()));
+}
+
+}  // namespace zerodp

@@ -1,0 +1,25 @@
+// The run report (docs/report.md is its contract) and the end-of-run summary table.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "train/engine.h"
+
+namespace zerodp {
+
+inline constexpr const char* kZerodpVersion = "0.1.0";
+
+nlohmann::json config_json(const TrainConfig& c);
+nlohmann::json step_json(const StepRecord& s);
+nlohmann::json report_json(const TrainResult& r);
+
+// Per-rank memory by category and comm bytes per step, for a terminal.
+std::string summary_table(const TrainResult& r);
+
+// Writes `text` to `path` through a temporary file and a rename, so a reader never sees
+// half a report. Throws IoError naming the path.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+}  // namespace zerodp

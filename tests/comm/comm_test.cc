@@ -1,0 +1,308 @@
+// The local backend's collectives against a plain reference, over world sizes 1..8,
+// counts 0, 1, primes and large, ragged partitions, every dtype and op.
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "comm/local.h"
+#include "core/error.h"
+
+namespace zerodp {
+namespace {
+
+const CommOptions kOptions{.timeout_seconds = 30};
+
+// A value that depends on rank and index and has enough mantissa bits that 16-bit rounding
+// and summation order both matter.
+float input_value(int rank, size_t i) {
+  const uint32_t h = static_cast<uint32_t>(i * 2654435761u + static_cast<uint32_t>(rank) * 40503u);
+  return static_cast<float>(h % 20011u) / 97.0f - 100.0f + static_cast<float>(rank) * 0.013f;
+}
+
+template <typename T>
+T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return to_bf16(x);
+  } else {
+    return to_f16(x);
+  }
+}
+
+template <typename T>
+float widen(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return to_f32(x);
+  }
+}
+
+template <typename T>
+std::vector<T> make_input(int rank, size_t count) {
+  std::vector<T> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = from_float<T>(input_value(rank, i));
+  return v;
+}
+
+// The contract, written out plainly: fp32, rank order, divide, round once.
+template <typename T>
+T reference_reduce(int world, size_t i, ReduceOp op) {
+  float acc = widen(from_float<T>(input_value(0, i)));
+  for (int r = 1; r < world; ++r) {
+    const float x = widen(from_float<T>(input_value(r, i)));
+    acc = op == ReduceOp::kMax ? std::max(acc, x) : acc + x;
+  }
+  if (op == ReduceOp::kAvg) acc /= static_cast<float>(world);
+  return from_float<T>(acc);
+}
+
+template <typename T>
+bool same_bits(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+template <typename T>
+class CollectiveTest : public ::testing::Test {};
+using DTypes = ::testing::Types<float, Float16, BFloat16>;
+TYPED_TEST_SUITE(CollectiveTest, DTypes);
+
+constexpr size_t kCounts[] = {0, 1, 2, 7, 13, 101, 4099, 100003};
+
+TYPED_TEST(CollectiveTest, ReduceScatterMatchesReferenceForEveryWorldCountAndOp) {
+  using T = TypeParam;
+  for (int world = 1; world <= 8; ++world) {
+    for (size_t count : kCounts) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        const Partition part(count, world);
+        std::mutex mu;
+        int wrong = 0;
+        run_local(world, kOptions, [&](Communicator& comm) {
+          const auto in = make_input<T>(comm.rank(), count);
+          std::vector<T> out(part.count(comm.rank()));
+          comm.reduce_scatter(std::span<const T>(in), std::span<T>(out), part, op);
+          int bad = 0;
+          for (size_t j = 0; j < out.size(); ++j) {
+            const T want = reference_reduce<T>(world, part.offset(comm.rank()) + j, op);
+            if (!same_bits(out[j], want)) ++bad;
+          }
+          std::lock_guard lock(mu);
+          wrong += bad;
+        });
+        EXPECT_EQ(wrong, 0) << "world " << world << " count " << count << " op "
+                            << reduce_op_name(op);
+      }
+    }
+  }
+}
+
+TYPED_TEST(CollectiveTest, AllReduceEqualsReduceScatterThenAllGatherByteForByte) {
+  using T = TypeParam;
+  for (int world : {1, 2, 3, 5, 8}) {
+    for (size_t count : kCounts) {
+      std::mutex mu;
+      int wrong = 0;
+      run_local(world, kOptions, [&](Communicator& comm) {
+        auto reduced = make_input<T>(comm.rank(), count);
+        comm.all_reduce(std::span<T>(reduced), ReduceOp::kAvg);
+
+        const Partition part(count, world);
+        const auto in = make_input<T>(comm.rank(), count);
+        std::vector<T> shard(part.count(comm.rank()));
+        std::vector<T> gathered(count);
+        comm.reduce_scatter(std::span<const T>(in), std::span<T>(shard), part, ReduceOp::kAvg);
+        comm.all_gather(std::span<const T>(shard), std::span<T>(gathered), part);
+        const bool equal = count == 0 || std::memcmp(reduced.data(), gathered.data(),
+                                                     count * sizeof(T)) == 0;
+        int bad_vs_reference = 0;
+        for (size_t i = 0; i < count; ++i) {
+          if (!same_bits(reduced[i], reference_reduce<T>(world, i, ReduceOp::kAvg))) {
+            ++bad_vs_reference;
+          }
+        }
+        std::lock_guard lock(mu);
+        wrong += (equal ? 0 : 1) + bad_vs_reference;
+      });
+      EXPECT_EQ(wrong, 0) << "world " << world << " count " << count;
+    }
+  }
+}
+
+TYPED_TEST(CollectiveTest, AllGatherPlacesEveryShardAtItsRangeIncludingEmptyRanges) {
+  using T = TypeParam;
+  const size_t counts[] = {3, 0, 5, 0, 1};
+  const Partition part = Partition::from_counts(counts);
+  std::mutex mu;
+  int wrong = 0;
+  run_local(5, kOptions, [&](Communicator& comm) {
+    const auto full = make_input<T>(99, part.length());  // the same buffer on every rank
+    const Range mine = part.range(comm.rank());
+    std::vector<T> shard(full.begin() + static_cast<std::ptrdiff_t>(mine.begin),
+                         full.begin() + static_cast<std::ptrdiff_t>(mine.end));
+    std::vector<T> out(part.length());
+    comm.all_gather(std::span<const T>(shard), std::span<T>(out), part);
+    const bool ok = std::memcmp(out.data(), full.data(), full.size() * sizeof(T)) == 0;
+    std::lock_guard lock(mu);
+    wrong += ok ? 0 : 1;
+  });
+  EXPECT_EQ(wrong, 0);
+}
+
+TYPED_TEST(CollectiveTest, InPlaceReduceScatterAndAllGatherUseTheOwnRange) {
+  using T = TypeParam;
+  for (int world : {2, 3, 4, 7}) {
+    const size_t count = 1009;
+    const Partition part(count, world);
+    std::mutex mu;
+    int wrong = 0;
+    run_local(world, kOptions, [&](Communicator& comm) {
+      auto buf = make_input<T>(comm.rank(), count);
+      const Range mine = part.range(comm.rank());
+      std::span<T> own(buf.data() + mine.begin, mine.count());
+      comm.reduce_scatter(std::span<const T>(buf), own, part, ReduceOp::kSum);
+      comm.all_gather(std::span<const T>(own), std::span<T>(buf), part);
+      int bad = 0;
+      for (size_t i = 0; i < count; ++i) {
+        if (!same_bits(buf[i], reference_reduce<T>(world, i, ReduceOp::kSum))) ++bad;
+      }
+      std::lock_guard lock(mu);
+      wrong += bad;
+    });
+    EXPECT_EQ(wrong, 0) << "world " << world;
+  }
+}
+
+TEST(Collectives, BroadcastFromEveryRoot) {
+  for (int world : {1, 2, 3, 6}) {
+    for (int root = 0; root < world; ++root) {
+      std::mutex mu;
+      int wrong = 0;
+      run_local(world, kOptions, [&](Communicator& comm) {
+        auto buf = make_input<float>(comm.rank(), 777);
+        comm.broadcast(std::span<float>(buf), root);
+        const auto want = make_input<float>(root, 777);
+        std::lock_guard lock(mu);
+        wrong += buf == want ? 0 : 1;
+      });
+      EXPECT_EQ(wrong, 0) << "world " << world << " root " << root;
+    }
+  }
+}
+
+TEST(Collectives, AsyncWorkCompletesInIssueOrderAndWaitIsRepeatable) {
+  run_local(4, kOptions, [&](Communicator& comm) {
+    const size_t count = 50000;
+    std::vector<std::vector<float>> bufs;
+    for (int k = 0; k < 6; ++k) bufs.push_back(make_input<float>(comm.rank() + k, count));
+    std::vector<Work> works;
+    for (auto& b : bufs) works.push_back(comm.all_reduce_async(std::span<float>(b), ReduceOp::kSum));
+    for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();
+    for (auto& w : works) {
+      w.wait();
+      EXPECT_TRUE(w.ready());
+    }
+    // Rank 0's buffer k must equal everyone's: the sum over ranks of input(rank + k).
+    std::vector<float> check = bufs[2];
+    comm.broadcast(std::span<float>(check), 0);
+    EXPECT_EQ(check, bufs[2]);
+  });
+}
+
+TEST(Collectives, ControlValuesAreGatheredRankMajorAndSummedInRankOrder) {
+  run_local(3, kOptions, [&](Communicator& comm) {
+    const double mine[] = {static_cast<double>(comm.rank()), 10.0 * comm.rank() + 0.5};
+    const auto all = comm.gather_control(mine);
+    ASSERT_EQ(all.size(), 6u);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(all[2 * r], r);
+      EXPECT_EQ(all[2 * r + 1], 10.0 * r + 0.5);
+    }
+    EXPECT_EQ(comm.sum_control(1.25 * comm.rank()), 3.75);
+    EXPECT_EQ(comm.max_control(comm.rank() == 1 ? 7.0 : -1.0), 7.0);
+    comm.barrier();
+  });
+}
+
+// Bytes received from peers, per the ledger's formulas, for a ragged partition.
+TEST(CommLedger, CountsExactlyTheBytesPeersSend) {
+  const int world = 3;
+  const size_t count = 10;  // ranges 4, 3, 3
+  run_local(world, kOptions, [&](Communicator& comm) {
+    CommPhaseScope train(comm.ledger(), CommPhase::kTrain);
+    const Partition part(count, world);
+    const size_t mine = part.count(comm.rank());
+    std::vector<BFloat16> in(count), shard(mine), out(count);
+    comm.reduce_scatter(std::span<const BFloat16>(in), std::span<BFloat16>(shard), part,
+                        ReduceOp::kAvg);
+    comm.all_gather(std::span<const BFloat16>(shard), std::span<BFloat16>(out), part);
+    comm.all_reduce(std::span<BFloat16>(out), ReduceOp::kSum);
+    std::vector<float> f(count);
+    comm.broadcast(std::span<float>(f), 2);
+    (void)comm.sum_control(1.0);
+
+    const CommLedger& l = comm.ledger();
+    const uint64_t w = 2;
+    EXPECT_EQ(l.get(CommPhase::kTrain, CommKind::kReduceScatter),
+              (CommCounter{1, (world - 1) * mine * w}));
+    EXPECT_EQ(l.get(CommPhase::kTrain, CommKind::kAllGather), (CommCounter{1, (count - mine) * w}));
+    EXPECT_EQ(l.get(CommPhase::kTrain, CommKind::kAllReduce),
+              (CommCounter{1, ((world - 1) * mine + count - mine) * w}));
+    EXPECT_EQ(l.get(CommPhase::kTrain, CommKind::kBroadcast),
+              (CommCounter{1, comm.rank() == 2 ? 0 : count * 4}));
+    EXPECT_EQ(l.get(CommPhase::kTrain, CommKind::kControl), (CommCounter{1, (world - 1) * 8u}));
+    EXPECT_EQ(l.get(CommPhase::kOther, CommKind::kAllReduce), (CommCounter{}));
+  });
+}
+
+TEST(CommLedger, SumOverRanksOfReduceScatterIsTheRingVolume) {
+  for (int world : {2, 3, 4, 5, 8}) {
+    const size_t count = 1013;
+    std::mutex mu;
+    uint64_t total = 0;
+    run_local(world, kOptions, [&](Communicator& comm) {
+      const Partition part(count, world);
+      std::vector<float> in(count), out(part.count(comm.rank()));
+      comm.reduce_scatter(std::span<const float>(in), std::span<float>(out), part, ReduceOp::kSum);
+      std::lock_guard lock(mu);
+      total += comm.ledger().total(CommKind::kReduceScatter).bytes;
+    });
+    EXPECT_EQ(total, static_cast<uint64_t>(world - 1) * count * 4) << "world " << world;
+  }
+}
+
+TEST(Collectives, RejectsMismatchedBuffersNamingSizesAndRank) {
+  run_local(4, kOptions, [&](Communicator& comm) {
+    const Partition part(51, 4);  // 13, 13, 13, 12
+    std::vector<float> in(51), out(12);
+    if (comm.rank() == 3) {
+      std::vector<float> wrong(11);
+      try {
+        (void)comm.reduce_scatter_async(std::span<const float>(in), std::span<float>(wrong), part,
+                                        ReduceOp::kSum);
+        ADD_FAILURE() << "a wrong output size was accepted";
+      } catch (const InvalidArgument& e) {
+        EXPECT_STREQ(e.what(),
+                     "reduce_scatter: output holds 11 elements, rank 3 owns 12 of 51 (world 4)");
+      }
+    }
+    std::vector<BFloat16> other(51);
+    EXPECT_THROW((void)comm.all_gather_async(std::span<const float>(in.data(), 51),
+                                             std::span<BFloat16>(other), part),
+                 InvalidArgument);
+    EXPECT_THROW((void)comm.broadcast_async(std::span<float>(in), 4), InvalidArgument);
+    // Aliasing a range that is not the own one is refused.
+    EXPECT_THROW((void)comm.reduce_scatter_async(std::span<const float>(in),
+                                                 std::span<float>(in.data() + 1, part.count(comm.rank())),
+                                                 part, ReduceOp::kSum),
+                 InvalidArgument);
+    // Nothing was issued, so the ranks are still in step.
+    comm.barrier();
+  });
+}
+
+}  // namespace
+}  // namespace zerodp

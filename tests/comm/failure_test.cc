@@ -1,0 +1,150 @@
+// A failing or missing rank must fail every peer's collectives, naming it, without a hang.
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "comm/local.h"
+#include "core/error.h"
+
+namespace zerodp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+TEST(Failure, ThrowingRankFailsPeersCollectivesNamingItAndRunLocalRethrowsTheCause) {
+  for (int world : {2, 3, 4, 7}) {
+    const int culprit = world - 1;
+    std::vector<std::string> peer_errors(static_cast<size_t>(world));
+    const auto t0 = Clock::now();
+    try {
+      run_local(world, {.timeout_seconds = 60}, [&](Communicator& comm) {
+        std::vector<float> buf(1000, 1.0f);
+        comm.all_reduce(std::span<float>(buf), ReduceOp::kSum);
+        if (comm.rank() == culprit) throw std::runtime_error("disk on fire");
+        try {
+          for (int i = 0; i < 3; ++i) comm.all_reduce(std::span<float>(buf), ReduceOp::kSum);
+        } catch (const CommError& e) {
+          EXPECT_EQ(e.failed_rank(), culprit);
+          peer_errors[comm.rank()] = e.what();
+          throw;
+        }
+      });
+      FAIL() << "run_local returned although rank " << culprit << " threw";
+    } catch (const CommError& e) {
+      FAIL() << "the root cause was replaced by a consequence: " << e.what();
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "disk on fire");
+    }
+    EXPECT_LT(seconds_since(t0), 5.0) << "world " << world;
+    for (int r = 0; r < world; ++r) {
+      if (r == culprit) continue;
+      EXPECT_EQ(peer_errors[r], "rank " + std::to_string(culprit) + " failed: disk on fire")
+          << "rank " << r;
+    }
+  }
+}
+
+TEST(Failure, PendingAsyncCollectiveFailsWhenAPeerThrows) {
+  std::string seen;
+  EXPECT_THROW(run_local(2, {.timeout_seconds = 60},
+                         [&](Communicator& comm) {
+                           std::vector<float> buf(1 << 16, 1.0f);
+                           if (comm.rank() == 1) {
+                             std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                             throw std::runtime_error("out of cheese");
+                           }
+                           Work w = comm.all_reduce_async(std::span<float>(buf), ReduceOp::kSum);
+                           try {
+                             w.wait();
+                           } catch (const CommError& e) {
+                             seen = e.what();
+                             throw;
+                           }
+                         }),
+               std::runtime_error);
+  EXPECT_EQ(seen, "rank 1 failed: out of cheese");
+}
+
+TEST(Failure, RankThatNeverArrivesTimesOutNamingItAndTheCollective) {
+  const auto t0 = Clock::now();
+  std::string seen;
+  int named = -2;
+  try {
+    run_local(3, {.timeout_seconds = 0.5}, [&](Communicator& comm) {
+      std::vector<float> buf(100, 1.0f);
+      if (comm.rank() == 2) {
+        // Stops arriving, as a hung rank would, and leaves once the others gave up.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        return;
+      }
+      try {
+        comm.all_reduce(std::span<float>(buf), ReduceOp::kSum);
+      } catch (const CommTimeout& e) {
+        if (comm.rank() == 0) {
+          seen = e.what();
+          named = e.failed_rank();
+        }
+        throw;
+      } catch (const CommError& e) {
+        if (comm.rank() == 0) {
+          seen = e.what();
+          named = e.failed_rank();
+        }
+        throw;
+      }
+    });
+    FAIL() << "no timeout";
+  } catch (const CommError& e) {
+    EXPECT_EQ(e.failed_rank(), 2) << e.what();
+  }
+  EXPECT_EQ(named, 2);
+  EXPECT_NE(seen.find("rank(s) 2"), std::string::npos) << seen;
+  EXPECT_NE(seen.find("reduce_scatter"), std::string::npos) << seen;
+  EXPECT_LT(seconds_since(t0), 5.0);
+}
+
+TEST(Failure, MismatchedCollectivesFailOnEveryRankNamingBoth) {
+  std::vector<std::string> seen(2);
+  EXPECT_THROW(run_local(2, {.timeout_seconds = 10},
+                         [&](Communicator& comm) {
+                           std::vector<float> buf(comm.rank() == 0 ? 10 : 12, 1.0f);
+                           try {
+                             comm.broadcast(std::span<float>(buf), 0);
+                           } catch (const CommError& e) {
+                             seen[comm.rank()] = e.what();
+                             throw;
+                           }
+                         }),
+               CommError);
+  for (const auto& s : seen) {
+    EXPECT_NE(s.find("collective mismatch"), std::string::npos) << s;
+    EXPECT_NE(s.find("broadcast(10 x f32, root 0)"), std::string::npos) << s;
+    EXPECT_NE(s.find("broadcast(12 x f32, root 0)"), std::string::npos) << s;
+  }
+}
+
+TEST(Failure, CollectivesAfterAFailureFailImmediately) {
+  run_local(2, {.timeout_seconds = 60}, [&](Communicator& comm) {
+    std::vector<float> buf(10, 1.0f);
+    if (comm.rank() == 0) {
+      comm.abort("stopped on purpose");
+      const auto t0 = Clock::now();
+      EXPECT_THROW(comm.all_reduce(std::span<float>(buf), ReduceOp::kSum), CommError);
+      EXPECT_LT(seconds_since(t0), 1.0);
+      return;
+    }
+    EXPECT_THROW(comm.all_reduce(std::span<float>(buf), ReduceOp::kSum), CommError);
+    EXPECT_THROW(comm.barrier(), CommError);
+  });
+}
+
+}  // namespace
+}  // namespace zerodp

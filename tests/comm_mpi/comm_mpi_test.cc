@@ -1,0 +1,571 @@
+// The mpi backend against the local backend: for the same world size and inputs, every
+// collective gives the same bytes. Each MPI process also runs a LocalWorld of N threads with
+// the same test body and compares its own rank's output. Run under mpirun -np 2, 3, 4
+// (ctest label `mpi`); the main below owns MPI and agrees on one exit code for all ranks.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/core.h>
+#include <gtest/gtest.h>
+
+#include "comm/local.h"
+#include "comm/mpi.h"
+#include "core/error.h"
+
+namespace zerodp {
+namespace {
+
+MpiSession* g_session = nullptr;  // set by main() for the life of the tests
+
+const CommOptions kOptions{.timeout_seconds = 60};
+constexpr size_t kCounts[] = {0, 1, 7, 13, 1000, 100003};
+constexpr const char* kChunkEnv = "ZERODP_MPI_CHUNK_BYTES";
+
+using Bytes = std::vector<std::byte>;
+
+std::unique_ptr<Communicator> make_mpi(const CommOptions& options = kOptions) {
+  return g_session->make_communicator(options);
+}
+int world() { return g_session->size(); }
+int my_rank() { return g_session->rank(); }
+
+// A value of rank `rank` at index `i`: magnitudes 2^-12..2^12, both signs, 21 mantissa bits,
+// so fp32 sums depend on their order and 16-bit rounding matters.
+float input_value(int rank, size_t i) {
+  uint64_t h =
+      (i + 1) * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(rank) + 7) * 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 31;
+  h *= 0x94D049BB133111EBull;
+  h ^= h >> 29;
+  const float mantissa = 1.0f + static_cast<float>(h & 0x1FFFFF) / static_cast<float>(1 << 21);
+  const int exponent = static_cast<int>((h >> 21) % 25) - 12;
+  const float sign = (h >> 40) & 1 ? -1.0f : 1.0f;
+  return sign * std::ldexp(mantissa, exponent);
+}
+
+// `count` elements of `dtype` whose element i is input_value(rank, first + i), rounded.
+Bytes make_input(DType dtype, int rank, size_t count, size_t first = 0) {
+  Bytes out(count * dtype_size(dtype));
+  for (size_t i = 0; i < count; ++i) {
+    const float x = input_value(rank, first + i);
+    if (dtype == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &x, 4);
+    } else {
+      const uint16_t bits = dtype == DType::kF16 ? to_f16(x).bits : to_bf16(x).bits;
+      std::memcpy(out.data() + 2 * i, &bits, 2);
+    }
+  }
+  return out;
+}
+
+// The index of the first differing byte, or -1 when `a` and `b` are equal.
+long first_difference(const Bytes& a, const Bytes& b) {
+  if (a.size() != b.size()) return static_cast<long>(std::min(a.size(), b.size()));
+  const auto it = std::mismatch(a.begin(), a.end(), b.begin());
+  return it.first == a.end() ? -1 : static_cast<long>(it.first - a.begin());
+}
+
+#define EXPECT_SAME_BYTES(actual, expected, what)                                            \
+  do {                                                                                       \
+    const long diff_ = first_difference(actual, expected);                                   \
+    EXPECT_EQ(diff_, -1) << (what) << ": " << (actual).size() << " vs " << (expected).size() \
+                         << " bytes, first difference at byte " << diff_;                    \
+  } while (0)
+
+enum class Layout { kBalanced, kSkewed };
+
+// kBalanced: Partition(count, n). kSkewed: even ranks own nothing, odd ranks split the
+// buffer 2:1 (the last odd rank takes the rest), so empty and ragged ranges both occur.
+Partition make_partition(size_t count, int n, Layout layout) {
+  if (layout == Layout::kBalanced) return Partition(count, n);
+  std::vector<size_t> counts(static_cast<size_t>(n), 0);
+  size_t left = count;
+  for (int r = 1; r < n; r += 2) {
+    const bool last = r + 2 >= n;
+    counts[static_cast<size_t>(r)] = last ? left : left * 2 / 3;
+    left -= counts[static_cast<size_t>(r)];
+  }
+  return Partition::from_counts(counts);
+}
+
+std::string describe(std::string_view op, DType dtype, size_t count, Layout layout) {
+  return fmt::format("{} {} count {} {} world {}", op, dtype_name(dtype), count,
+                     layout == Layout::kBalanced ? "balanced" : "skewed", world());
+}
+
+// Runs `body` on a LocalWorld of world() threads and returns what rank my_rank() produced:
+// the reference the mpi backend must match byte for byte.
+template <typename Body>
+auto local_reference(const Body& body) {
+  std::vector<decltype(body(std::declval<Communicator&>()))> results(static_cast<size_t>(world()));
+  run_local(world(), kOptions,
+            [&](Communicator& c) { results[static_cast<size_t>(c.rank())] = body(c); });
+  return results[static_cast<size_t>(my_rank())];
+}
+
+// ---------------------------------------------------------------------------------------
+// Reductions, parameterized by dtype and op: the same body under both backends.
+
+struct ReduceParam {
+  DType dtype;
+  ReduceOp op;
+};
+
+class MpiReduceTest : public testing::TestWithParam<ReduceParam> {};
+
+// Every count and layout: reduce-scatter into a separate buffer, then in place.
+std::vector<Bytes> reduce_scatter_sweep(Communicator& c, DType dtype, ReduceOp op) {
+  std::vector<Bytes> outputs;
+  for (size_t count : kCounts) {
+    for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+      const Partition part = make_partition(count, c.size(), layout);
+      const size_t w = dtype_size(dtype);
+      const Bytes in = make_input(dtype, c.rank(), count);
+      Bytes out(part.count(c.rank()) * w, std::byte{0xAB});
+      c.reduce_scatter({in.data(), count, dtype}, {out.data(), out.size() / w, dtype}, part, op);
+      outputs.push_back(out);
+      Bytes in_place = in;
+      std::byte* own = in_place.data() + part.offset(c.rank()) * w;
+      c.reduce_scatter({in_place.data(), count, dtype}, {own, part.count(c.rank()), dtype}, part,
+                       op);
+      outputs.emplace_back(own, own + part.count(c.rank()) * w);
+    }
+  }
+  return outputs;
+}
+
+std::vector<Bytes> all_reduce_sweep(Communicator& c, DType dtype, ReduceOp op) {
+  std::vector<Bytes> outputs;
+  for (size_t count : kCounts) {
+    Bytes buf = make_input(dtype, c.rank(), count);
+    c.all_reduce({buf.data(), count, dtype}, op);
+    outputs.push_back(std::move(buf));
+  }
+  return outputs;
+}
+
+TEST_P(MpiReduceTest, ReduceScatterMatchesLocalBackend) {
+  const auto [dtype, op] = GetParam();
+  const auto expected =
+      local_reference([&](Communicator& c) { return reduce_scatter_sweep(c, dtype, op); });
+  auto comm = make_mpi();
+  const auto actual = reduce_scatter_sweep(*comm, dtype, op);
+  ASSERT_EQ(actual.size(), expected.size());
+  size_t i = 0;
+  for (size_t count : kCounts) {
+    for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+      for (const char* how : {"out of place", "in place"}) {
+        EXPECT_SAME_BYTES(actual[i], expected[i],
+                          fmt::format("{} {} {}", describe("reduce_scatter", dtype, count, layout),
+                                      reduce_op_name(op), how));
+        ++i;
+      }
+    }
+  }
+}
+
+TEST_P(MpiReduceTest, AllReduceMatchesLocalBackend) {
+  const auto [dtype, op] = GetParam();
+  const auto expected =
+      local_reference([&](Communicator& c) { return all_reduce_sweep(c, dtype, op); });
+  auto comm = make_mpi();
+  const auto actual = all_reduce_sweep(*comm, dtype, op);
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < std::size(kCounts); ++i) {
+    EXPECT_SAME_BYTES(
+        actual[i], expected[i],
+        fmt::format("{} {}", describe("all_reduce", dtype, kCounts[i], Layout::kBalanced),
+                    reduce_op_name(op)));
+  }
+}
+
+TEST_P(MpiReduceTest, AllReduceEqualsReduceScatterThenAllGather) {
+  const auto [dtype, op] = GetParam();
+  auto comm = make_mpi();
+  const size_t w = dtype_size(dtype);
+  for (size_t count : kCounts) {
+    const Partition part(count, comm->size());
+    const Bytes in = make_input(dtype, comm->rank(), count);
+    Bytes all_reduced = in;
+    comm->all_reduce({all_reduced.data(), count, dtype}, op);
+    Bytes shard(part.count(comm->rank()) * w);
+    Bytes gathered(count * w);
+    comm->reduce_scatter({in.data(), count, dtype}, {shard.data(), shard.size() / w, dtype}, part,
+                         op);
+    comm->all_gather({shard.data(), shard.size() / w, dtype}, {gathered.data(), count, dtype},
+                     part);
+    EXPECT_SAME_BYTES(all_reduced, gathered,
+                      fmt::format("{} {}", describe("all_reduce", dtype, count, Layout::kBalanced),
+                                  reduce_op_name(op)));
+  }
+}
+
+// Messages split into tiny pieces (reduce-scatter rounds of a few elements, all-gather and
+// broadcast pieces that cut elements in two) give the same bytes as the default.
+TEST_P(MpiReduceTest, TinyChunksMatchLocalBackend) {
+  const auto [dtype, op] = GetParam();
+  const auto expected_rs =
+      local_reference([&](Communicator& c) { return reduce_scatter_sweep(c, dtype, op); });
+  const auto expected_ar =
+      local_reference([&](Communicator& c) { return all_reduce_sweep(c, dtype, op); });
+  // 100003 elements in 6-byte pieces would take minutes; 4 KiB pieces still split them.
+  for (const char* chunk : {"6", "4096"}) {
+    ASSERT_EQ(setenv(kChunkEnv, chunk, 1), 0);
+    auto comm = make_mpi();
+    ASSERT_EQ(unsetenv(kChunkEnv), 0);
+    for (size_t count : {size_t{13}, size_t{1000}, size_t{100003}}) {
+      if (std::string(chunk) == "6" && count > 1000) continue;
+      // reduce_scatter_sweep's outputs: count index * 4 + layout * 2 + in-place.
+      const size_t index = static_cast<size_t>(
+          std::find(std::begin(kCounts), std::end(kCounts), count) - std::begin(kCounts));
+      for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+        const Partition part = make_partition(count, comm->size(), layout);
+        const size_t w = dtype_size(dtype);
+        const Bytes in = make_input(dtype, comm->rank(), count);
+        Bytes out(part.count(comm->rank()) * w);
+        comm->reduce_scatter({in.data(), count, dtype}, {out.data(), out.size() / w, dtype}, part,
+                             op);
+        EXPECT_SAME_BYTES(
+            out, expected_rs[index * 4 + (layout == Layout::kSkewed ? 2 : 0)],
+            fmt::format("{} chunk {}", describe("reduce_scatter", dtype, count, layout), chunk));
+      }
+      Bytes buf = make_input(dtype, comm->rank(), count);
+      comm->all_reduce({buf.data(), count, dtype}, op);
+      EXPECT_SAME_BYTES(
+          buf, expected_ar[index],
+          fmt::format("{} chunk {}", describe("all_reduce", dtype, count, Layout::kBalanced),
+                      chunk));
+      Bytes root_data = make_input(dtype, 0, count);
+      Bytes b = comm->rank() == 0 ? root_data : Bytes(root_data.size());
+      comm->broadcast({b.data(), count, dtype}, 0);
+      EXPECT_SAME_BYTES(b, root_data,
+                        fmt::format("{} chunk {}",
+                                    describe("broadcast", dtype, count, Layout::kBalanced), chunk));
+    }
+  }
+}
+
+std::string reduce_param_name(const testing::TestParamInfo<ReduceParam>& param) {
+  return fmt::format("{}_{}", dtype_name(param.param.dtype), reduce_op_name(param.param.op));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypesAndOps, MpiReduceTest,
+                         testing::Values(ReduceParam{DType::kF32, ReduceOp::kSum},
+                                         ReduceParam{DType::kF32, ReduceOp::kAvg},
+                                         ReduceParam{DType::kF32, ReduceOp::kMax},
+                                         ReduceParam{DType::kF16, ReduceOp::kSum},
+                                         ReduceParam{DType::kF16, ReduceOp::kAvg},
+                                         ReduceParam{DType::kF16, ReduceOp::kMax},
+                                         ReduceParam{DType::kBF16, ReduceOp::kSum},
+                                         ReduceParam{DType::kBF16, ReduceOp::kAvg},
+                                         ReduceParam{DType::kBF16, ReduceOp::kMax}),
+                         reduce_param_name);
+
+// ---------------------------------------------------------------------------------------
+// Data movement: the expected result is written out directly.
+
+class MpiMoveTest : public testing::TestWithParam<DType> {};
+
+// Rank p's shard is input_value(p, i) at the global indices i of its range, so the gathered
+// buffer is one function of the index.
+Bytes expected_gather(DType dtype, const Partition& part) {
+  Bytes out;
+  for (int p = 0; p < part.world_size(); ++p) {
+    const Bytes shard = make_input(dtype, p, part.count(p), part.offset(p));
+    out.insert(out.end(), shard.begin(), shard.end());
+  }
+  return out;
+}
+
+TEST_P(MpiMoveTest, AllGatherPlacesEveryShardAtItsRange) {
+  const DType dtype = GetParam();
+  const size_t w = dtype_size(dtype);
+  auto comm = make_mpi();
+  const int me = comm->rank();
+  for (size_t count : kCounts) {
+    for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+      const Partition part = make_partition(count, comm->size(), layout);
+      const Bytes expected = expected_gather(dtype, part);
+      const Bytes shard = make_input(dtype, me, part.count(me), part.offset(me));
+      Bytes out(count * w, std::byte{0xAB});
+      comm->all_gather({shard.data(), part.count(me), dtype}, {out.data(), count, dtype}, part);
+      EXPECT_SAME_BYTES(out, expected, describe("all_gather out of place", dtype, count, layout));
+      Bytes in_place(count * w, std::byte{0xAB});
+      std::copy(shard.begin(), shard.end(),
+                in_place.begin() + static_cast<long>(part.offset(me) * w));
+      comm->all_gather({in_place.data() + part.offset(me) * w, part.count(me), dtype},
+                       {in_place.data(), count, dtype}, part);
+      EXPECT_SAME_BYTES(in_place, expected, describe("all_gather in place", dtype, count, layout));
+    }
+  }
+}
+
+TEST_P(MpiMoveTest, BroadcastFromEveryRoot) {
+  const DType dtype = GetParam();
+  auto comm = make_mpi();
+  for (int root = 0; root < comm->size(); ++root) {
+    for (size_t count : kCounts) {
+      const Bytes expected = make_input(dtype, root, count);
+      Bytes buf = comm->rank() == root ? expected : Bytes(expected.size(), std::byte{0xAB});
+      comm->broadcast({buf.data(), count, dtype}, root);
+      EXPECT_SAME_BYTES(
+          buf, expected,
+          fmt::format("{} root {}", describe("broadcast", dtype, count, Layout::kBalanced), root));
+    }
+  }
+}
+
+std::string dtype_param_name(const testing::TestParamInfo<DType>& param) {
+  return std::string(dtype_name(param.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypes, MpiMoveTest,
+                         testing::Values(DType::kF32, DType::kF16, DType::kBF16), dtype_param_name);
+
+// ---------------------------------------------------------------------------------------
+// Ledger and control traffic.
+
+TEST(MpiLedgerTest, BytesPerCallFollowTheLedgerFormulas) {
+  auto comm = make_mpi();
+  const int n = comm->size();
+  const int me = comm->rank();
+  const size_t count = 1001;
+  const DType dtype = DType::kBF16;
+  const uint64_t w = dtype_size(dtype);
+  const Partition skewed = make_partition(count, n, Layout::kSkewed);
+  const Partition balanced(count, n);
+  Bytes in = make_input(dtype, me, count);
+  Bytes shard(skewed.count(me) * w);
+
+  comm->reduce_scatter({in.data(), count, dtype}, {shard.data(), skewed.count(me), dtype}, skewed,
+                       ReduceOp::kSum);
+  EXPECT_EQ(comm->ledger().total(CommKind::kReduceScatter),
+            (CommCounter{1, static_cast<uint64_t>(n - 1) * skewed.count(me) * w}));
+
+  comm->all_gather({shard.data(), skewed.count(me), dtype}, {in.data(), count, dtype}, skewed);
+  EXPECT_EQ(comm->ledger().total(CommKind::kAllGather),
+            (CommCounter{1, (count - skewed.count(me)) * w}));
+
+  comm->all_reduce({in.data(), count, dtype}, ReduceOp::kAvg);
+  EXPECT_EQ(comm->ledger().total(CommKind::kAllReduce),
+            (CommCounter{1, (static_cast<uint64_t>(n - 1) * balanced.count(me) +
+                             (count - balanced.count(me))) *
+                                w}));
+
+  comm->broadcast({in.data(), count, dtype}, n - 1);
+  EXPECT_EQ(comm->ledger().total(CommKind::kBroadcast),
+            (CommCounter{1, me == n - 1 ? 0 : count * w}));
+
+  const std::vector<double> three = {1, 2, 3};
+  (void)comm->gather_control(three);
+  EXPECT_EQ(comm->ledger().total(CommKind::kControl),
+            (CommCounter{1, static_cast<uint64_t>(n - 1) * 3 * sizeof(double)}));
+
+  // Summed over ranks, a reduce-scatter or all-gather moves (N-1) * C * w: the ring's volume.
+  const double rs_total =
+      comm->sum_control(static_cast<double>(comm->ledger().total(CommKind::kReduceScatter).bytes));
+  EXPECT_EQ(rs_total, static_cast<double>((n - 1) * count * w));
+  const double ag_total =
+      comm->sum_control(static_cast<double>(comm->ledger().total(CommKind::kAllGather).bytes));
+  EXPECT_EQ(ag_total, static_cast<double>((n - 1) * count * w));
+}
+
+TEST(MpiControlTest, GatherControlIsRankMajor) {
+  auto comm = make_mpi();
+  const int n = comm->size();
+  for (size_t k : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}}) {
+    std::vector<double> mine(k);
+    for (size_t j = 0; j < k; ++j) mine[j] = comm->rank() * 1000.0 + static_cast<double>(j) + 0.25;
+    const std::vector<double> all = comm->gather_control(mine);
+    ASSERT_EQ(all.size(), k * static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      for (size_t j = 0; j < k; ++j) {
+        EXPECT_EQ(all[static_cast<size_t>(r) * k + j], r * 1000.0 + static_cast<double>(j) + 0.25)
+            << "k " << k << " rank " << r << " value " << j;
+      }
+    }
+  }
+}
+
+TEST(MpiControlTest, SumAndMaxControlMatchLocalBackend) {
+  // Values whose sum depends on the order, so rank order is checked.
+  auto body = [](Communicator& c) {
+    const double x = c.rank() % 2 == 0 ? 1e16 * (c.rank() + 1) : -1e16 * c.rank() + 1.5;
+    const std::vector<double> v = {x, 0.1 * c.rank(), -x};
+    std::vector<double> out = c.sum_control(std::span<const double>(v));
+    out.push_back(c.sum_control(x));
+    out.push_back(c.max_control(0.1 * c.rank()));
+    c.barrier();
+    return out;
+  };
+  const std::vector<double> expected = local_reference(body);
+  auto comm = make_mpi();
+  const std::vector<double> actual = body(*comm);
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&actual[i], &expected[i], sizeof(double)), 0)
+        << "value " << i << ": " << actual[i] << " vs " << expected[i];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Creation and failure. Each test uses its own communicator, so a broken one cannot
+// disturb the next test; a second communicator keeps the ranks in step.
+
+TEST(MpiSessionTest, ReportsTheJob) {
+  EXPECT_TRUE(mpi_backend_available());
+  auto comm = make_mpi();
+  EXPECT_EQ(comm->backend_name(), "mpi");
+  EXPECT_EQ(comm->rank(), my_rank());
+  EXPECT_EQ(comm->size(), world());
+}
+
+TEST(MpiSessionTest, RejectsAChunkSizeTheRanksDisagreeOn) {
+  ASSERT_EQ(setenv(kChunkEnv, my_rank() == 0 ? "4096" : "8192", 1), 0);
+  try {
+    auto comm = make_mpi();
+    ADD_FAILURE() << "make_communicator accepted different chunk sizes";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(kChunkEnv), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(setenv(kChunkEnv, "0", 1), 0);
+  EXPECT_THROW((void)make_mpi(), InvalidArgument);
+  ASSERT_EQ(unsetenv(kChunkEnv), 0);
+  EXPECT_THROW((void)make_mpi(CommOptions{.timeout_seconds = 0}), InvalidArgument);
+}
+
+TEST(MpiFailureTest, AbortFailsPeersCollectivesNamingTheRank) {
+  auto sync = make_mpi();
+  auto comm = make_mpi();
+  const int culprit = world() - 1;
+  const size_t count = 64;
+  Bytes buf = make_input(DType::kF32, my_rank(), count);
+  if (my_rank() == culprit) {
+    comm->abort("injected failure");
+    // Its own next collective fails at once, naming itself.
+    try {
+      comm->all_reduce({buf.data(), count, DType::kF32}, ReduceOp::kSum);
+      ADD_FAILURE() << "all_reduce on the aborted rank succeeded";
+    } catch (const CommError& e) {
+      EXPECT_EQ(e.failed_rank(), culprit);
+      EXPECT_NE(std::string(e.what()).find("injected failure"), std::string::npos) << e.what();
+    }
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comm->all_reduce({buf.data(), count, DType::kF32}, ReduceOp::kSum);
+      ADD_FAILURE() << "all_reduce succeeded although rank " << culprit << " aborted";
+    } catch (const CommError& e) {
+      EXPECT_EQ(e.failed_rank(), culprit) << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(what.find(fmt::format("rank {} failed", culprit)), std::string::npos) << what;
+      EXPECT_NE(what.find("injected failure"), std::string::npos) << what;
+    }
+    // Well before the 60 s timeout: the notice, not the clock, ended the wait.
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+    // Later collectives fail the same way, without waiting.
+    EXPECT_THROW(comm->barrier(), CommError);
+  }
+  sync->barrier();
+}
+
+TEST(MpiFailureTest, AbortEndsThisRanksPendingCollective) {
+  auto sync = make_mpi();
+  auto comm = make_mpi();
+  if (my_rank() == 0) {
+    // No peer ever joins this all-gather; abort() must end the wait, not the 60 s timeout.
+    const size_t count = world() * size_t{4};
+    Bytes out(count * 4);
+    const Partition part(count, world());
+    Work work = comm->all_gather_async({out.data(), 4, DType::kF32},
+                                       {out.data(), count, DType::kF32}, part);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto start = std::chrono::steady_clock::now();
+    comm->abort("stopping on purpose");
+    EXPECT_THROW(work.wait(), CommError);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  }
+  sync->barrier();
+}
+
+TEST(MpiFailureTest, TimeoutNamesTheRankThatDidNotArrive) {
+  auto sync = make_mpi();
+  auto comm = make_mpi(CommOptions{.timeout_seconds = 0.5});
+  if (my_rank() != 0) {
+    const size_t count = 12;
+    const Partition part(count, world());
+    Bytes out(count * 4);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comm->all_gather(
+          {out.data() + part.offset(my_rank()) * 4, part.count(my_rank()), DType::kF32},
+          {out.data(), count, DType::kF32}, part);
+      ADD_FAILURE() << "all_gather succeeded without rank 0";
+    } catch (const CommTimeout& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.failed_rank(), 0) << what;
+      EXPECT_NE(what.find("all_gather"), std::string::npos) << what;
+      EXPECT_NE(what.find("timed out"), std::string::npos) << what;
+      EXPECT_NE(what.find("waiting for rank 0 "), std::string::npos) << what;
+    }
+    const auto waited = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(waited, std::chrono::milliseconds(500));
+    EXPECT_LT(waited, std::chrono::seconds(10));
+  }
+  sync->barrier();
+}
+
+// Non-zero ranks print only failures, each line naming the rank.
+class RankFailurePrinter : public testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // The test's name is kept here: UnitTest::current_test_info() would take the lock that
+  // gtest holds while it reports a result.
+  void OnTestStart(const testing::TestInfo& test) override {
+    test_ = fmt::format("{}.{}", test.test_suite_name(), test.name());
+  }
+  void OnTestPartResult(const testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "[rank %d] FAILED %s at %s:%d\n%s\n", rank_, test_.c_str(),
+                 result.file_name() ? result.file_name() : "?", result.line_number(),
+                 result.message());
+  }
+
+ private:
+  int rank_;
+  std::string test_;
+};
+
+}  // namespace
+}  // namespace zerodp
+
+// MPI is initialized once per process, so this test brings its own main: it runs the tests
+// on every rank and returns failure if any rank failed.
+int main(int argc, char** argv) {
+  zerodp::MpiSession session(argc, argv);
+  testing::InitGoogleTest(&argc, argv);
+  zerodp::g_session = &session;
+  if (session.rank() != 0) {
+    testing::TestEventListeners& listeners = testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new zerodp::RankFailurePrinter(session.rank()));
+  }
+  const int result = RUN_ALL_TESTS();
+  double failed_ranks = 0;
+  {
+    auto comm = session.make_communicator(zerodp::kOptions);
+    failed_ranks = comm->sum_control(result != 0 ? 1.0 : 0.0);
+  }
+  if (session.rank() == 0 && failed_ranks > 0) {
+    std::fprintf(stderr, "%g of %d ranks failed\n", failed_ranks, session.size());
+  }
+  return failed_ranks > 0 ? 1 : 0;
+}

@@ -1,0 +1,273 @@
+// gemm against a naive triple loop in double; its determinism across threads and addresses.
+// (Registered in tests/nn/CMakeLists.txt, next to the layers that use it.)
+#include "tensor/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+
+namespace zerodp {
+namespace {
+
+struct Case {
+  Transpose ta;
+  Transpose tb;
+  size_t M, N, K;
+  size_t pad = 0;  // extra elements per row beyond the minimum leading dimension
+};
+
+std::vector<float> random_vector(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+// Operands for one case, stored with their leading dimensions.
+struct Operands {
+  size_t lda, ldb, ldc;
+  std::vector<float> a, b, c;
+  Operands(const Case& k, uint32_t seed) {
+    const bool ta = k.ta == Transpose::kYes;
+    const bool tb = k.tb == Transpose::kYes;
+    lda = (ta ? k.M : k.K) + k.pad;
+    ldb = (tb ? k.K : k.N) + k.pad;
+    ldc = k.N + k.pad;
+    a = random_vector((ta ? k.K : k.M) * lda, seed);
+    b = random_vector((tb ? k.N : k.K) * ldb, seed + 1);
+    c = random_vector(k.M * ldc, seed + 2);
+  }
+};
+
+// alpha * op(A) op(B) + beta * C in double, beta == 0 not reading C (BLAS).
+std::vector<double> reference(const Case& k, const Operands& o, float alpha, float beta) {
+  const bool ta = k.ta == Transpose::kYes;
+  const bool tb = k.tb == Transpose::kYes;
+  std::vector<double> c(o.c.size());
+  for (size_t i = 0; i < k.M; ++i) {
+    for (size_t j = 0; j < k.N; ++j) {
+      double sum = 0.0;
+      for (size_t p = 0; p < k.K; ++p) {
+        const double x = ta ? o.a[p * o.lda + i] : o.a[i * o.lda + p];
+        const double y = tb ? o.b[j * o.ldb + p] : o.b[p * o.ldb + j];
+        sum += x * y;
+      }
+      const double old = beta == 0.0f ? 0.0 : static_cast<double>(beta) * o.c[i * o.ldc + j];
+      c[i * o.ldc + j] = static_cast<double>(alpha) * sum + old;
+    }
+  }
+  return c;
+}
+
+void run(const Case& k, Operands& o, float alpha, float beta) {
+  gemm(k.ta, k.tb, k.M, k.N, k.K, alpha, o.a, o.lda, o.b, o.ldb, beta, o.c, o.ldc);
+}
+
+// fp32 products of K terms in [-1, 1]: the error of a sum grows at most like K * 2^-24 per
+// term magnitude; 4e-7 * (K + 2) covers it with margin (oneDNN's blocked sums do better).
+void expect_matches_reference(const Case& k, float alpha, float beta) {
+  Operands o(k, static_cast<uint32_t>(k.M * 131 + k.N * 17 + k.K));
+  const std::vector<double> want = reference(k, o, alpha, beta);
+  const std::vector<float> before = o.c;
+  run(k, o, alpha, beta);
+  const double tol = 4e-7 * static_cast<double>(k.K + 2) * (std::abs(alpha) + std::abs(beta));
+  for (size_t i = 0; i < k.M; ++i) {
+    for (size_t j = 0; j < k.N; ++j) {
+      ASSERT_NEAR(o.c[i * o.ldc + j], want[i * o.ldc + j], tol)
+          << "M=" << k.M << " N=" << k.N << " K=" << k.K << " ta=" << int(k.ta)
+          << " tb=" << int(k.tb) << " at (" << i << ", " << j << ")";
+    }
+    // Padding between rows of C is never written.
+    for (size_t j = k.N; j < o.ldc; ++j) ASSERT_EQ(o.c[i * o.ldc + j], before[i * o.ldc + j]);
+  }
+}
+
+constexpr Transpose kN = Transpose::kNo;
+constexpr Transpose kT = Transpose::kYes;
+
+TEST(Gemm, MatchesReferenceForAllTransposesAndOddSizes) {
+  const size_t sizes[] = {1, 2, 3, 17, 64, 129};
+  for (Transpose ta : {kN, kT}) {
+    for (Transpose tb : {kN, kT}) {
+      for (size_t M : sizes) {
+        for (size_t N : sizes) {
+          for (size_t K : {size_t{1}, size_t{5}, size_t{33}, size_t{130}}) {
+            expect_matches_reference({ta, tb, M, N, K}, 1.0f, 0.0f);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm, BetaOneAccumulatesIntoC) {
+  for (Transpose ta : {kN, kT}) {
+    for (Transpose tb : {kN, kT}) {
+      expect_matches_reference({ta, tb, 37, 19, 23}, 1.0f, 1.0f);
+      expect_matches_reference({ta, tb, 1, 19, 23}, 1.0f, 1.0f);
+      expect_matches_reference({ta, tb, 37, 1, 23}, 1.0f, 1.0f);
+    }
+  }
+}
+
+TEST(Gemm, AlphaAndBetaScale) {
+  expect_matches_reference({kN, kT, 21, 13, 11}, -0.5f, 2.0f);
+  expect_matches_reference({kT, kN, 21, 13, 11}, 0.125f, -1.0f);
+}
+
+TEST(Gemm, LeadingDimensionsLargerThanRows) {
+  for (Transpose ta : {kN, kT}) {
+    for (Transpose tb : {kN, kT}) {
+      expect_matches_reference({ta, tb, 31, 29, 27, /*pad=*/5}, 1.0f, 1.0f);
+    }
+  }
+}
+
+// Shapes that the tiling cuts into several tiles, so the pool's path is checked too.
+TEST(Gemm, MultiTileShapesMatchReference) {
+  ASSERT_GT(gemm_tile_count(515, 300, 100), 1u);
+  set_gemm_threads(2);
+  expect_matches_reference({kN, kT, 515, 300, 100}, 1.0f, 1.0f);
+  expect_matches_reference({kT, kN, 300, 515, 100}, 1.0f, 0.0f);
+  set_gemm_threads(1);
+  expect_matches_reference({kN, kN, 515, 300, 100}, 1.0f, 0.0f);
+}
+
+TEST(Gemm, BetaZeroIgnoresNaNInC) {
+  for (size_t M : {size_t{1}, size_t{9}}) {
+    const Case k{kN, kN, M, 7, 5};
+    Operands o(k, 3);
+    std::fill(o.c.begin(), o.c.end(), std::numeric_limits<float>::quiet_NaN());
+    run(k, o, 1.0f, 0.0f);
+    for (float x : o.c) EXPECT_FALSE(std::isnan(x));
+  }
+}
+
+TEST(Gemm, KZeroScalesCByBeta) {
+  const Case k{kN, kN, 3, 4, 0};
+  Operands o(k, 5);
+  std::vector<float> before = o.c;
+  run(k, o, 1.0f, 0.5f);
+  for (size_t i = 0; i < o.c.size(); ++i) EXPECT_EQ(o.c[i], 0.5f * before[i]);
+  std::fill(o.c.begin(), o.c.end(), std::numeric_limits<float>::quiet_NaN());
+  run(k, o, 1.0f, 0.0f);
+  for (float x : o.c) EXPECT_EQ(x, 0.0f);
+}
+
+TEST(Gemm, EmptyProductsAreNoOps) {
+  std::vector<float> c{1.0f, 2.0f};
+  gemm(kN, kN, 0, 2, 3, 1.0f, {}, 3, std::vector<float>(6), 2, 0.0f, c, 2);
+  gemm(kN, kN, 1, 0, 3, 1.0f, std::vector<float>(3), 3, {}, 1, 0.0f, c, 1);
+  EXPECT_EQ(c[0], 1.0f);
+  EXPECT_EQ(c[1], 2.0f);
+}
+
+std::vector<float> product_bits(const Case& k, int threads, size_t shift) {
+  set_gemm_threads(threads);
+  Operands o(k, 11);
+  // Copy every operand `shift` floats into a fresh buffer: new addresses, new alignment.
+  std::vector<float> a(o.a.size() + shift), b(o.b.size() + shift), c(o.c.size() + shift);
+  std::copy(o.a.begin(), o.a.end(), a.begin() + static_cast<std::ptrdiff_t>(shift));
+  std::copy(o.b.begin(), o.b.end(), b.begin() + static_cast<std::ptrdiff_t>(shift));
+  std::copy(o.c.begin(), o.c.end(), c.begin() + static_cast<std::ptrdiff_t>(shift));
+  gemm(k.ta, k.tb, k.M, k.N, k.K, 1.0f, std::span<const float>(a).subspan(shift), o.lda,
+       std::span<const float>(b).subspan(shift), o.ldb, 1.0f, std::span<float>(c).subspan(shift),
+       o.ldc);
+  set_gemm_threads(1);
+  return {c.begin() + static_cast<std::ptrdiff_t>(shift), c.end()};
+}
+
+// The shapes that change bits with oneDNN's own threading (gemm.h): K much larger than M
+// and N, gemv, and the GPT weight-gradient shapes.
+TEST(Gemm, BitsDoNotDependOnThreadCountOrAddresses) {
+  const Case cases[] = {{kN, kT, 512, 256, 1024}, {kT, kN, 128, 512, 1024},
+                        {kN, kN, 64, 256, 4096},  {kN, kN, 1, 512, 384},
+                        {kT, kN, 64, 1, 4096},    {kN, kT, 300, 257, 129}};
+  for (const Case& k : cases) {
+    const std::vector<float> want = product_bits(k, 1, 0);
+    for (int threads : {2, 3, 8}) {
+      for (size_t shift : {size_t{0}, size_t{1}, size_t{3}}) {
+        const std::vector<float> got = product_bits(k, threads, shift);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+            << "M=" << k.M << " N=" << k.N << " K=" << k.K << " threads=" << threads
+            << " shift=" << shift;
+      }
+    }
+  }
+}
+
+// Rank threads each own a pool; concurrent calls with different settings agree.
+TEST(Gemm, ConcurrentCallersEachUseTheirOwnThreads) {
+  const Case k{kN, kT, 512, 384, 128};
+  const std::vector<float> want = product_bits(k, 1, 0);
+  std::vector<std::vector<float>> got(3);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 3; ++rep) got[t] = product_bits(k, t + 1, 0);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& g : got) EXPECT_EQ(0, std::memcmp(want.data(), g.data(), want.size() * 4));
+}
+
+TEST(Gemm, ThreadSettingIsPerThread) {
+  set_gemm_threads(3);
+  int seen_elsewhere = 0;
+  std::thread([&] { seen_elsewhere = gemm_threads(); }).join();
+  EXPECT_EQ(gemm_threads(), 3);
+  EXPECT_EQ(seen_elsewhere, 1);
+  set_gemm_threads(1);
+}
+
+TEST(Gemm, RejectsBadThreadCounts) {
+  EXPECT_THROW(set_gemm_threads(0), InvalidArgument);
+  EXPECT_THROW(set_gemm_threads(-2), InvalidArgument);
+  EXPECT_THROW(set_gemm_threads(100000), InvalidArgument);
+}
+
+TEST(Gemm, RejectsShortOperandsAndSmallLeadingDimensions) {
+  std::vector<float> a(6), b(6), c(4);
+  // a is (2, 3): fine; K = 3 needs b (3, 2) = 6 elements and c (2, 2) = 4.
+  EXPECT_NO_THROW(gemm(kN, kN, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2));
+  EXPECT_THROW(gemm(kN, kN, 2, 2, 3, 1.0f, std::span<const float>(a).first(5), 3, b, 2, 0.0f, c, 2),
+               InvalidArgument);
+  EXPECT_THROW(gemm(kN, kN, 2, 2, 3, 1.0f, a, 2, b, 2, 0.0f, c, 2), InvalidArgument);  // lda < K
+  EXPECT_THROW(gemm(kN, kT, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2), InvalidArgument);  // ldb < K
+  EXPECT_THROW(gemm(kN, kN, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, std::span<float>(c).first(3), 2),
+               InvalidArgument);
+  try {
+    gemm(kT, kN, 2, 2, 3, 1.0f, std::span<const float>(a).first(4), 2, b, 2, 0.0f, c, 2);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    // The message names the operand, what it holds and what the shape needs.
+    EXPECT_NE(std::string(e.what()).find("a holds 4 elements"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("spans 6"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Gemm, RejectsOutputOverlappingAnInput) {
+  std::vector<float> buf(16);
+  std::span<float> all(buf);
+  EXPECT_THROW(gemm(kN, kN, 2, 2, 2, 1.0f, all.first(4), 2, all.subspan(8, 4), 2, 0.0f,
+                    all.subspan(2, 4), 2),
+               InvalidArgument);
+}
+
+TEST(Gemm, TilingNeverCutsSmallProducts) {
+  EXPECT_EQ(gemm_tile_count(64, 64, 32), 1u);      // one attention head
+  EXPECT_EQ(gemm_tile_count(1, 100000, 64), 1u);   // gemv
+  EXPECT_GE(gemm_tile_count(1024, 384, 128), 2u);  // GPT small: qkv
+  EXPECT_GE(gemm_tile_count(1024, 1024, 1024), 8u);
+}
+
+}  // namespace
+}  // namespace zerodp
