@@ -4,6 +4,21 @@
 // happen locally with comm/reduce.h, so results equal the local backend's bit for bit.
 // <mpi.h> is included by the backend's .cc only. When zerodp is built without MPI the
 // functions here throw InvalidArgument saying so.
+//
+// Wire: point-to-point messages of bytes, each at most ZERODP_MPI_CHUNK_BYTES (default
+// 8 MiB; the environment variable must be equal on every rank), so buffers of any size
+// work with MPI 3's int counts. A reduce-scatter works in rounds of one chunk per peer and
+// holds (N-1) chunks of scratch; the all-gather receives straight into the output. Each
+// rank receives the bytes its CommLedger records (a broadcast uses MPI_Ibcast, whose
+// algorithm is MPI's). Details in mpi.cc.
+//
+// Failure: a collective that waits past CommOptions::timeout_seconds throws CommTimeout
+// naming the ranks whose messages did not arrive. abort(reason) sends the reason to every
+// peer, whose pending and next collectives then throw CommError naming this rank; this
+// rank's own pending collective stops waiting too. After any failure the communicator
+// refuses further collectives. Messages of the failed collective may still be in flight,
+// so the job should end: the launcher prints "rank R: <reason>" and calls abort_job(),
+// which takes every process down.
 #pragma once
 
 #include <memory>
@@ -16,7 +31,8 @@ namespace zerodp {
 bool mpi_backend_available();
 
 // Initializes MPI for the life of the object (thread level MPI_THREAD_SERIALIZED or better:
-// collectives run on a communication thread) and finalizes it at the end.
+// collectives run on a communication thread; CommError if the library offers less) and
+// finalizes it at the end. One per process; destroy its communicators first.
 class MpiSession {
  public:
   MpiSession(int& argc, char**& argv);
@@ -26,7 +42,10 @@ class MpiSession {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  // A communicator over all processes of the job.
+  // A communicator over all processes of the job, on its own duplicate of MPI_COMM_WORLD.
+  // Collective: every rank calls it, in the same order. Throws InvalidArgument for a bad
+  // timeout or chunk size (or chunk sizes that differ between ranks), CommTimeout if not
+  // every rank arrives within the timeout.
   std::unique_ptr<Communicator> make_communicator(const CommOptions& options = {});
   // Ends every process of the job with `code` (MPI_Abort). The caller prints the reason,
   // naming its rank, first.

@@ -133,8 +133,7 @@ struct BlockSaved {
 
 class BlockUnit final : public GptUnit {
  public:
-  BlockUnit(int index, const GptConfig& config)
-      : GptUnit(fmt::format("h.{}", index), config) {
+  BlockUnit(int index, const GptConfig& config) : GptUnit(fmt::format("h.{}", index), config) {
     const int64_t C = config.embd;
     // Residual projections: std scaled by 1/sqrt(2 * layers) (GPT-2; the peer does this).
     const float proj_std =
@@ -195,9 +194,9 @@ class BlockUnit final : public GptUnit {
   // Scratch: dres2 (rows, C) lives throughout; two (rows, 4C) regions hold the MLP's
   // gradients and are reused for the attention branch once those are consumed; then the
   // attention layer's own workspace.
-  void backward(std::span<const float> w, std::span<const float> in,
-                std::span<const float> saved, std::span<const float> dout, std::span<float> dw,
-                std::span<float> din, std::span<float> scratch, const MicroBatch& mb) override {
+  void backward(std::span<const float> w, std::span<const float> in, std::span<const float> saved,
+                std::span<const float> dout, std::span<float> dw, std::span<float> din,
+                std::span<float> scratch, const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("backward", s);
     check_exact("backward", "w", w, numel(), s);
@@ -211,7 +210,7 @@ class BlockUnit final : public GptUnit {
     const AttentionDims d = dims(s);
     const auto k = BlockSaved<const float>::carve(saved, rows, C, d);
     Carver<float> c(scratch);
-    const auto dres2 = c.take(rows * C);      // d(loss)/d(res2)
+    const auto dres2 = c.take(rows * C);  // d(loss)/d(res2)
     const auto region_a = c.take(rows * 4 * C);
     const auto region_b = c.take(rows * 4 * C);
     const auto att_scratch = c.take(attention_scratch_count(d));
@@ -228,15 +227,15 @@ class BlockUnit final : public GptUnit {
     const auto dln2 = region_a.first(rows * C);  // dfch_gelu is consumed
     zero(dln2);
     linear_backward(dln2, fc_w_.of(dw), fc_b_.of(dw), dfch, k.ln2, fc_w_.of(w), rows, C, 4 * C);
-    layernorm_backward(dres2, ln2_w_.of(dw), ln2_b_.of(dw), dln2, k.res2, ln2_w_.of(w),
-                       k.ln2_mean, k.ln2_rstd, rows, C);
+    layernorm_backward(dres2, ln2_w_.of(dw), ln2_b_.of(dw), dln2, k.res2, ln2_w_.of(w), k.ln2_mean,
+                       k.ln2_rstd, rows, C);
 
     // Attention branch. res2 = in + c_proj(atty): d(in) += dres2, d(branch) = dres2.
     for (size_t i = 0; i < din.size(); ++i) din[i] += dres2[i];
     const auto datty = region_b.first(rows * C);  // dfch is consumed
     zero(datty);
-    linear_backward(datty, attnproj_w_.of(dw), attnproj_b_.of(dw), dres2, k.atty,
-                    attnproj_w_.of(w), rows, C, C);
+    linear_backward(datty, attnproj_w_.of(dw), attnproj_b_.of(dw), dres2, k.atty, attnproj_w_.of(w),
+                    rows, C, C);
     const auto dqkv = region_b.subspan(rows * C, rows * 3 * C);
     zero(dqkv);
     attention_backward(dqkv, att_scratch, datty, k.qkv, k.att, d);
@@ -250,10 +249,8 @@ class BlockUnit final : public GptUnit {
 
  private:
   AttentionDims dims(const BatchShape& s) const {
-    return AttentionDims{.B = static_cast<size_t>(s.B),
-                         .T = static_cast<size_t>(s.T),
-                         .C = C_,
-                         .NH = NH_};
+    return AttentionDims{
+        .B = static_cast<size_t>(s.B), .T = static_cast<size_t>(s.T), .C = C_, .NH = NH_};
   }
 
   Slot ln1_w_, ln1_b_, attn_w_, attn_b_, attnproj_w_, attnproj_b_;
@@ -311,9 +308,9 @@ class HeadUnit final : public GptUnit {
     out[0] = cross_entropy_forward_backward({}, k.logits, mb.targets, rows, V_);
   }
 
-  void backward(std::span<const float> w, std::span<const float> in,
-                std::span<const float> saved, std::span<const float>, std::span<float> dw,
-                std::span<float> din, std::span<float> scratch, const MicroBatch& mb) override {
+  void backward(std::span<const float> w, std::span<const float> in, std::span<const float> saved,
+                std::span<const float>, std::span<float> dw, std::span<float> din,
+                std::span<float> scratch, const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("backward", s);
     check_exact("backward", "w", w, numel(), s);
@@ -353,8 +350,7 @@ constexpr std::array<GptPreset, 4> kPresets{{
 void validate(const GptConfig& config) {
   const auto positive = [](std::string_view field, int value) {
     if (value < 1) {
-      throw InvalidArgument(
-          fmt::format("gpt: {} is {}; it must be at least 1", field, value));
+      throw InvalidArgument(fmt::format("gpt: {} is {}; it must be at least 1", field, value));
     }
   };
   positive("layers", config.layers);
@@ -378,8 +374,8 @@ const GptPreset& gpt_preset(std::string_view name) {
   for (const GptPreset& p : kPresets) {
     if (p.name == name) return p;
   }
-  throw InvalidArgument(fmt::format(
-      "gpt: unknown size \"{}\"; known sizes are tiny, small, medium, large", name));
+  throw InvalidArgument(
+      fmt::format("gpt: unknown size \"{}\"; known sizes are tiny, small, medium, large", name));
 }
 
 Model make_gpt(const GptConfig& config) {

@@ -28,9 +28,9 @@
 namespace zerodp {
 
 struct GptConfig {
-  int layers = 4;  // transformer blocks
-  int heads = 4;   // attention heads; embd must be a multiple
-  int embd = 128;  // channels C
+  int layers = 4;    // transformer blocks
+  int heads = 4;     // attention heads; embd must be a multiple
+  int embd = 128;    // channels C
   int seq_len = 64;  // longest sequence (rows of wpe)
   int vocab = 256;   // byte-level vocabulary
 };

@@ -20,8 +20,8 @@ constexpr uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;          // splitmix64's increment
-constexpr uint64_t kInitStream = 0x494e495457454931ULL;     // "INITWEI1"
+constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;       // splitmix64's increment
+constexpr uint64_t kInitStream = 0x494e495457454931ULL;  // "INITWEI1"
 
 // FNV-1a, 64-bit: a stable hash of the tensor name's bytes.
 constexpr uint64_t fnv1a(std::string_view s) {
@@ -76,8 +76,9 @@ void initialize_range(uint64_t seed, const Unit& u, size_t begin, size_t end,
   }
   const auto& tensors = u.tensors();
   // The first tensor whose end is past `begin` (tensors are contiguous and in offset order).
-  auto it = std::upper_bound(tensors.begin(), tensors.end(), begin,
-                             [](size_t pos, const TensorSpec& t) { return pos < t.offset + t.numel; });
+  auto it =
+      std::upper_bound(tensors.begin(), tensors.end(), begin,
+                       [](size_t pos, const TensorSpec& t) { return pos < t.offset + t.numel; });
   size_t pos = begin;
   for (; pos < end && it != tensors.end(); ++it) {
     const TensorSpec& t = *it;

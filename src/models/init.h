@@ -27,8 +27,7 @@ float initial_value(uint64_t seed, const TensorSpec& t, size_t index);
 // Fills out[i] with the initial value of element begin + i of the unit's flat buffer, for
 // begin <= begin + i < end; the range may span tensors and start or end mid-tensor.
 // Throws InvalidArgument unless begin <= end <= u.numel() and out holds end - begin.
-void initialize_range(uint64_t seed, const Unit& u, size_t begin, size_t end,
-                      std::span<float> out);
+void initialize_range(uint64_t seed, const Unit& u, size_t begin, size_t end, std::span<float> out);
 
 // The whole flat buffer of one unit (a convenience for tests and tools).
 std::vector<float> initial_weights(uint64_t seed, const Unit& u);

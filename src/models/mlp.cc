@@ -39,9 +39,9 @@ class MlpUnit : public ParamUnit {
 
   void check_batch(std::string_view fn, const BatchShape& s) const {
     if (s.B < 1 || s.T != 1) {
-      throw InvalidArgument(fmt::format(
-          "unit {} {}: micro-batch (B={}, T={}) does not fit; need B >= 1 and T = 1", name(),
-          fn, s.B, s.T));
+      throw InvalidArgument(
+          fmt::format("unit {} {}: micro-batch (B={}, T={}) does not fit; need B >= 1 and T = 1",
+                      name(), fn, s.B, s.T));
     }
   }
 
@@ -89,9 +89,9 @@ class HiddenUnit final : public MlpUnit {
     gelu_forward(out, saved);
   }
 
-  void backward(std::span<const float> w, std::span<const float> in,
-                std::span<const float> saved, std::span<const float> dout, std::span<float> dw,
-                std::span<float> din, std::span<float> scratch, const MicroBatch& mb) override {
+  void backward(std::span<const float> w, std::span<const float> in, std::span<const float> saved,
+                std::span<const float> dout, std::span<float> dw, std::span<float> din,
+                std::span<float> scratch, const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("backward", s);
     check_exact("backward", "w", w, numel(), s);
@@ -104,8 +104,7 @@ class HiddenUnit final : public MlpUnit {
     const auto dpre = scratch.first(batch(s) * out_);
     std::fill(dpre.begin(), dpre.end(), 0.0f);
     gelu_backward(dpre, saved, dout);
-    linear_backward(din, weight_.of(dw), bias_.of(dw), dpre, x, weight_.of(w), batch(s), in_,
-                    out_);
+    linear_backward(din, weight_.of(dw), bias_.of(dw), dpre, x, weight_.of(w), batch(s), in_, out_);
   }
 };
 
@@ -132,9 +131,9 @@ class ClassifierHead final : public MlpUnit {
     out[0] = cross_entropy_forward_backward({}, saved, mb.targets, batch(s), out_);
   }
 
-  void backward(std::span<const float> w, std::span<const float> in,
-                std::span<const float> saved, std::span<const float>, std::span<float> dw,
-                std::span<float> din, std::span<float> scratch, const MicroBatch& mb) override {
+  void backward(std::span<const float> w, std::span<const float> in, std::span<const float> saved,
+                std::span<const float>, std::span<float> dw, std::span<float> din,
+                std::span<float> scratch, const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("backward", s);
     check_exact("backward", "w", w, numel(), s);
@@ -145,8 +144,7 @@ class ClassifierHead final : public MlpUnit {
     const auto x = layer_input("backward", in, mb);
     const auto dlogits = scratch.first(batch(s) * out_);
     std::fill(dlogits.begin(), dlogits.end(), 0.0f);
-    cross_entropy_forward_backward(dlogits, saved, mb.targets, batch(s), out_,
-                                   mb.loss_grad_scale);
+    cross_entropy_forward_backward(dlogits, saved, mb.targets, batch(s), out_, mb.loss_grad_scale);
     linear_backward(din, weight_.of(dw), bias_.of(dw), dlogits, x, weight_.of(w), batch(s), in_,
                     out_);
   }

@@ -35,9 +35,9 @@ float model_loss_and_grads(const Model& model, std::span<const std::vector<float
   }
   const BatchShape& s = mb.shape;
   if (model.back()->output_count(s) != 1) {
-    throw InvalidArgument(fmt::format(
-        "model_loss_and_grads: the last unit {} outputs {} elements, not a loss (1)",
-        model.back()->name(), model.back()->output_count(s)));
+    throw InvalidArgument(
+        fmt::format("model_loss_and_grads: the last unit {} outputs {} elements, not a loss (1)",
+                    model.back()->name(), model.back()->output_count(s)));
   }
 
   // acts[u] is unit u's output; unit u reads acts[u - 1] (the first unit reads nothing).

@@ -9,14 +9,15 @@
 
 namespace zerodp {
 
-void Unit::add_tensor(std::string name, std::vector<int64_t> shape, InitKind init,
-                      float init_std, bool weight_decay) {
+void Unit::add_tensor(std::string name, std::vector<int64_t> shape, InitKind init, float init_std,
+                      bool weight_decay) {
   size_t numel = 1;
   for (const int64_t d : shape) {
     if (d <= 0) {
-      throw InvalidArgument(fmt::format("unit {}: tensor {} has shape ({}); every dimension "
-                                        "must be at least 1",
-                                        name_, name, fmt::join(shape, ", ")));
+      throw InvalidArgument(
+          fmt::format("unit {}: tensor {} has shape ({}); every dimension "
+                      "must be at least 1",
+                      name_, name, fmt::join(shape, ", ")));
     }
     numel *= static_cast<size_t>(d);
   }
@@ -25,8 +26,8 @@ void Unit::add_tensor(std::string name, std::vector<int64_t> shape, InitKind ini
         fmt::format("unit {}: tensor {} has no dimensions; give it a shape", name_, name));
   }
   if (init == InitKind::kNormal && !(init_std >= 0.0f)) {
-    throw InvalidArgument(fmt::format("unit {}: tensor {} has init_std {}; it must be >= 0",
-                                      name_, name, init_std));
+    throw InvalidArgument(
+        fmt::format("unit {}: tensor {} has init_std {}; it must be >= 0", name_, name, init_std));
   }
   for (const TensorSpec& t : tensors_) {
     if (t.name == name) {

@@ -20,13 +20,13 @@ enum class InitKind : uint8_t { kNormal, kZeros, kOnes };
 
 // One parameter tensor inside a unit's flat buffer.
 struct TensorSpec {
-  std::string name;             // canonical, e.g. "h.0.attn.c_attn.weight" (PyTorch's names)
-  std::vector<int64_t> shape;   // row-major, as PyTorch lays it out: Linear weight is (out, in)
-  size_t offset = 0;            // first element within the unit's flat buffer
+  std::string name;            // canonical, e.g. "h.0.attn.c_attn.weight" (PyTorch's names)
+  std::vector<int64_t> shape;  // row-major, as PyTorch lays it out: Linear weight is (out, in)
+  size_t offset = 0;           // first element within the unit's flat buffer
   size_t numel = 0;
   InitKind init = InitKind::kNormal;
-  float init_std = 0.02f;       // for kNormal
-  bool weight_decay = true;     // norms and biases: false (policy as data, not indices)
+  float init_std = 0.02f;    // for kNormal
+  bool weight_decay = true;  // norms and biases: false (policy as data, not indices)
 };
 
 // The shape of one micro-batch as a unit sees it.
@@ -65,11 +65,14 @@ class Unit {
   virtual size_t saved_count(const BatchShape& s) const = 0;
   // Floats of scratch forward() or backward() may use, not kept between them.
   virtual size_t scratch_count(const BatchShape& s) const = 0;
+  // Buffer lengths: w, dw hold numel(); in, din input_count; out, dout output_count (dout
+  // may be empty for the head); saved exactly saved_count; scratch at least scratch_count
+  // (one workspace sized for the largest unit may be passed to all). Anything else throws
+  // InvalidArgument naming the unit and the buffer.
 
   // out = f(w, in); fills `saved` for backward. `scratch` is free to overwrite.
   virtual void forward(std::span<const float> w, std::span<const float> in, std::span<float> out,
-                       std::span<float> saved, std::span<float> scratch,
-                       const MicroBatch& mb) = 0;
+                       std::span<float> saved, std::span<float> scratch, const MicroBatch& mb) = 0;
   // Adds (+=) d(loss)/dw into `dw` and d(loss)/din into `din` (which the caller zeroes);
   // `dout` is d(loss)/dout (unused by the head, which starts from mb.loss_grad_scale).
   virtual void backward(std::span<const float> w, std::span<const float> in,

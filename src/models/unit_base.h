@@ -37,8 +37,8 @@ class ParamUnit : public Unit {
 
   // Throws InvalidArgument unless `buffer` holds exactly `expected` elements.
   template <typename T>
-  void check_exact(std::string_view fn, std::string_view what, std::span<T> buffer,
-                   size_t expected, const BatchShape& s) const {
+  void check_exact(std::string_view fn, std::string_view what, std::span<T> buffer, size_t expected,
+                   const BatchShape& s) const {
     if (buffer.size() != expected) {
       throw InvalidArgument(fmt::format("unit {} {}: {} holds {} elements; (B={}, T={}) needs {}",
                                         name(), fn, what, buffer.size(), s.B, s.T, expected));
@@ -49,9 +49,9 @@ class ParamUnit : public Unit {
   void check_at_least(std::string_view fn, std::string_view what, std::span<T> buffer,
                       size_t expected, const BatchShape& s) const {
     if (buffer.size() < expected) {
-      throw InvalidArgument(fmt::format(
-          "unit {} {}: {} holds {} elements; (B={}, T={}) needs at least {}", name(), fn, what,
-          buffer.size(), s.B, s.T, expected));
+      throw InvalidArgument(
+          fmt::format("unit {} {}: {} holds {} elements; (B={}, T={}) needs at least {}", name(),
+                      fn, what, buffer.size(), s.B, s.T, expected));
     }
   }
 };

@@ -69,8 +69,9 @@ void check_step(const AdamWShard& s, int64_t step, float grad_scale) {
 // what PyTorch's AVX2 and AVX-512 kernels compute. It is compiled twice: portable (fmaf
 // from libm per element) and, on x86-64, for CPUs with FMA (vectorized vfmadd). The two
 // differ in speed only; a test compares them bit for bit.
+// `k` is taken by value: a reference might alias the outputs, and clang then keeps it scalar.
 [[gnu::always_inline]] inline void update_body(float* p, float* m, float* v, const float* grad,
-                                               size_t count, const Coefficients& k,
+                                               size_t count, const Coefficients k,
                                                float grad_scale) {
   for (size_t i = 0; i < count; ++i) {
     const float g = grad[i] * grad_scale;
@@ -85,20 +86,20 @@ void check_step(const AdamWShard& s, int64_t step, float grad_scale) {
 }
 
 void update_portable(float* p, float* m, float* v, const float* grad, size_t count,
-                     const Coefficients& k, float grad_scale) {
+                     const Coefficients k, float grad_scale) {
   update_body(p, m, v, grad, count, k, grad_scale);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define ZERODP_ADAMW_FMA_PATH 1
 [[gnu::target("fma")]] void update_fma(float* p, float* m, float* v, const float* grad,
-                                       size_t count, const Coefficients& k, float grad_scale) {
+                                       size_t count, const Coefficients k, float grad_scale) {
   update_body(p, m, v, grad, count, k, grad_scale);
 }
 #endif
 
 void update_range(float* p, float* m, float* v, const float* grad, size_t count,
-                  const Coefficients& k, float grad_scale) {
+                  const Coefficients k, float grad_scale) {
 #ifdef ZERODP_ADAMW_FMA_PATH
   static const bool has_fma = __builtin_cpu_supports("fma");
   if (has_fma) return update_fma(p, m, v, grad, count, k, grad_scale);

@@ -70,7 +70,7 @@ struct Block {
 // Part i of p of a dimension of length d: equal aligned blocks, the last one takes the rest.
 Block part_of(size_t d, size_t p, size_t i) {
   if (p == 1) return {0, d};
-  const size_t base = d / p / kTileAlign * kTileAlign;  // >= kMinTileDim by construction
+  const size_t base = d / p / kTileAlign * kTileAlign;  // > 0: parts are cut at >= ~128
   const size_t begin = i * base;
   const size_t end = i + 1 == p ? d : begin + base;
   return {begin, end - begin};

@@ -65,6 +65,10 @@ struct TrainConfig {
   std::string metrics_path;
   std::string report_path;
   bool progress = true;
+  // fp16: the dynamic loss scale to start from (a power of two, 1..2^24).
+  float initial_loss_scale = 65536.0f;
+  // Return the consolidated fp32 weights in TrainResult (tools and tests; costs 4Φ on rank 0).
+  bool keep_final_weights = false;
 };
 
 }  // namespace zerodp

@@ -152,7 +152,11 @@ class RankTrainer {
     CommPhaseScope phase(comm_.ledger(), CommPhase::kOther);
     allocate_states();
     allocate_transients();
-    if (cfg_.precision == Precision::kFP16) scaler_.emplace(LossScalerConfig{});
+    if (cfg_.precision == Precision::kFP16) {
+      LossScalerConfig sc;
+      sc.initial_scale = cfg_.initial_loss_scale;
+      scaler_.emplace(sc);
+    }
     LrScheduleConfig lc;
     lc.kind = parse_lr_schedule(cfg_.schedule);
     lc.max_lr = cfg_.lr;
@@ -173,7 +177,7 @@ class RankTrainer {
 
   StepRecord step(int64_t step_index);
   double evaluate();
-  std::string weights_sha256();
+  std::string weights_sha256(std::vector<float>* keep);
 
  private:
   void allocate_states();
@@ -631,7 +635,7 @@ double RankTrainer::evaluate() {
 }
 
 // sha256 of the consolidated fp32 master weights, units and tensors in canonical order.
-std::string RankTrainer::weights_sha256() {
+std::string RankTrainer::weights_sha256(std::vector<float>* keep) {
   const bool fp32 = dtype_ == DType::kF32;
   Sha256 hash;
   for (auto& u : units_) {
@@ -646,17 +650,23 @@ std::string RankTrainer::weights_sha256() {
     }
     // Little-endian on every platform zerodp builds for (x86-64, aarch64).
     hash.update(full.data(), full.bytes());
+    if (keep != nullptr) keep->insert(keep->end(), full.data(), full.data() + full.size());
   }
   return hash.hex_digest();
 }
 
-std::vector<double> pack_summary(const RankTrainer& t, MemoryLedger& ledger, Communicator& comm,
+struct MemorySnapshot {
+  MemoryLedger::Table current{};
+  MemoryLedger::Table peak{};
+  uint64_t peak_total = 0;
+};
+
+std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
                                  const std::string& samples) {
-  (void)t;
   std::vector<double> v;
-  for (uint64_t x : ledger.current_table()) v.push_back(static_cast<double>(x));
-  for (uint64_t x : ledger.peak_table()) v.push_back(static_cast<double>(x));
-  v.push_back(static_cast<double>(ledger.peak_total()));
+  for (uint64_t x : mem.current) v.push_back(static_cast<double>(x));
+  for (uint64_t x : mem.peak) v.push_back(static_cast<double>(x));
+  v.push_back(static_cast<double>(mem.peak_total));
   for (auto phase : {CommPhase::kTrain, CommPhase::kOther}) {
     for (const auto& c : comm.ledger().table(phase)) {
       v.push_back(static_cast<double>(c.calls));
@@ -760,11 +770,15 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       if (reporter && on_step) on_step(rec, cfg.steps);
       steps.push_back(rec);
     }
+    // Memory as training left it; the evaluation and hash below are not training.
+    const MemorySnapshot mem{trainer.ledger().current_table(), trainer.ledger().peak_table(),
+                             trainer.ledger().peak_total()};
     CommPhaseScope other(comm.ledger(), CommPhase::kOther);
     const double val = trainer.evaluate();
-    const std::string weights = trainer.weights_sha256();
-    const std::vector<double> mine =
-        pack_summary(trainer, trainer.ledger(), comm, trainer.samples_sha256());
+    std::vector<float> kept;
+    const std::string weights =
+        trainer.weights_sha256(cfg.keep_final_weights && reporter ? &kept : nullptr);
+    const std::vector<double> mine = pack_summary(mem, comm, trainer.samples_sha256());
     // Snapshot taken: the gather below is the last collective and is not in the summary.
     const std::vector<double> all = comm.gather_control(mine);
     if (!reporter) return;
@@ -779,6 +793,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     result.final_loss = steps.back().loss;
     if (std::isfinite(val)) result.val_loss = val;
     result.weights_sha256 = weights;
+    result.final_weights = std::move(kept);
     for (int r = 0; r < comm.size(); ++r) {
       result.ranks.push_back(unpack_summary(
           std::span<const double>(all).subspan(static_cast<size_t>(r) * mine.size(), mine.size()), r));

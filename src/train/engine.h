@@ -63,6 +63,7 @@ struct TrainResult {
   double step_seconds_median = 0;
   std::vector<std::string> unit_names;
   std::vector<uint64_t> unit_numel;
+  std::vector<float> final_weights;  // with config.keep_final_weights: canonical order
 };
 
 // Called on rank 0 after every step (progress, metrics); `total` is config.steps.

@@ -122,12 +122,18 @@ TEST(GptLayout, NamesAndShapesArePyTorchs) {
     for (const TensorSpec& t : u->tensors()) got.emplace_back(t.name, t.shape);
   }
   const std::vector<std::pair<std::string, std::vector<int64_t>>> block = {
-      {"ln_1.weight", {8}},        {"ln_1.bias", {8}},
-      {"attn.c_attn.weight", {24, 8}}, {"attn.c_attn.bias", {24}},
-      {"attn.c_proj.weight", {8, 8}},  {"attn.c_proj.bias", {8}},
-      {"ln_2.weight", {8}},        {"ln_2.bias", {8}},
-      {"mlp.c_fc.weight", {32, 8}},    {"mlp.c_fc.bias", {32}},
-      {"mlp.c_proj.weight", {8, 32}},  {"mlp.c_proj.bias", {8}}};
+      {"ln_1.weight", {8}},
+      {"ln_1.bias", {8}},
+      {"attn.c_attn.weight", {24, 8}},
+      {"attn.c_attn.bias", {24}},
+      {"attn.c_proj.weight", {8, 8}},
+      {"attn.c_proj.bias", {8}},
+      {"ln_2.weight", {8}},
+      {"ln_2.bias", {8}},
+      {"mlp.c_fc.weight", {32, 8}},
+      {"mlp.c_fc.bias", {32}},
+      {"mlp.c_proj.weight", {8, 32}},
+      {"mlp.c_proj.bias", {8}}};
   std::vector<std::pair<std::string, std::vector<int64_t>>> want = {{"wte.weight", {256, 8}},
                                                                     {"wpe.weight", {5, 8}}};
   for (int i = 0; i < 2; ++i) {
@@ -142,7 +148,8 @@ TEST(GptLayout, NamesAndShapesArePyTorchs) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 TEST(GptLayout, OffsetsContiguousNamesUniquePolicyAsSpecified) {

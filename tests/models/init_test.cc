@@ -32,9 +32,14 @@ TEST(Init, AnySplitEqualsTheWholeBuffer) {
   const size_t n = block.numel();
   const std::vector<float> whole = initial_weights(7, block);
   const TensorSpec& fc = find(block, "h.0.mlp.c_fc.weight");
-  const std::pair<size_t, size_t> cuts[] = {
-      {0, 0}, {0, n}, {n, n}, {1, n - 1}, {fc.offset, fc.offset + fc.numel},
-      {fc.offset + 5, fc.offset + fc.numel + 3}, {17, 18}, {n / 3, 2 * n / 3}};
+  const std::pair<size_t, size_t> cuts[] = {{0, 0},
+                                            {0, n},
+                                            {n, n},
+                                            {1, n - 1},
+                                            {fc.offset, fc.offset + fc.numel},
+                                            {fc.offset + 5, fc.offset + fc.numel + 3},
+                                            {17, 18},
+                                            {n / 3, 2 * n / 3}};
   for (const auto& [a, b] : cuts) {
     std::vector<float> pieces(n);
     initialize_range(7, block, 0, a, std::span<float>(pieces).first(a));

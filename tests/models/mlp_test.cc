@@ -58,8 +58,8 @@ TEST(MlpConfig, InvalidFieldsAreRejected) {
 
 struct SmallMlp {
   explicit SmallMlp(int hidden_layers)
-      : model(make_mlp({.inputs = 12, .hidden = 7, .hidden_layers = hidden_layers,
-                        .classes = 5})) {}
+      : model(make_mlp({.inputs = 12, .hidden = 7, .hidden_layers = hidden_layers, .classes = 5})) {
+  }
   Model model;
   std::vector<float> features = model_testing::normal_vector(3 * 12, 21, 1.0f);
   std::vector<int32_t> labels = {4, 0, 2};

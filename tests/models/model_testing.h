@@ -91,8 +91,7 @@ inline void expect_model_gradients_match(const Model& model, Buffers& w, MicroBa
         const double numeric = (4.0 * central(tol.eps / 2) - central(tol.eps)) / 3.0;
         const double err = std::abs(numeric - g[u][i]);
         EXPECT_LE(err, tol.atol + tol.rtol * std::abs(numeric))
-            << t.name << "[" << i - t.offset << "]: numeric " << numeric << " analytic "
-            << g[u][i];
+            << t.name << "[" << i - t.offset << "]: numeric " << numeric << " analytic " << g[u][i];
         worst = std::max(worst, err);
       }
       ::testing::Test::RecordProperty(t.name + "_max_abs_err", std::to_string(worst));

@@ -170,9 +170,8 @@ TEST(Gemm, EmptyProductsAreNoOps) {
   EXPECT_EQ(c[1], 2.0f);
 }
 
-std::vector<float> product_bits(const Case& k, int threads, size_t shift) {
+std::vector<float> product_bits(const Case& k, const Operands& o, int threads, size_t shift) {
   set_gemm_threads(threads);
-  Operands o(k, 11);
   // Copy every operand `shift` floats into a fresh buffer: new addresses, new alignment.
   std::vector<float> a(o.a.size() + shift), b(o.b.size() + shift), c(o.c.size() + shift);
   std::copy(o.a.begin(), o.a.end(), a.begin() + static_cast<std::ptrdiff_t>(shift));
@@ -192,10 +191,11 @@ TEST(Gemm, BitsDoNotDependOnThreadCountOrAddresses) {
                         {kN, kN, 64, 256, 4096},  {kN, kN, 1, 512, 384},
                         {kT, kN, 64, 1, 4096},    {kN, kT, 300, 257, 129}};
   for (const Case& k : cases) {
-    const std::vector<float> want = product_bits(k, 1, 0);
-    for (int threads : {2, 3, 8}) {
-      for (size_t shift : {size_t{0}, size_t{1}, size_t{3}}) {
-        const std::vector<float> got = product_bits(k, threads, shift);
+    const Operands o(k, 11);
+    const std::vector<float> want = product_bits(k, o, 1, 0);
+    for (int threads : {2, 5}) {
+      for (size_t shift : {size_t{0}, size_t{3}}) {
+        const std::vector<float> got = product_bits(k, o, threads, shift);
         ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
             << "M=" << k.M << " N=" << k.N << " K=" << k.K << " threads=" << threads
             << " shift=" << shift;
@@ -207,12 +207,13 @@ TEST(Gemm, BitsDoNotDependOnThreadCountOrAddresses) {
 // Rank threads each own a pool; concurrent calls with different settings agree.
 TEST(Gemm, ConcurrentCallersEachUseTheirOwnThreads) {
   const Case k{kN, kT, 512, 384, 128};
-  const std::vector<float> want = product_bits(k, 1, 0);
+  const Operands o(k, 11);
+  const std::vector<float> want = product_bits(k, o, 1, 0);
   std::vector<std::vector<float>> got(3);
   std::vector<std::thread> threads;
   for (int t = 0; t < 3; ++t) {
     threads.emplace_back([&, t] {
-      for (int rep = 0; rep < 3; ++rep) got[t] = product_bits(k, t + 1, 0);
+      for (int rep = 0; rep < 3; ++rep) got[t] = product_bits(k, o, t + 1, 0);
     });
   }
   for (auto& t : threads) t.join();
