@@ -1,5 +1,5 @@
 # Entry points; each one installs what it needs first (Debian, as root or with sudo).
-#   make demo         train the default GPT on local ranks (until training lands: bench-comm)
+#   make demo         train the GPT on the KJV text across 4 local ranks at stage 3
 #   make test         release build + every test
 #   make sanitize     ASan+UBSan over the fast tests, TSan over the comm tests
 #   make format-check clang-format over the sources, changing nothing
@@ -17,7 +17,7 @@ build: deps
 	@cmake --build --preset release -j $(JOBS)
 
 demo: build
-	$(ZERODP) bench-comm --ranks 2 --max-bytes 64MiB
+	$(ZERODP) train --ranks 4 --stage 3 --steps 300 --report build/demo-report.json
 
 test: build
 	ctest --preset release -j $(JOBS)
