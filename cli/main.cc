@@ -42,9 +42,16 @@ int main(int argc, char** argv) {
   try {
     std::reverse(args.begin(), args.end());  // CLI11 takes a vector last-first
     app.parse(args);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : cli::kExitUsage;
+    // One line that names the value; --help teaches the rest.
+    fmt::print(stderr, "zerodp: {} (see zerodp --help)\n", e.what());
+    return cli::kExitUsage;
   }
   try {
     for (const auto& [sub, run] : runners) {

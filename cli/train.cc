@@ -28,6 +28,7 @@ struct Flags {
   std::string timeout = "300";
   std::string config_file;
   bool no_progress = false;
+  bool ranks_given = false;
 };
 
 class Progress {
@@ -71,6 +72,8 @@ int run_train(Flags& f, Launch args) {
   const auto backend = parse_backend(f.backend);
   if (!backend) throw InvalidArgument(fmt::format("--backend '{}' is unknown; use local or mpi", f.backend));
   c.launch.backend = *backend;
+  // Under mpirun the job's size is the world, unless --ranks was given to check it.
+  if (*backend == Backend::kMpi && !f.ranks_given) c.launch.ranks = 0;
   const auto precision = parse_precision(f.precision);
   if (!precision) {
     throw InvalidArgument(
@@ -151,12 +154,16 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   data->add_option("--cache-dir", c.cache_dir, "Where prepared data is cached (default ~/.cache/zerodp)");
   auto* par = app.add_option_group("Parallelism");
-  par->add_option("--ranks", c.launch.ranks, "Data-parallel ranks (local backend)")->capture_default_str();
+  CLI::Option* ranks =
+      par->add_option("--ranks", c.launch.ranks, "Data-parallel ranks (local backend)")
+          ->capture_default_str();
   par->add_option("--backend", f->backend, "local (threads) or mpi (under mpirun)")->capture_default_str();
   par->add_option("--stage", c.stage, "ZeRO stage 0..3")->capture_default_str();
   par->add_option("--precision", f->precision, "bf16, fp16 (dynamic loss scaling) or fp32")
       ->capture_default_str();
-  par->add_option("--micro-batch", c.micro_batch, "Sequences per rank per micro-batch (default: the size preset's)");
+  par->add_option("--micro-batch", c.micro_batch,
+                  "Sequences per rank per micro-batch (default: the size preset's)")
+      ->check(CLI::Range(1, 1 << 20));
   par->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
   par->add_option("--accumulate", f->accumulate,
                   "local (sum, reduce at the boundary) or reduce (every micro-batch); default local "
@@ -184,7 +191,10 @@ Runner add_train(CLI::App& app) {
   out->add_option("--metrics", c.metrics_path, "Write one JSON line per step here");
   out->add_option("--report", c.report_path, "Write the run's report (docs/report.md) here");
   out->add_flag("--no-progress", f->no_progress, "No progress output");
-  return [f](Launch args) { return run_train(*f, args); };
+  return [f, ranks](Launch args) {
+    f->ranks_given = ranks->count() > 0;
+    return run_train(*f, args);
+  };
 }
 
 }  // namespace zerodp::cli

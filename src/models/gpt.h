@@ -27,6 +27,7 @@
 
 namespace zerodp {
 
+// Defaults are the "small" preset.
 struct GptConfig {
   int layers = 4;    // transformer blocks
   int heads = 4;     // attention heads; embd must be a multiple

@@ -11,19 +11,18 @@ namespace zerodp {
 
 void Unit::add_tensor(std::string name, std::vector<int64_t> shape, InitKind init, float init_std,
                       bool weight_decay) {
+  if (shape.empty()) {
+    throw InvalidArgument(
+        fmt::format("unit {}: tensor {} has no dimensions; give it a shape", name_, name));
+  }
   size_t numel = 1;
   for (const int64_t d : shape) {
     if (d <= 0) {
       throw InvalidArgument(
-          fmt::format("unit {}: tensor {} has shape ({}); every dimension "
-                      "must be at least 1",
+          fmt::format("unit {}: tensor {} has shape ({}); every dimension must be at least 1",
                       name_, name, fmt::join(shape, ", ")));
     }
     numel *= static_cast<size_t>(d);
-  }
-  if (shape.empty()) {
-    throw InvalidArgument(
-        fmt::format("unit {}: tensor {} has no dimensions; give it a shape", name_, name));
   }
   if (init == InitKind::kNormal && !(init_std >= 0.0f)) {
     throw InvalidArgument(

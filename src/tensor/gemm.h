@@ -10,8 +10,8 @@
 // Determinism (the design brief: no result depends on the thread count or on buffer
 // addresses). dnnl_sgemm's own OpenMP threading does not give that: with more threads it
 // may split K across threads and sum the partial products (measured on oneDNN 2.6.3: 82 of
-// 388 random shapes change bits between 1 and 2..16 threads, e.g. NT 1024x512x1024 already at
-// 2 threads, and every M == 1 or N == 1 product, which goes to a threaded gemv). So gemm()
+// 388 random shapes change bits between 1 and 2..16 threads, e.g. NT 1024x512x1024 and most
+// M == 1 or N == 1 products, which go to a threaded gemv, already at 2 threads). So gemm()
 // never lets oneDNN thread: it cuts C into tiles that are a pure function of (M, N, K),
 // never splitting K, and runs each tile as a single-threaded dnnl_sgemm. The threads of
 // this calling thread's pool (set_gemm_threads) take tiles in any order; each element of C

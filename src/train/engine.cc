@@ -704,6 +704,13 @@ void resolve_config(TrainConfig& c) {
     throw InvalidArgument(fmt::format("--model '{}' is unknown; use gpt or mlp", c.model));
   }
   if (c.model == "gpt") {
+    std::string known;
+    bool found = false;
+    for (const GptPreset& p : gpt_presets()) {
+      known += fmt::format("{}{}", known.empty() ? "" : ", ", p.name);
+      found = found || p.name == c.size;
+    }
+    if (!found) throw InvalidArgument(fmt::format("--size '{}' is unknown; use {}", c.size, known));
     const GptPreset& preset = gpt_preset(c.size);
     if (c.layers == 0) c.layers = preset.config.layers;
     if (c.heads == 0) c.heads = preset.config.heads;
