@@ -64,7 +64,9 @@ TEST(MixedPrecision, Fp16OverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
       ASSERT_TRUE(s.loss_scale.has_value());
       if (s.skipped) {
         ++skipped;
-        if (i + 1 < r.steps.size()) EXPECT_EQ(*r.steps[i + 1].loss_scale, *s.loss_scale / 2);
+        if (i + 1 < r.steps.size()) {
+          EXPECT_EQ(*r.steps[i + 1].loss_scale, *s.loss_scale / 2);
+        }
       }
     }
     EXPECT_GE(skipped, 1);

@@ -23,6 +23,8 @@ std::string describe(const MatrixCase& c) {
                      accumulate_name(c.policy));
 }
 
+void PrintTo(const MatrixCase& c, std::ostream* os) { *os << describe(c); }
+
 class StagesAgree : public ::testing::TestWithParam<MatrixCase> {};
 
 TEST_P(StagesAgree, WeightsAreBitIdenticalAtEveryStage) {
@@ -62,8 +64,8 @@ std::vector<MatrixCase> matrix() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, StagesAgree, ::testing::ValuesIn(matrix()),
-                         [](const ::testing::TestParamInfo<MatrixCase>& info) {
-                           const MatrixCase& c = info.param;
+                         [](const ::testing::TestParamInfo<MatrixCase>& p) {
+                           const MatrixCase& c = p.param;
                            return fmt::format("N{}_{}_A{}_{}", c.ranks, precision_name(c.precision),
                                               c.grad_accum, accumulate_name(c.policy));
                          });
