@@ -171,6 +171,8 @@ Runner add_train(CLI::App& app) {
   par->add_option("--initial-loss-scale", c.initial_loss_scale,
                   "fp16: the dynamic loss scale to start from (a power of two)")
       ->capture_default_str();
+  par->add_flag("--checkpoint-activations", c.checkpoint_activations,
+                "Keep only each unit's input in forward and recompute the unit in backward");
   par->add_option("--prefetch", c.prefetch, "Stage 3: units gathered ahead")->capture_default_str();
   par->add_option("--memory-per-rank", f->memory_per_rank, "Per-rank memory budget, e.g. 2GiB");
   par->add_option("--collective-timeout", f->timeout, "A collective waiting longer fails, e.g. 300 or 30s")

@@ -185,6 +185,10 @@ class RankTrainer {
   void initialize(UnitState& u);
   std::span<const float> weights_for(size_t ui, int slot);
   void load_micro_batch(int64_t micro);
+  std::span<float> saved_for(size_t ui) {
+    if (!cfg_.checkpoint_activations) return saved_[ui].span();
+    return saved_[0].span().first(units_[ui].unit->saved_count(shape_));
+  }
   double forward(bool training);
   void backward();
   void reduce_unit_grads(size_t ui, std::span<const float> dw);
@@ -297,12 +301,20 @@ void RankTrainer::allocate_transients() {
   }
   stream_.clear();
   saved_.clear();
+  size_t max_saved = 0;
   for (size_t i = 0; i < units_.size(); ++i) {
     const Unit& unit = *units_[i].unit;
     stream_.emplace_back(ledger_, MemCategory::kActivations, unit.input_count(shape_));
-    saved_.emplace_back(ledger_, MemCategory::kActivations, unit.saved_count(shape_));
+    // Checkpointing keeps only each unit's input; one buffer serves every recompute.
+    if (!cfg_.checkpoint_activations) {
+      saved_.emplace_back(ledger_, MemCategory::kActivations, unit.saved_count(shape_));
+    }
+    max_saved = std::max(max_saved, unit.saved_count(shape_));
     max_in = std::max(max_in, unit.input_count(shape_));
     max_scratch = std::max(max_scratch, unit.scratch_count(shape_));
+  }
+  if (cfg_.checkpoint_activations) {
+    saved_.emplace_back(ledger_, MemCategory::kActivations, max_saved);
   }
   // The head's output: the loss.
   stream_.emplace_back(ledger_, MemCategory::kActivations, units_.back().unit->output_count(shape_));
@@ -412,7 +424,7 @@ double RankTrainer::forward(bool training) {
   for (size_t i = 0; i < U; ++i) {
     const int slot = gathers ? gathers->acquire(i) : 0;
     const auto w = weights_for(i, slot);
-    units_[i].unit->forward(w, stream_[i].span(), stream_[i + 1].span(), saved_[i].span(),
+    units_[i].unit->forward(w, stream_[i].span(), stream_[i + 1].span(), saved_for(i),
                             scratch_.span(), mb_);
     if (gathers) gathers->release(i);
   }
@@ -438,7 +450,14 @@ void RankTrainer::backward() {
     std::fill(dw.begin(), dw.end(), 0.0f);
     std::span<float> din = din_buf->span().first(u.unit->input_count(shape_));
     std::fill(din.begin(), din.end(), 0.0f);
-    u.unit->backward(w, stream_[i].span(), saved_[i].span(), dout, dw, din, scratch_.span(), mb_);
+    // Checkpointing: recompute the unit's forward (same weights, same bits) to refill what
+    // its backward needs. The head ran last, so its saved state is still in place; the
+    // unit's output buffer is the input of a unit whose backward is already done.
+    if (cfg_.checkpoint_activations && i + 1 < U) {
+      u.unit->forward(w, stream_[i].span(), stream_[i + 1].span(), saved_for(i), scratch_.span(),
+                      mb_);
+    }
+    u.unit->backward(w, stream_[i].span(), saved_for(i), dout, dw, din, scratch_.span(), mb_);
     if (gathers) gathers->release(k);
     reduce_unit_grads(i, dw);
     dout = din;
