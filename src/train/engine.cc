@@ -26,6 +26,7 @@
 #include "optim/lr_schedule.h"
 #include "tensor/gemm.h"
 #include "train/flat.h"
+#include "train/plan.h"
 
 namespace zerodp {
 
@@ -149,6 +150,11 @@ class RankTrainer {
                       .seed = cfg_.seed};
     sampler_ = std::make_unique<DistributedSampler>(so);
 
+    if (cfg_.memory_per_rank) {
+      std::vector<uint64_t> numel;
+      for (const auto& u : model_) numel.push_back(u->numel());
+      ledger_.set_advice(budget_advice(numel, n, cfg_.precision, *cfg_.memory_per_rank));
+    }
     CommPhaseScope phase(comm_.ledger(), CommPhase::kOther);
     allocate_states();
     allocate_transients();
@@ -658,17 +664,18 @@ std::string RankTrainer::weights_sha256(std::vector<float>* keep) {
   const bool fp32 = dtype_ == DType::kF32;
   Sha256 hash;
   for (auto& u : units_) {
-    Buffer<float> full(ledger_, MemCategory::kWorkspace, u.numel);
+    // The gradient workspace is free after training and holds the largest unit.
+    std::span<float> full = dw32_.span().first(u.numel);
     const float* mine = fp32 ? static_cast<const float*>(u.params.data()) +
                                    (sharding_.parameters ? 0 : u.opt_range.begin)
                              : u.master.data();
     if (sharding_.optimizer_states) {
-      comm_.all_gather(std::span<const float>(mine, u.own.count()), full.span(), u.part);
+      comm_.all_gather(std::span<const float>(mine, u.own.count()), full, u.part);
     } else {
       std::copy(mine, mine + u.numel, full.data());
     }
     // Little-endian on every platform zerodp builds for (x86-64, aarch64).
-    hash.update(full.data(), full.bytes());
+    hash.update(full.data(), full.size_bytes());
     if (keep != nullptr) keep->insert(keep->end(), full.data(), full.data() + full.size());
   }
   return hash.hex_digest();

@@ -116,6 +116,29 @@ TEST(MemoryBudget, AnAllocationPastTheBudgetFailsNamingRankAndCategory) {
   }
 }
 
+// A budget that stage 3 on 4 ranks fits exactly (measured without a budget first) refuses
+// stage 0, naming what would fit, and lets stage 3 train.
+TEST(MemoryBudget, StageZeroIsRefusedWithAdviceWhereStageThreeTrains) {
+  TrainConfig c = tiny_config(4, 3);
+  c.micro_batch = 1;
+  const TrainResult free3 = run(c);
+  uint64_t need3 = 0;
+  for (const auto& r : free3.ranks) need3 = std::max(need3, r.peak_total);
+  c.memory_per_rank = need3;
+  const TrainResult fits = run(c);
+  EXPECT_EQ(fits.weights_sha256, free3.weights_sha256);
+  c.stage = 0;
+  try {
+    (void)run(c);
+    FAIL() << "stage 0 fit a budget sized for stage 3";
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("stage 3"), std::string::npos) << what;
+    EXPECT_NE(what.find("(fits)"), std::string::npos) << what;
+    EXPECT_NE(what.find("never changes stage"), std::string::npos) << what;
+  }
+}
+
 TEST(Config, RejectsBadValuesNamingThem) {
   auto expect_error = [](TrainConfig c, const std::string& needle) {
     try {

@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 #include <gtest/gtest.h>
 
+#include "train/plan.h"
 #include "train_testing.h"
 
 namespace zerodp {
@@ -100,6 +101,13 @@ TEST(StageAccounting, ModelStateBytesEqualTheZeroFormulaPerRank) {
           EXPECT_EQ(at(MemCategory::kAdamM), opt * 4) << where;
           EXPECT_EQ(at(MemCategory::kAdamV), opt * 4) << where;
           sum_params += at(MemCategory::kParams);
+        // The planner predicts the ledger exactly.
+        const StateBytes plan = model_state_bytes(r.unit_numel, n, stage, p, rank.rank);
+        EXPECT_EQ(plan.params, at(MemCategory::kParams)) << where;
+        EXPECT_EQ(plan.grads, at(MemCategory::kGrads)) << where;
+        EXPECT_EQ(plan.master, at(MemCategory::kMaster)) << where;
+        EXPECT_EQ(plan.adam_m + plan.adam_v, at(MemCategory::kAdamM) + at(MemCategory::kAdamV))
+            << where;
         }
         // Summed over ranks: Φ·w·N replicated, Φ·w sharded.
         EXPECT_EQ(sum_params, r.params * w * (sh.parameters ? 1 : static_cast<uint64_t>(n)));

@@ -1,0 +1,65 @@
+#include "train/plan.h"
+
+#include <fmt/core.h>
+
+#include "core/partition.h"
+#include "core/units.h"
+
+namespace zerodp {
+
+StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
+                             Precision precision, int rank) {
+  const Sharding sh = Sharding::for_stage(stage);
+  const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
+  StateBytes b;
+  for (uint64_t numel : unit_numel) {
+    const uint64_t own = Partition(numel, world).count(rank);
+    const uint64_t opt = sh.optimizer_states ? own : numel;
+    b.params += (sh.parameters ? own : numel) * w;
+    b.grads += (sh.gradients ? own : numel) * w;
+    b.master += precision == Precision::kFP32 ? 0 : opt * 4;
+    b.adam_m += opt * 4;
+    b.adam_v += opt * 4;
+  }
+  return b;
+}
+
+StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
+                                 Precision precision) {
+  // Balanced partitions give rank 0 the largest range of every unit.
+  return model_state_bytes(unit_numel, world, stage, precision, 0);
+}
+
+std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,
+                          uint64_t budget_bytes) {
+  std::string s = fmt::format("model states per rank at {} ranks:", world);
+  for (int stage = 0; stage <= 3; ++stage) {
+    const uint64_t need = max_model_state_bytes(unit_numel, world, stage, precision).total();
+    s += fmt::format(" stage {} {}{}", stage, format_bytes(static_cast<double>(need)),
+                     need <= budget_bytes ? " (fits)" : "");
+    s += stage < 3 ? "," : "";
+  }
+  int ranks = world;
+  while (ranks < (1 << 20) &&
+         max_model_state_bytes(unit_numel, ranks, 3, precision).total() > budget_bytes) {
+    ranks = ranks * 2;
+  }
+  // Refine the doubling to the fewest ranks.
+  int lo = std::max(world, ranks / 2), hi = ranks;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (max_model_state_bytes(unit_numel, mid, 3, precision).total() <= budget_bytes) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  if (max_model_state_bytes(unit_numel, hi, 3, precision).total() <= budget_bytes) {
+    s += fmt::format("; stage 3 needs at least {} ranks for the states to fit", hi);
+  } else {
+    s += "; no rank count makes the states fit";
+  }
+  return s + " (activations and buffers come on top; zerodp never changes stage by itself)";
+}
+
+}  // namespace zerodp
