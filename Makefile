@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 RELEASE := build/release
 ZERODP := $(RELEASE)/cli/zerodp
 
-.PHONY: deps build demo test sanitize asan tsan format format-check clean
+.PHONY: deps build demo test example sanitize asan tsan format format-check clean
 
 deps:
 	@scripts/install-deps.sh
@@ -21,6 +21,16 @@ demo: build
 
 test: build
 	ctest --preset release -j $(JOBS)
+
+# The library as another project sees it: install, then build examples/custom_model out of
+# tree with find_package(zerodp), and run it.
+example: build
+	rm -rf build/example-prefix build/example
+	cmake --install $(RELEASE) --prefix build/example-prefix >/dev/null
+	cmake -S examples/custom_model -B build/example -G Ninja \
+	  -DCMAKE_PREFIX_PATH=$(CURDIR)/build/example-prefix >/dev/null
+	cmake --build build/example
+	build/example/custom_model
 
 asan: deps
 	@cmake --preset asan-ubsan >/dev/null

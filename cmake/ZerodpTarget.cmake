@@ -28,4 +28,5 @@ function(zerodp_library name)
   set_target_properties(zerodp_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON
                                                   EXPORT_NAME ${name})
   zerodp_target_options(zerodp_${name})
+  set_property(GLOBAL APPEND PROPERTY ZERODP_LIBRARIES zerodp_${name})
 endfunction()

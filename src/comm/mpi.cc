@@ -41,6 +41,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -380,7 +381,7 @@ class MpiCommunicator final : public Communicator {
     const int me = rank();
     const size_t k = mine.size();
     std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(k * me));
-    // Zero-byte messages are sent too: a barrier is a control call of no values.
+    // Messages of no values are sent too, so a call of none still waits for every rank.
     std::vector<Message> sends;
     std::vector<Message> recvs;
     for (int peer = 0; peer < size(); ++peer) {
@@ -643,6 +644,11 @@ std::unique_ptr<Communicator> MpiSession::make_communicator(const CommOptions& o
 }
 
 void MpiSession::abort_job(int code) {
+  // Launchers forward output asynchronously, and MPICH's Hydra drops what a rank printed
+  // just before MPI_Abort about one time in ten: give the reason a moment to get out.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   // Held until the process ends: no other thread may enter MPI meanwhile.
   mpi_mutex().lock();
   MPI_Abort(MPI_COMM_WORLD, code);

@@ -87,7 +87,11 @@ Model build_model(const TrainConfig& c) {
     return make_gpt(GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd,
                               .seq_len = c.seq_len});
   }
-  return make_mlp(MlpConfig{.hidden = c.mlp_hidden, .hidden_layers = c.mlp_layers});
+  if (c.model == "mlp") {
+    return make_mlp(MlpConfig{.hidden = c.mlp_hidden, .hidden_layers = c.mlp_layers});
+  }
+  throw InvalidArgument(fmt::format(
+      "model '{}' is built by the caller: pass a ModelFactory to train()", c.model));
 }
 
 // Byte buffer of `count` elements of `dtype`, charged to one ledger category.
@@ -132,19 +136,20 @@ struct UnitState {
 
 class RankTrainer {
  public:
-  RankTrainer(const TrainConfig& config, Communicator& comm, const DataSplits& data)
+  RankTrainer(const TrainConfig& config, Communicator& comm, const DataSplits& data,
+              const ModelFactory& make_model)
       : cfg_(config),
         comm_(comm),
         sharding_(Sharding::for_stage(config.stage)),
         dtype_(param_dtype(config.precision)),
         ledger_(comm.rank(), config.memory_per_rank),
-        model_(build_model(config)),
+        model_(make_model ? make_model() : build_model(config)),
         data_(data) {
     const int n = comm.size();
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     set_gemm_threads(std::max(1, static_cast<int>(cores) / n));
 
-    shape_ = BatchShape{.B = cfg_.micro_batch, .T = cfg_.model == "gpt" ? cfg_.seq_len : 1};
+    shape_ = BatchShape{.B = cfg_.micro_batch, .T = std::holds_alternative<TokenDataset>(data.train) ? cfg_.seq_len : 1};
     SamplerOptions so{.dataset_size = dataset_size(data.train), .world_size = n,
                       .micro_batch = cfg_.micro_batch, .grad_accum = cfg_.grad_accum,
                       .seed = cfg_.seed};
@@ -191,6 +196,10 @@ class RankTrainer {
   void initialize(UnitState& u);
   std::span<const float> weights_for(size_t ui, int slot);
   void load_micro_batch(int64_t micro);
+  size_t features_per_sample() const {
+    const auto* images = std::get_if<ImageDataset>(&data_.train);
+    return images ? static_cast<size_t>(images->pixels_per_image()) : 0;
+  }
   std::span<float> saved_for(size_t ui) {
     if (!cfg_.checkpoint_activations) return saved_[ui].span();
     return saved_[0].span().first(units_[ui].unit->saved_count(shape_));
@@ -325,10 +334,11 @@ void RankTrainer::allocate_transients() {
   // The head's output: the loss.
   stream_.emplace_back(ledger_, MemCategory::kActivations, units_.back().unit->output_count(shape_));
   const size_t rows = static_cast<size_t>(shape_.B) * static_cast<size_t>(shape_.T);
-  tokens_ = Buffer<int32_t>(ledger_, MemCategory::kActivations, cfg_.model == "gpt" ? rows : 0);
+  const bool text = std::holds_alternative<TokenDataset>(data_.train);
+  tokens_ = Buffer<int32_t>(ledger_, MemCategory::kActivations, text ? rows : 0);
   targets_ = Buffer<int32_t>(ledger_, MemCategory::kActivations, rows);
   features_ = Buffer<float>(ledger_, MemCategory::kActivations,
-                            cfg_.model == "gpt" ? 0 : rows * 784);
+                            features_per_sample() * rows);
 
   const bool fp32 = dtype_ == DType::kF32;
   // Resident fp32 parameters need no widening copy; 16-bit ones are widened per unit.
@@ -726,8 +736,12 @@ RankSummary unpack_summary(std::span<const double> v, int rank) {
 }  // namespace
 
 void resolve_config(TrainConfig& c) {
-  if (c.model != "gpt" && c.model != "mlp") {
+  const bool custom = c.model == "custom-text" || c.model == "custom-images";
+  if (c.model != "gpt" && c.model != "mlp" && !custom) {
     throw InvalidArgument(fmt::format("--model '{}' is unknown; use gpt or mlp", c.model));
+  }
+  if (c.model == "custom-text" && c.seq_len < 1) {
+    throw InvalidArgument("model custom-text needs seq_len set to the model's sequence length");
   }
   if (c.model == "gpt") {
     std::string known;
@@ -777,12 +791,14 @@ void resolve_config(TrainConfig& c) {
   }
 }
 
-TrainResult train(const TrainConfig& config, int& argc, char**& argv, const StepCallback& on_step) {
+TrainResult train(const TrainConfig& config, int& argc, char**& argv, const StepCallback& on_step,
+                  const ModelFactory& make_model) {
   TrainConfig cfg = config;
   resolve_config(cfg);
   DataOptions dopt;
   dopt.source = cfg.data;
-  dopt.task = cfg.model == "gpt" ? TaskKind::kLanguageModel : TaskKind::kImageClassification;
+  dopt.task = cfg.model == "mlp" || cfg.model == "custom-images" ? TaskKind::kImageClassification
+                                                                 : TaskKind::kLanguageModel;
   dopt.seq_len = cfg.seq_len;
   dopt.seed = cfg.seed;
   if (!cfg.cache_dir.empty()) dopt.cache_dir = cfg.cache_dir;
@@ -791,7 +807,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   TrainResult result;
   std::mutex mu;
   launch(cfg.launch, argc, argv, [&](Communicator& comm) {
-    RankTrainer trainer(cfg, comm, data);
+    RankTrainer trainer(cfg, comm, data, make_model);
     const bool reporter = comm.rank() == 0;
     std::vector<StepRecord> steps;
     for (int64_t s = 1; s <= cfg.steps; ++s) {

@@ -20,6 +20,7 @@
 
 #include "comm/ledger.h"
 #include "memory/ledger.h"
+#include "models/unit.h"
 #include "train/config.h"
 
 namespace zerodp {
@@ -72,8 +73,14 @@ using StepCallback = std::function<void(const StepRecord&, int64_t total)>;
 // Resolves size presets and defaults in place; throws InvalidArgument naming bad values.
 void resolve_config(TrainConfig& config);
 
+// Builds a model of the caller's own: called once per rank. The model must consume the
+// configured data (tokens of config.seq_len for text, pixel rows for images).
+using ModelFactory = std::function<Model()>;
+
 // Runs the whole training on the configured backend. Under MPI every process calls it.
+// `make_model`, when given, replaces the model config.model names (which then only picks
+// the kind of data: "gpt"/"custom-text" for text, "mlp"/"custom-images" for images).
 TrainResult train(const TrainConfig& config, int& argc, char**& argv,
-                  const StepCallback& on_step = {});
+                  const StepCallback& on_step = {}, const ModelFactory& make_model = {});
 
 }  // namespace zerodp
