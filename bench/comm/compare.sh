@@ -6,14 +6,15 @@ set -euo pipefail
 build=${1:-build/release}
 zerodp=$build/cli/zerodp
 native=$build/bench/comm/bench_mpi_native
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Environment, not flags, so MPICH's mpiexec (which ignores them) runs this too.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 min=$((1 << 20)); max=$((256 << 20))
 "$zerodp" bench-comm --ranks 2 --dtypes f32 --min-bytes $min --max-bytes $max --json >"$tmp/local.jsonl"
-mpirun --oversubscribe -np 2 "$zerodp" bench-comm --backend mpi --dtypes f32 --min-bytes $min \
+mpirun -np 2 "$zerodp" bench-comm --backend mpi --dtypes f32 --min-bytes $min \
   --max-bytes $max --json >"$tmp/mpi.jsonl"
-mpirun --oversubscribe -np 2 "$native" $min $max 4 >"$tmp/native.jsonl"
+mpirun -np 2 "$native" $min $max 4 >"$tmp/native.jsonl"
 "$zerodp" bench-comm --ranks 2 --dtypes f32 --ops broadcast --min-bytes 64MiB --max-bytes 64MiB \
   | grep memcpy >"$tmp/memcpy.txt"
 /usr/bin/env python3 - "$tmp" <<'PY'

@@ -42,6 +42,8 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
   } catch (const std::exception& e) {
     fmt::print(stderr, "zerodp: rank {} of {}: {}\n", session.rank(), session.size(), e.what());
     std::fflush(stderr);
+    // Peers learn the reason at once; MPI_Abort then ends every process.
+    comm->abort(e.what());
     session.abort_job(options.mpi_exit_code);
   }
   comm.reset();
