@@ -13,8 +13,8 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "commands.h"
 #include "comm/launch.h"
+#include "commands.h"
 #include "core/error.h"
 #include "core/units.h"
 
@@ -232,8 +232,7 @@ double memcpy_bandwidth(int threads) {
 int run_bench(const Config& cfg, Launch args) {
   const auto backend = parse_backend(cfg.backend);
   if (!backend) {
-    throw InvalidArgument(
-        fmt::format("--backend '{}' is unknown; use local or mpi", cfg.backend));
+    throw InvalidArgument(fmt::format("--backend '{}' is unknown; use local or mpi", cfg.backend));
   }
   std::vector<OpInfo> ops;
   for (const auto& name : cfg.ops) {
@@ -249,14 +248,15 @@ int run_bench(const Config& cfg, Launch args) {
   std::vector<DType> dtypes;
   for (const auto& name : cfg.dtypes) {
     const auto t = parse_dtype(name);
-    if (!t) throw InvalidArgument(fmt::format("--dtypes: '{}' is unknown; use f32, bf16, f16", name));
+    if (!t)
+      throw InvalidArgument(fmt::format("--dtypes: '{}' is unknown; use f32, bf16, f16", name));
     dtypes.push_back(*t);
   }
   const uint64_t min_bytes = parse_bytes(cfg.min_bytes, "--min-bytes");
   const uint64_t max_bytes = parse_bytes(cfg.max_bytes, "--max-bytes");
   if (min_bytes < 4 || max_bytes < min_bytes) {
-    throw InvalidArgument(fmt::format(
-        "--min-bytes {} / --max-bytes {}: need 4 <= min <= max", min_bytes, max_bytes));
+    throw InvalidArgument(
+        fmt::format("--min-bytes {} / --max-bytes {}: need 4 <= min <= max", min_bytes, max_bytes));
   }
   if (cfg.factor < 2) {
     throw InvalidArgument(fmt::format("--factor {} is invalid; use 2 or more", cfg.factor));
@@ -284,16 +284,21 @@ int run_bench(const Config& cfg, Launch args) {
     for (const auto& info : ops) {
       for (DType t : dtypes) {
         Bench bench(comm, cfg);
-        for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= static_cast<uint64_t>(cfg.factor)) {
+        for (uint64_t bytes = min_bytes; bytes <= max_bytes;
+             bytes *= static_cast<uint64_t>(cfg.factor)) {
           const size_t count = bytes / dtype_size(t);
           const Row row = bench.run(info, t, count);
           if (!printer) continue;
           total_wrong += row.wrong;
           if (cfg.json) {
-            nlohmann::json j = {{"op", row.op},         {"dtype", std::string(dtype_name(t))},
-                                {"bytes", row.bytes},   {"time_us", row.time_us},
-                                {"algbw", row.algbw},   {"busbw", row.busbw},
-                                {"wrong", row.wrong},   {"ranks", comm.size()},
+            nlohmann::json j = {{"op", row.op},
+                                {"dtype", std::string(dtype_name(t))},
+                                {"bytes", row.bytes},
+                                {"time_us", row.time_us},
+                                {"algbw", row.algbw},
+                                {"busbw", row.busbw},
+                                {"wrong", row.wrong},
+                                {"ranks", comm.size()},
                                 {"backend", std::string(comm.backend_name())},
                                 {"iters", row.iters}};
             fmt::print("{}\n", j.dump());
@@ -320,8 +325,8 @@ Runner add_bench_comm(CLI::App& app) {
   auto cfg = std::make_shared<Config>();
   app.add_option("--backend", cfg->backend, "local (rank threads in this process) or mpi")
       ->capture_default_str();
-  CLI::Option* ranks =
-      app.add_option("--ranks", cfg->ranks, "Number of ranks (local backend)")->capture_default_str();
+  CLI::Option* ranks = app.add_option("--ranks", cfg->ranks, "Number of ranks (local backend)")
+                           ->capture_default_str();
   app.add_option("--ops", cfg->ops, "Collectives to time")->delimiter(',')->capture_default_str();
   app.add_option("--dtypes", cfg->dtypes, "Element types: f32, bf16, f16")
       ->delimiter(',')

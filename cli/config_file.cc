@@ -18,7 +18,8 @@ std::vector<std::string> expand_config_file(int argc, char** argv) {
     if (in[i] == "--config" && i + 1 < in.size()) {
       path = in[i + 1];
       at = i;
-      in.erase(in.begin() + static_cast<std::ptrdiff_t>(i), in.begin() + static_cast<std::ptrdiff_t>(i + 2));
+      in.erase(in.begin() + static_cast<std::ptrdiff_t>(i),
+               in.begin() + static_cast<std::ptrdiff_t>(i + 2));
       break;
     }
     if (in[i].rfind("--config=", 0) == 0) {
@@ -39,7 +40,8 @@ std::vector<std::string> expand_config_file(int argc, char** argv) {
   }
   if (!j.is_object()) {
     throw InvalidArgument(fmt::format(
-        "--config '{}' must hold a JSON object of flag names to values, e.g. {{\"stage\": 3}}", path));
+        "--config '{}' must hold a JSON object of flag names to values, e.g. {{\"stage\": 3}}",
+        path));
   }
   std::vector<std::string> flags;
   for (const auto& [key, value] : j.items()) {
@@ -51,8 +53,8 @@ std::vector<std::string> expand_config_file(int argc, char** argv) {
     } else if (value.is_number()) {
       flags.push_back(flag + "=" + value.dump());
     } else {
-      throw InvalidArgument(fmt::format(
-          "--config '{}': key '{}' must be a string, number or boolean", path, key));
+      throw InvalidArgument(
+          fmt::format("--config '{}': key '{}' must be a string, number or boolean", path, key));
     }
   }
   in.insert(in.begin() + static_cast<std::ptrdiff_t>(at), flags.begin(), flags.end());

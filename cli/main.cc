@@ -7,17 +7,16 @@
 
 #include <fmt/core.h>
 
-#include "commands.h"
 #include "comm/communicator.h"
+#include "commands.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
   using namespace zerodp;
-  CLI::App app{
-      "zerodp " ZERODP_VERSION
-      ": data-parallel training with ZeRO stages 0-3, measured.\n"
-      "Every stage's memory and communication is counted per rank and reported.",
-      "zerodp"};
+  CLI::App app{"zerodp " ZERODP_VERSION
+               ": data-parallel training with ZeRO stages 0-3, measured.\n"
+               "Every stage's memory and communication is counted per rank and reported.",
+               "zerodp"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "zerodp " ZERODP_VERSION);
   app.footer(

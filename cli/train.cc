@@ -70,7 +70,8 @@ class Progress {
 int run_train(Flags& f, Launch args) {
   TrainConfig& c = f.cfg;
   const auto backend = parse_backend(f.backend);
-  if (!backend) throw InvalidArgument(fmt::format("--backend '{}' is unknown; use local or mpi", f.backend));
+  if (!backend)
+    throw InvalidArgument(fmt::format("--backend '{}' is unknown; use local or mpi", f.backend));
   c.launch.backend = *backend;
   // Under mpirun the job's size is the world, unless --ranks was given to check it.
   if (*backend == Backend::kMpi && !f.ranks_given) c.launch.ranks = 0;
@@ -93,9 +94,12 @@ int run_train(Flags& f, Launch args) {
   }
   c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout");
   if (!(c.launch.comm.timeout_seconds > 0)) {
-    throw InvalidArgument(fmt::format("--collective-timeout '{}' is invalid; use a positive duration, e.g. 300 or 30s", f.timeout));
+    throw InvalidArgument(fmt::format(
+        "--collective-timeout '{}' is invalid; use a positive duration, e.g. 300 or 30s",
+        f.timeout));
   }
-  if (!f.memory_per_rank.empty()) c.memory_per_rank = parse_bytes(f.memory_per_rank, "--memory-per-rank");
+  if (!f.memory_per_rank.empty())
+    c.memory_per_rank = parse_bytes(f.memory_per_rank, "--memory-per-rank");
   c.progress = !f.no_progress;
 
   std::unique_ptr<std::ofstream> metrics;
@@ -142,7 +146,8 @@ Runner add_train(CLI::App& app) {
   auto* model = app.add_option_group("Model");
   model->add_option("--model", c.model, "gpt (byte-level language model) or mlp (Fashion-MNIST)")
       ->capture_default_str();
-  model->add_option("--size", c.size, "GPT preset: tiny, small, medium, large")->capture_default_str();
+  model->add_option("--size", c.size, "GPT preset: tiny, small, medium, large")
+      ->capture_default_str();
   model->add_option("--layers", c.layers, "GPT blocks (overrides the preset)");
   model->add_option("--heads", c.heads, "GPT attention heads (overrides the preset)");
   model->add_option("--embd", c.embd, "GPT embedding width (overrides the preset)");
@@ -152,22 +157,26 @@ Runner add_train(CLI::App& app) {
   auto* data = app.add_option_group("Data");
   data->add_option("--data", c.data, "kjv, fashion-mnist, synthetic or a text file PATH")
       ->capture_default_str();
-  data->add_option("--cache-dir", c.cache_dir, "Where prepared data is cached (default ~/.cache/zerodp)");
+  data->add_option("--cache-dir", c.cache_dir,
+                   "Where prepared data is cached (default ~/.cache/zerodp)");
   auto* par = app.add_option_group("Parallelism");
   CLI::Option* ranks =
       par->add_option("--ranks", c.launch.ranks, "Data-parallel ranks (local backend)")
           ->capture_default_str();
-  par->add_option("--backend", f->backend, "local (threads) or mpi (under mpirun)")->capture_default_str();
+  par->add_option("--backend", f->backend, "local (threads) or mpi (under mpirun)")
+      ->capture_default_str();
   par->add_option("--stage", c.stage, "ZeRO stage 0..3")->capture_default_str();
   par->add_option("--precision", f->precision, "bf16, fp16 (dynamic loss scaling) or fp32")
       ->capture_default_str();
   par->add_option("--micro-batch", c.micro_batch,
                   "Sequences per rank per micro-batch (default: the size preset's)")
       ->check(CLI::Range(1, 1 << 20));
-  par->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
-  par->add_option("--accumulate", f->accumulate,
-                  "local (sum, reduce at the boundary) or reduce (every micro-batch); default local "
-                  "at stages 0-1, reduce at 2-3");
+  par->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")
+      ->capture_default_str();
+  par->add_option(
+      "--accumulate", f->accumulate,
+      "local (sum, reduce at the boundary) or reduce (every micro-batch); default local "
+      "at stages 0-1, reduce at 2-3");
   par->add_option("--initial-loss-scale", c.initial_loss_scale,
                   "fp16: the dynamic loss scale to start from (a power of two)")
       ->capture_default_str();
@@ -175,21 +184,28 @@ Runner add_train(CLI::App& app) {
                 "Keep only each unit's input in forward and recompute the unit in backward");
   par->add_option("--prefetch", c.prefetch, "Stage 3: units gathered ahead")->capture_default_str();
   par->add_option("--memory-per-rank", f->memory_per_rank, "Per-rank memory budget, e.g. 2GiB");
-  par->add_option("--collective-timeout", f->timeout, "A collective waiting longer fails, e.g. 300 or 30s")
+  par->add_option("--collective-timeout", f->timeout,
+                  "A collective waiting longer fails, e.g. 300 or 30s")
       ->capture_default_str();
   auto* opt = app.add_option_group("Optimization");
   opt->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
   opt->add_option("--seed", c.seed, "Seed for init and data order")->capture_default_str();
   opt->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
-  opt->add_option("--schedule", c.schedule, "constant or cosine (with linear warmup)")->capture_default_str();
-  opt->add_option("--warmup", c.warmup, "Warmup steps (default 5% of steps with cosine)");
-  opt->add_option("--clip", c.clip, "Clip the global gradient norm to this (0 = off)")->capture_default_str();
-  opt->add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
-  opt->add_flag("--decay-all", c.decay_all, "Decay norms and biases too (as the PyTorch peer does)");
-  auto* out = app.add_option_group("Output");
-  out->add_option("--eval-every", c.eval_every, "Validation loss every K steps (0 = at the end only)")
+  opt->add_option("--schedule", c.schedule, "constant or cosine (with linear warmup)")
       ->capture_default_str();
-  out->add_option("--eval-batches", c.eval_batches, "Validation micro-batches per rank")->capture_default_str();
+  opt->add_option("--warmup", c.warmup, "Warmup steps (default 5% of steps with cosine)");
+  opt->add_option("--clip", c.clip, "Clip the global gradient norm to this (0 = off)")
+      ->capture_default_str();
+  opt->add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay")
+      ->capture_default_str();
+  opt->add_flag("--decay-all", c.decay_all,
+                "Decay norms and biases too (as the PyTorch peer does)");
+  auto* out = app.add_option_group("Output");
+  out->add_option("--eval-every", c.eval_every,
+                  "Validation loss every K steps (0 = at the end only)")
+      ->capture_default_str();
+  out->add_option("--eval-batches", c.eval_batches, "Validation micro-batches per rank")
+      ->capture_default_str();
   out->add_option("--metrics", c.metrics_path, "Write one JSON line per step here");
   out->add_option("--report", c.report_path, "Write the run's report (docs/report.md) here");
   out->add_flag("--no-progress", f->no_progress, "No progress output");

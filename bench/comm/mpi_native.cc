@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
         if (name == "all_reduce") {
           MPI_Allreduce(MPI_IN_PLACE, in.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         } else if (name == "reduce_scatter") {
-          MPI_Reduce_scatter_block(in.data(), out.data(), chunk, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          MPI_Reduce_scatter_block(in.data(), out.data(), chunk, MPI_FLOAT, MPI_SUM,
+                                   MPI_COMM_WORLD);
         } else if (name == "all_gather") {
           MPI_Allgather(in.data(), chunk, MPI_FLOAT, out.data(), chunk, MPI_FLOAT, MPI_COMM_WORLD);
         } else {
@@ -52,7 +53,7 @@ int main(int argc, char** argv) {
       MPI_Allreduce(&elapsed, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       const double t = worst / iters;
       const double algbw = static_cast<double>(bytes) / t / 1e9;
-      const double f = name == "all_reduce"   ? 2.0 * (n - 1) / n
+      const double f = name == "all_reduce"  ? 2.0 * (n - 1) / n
                        : name == "broadcast" ? 1.0
                                              : static_cast<double>(n - 1) / n;
       if (rank == 0) {

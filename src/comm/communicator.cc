@@ -139,8 +139,8 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 void check_partition(std::string_view op, const Partition& part, int rank, int size) {
   if (part.world_size() != size) {
-    throw InvalidArgument(fmt::format("{}: partition has {} ranges but the world has {} ranks",
-                                      op, part.world_size(), size));
+    throw InvalidArgument(fmt::format("{}: partition has {} ranges but the world has {} ranks", op,
+                                      part.world_size(), size));
   }
   (void)rank;
 }
@@ -165,8 +165,9 @@ Work Communicator::reduce_scatter_async(ConstBuffer in, MutableBuffer out, const
   }
   const size_t mine = part.count(rank_);
   if (out.count != mine) {
-    throw InvalidArgument(fmt::format("{}: output holds {} elements, rank {} owns {} of {} (world {})",
-                                      kOp, out.count, rank_, mine, part.length(), size_));
+    throw InvalidArgument(
+        fmt::format("{}: output holds {} elements, rank {} owns {} of {} (world {})", kOp,
+                    out.count, rank_, mine, part.length(), size_));
   }
   const size_t w = dtype_size(in.dtype);
   const void* own_range = byte_ptr(in.data) + part.offset(rank_) * w;
@@ -186,12 +187,14 @@ Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const 
   check_dtypes(kOp, shard.dtype, out.dtype);
   const size_t mine = part.count(rank_);
   if (shard.count != mine) {
-    throw InvalidArgument(fmt::format("{}: shard holds {} elements, rank {} owns {} of {} (world {})",
-                                      kOp, shard.count, rank_, mine, part.length(), size_));
+    throw InvalidArgument(
+        fmt::format("{}: shard holds {} elements, rank {} owns {} of {} (world {})", kOp,
+                    shard.count, rank_, mine, part.length(), size_));
   }
   if (out.count != part.length()) {
-    throw InvalidArgument(fmt::format("{}: output holds {} elements, partition covers {} (world {})",
-                                      kOp, out.count, part.length(), size_));
+    throw InvalidArgument(
+        fmt::format("{}: output holds {} elements, partition covers {} (world {})", kOp, out.count,
+                    part.length(), size_));
   }
   const size_t w = dtype_size(out.dtype);
   const void* own_range = byte_ptr(out.data) + part.offset(rank_) * w;
@@ -229,7 +232,8 @@ Work Communicator::broadcast_async(MutableBuffer buf, int root) {
 
 std::vector<double> Communicator::gather_control(std::span<const double> mine) {
   std::vector<double> all(mine.size() * static_cast<size_t>(size_));
-  ledger_.record(CommKind::kControl, static_cast<uint64_t>(size_ - 1) * mine.size() * sizeof(double));
+  ledger_.record(CommKind::kControl,
+                 static_cast<uint64_t>(size_ - 1) * mine.size() * sizeof(double));
   submit([&, this] { run_gather_control(mine, all); }).wait();
   return all;
 }

@@ -92,8 +92,7 @@ class Communicator {
   // Reduce-scatter: `in` holds part.length() elements on every rank; `out` receives
   // part.count(rank()) elements, rank rank()'s range reduced over all ranks. `out` may be
   // exactly rank()'s range of `in` (in place); no other overlap is allowed.
-  Work reduce_scatter_async(ConstBuffer in, MutableBuffer out, const Partition& part,
-                            ReduceOp op);
+  Work reduce_scatter_async(ConstBuffer in, MutableBuffer out, const Partition& part, ReduceOp op);
   // All-gather: `shard` holds part.count(rank()) elements; `out` receives part.length(),
   // each rank's shard at its range. `shard` may be exactly rank()'s range of `out`.
   Work all_gather_async(ConstBuffer shard, MutableBuffer out, const Partition& part);

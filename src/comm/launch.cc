@@ -23,8 +23,8 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
             const std::function<void(Communicator&)>& fn) {
   if (options.backend == Backend::kLocal) {
     if (options.ranks < 1) {
-      throw InvalidArgument(
-          fmt::format("--ranks {} is invalid; the local backend needs 1 or more ranks", options.ranks));
+      throw InvalidArgument(fmt::format(
+          "--ranks {} is invalid; the local backend needs 1 or more ranks", options.ranks));
     }
     run_local(options.ranks, options.comm, fn);
     return;

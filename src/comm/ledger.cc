@@ -30,7 +30,8 @@ CommCounter CommLedger::total(CommKind kind) const {
 uint64_t CommLedger::data_bytes(CommPhase phase) const {
   uint64_t sum = 0;
   for (int k = 0; k < kNumCommKinds; ++k) {
-    if (static_cast<CommKind>(k) != CommKind::kControl) sum += get(phase, static_cast<CommKind>(k)).bytes;
+    if (static_cast<CommKind>(k) != CommKind::kControl)
+      sum += get(phase, static_cast<CommKind>(k)).bytes;
   }
   return sum;
 }

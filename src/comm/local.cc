@@ -196,7 +196,8 @@ class LocalCommunicator final : public Communicator {
   void run_broadcast(MutableBuffer buf, int root) override {
     const Fingerprint f{CommKind::kBroadcast, buf.dtype, ReduceOp::kSum, root, buf.count};
     publish(f, buf.data, buf.data);
-    if (rank() != root && buf.count > 0) std::memcpy(buf.data, shared_->slots[root].in, buf.bytes());
+    if (rank() != root && buf.count > 0)
+      std::memcpy(buf.data, shared_->slots[root].in, buf.bytes());
     depart(f);
   }
 

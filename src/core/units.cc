@@ -41,9 +41,18 @@ double byte_multiplier(const std::string& suffix) {
     double scale;
   };
   static constexpr Unit kUnits[] = {
-      {"", 1},       {"B", 1},           {"KB", 1e3},           {"MB", 1e6},
-      {"GB", 1e9},   {"TB", 1e12},       {"KiB", 1024.0},       {"MiB", 1048576.0},
-      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"K", 1024.0}, {"M", 1048576.0},
+      {"", 1},
+      {"B", 1},
+      {"KB", 1e3},
+      {"MB", 1e6},
+      {"GB", 1e9},
+      {"TB", 1e12},
+      {"KiB", 1024.0},
+      {"MiB", 1048576.0},
+      {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0},
+      {"K", 1024.0},
+      {"M", 1048576.0},
       {"G", 1073741824.0},
   };
   for (const auto& u : kUnits) {
@@ -85,11 +94,16 @@ double parse_seconds(std::string_view text, std::string_view what) {
   Split s{};
   double scale = -1;
   if (split_number(text, s)) {
-    if (s.suffix.empty() || s.suffix == "s") scale = 1;
-    else if (s.suffix == "ms") scale = 1e-3;
-    else if (s.suffix == "us") scale = 1e-6;
-    else if (s.suffix == "ns") scale = 1e-9;
-    else if (s.suffix == "min") scale = 60;
+    if (s.suffix.empty() || s.suffix == "s")
+      scale = 1;
+    else if (s.suffix == "ms")
+      scale = 1e-3;
+    else if (s.suffix == "us")
+      scale = 1e-6;
+    else if (s.suffix == "ns")
+      scale = 1e-9;
+    else if (s.suffix == "min")
+      scale = 60;
   }
   if (scale < 0 || s.number < 0) {
     throw InvalidArgument(fmt::format(

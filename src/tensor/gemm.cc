@@ -27,12 +27,14 @@ namespace zerodp {
 namespace {
 
 // Tiling. A tile is halved, along its longer side, while it holds more than kMaxTileFlops
-// and that side stays >= kMinTileDim after halving. Measured on this machine (Zen 5, one
-// core, GPT-shaped products): tiles down to 128 x 128 with >= 8 MFLOP run within noise of
-// one whole dnnl_sgemm call (~180 GFLOP/s), 64-wide tiles lose up to 2x (oneDNN repacks
-// the other operand per tile). Power-of-two part counts keep 2, 4 and 8 threads balanced.
-constexpr double kMaxTileFlops = 16e6;
-constexpr size_t kMinTileDim = 128;
+// and that side stays >= kMinTileDim after halving. Each tile is a separate dnnl_sgemm that
+// packs its own slices of A and B, so tiles cost a little: measured on this machine (Zen 5,
+// best of 60 calls, the GPT shapes of bench_gemm), 256-wide tiles of >= 32 MFLOP run within
+// 0-8% of one whole call on one core, 128-wide tiles of 16 MFLOP 5-15%. The GPT-small
+// products still give 2-4 tiles, enough for 2 threads; power-of-two part counts keep 2, 4
+// and 8 threads balanced.
+constexpr double kMaxTileFlops = 32e6;
+constexpr size_t kMinTileDim = 256;
 // Tile edges fall on multiples of this many rows/columns (the kernel's register blocks).
 constexpr size_t kTileAlign = 16;
 constexpr int kMaxGemmThreads = 256;
@@ -70,7 +72,7 @@ struct Block {
 // Part i of p of a dimension of length d: equal aligned blocks, the last one takes the rest.
 Block part_of(size_t d, size_t p, size_t i) {
   if (p == 1) return {0, d};
-  const size_t base = d / p / kTileAlign * kTileAlign;  // > 0: parts are cut at >= ~128
+  const size_t base = d / p / kTileAlign * kTileAlign;  // > 0: parts are cut at >= ~256
   const size_t begin = i * base;
   const size_t end = i + 1 == p ? d : begin + base;
   return {begin, end - begin};

@@ -21,8 +21,8 @@
 #include "models/init.h"
 #include "models/mlp.h"
 #include "optim/adamw.h"
-#include "optim/loss_scaler.h"
 #include "optim/grad_clip.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "tensor/gemm.h"
 #include "train/flat.h"
@@ -84,14 +84,14 @@ DType param_dtype(Precision p) {
 
 Model build_model(const TrainConfig& c) {
   if (c.model == "gpt") {
-    return make_gpt(GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd,
-                              .seq_len = c.seq_len});
+    return make_gpt(
+        GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd, .seq_len = c.seq_len});
   }
   if (c.model == "mlp") {
     return make_mlp(MlpConfig{.hidden = c.mlp_hidden, .hidden_layers = c.mlp_layers});
   }
-  throw InvalidArgument(fmt::format(
-      "model '{}' is built by the caller: pass a ModelFactory to train()", c.model));
+  throw InvalidArgument(
+      fmt::format("model '{}' is built by the caller: pass a ModelFactory to train()", c.model));
 }
 
 // Byte buffer of `count` elements of `dtype`, charged to one ledger category.
@@ -149,9 +149,12 @@ class RankTrainer {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     set_gemm_threads(std::max(1, static_cast<int>(cores) / n));
 
-    shape_ = BatchShape{.B = cfg_.micro_batch, .T = std::holds_alternative<TokenDataset>(data.train) ? cfg_.seq_len : 1};
-    SamplerOptions so{.dataset_size = dataset_size(data.train), .world_size = n,
-                      .micro_batch = cfg_.micro_batch, .grad_accum = cfg_.grad_accum,
+    shape_ = BatchShape{.B = cfg_.micro_batch,
+                        .T = std::holds_alternative<TokenDataset>(data.train) ? cfg_.seq_len : 1};
+    SamplerOptions so{.dataset_size = dataset_size(data.train),
+                      .world_size = n,
+                      .micro_batch = cfg_.micro_batch,
+                      .grad_accum = cfg_.grad_accum,
                       .seed = cfg_.seed};
     sampler_ = std::make_unique<DistributedSampler>(so);
 
@@ -262,10 +265,10 @@ void RankTrainer::allocate_states() {
     u.part = Partition(u.numel, n);
     u.own = u.part.range(r);
     u.opt_range = sharding_.optimizer_states ? u.own : Range{0, u.numel};
-    u.params = Flat(ledger_, MemCategory::kParams, dtype_,
-                    sharding_.parameters ? u.own.count() : u.numel);
-    u.grads = Flat(ledger_, MemCategory::kGrads, dtype_,
-                   sharding_.gradients ? u.own.count() : u.numel);
+    u.params =
+        Flat(ledger_, MemCategory::kParams, dtype_, sharding_.parameters ? u.own.count() : u.numel);
+    u.grads =
+        Flat(ledger_, MemCategory::kGrads, dtype_, sharding_.gradients ? u.own.count() : u.numel);
     const size_t opt = u.opt_range.count();
     if (!fp32) u.master = Buffer<float>(ledger_, MemCategory::kMaster, opt);
     u.adam_m = Buffer<float>(ledger_, MemCategory::kAdamM, opt);
@@ -275,8 +278,8 @@ void RankTrainer::allocate_states() {
       const size_t b = std::max(t.offset, u.opt_range.begin);
       const size_t e = std::min(t.offset + t.numel, u.opt_range.end);
       if (b < e) {
-        u.decay.push_back({b - u.opt_range.begin, e - u.opt_range.begin,
-                           cfg_.decay_all || t.weight_decay});
+        u.decay.push_back(
+            {b - u.opt_range.begin, e - u.opt_range.begin, cfg_.decay_all || t.weight_decay});
       }
     }
     initialize(u);
@@ -332,13 +335,13 @@ void RankTrainer::allocate_transients() {
     saved_.emplace_back(ledger_, MemCategory::kActivations, max_saved);
   }
   // The head's output: the loss.
-  stream_.emplace_back(ledger_, MemCategory::kActivations, units_.back().unit->output_count(shape_));
+  stream_.emplace_back(ledger_, MemCategory::kActivations,
+                       units_.back().unit->output_count(shape_));
   const size_t rows = static_cast<size_t>(shape_.B) * static_cast<size_t>(shape_.T);
   const bool text = std::holds_alternative<TokenDataset>(data_.train);
   tokens_ = Buffer<int32_t>(ledger_, MemCategory::kActivations, text ? rows : 0);
   targets_ = Buffer<int32_t>(ledger_, MemCategory::kActivations, rows);
-  features_ = Buffer<float>(ledger_, MemCategory::kActivations,
-                            features_per_sample() * rows);
+  features_ = Buffer<float>(ledger_, MemCategory::kActivations, features_per_sample() * rows);
 
   const bool fp32 = dtype_ == DType::kF32;
   // Resident fp32 parameters need no widening copy; 16-bit ones are widened per unit.
@@ -501,9 +504,8 @@ void RankTrainer::reduce_unit_grads(size_t ui, std::span<const float> dw) {
   if (!sharding_.optimizer_states && !sharding_.gradients) {
     p.work = comm_.all_reduce_async(bucket.range(0, u.numel), ReduceOp::kAvg);
   } else {
-    p.work = comm_.reduce_scatter_async(bucket.range(0, u.numel),
-                                        reduced_[slot].range(0, u.own.count()), u.part,
-                                        ReduceOp::kAvg);
+    p.work = comm_.reduce_scatter_async(
+        bucket.range(0, u.numel), reduced_[slot].range(0, u.own.count()), u.part, ReduceOp::kAvg);
   }
   pending_.push_back(std::move(p));
 }
@@ -648,7 +650,8 @@ double RankTrainer::evaluate() {
   const uint64_t size = dataset_size(data_.validation);
   const uint64_t b = static_cast<uint64_t>(shape_.B);
   const uint64_t n = static_cast<uint64_t>(comm_.size());
-  const uint64_t batches = std::min<uint64_t>(static_cast<uint64_t>(cfg_.eval_batches), size / (b * n));
+  const uint64_t batches =
+      std::min<uint64_t>(static_cast<uint64_t>(cfg_.eval_batches), size / (b * n));
   double sum = 0;
   std::vector<uint64_t> idx(b);
   for (uint64_t k = 0; k < batches; ++k) {
@@ -768,14 +771,17 @@ void resolve_config(TrainConfig& c) {
   if (c.grad_accum < 1) {
     throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", c.grad_accum));
   }
-  if (c.steps < 1) throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
+  if (c.steps < 1)
+    throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
   if (c.prefetch < 0 || c.prefetch > 8) {
     throw InvalidArgument(fmt::format("--prefetch {} is invalid; use 0..8", c.prefetch));
   }
   if (!(c.lr > 0) || !std::isfinite(c.lr)) {
-    throw InvalidArgument(fmt::format("--lr {} is invalid; use a positive number, e.g. 1e-3", c.lr));
+    throw InvalidArgument(
+        fmt::format("--lr {} is invalid; use a positive number, e.g. 1e-3", c.lr));
   }
-  if (c.clip < 0) throw InvalidArgument(fmt::format("--clip {} is invalid; use 0 (off) or more", c.clip));
+  if (c.clip < 0)
+    throw InvalidArgument(fmt::format("--clip {} is invalid; use 0 (off) or more", c.clip));
   if (c.schedule != "constant" && c.schedule != "cosine") {
     throw InvalidArgument(
         fmt::format("--schedule '{}' is unknown; use constant or cosine", c.schedule));
@@ -845,7 +851,8 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     result.final_weights = std::move(kept);
     for (int r = 0; r < comm.size(); ++r) {
       result.ranks.push_back(unpack_summary(
-          std::span<const double>(all).subspan(static_cast<size_t>(r) * mine.size(), mine.size()), r));
+          std::span<const double>(all).subspan(static_cast<size_t>(r) * mine.size(), mine.size()),
+          r));
     }
     for (const auto& u : trainer.model()) {
       result.unit_names.push_back(u->name());

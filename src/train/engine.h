@@ -33,8 +33,8 @@ struct StepRecord {
   double grad_norm_clipped = 0;  // after clipping
   std::optional<double> loss_scale;
   bool skipped = false;
-  uint64_t tokens = 0;  // processed by all ranks and micro-batches
-  double seconds = 0;   // wall time
+  uint64_t tokens = 0;             // processed by all ranks and micro-batches
+  double seconds = 0;              // wall time
   std::optional<double> val_loss;  // when evaluated after this step
 };
 

@@ -72,7 +72,7 @@ nlohmann::json comm_json(const CommLedger::Table& t) {
   nlohmann::json j;
   for (int k = 0; k < kNumCommKinds; ++k) {
     j[std::string(comm_kind_name(static_cast<CommKind>(k)))] = {{"calls", t[k].calls},
-                                                                 {"bytes", t[k].bytes}};
+                                                                {"bytes", t[k].bytes}};
   }
   return j;
 }
@@ -135,14 +135,14 @@ std::string summary_table(const TrainResult& r) {
                          cat(MemCategory::kWorkspace);
     uint64_t comm = 0;
     for (int k = 0; k < kNumCommKinds; ++k) comm += rank.comm_train[k].bytes;
-    out += fmt::format("{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}\n",
-                       rank.rank, format_bytes(cat(MemCategory::kParams)),
-                       format_bytes(cat(MemCategory::kGrads)), format_bytes(cat(MemCategory::kMaster)),
-                       format_bytes(cat(MemCategory::kAdamM) + cat(MemCategory::kAdamV)),
-                       format_bytes(cat(MemCategory::kGathered)),
-                       format_bytes(cat(MemCategory::kActivations)), format_bytes(other),
-                       format_bytes(static_cast<double>(rank.peak_total)),
-                       format_bytes(static_cast<double>(comm) / steps));
+    out += fmt::format(
+        "{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}\n", rank.rank,
+        format_bytes(cat(MemCategory::kParams)), format_bytes(cat(MemCategory::kGrads)),
+        format_bytes(cat(MemCategory::kMaster)),
+        format_bytes(cat(MemCategory::kAdamM) + cat(MemCategory::kAdamV)),
+        format_bytes(cat(MemCategory::kGathered)), format_bytes(cat(MemCategory::kActivations)),
+        format_bytes(other), format_bytes(static_cast<double>(rank.peak_total)),
+        format_bytes(static_cast<double>(comm) / steps));
   }
   return out;
 }

@@ -116,8 +116,8 @@ TYPED_TEST(CollectiveTest, AllReduceEqualsReduceScatterThenAllGatherByteForByte)
         std::vector<T> gathered(count);
         comm.reduce_scatter(std::span<const T>(in), std::span<T>(shard), part, ReduceOp::kAvg);
         comm.all_gather(std::span<const T>(shard), std::span<T>(gathered), part);
-        const bool equal = count == 0 || std::memcmp(reduced.data(), gathered.data(),
-                                                     count * sizeof(T)) == 0;
+        const bool equal =
+            count == 0 || std::memcmp(reduced.data(), gathered.data(), count * sizeof(T)) == 0;
         int bad_vs_reference = 0;
         for (size_t i = 0; i < count; ++i) {
           if (!same_bits(reduced[i], reference_reduce<T>(world, i, ReduceOp::kAvg))) {
@@ -199,7 +199,8 @@ TEST(Collectives, AsyncWorkCompletesInIssueOrderAndWaitIsRepeatable) {
     std::vector<std::vector<float>> bufs;
     for (int k = 0; k < 6; ++k) bufs.push_back(make_input<float>(comm.rank() + k, count));
     std::vector<Work> works;
-    for (auto& b : bufs) works.push_back(comm.all_reduce_async(std::span<float>(b), ReduceOp::kSum));
+    for (auto& b : bufs)
+      works.push_back(comm.all_reduce_async(std::span<float>(b), ReduceOp::kSum));
     for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();
     for (auto& w : works) {
       w.wait();
@@ -295,10 +296,11 @@ TEST(Collectives, RejectsMismatchedBuffersNamingSizesAndRank) {
                  InvalidArgument);
     EXPECT_THROW((void)comm.broadcast_async(std::span<float>(in), 4), InvalidArgument);
     // Aliasing a range that is not the own one is refused.
-    EXPECT_THROW((void)comm.reduce_scatter_async(std::span<const float>(in),
-                                                 std::span<float>(in.data() + 1, part.count(comm.rank())),
-                                                 part, ReduceOp::kSum),
-                 InvalidArgument);
+    EXPECT_THROW(
+        (void)comm.reduce_scatter_async(std::span<const float>(in),
+                                        std::span<float>(in.data() + 1, part.count(comm.rank())),
+                                        part, ReduceOp::kSum),
+        InvalidArgument);
     // Nothing was issued, so the ranks are still in step.
     comm.barrier();
   });

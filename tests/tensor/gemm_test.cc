@@ -133,12 +133,15 @@ TEST(Gemm, LeadingDimensionsLargerThanRows) {
 
 // Shapes that the tiling cuts into several tiles, so the pool's path is checked too.
 TEST(Gemm, MultiTileShapesMatchReference) {
-  ASSERT_GT(gemm_tile_count(515, 300, 100), 1u);
+  // Odd sizes, so the last row and column blocks are longer than the others.
+  ASSERT_EQ(gemm_tile_count(1030, 600, 64), 4u);
+  ASSERT_EQ(gemm_tile_count(600, 1030, 64), 4u);
   set_gemm_threads(2);
-  expect_matches_reference({kN, kT, 515, 300, 100}, 1.0f, 1.0f);
-  expect_matches_reference({kT, kN, 300, 515, 100}, 1.0f, 0.0f);
+  expect_matches_reference({kN, kT, 1030, 600, 64}, 1.0f, 1.0f);
+  expect_matches_reference({kT, kN, 600, 1030, 64}, 1.0f, 0.0f);
   set_gemm_threads(1);
-  expect_matches_reference({kN, kN, 515, 300, 100}, 1.0f, 0.0f);
+  expect_matches_reference({kN, kN, 1030, 600, 64}, 1.0f, 0.0f);
+  expect_matches_reference({kT, kT, 600, 1030, 64}, 1.0f, 0.0f);
 }
 
 TEST(Gemm, BetaZeroIgnoresNaNInC) {
@@ -189,7 +192,7 @@ std::vector<float> product_bits(const Case& k, const Operands& o, int threads, s
 TEST(Gemm, BitsDoNotDependOnThreadCountOrAddresses) {
   const Case cases[] = {{kN, kT, 512, 256, 1024}, {kT, kN, 128, 512, 1024},
                         {kN, kN, 64, 256, 4096},  {kN, kN, 1, 512, 384},
-                        {kT, kN, 64, 1, 4096},    {kN, kT, 300, 257, 129}};
+                        {kT, kN, 64, 1, 4096},    {kN, kT, 1030, 600, 129}};
   for (const Case& k : cases) {
     const Operands o(k, 11);
     const std::vector<float> want = product_bits(k, o, 1, 0);
@@ -267,6 +270,7 @@ TEST(Gemm, TilingNeverCutsSmallProducts) {
   EXPECT_EQ(gemm_tile_count(64, 64, 32), 1u);      // one attention head
   EXPECT_EQ(gemm_tile_count(1, 100000, 64), 1u);   // gemv
   EXPECT_GE(gemm_tile_count(1024, 384, 128), 2u);  // GPT small: qkv
+  EXPECT_GE(gemm_tile_count(512, 128, 1024), 2u);  // GPT small: fc weight gradient
   EXPECT_GE(gemm_tile_count(1024, 1024, 1024), 8u);
 }
 

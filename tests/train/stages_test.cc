@@ -101,13 +101,13 @@ TEST(StageAccounting, ModelStateBytesEqualTheZeroFormulaPerRank) {
           EXPECT_EQ(at(MemCategory::kAdamM), opt * 4) << where;
           EXPECT_EQ(at(MemCategory::kAdamV), opt * 4) << where;
           sum_params += at(MemCategory::kParams);
-        // The planner predicts the ledger exactly.
-        const StateBytes plan = model_state_bytes(r.unit_numel, n, stage, p, rank.rank);
-        EXPECT_EQ(plan.params, at(MemCategory::kParams)) << where;
-        EXPECT_EQ(plan.grads, at(MemCategory::kGrads)) << where;
-        EXPECT_EQ(plan.master, at(MemCategory::kMaster)) << where;
-        EXPECT_EQ(plan.adam_m + plan.adam_v, at(MemCategory::kAdamM) + at(MemCategory::kAdamV))
-            << where;
+          // The planner predicts the ledger exactly.
+          const StateBytes plan = model_state_bytes(r.unit_numel, n, stage, p, rank.rank);
+          EXPECT_EQ(plan.params, at(MemCategory::kParams)) << where;
+          EXPECT_EQ(plan.grads, at(MemCategory::kGrads)) << where;
+          EXPECT_EQ(plan.master, at(MemCategory::kMaster)) << where;
+          EXPECT_EQ(plan.adam_m + plan.adam_v, at(MemCategory::kAdamM) + at(MemCategory::kAdamV))
+              << where;
         }
         // Summed over ranks: Φ·w·N replicated, Φ·w sharded.
         EXPECT_EQ(sum_params, r.params * w * (sh.parameters ? 1 : static_cast<uint64_t>(n)));
@@ -140,8 +140,8 @@ TEST(StageAccounting, CommBytesPerStepEqualTheFormulas) {
             }
           }
           auto get = [&](CommKind k) { return sum[static_cast<int>(k)]; };
-          const std::string where = fmt::format("N={} A={} {} stage {}", n, a,
-                                                accumulate_name(policy), stage);
+          const std::string where =
+              fmt::format("N={} A={} {} stage {}", n, a, accumulate_name(policy), stage);
           uint64_t ar = 0, rs = 0, ag = 0;
           if (stage == 0) {
             ar = a_red * 2 * ring;
