@@ -127,6 +127,7 @@ int run_train(Flags& f, Launch args) {
              r.final_loss, r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
              r.tokens_per_second, r.weights_sha256.substr(0, 16));
   fmt::print("{}", summary_table(r));
+  fmt::print("{}", formula_table(r));
   if (!c.report_path.empty()) {
     write_file_atomically(c.report_path, report_json(r).dump(2) + "\n");
     fmt::print("report: {}\n", c.report_path);

@@ -30,6 +30,29 @@ StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world
   return model_state_bytes(unit_numel, world, stage, precision, 0);
 }
 
+CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
+                              Precision precision, int grad_accum, AccumulatePolicy policy,
+                              int rank) {
+  const Sharding sh = Sharding::for_stage(stage);
+  const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
+  const uint64_t a = static_cast<uint64_t>(grad_accum);
+  const uint64_t a_red = policy == AccumulatePolicy::kReduce ? a : 1;
+  const uint64_t peers = static_cast<uint64_t>(world - 1);
+  CommBytes b;
+  for (uint64_t numel : unit_numel) {
+    const uint64_t own = Partition(numel, world).count(rank);
+    const uint64_t rs = peers * own * w;    // from each peer, its copy of my range
+    const uint64_t ag = (numel - own) * w;  // every range but mine
+    if (!sh.optimizer_states && !sh.gradients) {
+      b.all_reduce += a_red * (rs + ag);
+    } else {
+      b.reduce_scatter += a_red * rs;
+      b.all_gather += (sh.parameters ? 2 * a : 1) * ag;
+    }
+  }
+  return b;
+}
+
 std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,
                           uint64_t budget_bytes) {
   std::string s = fmt::format("model states per rank at {} ranks:", world);

@@ -30,6 +30,20 @@ StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, in
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                                  Precision precision);
 
+// Bytes rank `rank` receives per training step, by collective (the comm ledger's
+// definitions), for A micro-batches under the accumulation policy: stage 0 all-reduces
+// each unit A_red times; stages 1-2 reduce-scatter A_red times and all-gather once; stage 3
+// reduce-scatters A_red times and all-gathers 2A times (A_red = A for kReduce, 1 for kLocal).
+struct CommBytes {
+  uint64_t all_reduce = 0;
+  uint64_t reduce_scatter = 0;
+  uint64_t all_gather = 0;
+  uint64_t total() const { return all_reduce + reduce_scatter + all_gather; }
+};
+CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
+                              Precision precision, int grad_accum, AccumulatePolicy policy,
+                              int rank);
+
 // One sentence for a budget error: the model-state bytes per rank of every stage at this N,
 // and the fewest ranks with which stage 3's states fit the budget.
 std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "train/plan.h"
 
 namespace zerodp {
 
@@ -143,6 +144,36 @@ std::string summary_table(const TrainResult& r) {
         format_bytes(cat(MemCategory::kGathered)), format_bytes(cat(MemCategory::kActivations)),
         format_bytes(other), format_bytes(static_cast<double>(rank.peak_total)),
         format_bytes(static_cast<double>(comm) / steps));
+  }
+  return out;
+}
+
+std::string formula_table(const TrainResult& r) {
+  const TrainConfig& c = r.config;
+  std::string out =
+      fmt::format("Measured against the ZeRO formulas (stage {}, {} ranks, Φ = {}, A = {}, {}):\n",
+                  c.stage, r.world_size, r.params, c.grad_accum, accumulate_name(c.accumulate));
+  out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", "rank", "states", "formula",
+                     "", "comm/step", "formula", "");
+  const double steps = static_cast<double>(std::max<size_t>(1, r.steps.size()));
+  for (const auto& rank : r.ranks) {
+    const StateBytes plan =
+        model_state_bytes(r.unit_numel, r.world_size, c.stage, c.precision, rank.rank);
+    uint64_t states = 0;
+    for (int k = 0; k <= static_cast<int>(MemCategory::kAdamV); ++k) states += rank.model_state[k];
+    uint64_t comm = 0;
+    for (int k = 0; k < kNumCommKinds; ++k) {
+      if (static_cast<CommKind>(k) != CommKind::kControl) comm += rank.comm_train[k].bytes;
+    }
+    const CommBytes cplan = comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision,
+                                                c.grad_accum, c.accumulate, rank.rank);
+    const double per_step = static_cast<double>(comm) / steps;
+    out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", rank.rank,
+                       format_bytes(static_cast<double>(states)),
+                       format_bytes(static_cast<double>(plan.total())),
+                       states == plan.total() ? "exact" : "DIFF", format_bytes(per_step),
+                       format_bytes(static_cast<double>(cplan.total())),
+                       per_step == static_cast<double>(cplan.total()) ? "exact" : "DIFF");
   }
   return out;
 }

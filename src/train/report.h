@@ -17,6 +17,8 @@ nlohmann::json report_json(const TrainResult& r);
 
 // Per-rank memory by category and comm bytes per step, for a terminal.
 std::string summary_table(const TrainResult& r);
+// Per rank: model-state bytes and comm bytes per step, measured next to the formula.
+std::string formula_table(const TrainResult& r);
 
 // Writes `text` to `path` through a temporary file and a rename, so a reader never sees
 // half a report. Throws IoError naming the path.

@@ -156,6 +156,20 @@ TEST(StageAccounting, CommBytesPerStepEqualTheFormulas) {
           EXPECT_EQ(get(CommKind::kReduceScatter).bytes, rs * steps) << where;
           EXPECT_EQ(get(CommKind::kAllGather).bytes, ag * steps) << where;
           EXPECT_EQ(get(CommKind::kBroadcast).bytes, 0u) << where;
+          // The planner's per-rank prediction, rank by rank.
+          for (const auto& rank : r.ranks) {
+            const CommBytes plan =
+                comm_bytes_per_step(r.unit_numel, n, stage, Precision::kBF16, a, policy, rank.rank);
+            EXPECT_EQ(rank.comm_train[static_cast<int>(CommKind::kAllReduce)].bytes,
+                      plan.all_reduce * steps)
+                << where;
+            EXPECT_EQ(rank.comm_train[static_cast<int>(CommKind::kReduceScatter)].bytes,
+                      plan.reduce_scatter * steps)
+                << where;
+            EXPECT_EQ(rank.comm_train[static_cast<int>(CommKind::kAllGather)].bytes,
+                      plan.all_gather * steps)
+                << where;
+          }
           // Calls: one per unit per collective.
           EXPECT_EQ(get(CommKind::kAllReduce).calls, (ar ? a_red : 0) * units * n * steps) << where;
           // One control exchange per step: norm, overflow flag and loss.
