@@ -31,11 +31,12 @@ print(memcpy)
 # all-gather copies the peer's half: reads 0.5 S, writes 0.5 S per rank, 2 S in all
 # all-reduce is both: 5 S in all; broadcast: the non-root reads S and writes S: 2 S in all.
 traffic = {"all_reduce": 5.0, "reduce_scatter": 3.0, "all_gather": 2.0, "broadcast": 2.0}
-print("| op | bytes | local busbw GB/s | zerodp mpi busbw | OpenMPI busbw | local / OpenMPI | local time / memory bound |")
+print("| op | bytes | local busbw GB/s | zerodp mpi busbw | OpenMPI busbw | local / OpenMPI | memory bound / local time |")
 print("|---|---|---|---|---|---|---|")
 for key in sorted(local, key=lambda k: (list(traffic).index(k[0]), k[1])):
     l, m, n = local[key], mpi.get(key), native.get(key)
-    bound_s = traffic[key[0]] * key[1] / (m2 * 1e9)
+    # memcpy of B bytes reads B and writes B: its traffic rate is twice its copy rate.
+    bound_s = traffic[key[0]] * key[1] / (2 * m2 * 1e9)
     frac = bound_s / (l["time_us"] * 1e-6)
     print(f"| {key[0]} | {key[1] >> 20} MiB | {l['busbw']:.2f} | {m['busbw'] if m else float('nan'):.2f} | "
           f"{n['busbw'] if n else float('nan'):.2f} | {l['busbw'] / n['busbw'] if n else float('nan'):.2f}x | {frac:.0%} |")

@@ -13,7 +13,9 @@
 //   InvalidArgument naming the function, the buffer, its length and the shape.
 // - Results depend only on the inputs and the shape, never on thread counts or buffer
 //   addresses: loops run in a fixed order (no OpenMP here; rank threads give the
-//   parallelism) and matrix products go through tensor/gemm.h, which promises the same.
+//   parallelism), sums are plain loops the compiler may not reassociate (no -ffast-math,
+//   -ffp-contract=off), and matrix products go through tensor/gemm.h, which promises the
+//   same.
 #pragma once
 
 #include <cstddef>
