@@ -1,12 +1,19 @@
-// GELU, exact erf form: gelu(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
+// GELU, exact erf form: gelu(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), and its
+// derivative Phi(x) + x phi(x).
 //
-// Cost: glibc's scalar erff and expf per element, not vectorized: on the GPT-small MLP
-// activation (1024 x 512) ~5 ms forward and ~8 ms backward on this machine, 7-10x the fc
-// product that feeds it (~0.7 ms). TODO(GELU performance issue): a branch-free polynomial
-// erf the compiler vectorizes, with identical bits in vector and scalar lanes.
+// Phi is computed as 0.5 erfc(-x / sqrt 2) directly (never 1 + erf, which loses the
+// relative accuracy of tiny values for negative x), with erfc from the Chebyshev-fitted
+// form in Numerical Recipes (erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z/2), fractional
+// error < 1.2e-7 for z >= 0) and exp by range reduction plus a degree-7 polynomial; the
+// fp32 rounding of exp's argument -z^2 + P makes the relative error grow in the far tail
+// (1e-6 at x = -4, 2e-5 at x = -12, where values are ~1e-34; tested). Every
+// operation is plain fp32 arithmetic without branches, so the loops vectorize, the bits
+// are the same in vector and scalar lanes, and nothing depends on the libm at hand.
+// Measured: ~10x faster than glibc's scalar erff/expf on GPT-small's 1024 x 512 activation.
 #include "nn/layers.h"
 
-#include <cmath>
+#include <bit>
+#include <cstdint>
 #include <string>
 
 #include <fmt/format.h>
@@ -18,29 +25,83 @@ namespace zerodp {
 using nn_detail::check_count;
 
 namespace {
+
 constexpr float kInvSqrt2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;  // 1 / sqrt(2 pi)
+
+// exp(y) for y <= 0 (the only range GELU needs), flushed to 0 below -87 (exp(-87) = 1.6e-38;
+// what it multiplies is at most 1, so the flush changes GELU by less than that).
+inline float exp_nonpositive(float y) {
+  y = y < -87.0f ? -87.0f : y;
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;  // ln 2 = hi + lo, hi exact in 9 bits
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (y * kLog2e + kRound) - kRound;
+  const float r = (y - n * kLn2Hi) - n * kLn2Lo;  // |r| <= ln2 / 2
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
+  return p * std::bit_cast<float>(bits);
+}
+
+// erfc(z) for z >= 0.
+inline float erfc_nonnegative(float z) {
+  const float t = 1.0f / (1.0f + 0.5f * z);
+  float p = 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  return t * exp_nonpositive(p - z * z);
+}
+
+// Phi(x), the standard normal CDF.
+inline float normal_cdf(float x) {
+  const float z = (x < 0.0f ? -x : x) * kInvSqrt2;
+  const float half_tail = 0.5f * erfc_nonnegative(z);  // P(X > |x|)
+  return x < 0.0f ? half_tail : 1.0f - half_tail;
+}
+
+// The loops, cloned per instruction set (chosen at load time): only the vector width
+// differs, and every lane does the same fp32 operations, so the bits are the same.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void gelu_forward_loop(
+    float* __restrict o, const float* __restrict in, size_t n) {
+  for (size_t i = 0; i < n; ++i) o[i] = in[i] * normal_cdf(in[i]);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void gelu_backward_loop(
+    float* __restrict g, const float* __restrict in, const float* __restrict d, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float x = in[i];
+    const float pdf = kInvSqrt2Pi * exp_nonpositive(-0.5f * x * x);
+    g[i] += (normal_cdf(x) + x * pdf) * d[i];
+  }
+}
+
 }  // namespace
 
 void gelu_forward(std::span<float> out, std::span<const float> inp) {
   check_count("gelu_forward", "inp", inp, out.size(), fmt::format("(count={})", out.size()));
-  for (size_t i = 0; i < out.size(); ++i) {
-    const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
-  }
+  gelu_forward_loop(out.data(), inp.data(), out.size());
 }
 
 void gelu_backward(std::span<float> dinp, std::span<const float> inp, std::span<const float> dout) {
   const std::string shape = fmt::format("(count={})", dinp.size());
   check_count("gelu_backward", "inp", inp, dinp.size(), shape);
   check_count("gelu_backward", "dout", dout, dinp.size(), shape);
-  // d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density.
-  for (size_t i = 0; i < dinp.size(); ++i) {
-    const float x = inp[i];
-    const float cdf = 0.5f * (1.0f + std::erf(x * kInvSqrt2));
-    const float pdf = kInvSqrt2Pi * std::exp(-0.5f * x * x);
-    dinp[i] += (cdf + x * pdf) * dout[i];
-  }
+  gelu_backward_loop(dinp.data(), inp.data(), dout.data(), dinp.size());
 }
 
 }  // namespace zerodp
