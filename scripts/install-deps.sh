@@ -9,7 +9,7 @@ packages=(
   cmake ninja-build g++ make pkg-config
   libfmt-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libdnnl-dev
+  libdnnl-dev libopenblas-dev
   libopenmpi-dev openmpi-bin
   clang clang-format
   bible-kjv dataset-fashion-mnist
