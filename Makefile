@@ -17,7 +17,7 @@ build: deps
 	@cmake --build --preset release -j $(JOBS)
 
 demo: build
-	$(ZERODP) train --ranks 4 --stage 3 --steps 600 --report build/demo-report.json
+	$(ZERODP) train --ranks 4 --stage 3 --steps 1000 --report build/demo-report.json
 
 test: build
 	ctest --preset release -j $(JOBS)
