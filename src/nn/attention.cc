@@ -4,7 +4,7 @@
 // into probabilities in place; backward needs one (T, T) workspace for d(probabilities),
 // turned into d(scores) in place. Cost: the full T x T products are computed and the upper
 // triangle discarded (2x the causal work), and the saved state is B * NH * T * T floats.
-// TODO(issue: fused attention) keep per-row log-sum-exps instead and recompute tiles.
+// TODO(#8, fused attention): keep per-row log-sum-exps instead and recompute tiles.
 #include "nn/attention.h"
 
 #include <algorithm>

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "optim/grad_clip.h"
+#include "optim/loss_scaler.h"
+
 namespace zerodp {
 namespace {
 
@@ -76,19 +79,19 @@ void accumulate(std::span<const float> in, void* data, DType dtype, size_t first
   }
 }
 
+// Both reuse the optimizer's kernels (fixed summation order, vectorized) chunk by chunk;
+// chunks start at `first`, so the order depends only on the range, as the contract needs.
 double sum_squares(const void* data, DType dtype, size_t first, size_t count) {
   double sum = 0;
-  for_each_chunk(data, dtype, first, count, [&](std::span<const float> c) {
-    for (float x : c) sum += static_cast<double>(x) * static_cast<double>(x);
-  });
+  for_each_chunk(data, dtype, first, count,
+                 [&](std::span<const float> c) { sum += sum_of_squares(c); });
   return sum;
 }
 
 bool all_finite(const void* data, DType dtype, size_t first, size_t count) {
   bool ok = true;
-  for_each_chunk(data, dtype, first, count, [&](std::span<const float> c) {
-    for (float x : c) ok = ok && std::isfinite(x);
-  });
+  for_each_chunk(data, dtype, first, count,
+                 [&](std::span<const float> c) { ok = ok && zerodp::all_finite(c); });
   return ok;
 }
 
