@@ -30,5 +30,6 @@ std::vector<std::string> expand_config_file(int argc, char** argv);
 
 Runner add_bench_comm(CLI::App& app);
 Runner add_train(CLI::App& app);
+Runner add_estimate(CLI::App& app);
 
 }  // namespace zerodp::cli

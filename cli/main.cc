@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "zerodp " ZERODP_VERSION);
   app.footer(
       "Examples:\n"
+      "  zerodp train --ranks 4 --stage 3 --steps 200 --report run.json\n"
+      "  zerodp estimate --params 7.5e9 --ranks 64 --memory-per-rank 32GB\n"
       "  zerodp bench-comm --ranks 4 --max-bytes 64MiB\n"
       "  mpirun -np 2 zerodp bench-comm --backend mpi --json\n"
       "Run 'zerodp SUBCOMMAND --help' for a subcommand's options.");
@@ -28,6 +30,9 @@ int main(int argc, char** argv) {
   std::map<const CLI::App*, cli::Runner> runners;
   CLI::App* train = app.add_subcommand("train", "Train a model data-parallel at a ZeRO stage");
   runners[train] = cli::add_train(*train);
+  CLI::App* estimate = app.add_subcommand(
+      "estimate", "Per-rank memory and comm per step for each stage, before training");
+  runners[estimate] = cli::add_estimate(*estimate);
   CLI::App* bench = app.add_subcommand("bench-comm", "Time every collective, like nccl-tests");
   runners[bench] = cli::add_bench_comm(*bench);
 

@@ -33,9 +33,11 @@ struct Flags {
 
 class Progress {
  public:
-  explicit Progress(bool enabled) : tty_(enabled && isatty(fileno(stderr)) != 0) {}
+  explicit Progress(bool enabled)
+      : enabled_(enabled), tty_(enabled && isatty(fileno(stderr)) != 0) {}
 
   void operator()(const StepRecord& s, int64_t total) {
+    if (!enabled_) return;
     tokens_ += s.tokens;
     seconds_ += s.seconds;
     const double tps = seconds_ > 0 ? static_cast<double>(tokens_) / seconds_ : 0;
@@ -62,6 +64,7 @@ class Progress {
 
  private:
   static int digits(int64_t n) { return static_cast<int>(std::to_string(n).size()); }
+  bool enabled_;
   bool tty_;
   uint64_t tokens_ = 0;
   double seconds_ = 0;
