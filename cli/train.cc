@@ -26,6 +26,8 @@ struct Flags {
   std::string accumulate;  // empty = the stage's default
   std::string memory_per_rank;
   std::string timeout = "300";
+  std::string link_bandwidth;
+  std::string link_latency;
   std::string config_file;
   bool no_progress = false;
   bool ranks_given = false;
@@ -101,8 +103,15 @@ int run_train(Flags& f, Launch args) {
         "--collective-timeout '{}' is invalid; use a positive duration, e.g. 300 or 30s",
         f.timeout));
   }
-  if (!f.memory_per_rank.empty())
+  if (!f.memory_per_rank.empty()) {
     c.memory_per_rank = parse_bytes(f.memory_per_rank, "--memory-per-rank");
+  }
+  if (!f.link_bandwidth.empty()) {
+    c.launch.comm.link_bandwidth = parse_bandwidth(f.link_bandwidth, "--link-bandwidth");
+  }
+  if (!f.link_latency.empty()) {
+    c.launch.comm.link_latency = parse_seconds(f.link_latency, "--link-latency");
+  }
   c.progress = !f.no_progress;
 
   std::unique_ptr<std::ofstream> metrics;
@@ -191,6 +200,10 @@ Runner add_train(CLI::App& app) {
   par->add_option("--collective-timeout", f->timeout,
                   "A collective waiting longer fails, e.g. 300 or 30s")
       ->capture_default_str();
+  par->add_option("--link-bandwidth", f->link_bandwidth,
+                  "Simulate a network: each collective takes at least bytes / this, e.g. 1GB/s");
+  par->add_option("--link-latency", f->link_latency,
+                  "Simulated per-step latency of each collective's ring, e.g. 20us");
   auto* opt = app.add_option_group("Optimization");
   opt->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
   opt->add_option("--seed", c.seed, "Seed for init and data order")->capture_default_str();

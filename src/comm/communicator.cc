@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -52,10 +53,10 @@ class Communicator::Worker {
   Worker() : thread_([this] { loop(); }) {}
   ~Worker() { stop(); }
 
-  void push(std::function<void()> op, std::shared_ptr<Work::State> state) {
+  void push(std::function<void()> op, std::shared_ptr<Work::State> state, double min_seconds) {
     {
       std::lock_guard lock(mu_);
-      queue_.push_back({std::move(op), std::move(state)});
+      queue_.push_back({std::move(op), std::move(state), min_seconds});
     }
     cv_.notify_one();
   }
@@ -74,6 +75,7 @@ class Communicator::Worker {
   struct Item {
     std::function<void()> op;
     std::shared_ptr<Work::State> state;
+    double min_seconds = 0;  // simulated link: the collective lasts at least this long
   };
 
   void loop() {
@@ -89,11 +91,17 @@ class Communicator::Worker {
       }
       std::exception_ptr error = poisoned;
       if (!error) {
+        const auto start = std::chrono::steady_clock::now();
         try {
           item.op();
         } catch (...) {
           error = std::current_exception();
           poisoned = error;
+        }
+        if (!error && item.min_seconds > 0) {
+          std::this_thread::sleep_until(
+              start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(item.min_seconds)));
         }
       }
       {
@@ -112,8 +120,15 @@ class Communicator::Worker {
   std::thread thread_;  // last: starts after the members above exist
 };
 
-Communicator::Communicator(int rank, int size)
-    : rank_(rank), size_(size), worker_(std::make_unique<Worker>()) {}
+Communicator::Communicator(int rank, int size, const CommOptions& options)
+    : rank_(rank), size_(size), options_(options), worker_(std::make_unique<Worker>()) {}
+
+double Communicator::link_seconds(uint64_t bytes, int steps) const {
+  double t = 0;
+  if (options_.link_bandwidth > 0) t += static_cast<double>(bytes) / options_.link_bandwidth;
+  if (options_.link_latency > 0) t += steps * options_.link_latency;
+  return t;
+}
 
 Communicator::~Communicator() { stop_worker(); }
 
@@ -121,9 +136,9 @@ void Communicator::stop_worker() {
   if (worker_) worker_->stop();
 }
 
-Work Communicator::submit(std::function<void()> op) {
+Work Communicator::submit(std::function<void()> op, double min_seconds) {
   auto state = std::make_shared<Work::State>();
-  worker_->push(std::move(op), state);
+  worker_->push(std::move(op), state, min_seconds);
   return Work(state);
 }
 
@@ -177,8 +192,10 @@ Work Communicator::reduce_scatter_async(ConstBuffer in, MutableBuffer out, const
         "a separate buffer",
         kOp, rank_));
   }
-  ledger_.record(CommKind::kReduceScatter, static_cast<uint64_t>(size_ - 1) * mine * w);
-  return submit([=, this] { run_reduce_scatter(in, out, part, op); });
+  const uint64_t bytes = static_cast<uint64_t>(size_ - 1) * mine * w;
+  ledger_.record(CommKind::kReduceScatter, bytes);
+  return submit([=, this] { run_reduce_scatter(in, out, part, op); },
+                link_seconds(bytes, size_ - 1));
 }
 
 Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const Partition& part) {
@@ -204,21 +221,24 @@ Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const 
         "separate buffer",
         kOp, rank_));
   }
-  ledger_.record(CommKind::kAllGather, (part.length() - mine) * w);
-  return submit([=, this] { run_all_gather(shard, out, part); });
+  const uint64_t bytes = (part.length() - mine) * w;
+  ledger_.record(CommKind::kAllGather, bytes);
+  return submit([=, this] { run_all_gather(shard, out, part); }, link_seconds(bytes, size_ - 1));
 }
 
 Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
   const Partition part(buf.count, size_);
   const size_t w = dtype_size(buf.dtype);
   const size_t mine = part.count(rank_);
-  ledger_.record(CommKind::kAllReduce,
-                 (static_cast<uint64_t>(size_ - 1) * mine + (part.length() - mine)) * w);
-  return submit([=, this] {
-    MutableBuffer shard(static_cast<char*>(buf.data) + part.offset(rank_) * w, mine, buf.dtype);
-    run_reduce_scatter(buf, shard, part, op);
-    run_all_gather(shard, buf, part);
-  });
+  const uint64_t bytes = (static_cast<uint64_t>(size_ - 1) * mine + (part.length() - mine)) * w;
+  ledger_.record(CommKind::kAllReduce, bytes);
+  return submit(
+      [=, this] {
+        MutableBuffer shard(static_cast<char*>(buf.data) + part.offset(rank_) * w, mine, buf.dtype);
+        run_reduce_scatter(buf, shard, part, op);
+        run_all_gather(shard, buf, part);
+      },
+      link_seconds(bytes, 2 * (size_ - 1)));
 }
 
 Work Communicator::broadcast_async(MutableBuffer buf, int root) {
@@ -226,8 +246,9 @@ Work Communicator::broadcast_async(MutableBuffer buf, int root) {
     throw InvalidArgument(
         fmt::format("broadcast: root {} is outside the world of {} ranks", root, size_));
   }
+  // Every rank waits for the whole transfer, the root included.
   ledger_.record(CommKind::kBroadcast, rank_ == root ? 0 : buf.bytes());
-  return submit([=, this] { run_broadcast(buf, root); });
+  return submit([=, this] { run_broadcast(buf, root); }, link_seconds(buf.bytes(), size_ - 1));
 }
 
 std::vector<double> Communicator::gather_control(std::span<const double> mine) {

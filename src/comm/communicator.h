@@ -39,6 +39,12 @@ enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
 struct CommOptions {
   // A collective that waits longer than this fails with CommTimeout.
   double timeout_seconds = 300.0;
+  // Simulated interconnect (0 = off): each collective takes at least
+  // bytes received / link_bandwidth + ring steps x link_latency on every rank, so a slow
+  // network can be studied on one machine. Ring steps: N-1 for a reduce-scatter, all-gather
+  // or broadcast, 2(N-1) for an all-reduce.
+  double link_bandwidth = 0;  // bytes per second
+  double link_latency = 0;    // seconds per step
 };
 std::string_view reduce_op_name(ReduceOp op);
 
@@ -130,7 +136,7 @@ class Communicator {
   virtual void abort(const std::string& reason) noexcept = 0;
 
  protected:
-  Communicator(int rank, int size);
+  Communicator(int rank, int size, const CommOptions& options = {});
   // Backends implement blocking primitives; they run on the rank's communication thread in
   // call order, never concurrently with each other. Arguments are already validated.
   virtual void run_reduce_scatter(ConstBuffer in, MutableBuffer out, const Partition& part,
@@ -143,10 +149,13 @@ class Communicator {
 
  private:
   class Worker;
-  Work submit(std::function<void()> op);
+  Work submit(std::function<void()> op, double min_seconds = 0);
+  // The simulated link's time for `bytes` received over `steps` ring steps (0 when off).
+  double link_seconds(uint64_t bytes, int steps) const;
 
   int rank_;
   int size_;
+  CommOptions options_;
   CommLedger ledger_;
   std::unique_ptr<Worker> worker_;
 };

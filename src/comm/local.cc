@@ -153,7 +153,7 @@ namespace {
 class LocalCommunicator final : public Communicator {
  public:
   LocalCommunicator(int rank, std::shared_ptr<LocalWorld::Shared> shared)
-      : Communicator(rank, shared->world), shared_(std::move(shared)) {}
+      : Communicator(rank, shared->world, shared->options), shared_(std::move(shared)) {}
   ~LocalCommunicator() override { stop_worker(); }
 
   std::string_view backend_name() const override { return "local"; }

@@ -198,7 +198,10 @@ class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm`, a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN.
   MpiCommunicator(MPI_Comm comm, int rank, int size, const CommOptions& options, size_t chunk_bytes)
-      : Communicator(rank, size), comm_(comm), options_(options), chunk_bytes_(chunk_bytes) {
+      : Communicator(rank, size, options),
+        comm_(comm),
+        options_(options),
+        chunk_bytes_(chunk_bytes) {
     std::lock_guard lock(mpi_mutex());
     const int code = MPI_Irecv(notice_buffer_.data(), kMaxNoticeBytes, MPI_CHAR, MPI_ANY_SOURCE,
                                kNoticeTag, comm_, &notice_request_);

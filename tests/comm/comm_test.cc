@@ -1,5 +1,6 @@
 // The local backend's collectives against a plain reference, over world sizes 1..8,
 // counts 0, 1, primes and large, ragged partitions, every dtype and op.
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -303,6 +304,33 @@ TEST(Collectives, RejectsMismatchedBuffersNamingSizesAndRank) {
         InvalidArgument);
     // Nothing was issued, so the ranks are still in step.
     comm.barrier();
+  });
+}
+
+}  // namespace
+}  // namespace zerodp
+
+namespace zerodp {
+namespace {
+
+// The simulated link makes every collective last at least bytes / bandwidth + steps x
+// latency (a lower bound: sleeping never ends early).
+TEST(SimulatedLink, CollectivesTakeAtLeastBytesOverBandwidthPlusLatency) {
+  CommOptions slow;
+  slow.timeout_seconds = 30;
+  slow.link_bandwidth = 4e6;    // 4 MB/s
+  slow.link_latency = 1e-3;     // 1 ms per ring step
+  const size_t count = 100000;  // 400 KB of f32
+  run_local(2, slow, [&](Communicator& comm) {
+    std::vector<float> buf(count, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    comm.all_reduce(std::span<float>(buf), ReduceOp::kSum);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // This rank received 400 KB / 2 (reduce-scatter) + 400 KB / 2 (all-gather) = 400 KB:
+    // 0.1 s at 4 MB/s, plus 2 ring steps of 1 ms.
+    EXPECT_GE(took, 0.102);
+    EXPECT_EQ(buf[0], 2.0f);
   });
 }
 
