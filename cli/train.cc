@@ -116,8 +116,6 @@ int run_train(Flags& f, Launch args) {
 
   std::unique_ptr<std::ofstream> metrics;
   Progress progress(c.progress);
-  const bool mpi_child = false;
-  (void)mpi_child;
   StepCallback on_step = [&](const StepRecord& s, int64_t total) {
     if (!c.metrics_path.empty()) {
       if (!metrics) {

@@ -207,7 +207,7 @@ class RankTrainer {
     if (!cfg_.checkpoint_activations) return saved_[ui].span();
     return saved_[0].span().first(units_[ui].unit->saved_count(shape_));
   }
-  double forward(bool training);
+  double forward();
   void backward();
   void reduce_unit_grads(size_t ui, std::span<const float> dw);
   void finish_pending(bool all);
@@ -307,8 +307,8 @@ void RankTrainer::initialize(UnitState& u) {
                 u.master.data() + (ob - u.opt_range.begin));
     }
   }
-  // The opt range may lie outside what stage <3 holds? No: held covers it (full buffer), and
-  // at stage 3 held == own == opt_range.
+  // `held` always covers the optimizer range: the full buffer below stage 3, and at stage 3
+  // held == own == opt_range.
 }
 
 void RankTrainer::allocate_transients() {
@@ -431,8 +431,7 @@ class GatherQueue {
   size_t issued_ = 0;
 };
 
-double RankTrainer::forward(bool training) {
-  (void)training;
+double RankTrainer::forward() {
   const size_t U = units_.size();
   std::optional<GatherQueue> gathers;
   if (sharding_.parameters) {
@@ -606,7 +605,7 @@ StepRecord RankTrainer::step(int64_t step_index) {
   double loss_sum = 0;
   for (int a = 0; a < A; ++a) {
     load_micro_batch(a);
-    loss_sum += forward(true);
+    loss_sum += forward();
     backward();
   }
   boundary_reduce();
@@ -666,7 +665,7 @@ double RankTrainer::evaluate() {
       mb_.features = features_.span();
     }
     mb_.targets = targets_.span();
-    sum += forward(false);
+    sum += forward();
   }
   const double total = comm_.sum_control(sum);
   return batches == 0 ? std::nan("") : total / static_cast<double>(batches * n);
