@@ -199,6 +199,7 @@ class RankTrainer {
   void initialize(UnitState& u);
   std::span<const float> weights_for(size_t ui, int slot);
   void load_micro_batch(int64_t micro);
+  void fill_micro_batch(const Dataset& dataset, std::span<const uint64_t> idx);
   size_t features_per_sample() const {
     const auto* images = std::get_if<ImageDataset>(&data_.train);
     return images ? static_cast<size_t>(images->pixels_per_image()) : 0;
@@ -384,18 +385,22 @@ std::span<const float> RankTrainer::weights_for(size_t ui, int slot) {
 void RankTrainer::load_micro_batch(int64_t micro) {
   const auto idx = sampler_->rank_samples(sampler_->position(), micro, comm_.rank());
   sha256_update_u64_le(samples_hash_, idx);
+  fill_micro_batch(data_.train, idx);
+  mb_.loss_grad_scale = loss_grad_scale_;
+}
+
+// Samples `idx` of `dataset` into the micro-batch buffers, and mb_ pointing at them.
+void RankTrainer::fill_micro_batch(const Dataset& dataset, std::span<const uint64_t> idx) {
   mb_ = MicroBatch{};
   mb_.shape = shape_;
-  if (const auto* text = std::get_if<TokenDataset>(&data_.train)) {
+  if (const auto* text = std::get_if<TokenDataset>(&dataset)) {
     text->fill(idx, tokens_.span(), targets_.span());
     mb_.tokens = tokens_.span();
   } else {
-    const auto& images = std::get<ImageDataset>(data_.train);
-    images.fill(idx, features_.span(), targets_.span());
+    std::get<ImageDataset>(dataset).fill(idx, features_.span(), targets_.span());
     mb_.features = features_.span();
   }
   mb_.targets = targets_.span();
-  mb_.loss_grad_scale = loss_grad_scale_;
 }
 
 // Gathers for stage 3 run ahead of compute by up to `prefetch` units.
@@ -655,16 +660,7 @@ double RankTrainer::evaluate() {
   std::vector<uint64_t> idx(b);
   for (uint64_t k = 0; k < batches; ++k) {
     for (uint64_t j = 0; j < b; ++j) idx[j] = (k * n + static_cast<uint64_t>(comm_.rank())) * b + j;
-    mb_ = MicroBatch{};
-    mb_.shape = shape_;
-    if (const auto* text = std::get_if<TokenDataset>(&data_.validation)) {
-      text->fill(idx, tokens_.span(), targets_.span());
-      mb_.tokens = tokens_.span();
-    } else {
-      std::get<ImageDataset>(data_.validation).fill(idx, features_.span(), targets_.span());
-      mb_.features = features_.span();
-    }
-    mb_.targets = targets_.span();
+    fill_micro_batch(data_.validation, idx);
     sum += forward();
   }
   const double total = comm_.sum_control(sum);
