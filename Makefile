@@ -41,7 +41,7 @@ tsan: deps
 	@cmake --preset tsan >/dev/null
 	@cmake --build --preset tsan -j $(JOBS) --target comm_test
 	TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan.supp halt_on_error=1" \
-	  ctest --preset tsan -j $(JOBS)
+	  build/tsan/tests/comm/comm_test
 
 sanitize: asan tsan
 
