@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 #include "data/gzip.h"
-#include "data/sha256.h"
+#include "core/sha256.h"
 
 extern char** environ;  // the child runs with our environment
 

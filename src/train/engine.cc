@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "core/partition.h"
 #include "data/sampler.h"
-#include "data/sha256.h"
+#include "core/sha256.h"
 #include "data/source.h"
 #include "models/gpt.h"
 #include "models/init.h"

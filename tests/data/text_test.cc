@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "data/sha256.h"
+#include "core/sha256.h"
 #include "temp_dir.h"
 
 namespace zerodp {

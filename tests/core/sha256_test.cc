@@ -1,4 +1,4 @@
-#include "data/sha256.h"
+#include "core/sha256.h"
 
 #include <cstdint>
 #include <fstream>
