@@ -2,11 +2,14 @@
 // function that runs it; main() owns parsing, MPI start-up and turning errors into exit codes.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "core/error.h"
 
 namespace zerodp::cli {
 
@@ -15,6 +18,12 @@ namespace zerodp::cli {
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitCorrupt = 3;
+
+inline int exit_code_for(const std::exception& e) {
+  if (dynamic_cast<const InvalidArgument*>(&e) != nullptr) return kExitUsage;
+  if (dynamic_cast<const CorruptData*>(&e) != nullptr) return kExitCorrupt;
+  return kExitFailure;
+}
 
 struct Launch {
   int& argc;
@@ -31,5 +40,7 @@ std::vector<std::string> expand_config_file(int argc, char** argv);
 Runner add_bench_comm(CLI::App& app);
 Runner add_train(CLI::App& app);
 Runner add_estimate(CLI::App& app);
+Runner add_sample(CLI::App& app);
+Runner add_export(CLI::App& app);
 
 }  // namespace zerodp::cli

@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
       "  zerodp estimate --params 7.5e9 --ranks 64 --memory-per-rank 32GB\n"
       "  zerodp bench-comm --ranks 4 --max-bytes 64MiB\n"
       "  mpirun -np 2 zerodp bench-comm --backend mpi --json\n"
+      "  zerodp train --steps 200 --checkpoint-dir ckpt --checkpoint-every 50\n"
+      "  zerodp train --steps 400 --checkpoint-dir ckpt --resume latest\n"
+      "  zerodp export ckpt --out model.safetensors\n"
+      "  zerodp sample model.safetensors --prompt 'In the beginning' --max-tokens 200\n"
       "Run 'zerodp SUBCOMMAND --help' for a subcommand's options.");
 
   std::map<const CLI::App*, cli::Runner> runners;
@@ -35,6 +39,12 @@ int main(int argc, char** argv) {
   runners[estimate] = cli::add_estimate(*estimate);
   CLI::App* bench = app.add_subcommand("bench-comm", "Time every collective, like nccl-tests");
   runners[bench] = cli::add_bench_comm(*bench);
+  CLI::App* exp = app.add_subcommand(
+      "export", "Consolidate a sharded checkpoint into one fp32 safetensors file");
+  runners[exp] = cli::add_export(*exp);
+  CLI::App* sample =
+      app.add_subcommand("sample", "Generate text from a trained gpt (an exported file)");
+  runners[sample] = cli::add_sample(*sample);
 
   std::vector<std::string> args;
   try {

@@ -42,8 +42,10 @@ class Progress {
     if (!enabled_) return;
     tokens_ += s.tokens;
     seconds_ += s.seconds;
+    ++done_;
     const double tps = seconds_ > 0 ? static_cast<double>(tokens_) / seconds_ : 0;
-    const double eta = seconds_ / static_cast<double>(s.step) * static_cast<double>(total - s.step);
+    // A continuation starts past step 1: the rate is this run's.
+    const double eta = seconds_ / static_cast<double>(done_) * static_cast<double>(total - s.step);
     std::string line = fmt::format("step {:>{}}/{} loss {:.4f} lr {:.2e} norm {:.3f} {:.0f} tok/s",
                                    s.step, digits(total), total, s.loss, s.lr, s.grad_norm, tps);
     if (s.loss_scale) line += fmt::format(" scale {:g}", *s.loss_scale);
@@ -64,12 +66,24 @@ class Progress {
     std::fflush(stderr);
   }
 
+  // A line of its own that the progress bar does not overwrite.
+  void note(const std::string& text) {
+    if (!enabled_) return;
+    if (tty_) {
+      fmt::print(stderr, "\r{:<100}\n", text);
+    } else {
+      fmt::print(stderr, "{}\n", text);
+    }
+    std::fflush(stderr);
+  }
+
  private:
   static int digits(int64_t n) { return static_cast<int>(std::to_string(n).size()); }
   bool enabled_;
   bool tty_;
   uint64_t tokens_ = 0;
   double seconds_ = 0;
+  int64_t done_ = 0;
 };
 
 int run_train(Flags& f, Launch args) {
@@ -78,6 +92,7 @@ int run_train(Flags& f, Launch args) {
   if (!backend)
     throw InvalidArgument(fmt::format("--backend '{}' is unknown; use local or mpi", f.backend));
   c.launch.backend = *backend;
+  c.launch.mpi_exit_code = exit_code_for;
   // Under mpirun the job's size is the world, unless --ranks was given to check it.
   if (*backend == Backend::kMpi && !f.ranks_given) c.launch.ranks = 0;
   const auto precision = parse_precision(f.precision);
@@ -126,6 +141,9 @@ int run_train(Flags& f, Launch args) {
       metrics->flush();
     }
     progress(s, total);
+    if (!s.checkpoint.empty() && c.progress) {
+      progress.note(fmt::format("step {}: checkpoint committed: {}", s.step, s.checkpoint));
+    }
   };
   const TrainResult r = train(c, args.argc, args.argv, on_step);
   if (!r.is_reporter) return 0;
@@ -133,6 +151,9 @@ int run_train(Flags& f, Launch args) {
   fmt::print("trained {} parameters for {} steps: stage {}, {} ranks ({}), {}\n", r.params,
              r.steps.size(), r.config.stage, r.world_size, r.backend,
              precision_name(r.config.precision));
+  if (!r.resumed_from.empty()) {
+    fmt::print("continued from {}: steps {}..{}\n", r.resumed_from, r.first_step, r.config.steps);
+  }
   fmt::print("final loss {:.4f}, validation loss {}, {:.0f} tokens/s, weights sha256 {}\n",
              r.final_loss, r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
              r.tokens_per_second, r.weights_sha256.substr(0, 16));
@@ -215,6 +236,23 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   opt->add_flag("--decay-all", c.decay_all,
                 "Decay norms and biases too (as the PyTorch peer does)");
+  auto* ck = app.add_option_group("Checkpoints");
+  ck->add_option("--checkpoint-dir", c.checkpoint_dir,
+                 "Save sharded checkpoints here (DIR/step_NNNNNNNN/, DIR/latest); also at the "
+                 "last step");
+  ck->add_option("--checkpoint-every", c.checkpoint_every, "Save every K steps (0 = last only)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  ck->add_option("--keep", c.keep, "Committed checkpoints to keep, newest first (0 = all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  ck->add_option("--resume", c.resume,
+                 "Continue from a checkpoint: a step directory, a checkpoint dir, or 'latest' "
+                 "(the newest in --checkpoint-dir); --steps stays the total. Any --ranks and "
+                 "--stage may load it");
+  ck->add_option("--stop-after", c.stop_after,
+                 "Stop after this step, the schedule still planned for --steps (a time slice; "
+                 "continue with --resume)");
   auto* out = app.add_option_group("Output");
   out->add_option("--eval-every", c.eval_every,
                   "Validation loss every K steps (0 = at the end only)")

@@ -38,8 +38,8 @@ enum class ElementType : uint8_t { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI
 std::string_view element_type_name(ElementType t);  // "F32", "BF16", ...
 std::optional<ElementType> parse_element_type(std::string_view name);
 size_t element_size(ElementType t);
-ElementType element_type_of(DType t);             // kF32, kF16, kBF16
-std::optional<DType> dtype_of(ElementType t);     // the three zerodp computes with
+ElementType element_type_of(DType t);          // kF32, kF16, kBF16
+std::optional<DType> dtype_of(ElementType t);  // the three zerodp computes with
 
 struct TensorInfo {
   std::string name;
@@ -126,6 +126,7 @@ class Reader {
   int fd_ = -1;
   uint64_t file_size_ = 0;
   Header header_;
+  std::vector<size_t> by_name_;  // indices into header_.tensors, sorted by name, for find()
 };
 
 }  // namespace zerodp::safetensors

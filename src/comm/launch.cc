@@ -44,7 +44,7 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
     std::fflush(stderr);
     // Peers learn the reason at once; MPI_Abort then ends every process.
     comm->abort(e.what());
-    session.abort_job(options.mpi_exit_code);
+    session.abort_job(options.mpi_exit_code ? options.mpi_exit_code(e) : 1);
   }
   comm.reset();
 }

@@ -4,9 +4,11 @@
 //        naming it and launch() rethrows the root cause.
 // mpi:   this process is one rank of an mpirun job (`ranks` must be 0 or equal the job's
 //        size); if fn throws, the error is printed as "rank R: <reason>" and the whole job
-//        is ended with exit code `mpi_exit_code` (MPI_Abort), so no rank hangs.
+//        is ended with the exit code `mpi_exit_code` gives for the error (MPI_Abort), so no
+//        rank hangs and the job's status still says what kind of failure it was.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <optional>
 #include <string>
@@ -24,7 +26,8 @@ struct LaunchOptions {
   Backend backend = Backend::kLocal;
   int ranks = 2;  // local: thread count; mpi: 0 = the job's size, else must equal it
   CommOptions comm;
-  int mpi_exit_code = 1;
+  // Exit status of an MPI job ended by an error; null: 1 for every error.
+  std::function<int(const std::exception&)> mpi_exit_code = nullptr;
 };
 
 void launch(const LaunchOptions& options, int& argc, char**& argv,

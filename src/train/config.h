@@ -65,6 +65,15 @@ struct TrainConfig {
   std::string metrics_path;
   std::string report_path;
   bool progress = true;
+  // Checkpoints (docs/checkpoint_format.md). A run with a checkpoint_dir saves every
+  // checkpoint_every steps (0 = never in between) and always at its last step.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep = 0;        // committed checkpoints kept; 0 = all
+  std::string resume;  // "" = a fresh start; "latest" = newest in checkpoint_dir; or a path
+  // Stop after this step although the schedule runs to `steps` (0 = run to the end): a job
+  // in time slices, continued later with resume.
+  int64_t stop_after = 0;
   // fp16: the dynamic loss scale to start from (a power of two, 1..2^24).
   float initial_loss_scale = 65536.0f;
   // Return the consolidated fp32 weights in TrainResult (tools and tests; costs 4Φ on rank 0).

@@ -10,12 +10,16 @@
 #include <thread>
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
+#include "checkpoint/format.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/store.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/partition.h"
-#include "data/sampler.h"
 #include "core/sha256.h"
+#include "data/sampler.h"
 #include "data/source.h"
 #include "models/gpt.h"
 #include "models/init.h"
@@ -27,6 +31,7 @@
 #include "tensor/gemm.h"
 #include "train/flat.h"
 #include "train/plan.h"
+#include "train/report.h"
 
 namespace zerodp {
 
@@ -192,6 +197,17 @@ class RankTrainer {
   StepRecord step(int64_t step_index);
   double evaluate();
   std::string weights_sha256(std::vector<float>* keep);
+
+  // Checkpoints (checkpoint/store.h has the protocol, docs/checkpoint_format.md the format).
+  // Everything meta.json says of this run after `step` steps, but the file checksums.
+  checkpoint::Meta describe(int64_t step) const;
+  // Writes this rank's own ranges into `file`; returns its sha256.
+  std::string write_shard(const std::filesystem::path& file) const;
+  // CorruptData unless the checkpoint holds this model's units and tensors.
+  void check_same_model(const checkpoint::Checkpoint& ckpt) const;
+  // Replaces every state with the checkpoint's, read by ranges from whichever shards
+  // hold them (any N, any stage, any precision). The caller verified the checkpoint.
+  void load(const checkpoint::Checkpoint& ckpt);
 
  private:
   void allocate_states();
@@ -689,6 +705,172 @@ std::string RankTrainer::weights_sha256(std::vector<float>* keep) {
   return hash.hex_digest();
 }
 
+checkpoint::Meta RankTrainer::describe(int64_t step) const {
+  checkpoint::Meta m;
+  m.zerodp_version = kZerodpVersion;
+  m.step = static_cast<uint64_t>(step);
+  m.world_size = comm_.size();
+  m.stage = cfg_.stage;
+  m.precision = std::string(precision_name(cfg_.precision));
+  m.model_kind = cfg_.model;
+  if (cfg_.model == "gpt") {
+    m.model_shape = {{"layers", cfg_.layers},
+                     {"heads", cfg_.heads},
+                     {"embd", cfg_.embd},
+                     {"seq_len", cfg_.seq_len},
+                     {"vocab", 256}};
+  } else if (cfg_.model == "mlp") {
+    m.model_shape = {{"hidden", cfg_.mlp_hidden}, {"hidden_layers", cfg_.mlp_layers}};
+  }
+  for (const UnitState& u : units_) {
+    checkpoint::UnitMeta um;
+    um.name = u.unit->name();
+    um.numel = u.numel;
+    for (const TensorSpec& t : u.unit->tensors()) {
+      um.tensors.push_back({t.name, t.shape, t.offset, t.numel});
+    }
+    for (int r = 0; r < comm_.size(); ++r) um.counts.push_back(u.part.count(r));
+    m.units.push_back(std::move(um));
+  }
+  const nlohmann::json config = config_json(cfg_);
+  for (const auto& [k, v] : config.items()) {
+    m.config[k] = v.is_string() ? v.get<std::string>() : v.dump();
+  }
+  m.adam_step = adam_step_;
+  m.lr_next = schedule_->lr_at(step);
+  if (scaler_) {
+    const LossScalerState& st = scaler_->state();
+    m.loss_scaler = checkpoint::ScalerMeta{st.scale, st.clean_steps, st.hysteresis_left};
+  }
+  m.data_epoch = sampler_->position().epoch;
+  m.data_step = sampler_->position().step;
+  m.samples_per_step = sampler_->samples_per_step();
+  m.dataset_size = sampler_->options().dataset_size;
+  m.seed = cfg_.seed;
+  m.rank_seeds.assign(static_cast<size_t>(comm_.size()), cfg_.seed);
+  return m;
+}
+
+std::string RankTrainer::write_shard(const std::filesystem::path& file) const {
+  using checkpoint::tensor_name;
+  namespace st = safetensors;
+  const bool fp32 = dtype_ == DType::kF32;
+  std::vector<st::TensorDecl> decls;
+  for (const UnitState& u : units_) {
+    const std::vector<int64_t> shape{static_cast<int64_t>(u.own.count())};
+    decls.push_back({tensor_name(u.unit->name(), "params"), st::element_type_of(dtype_), shape});
+    if (!fp32)
+      decls.push_back({tensor_name(u.unit->name(), "master"), st::ElementType::kF32, shape});
+    decls.push_back({tensor_name(u.unit->name(), "adam_m"), st::ElementType::kF32, shape});
+    decls.push_back({tensor_name(u.unit->name(), "adam_v"), st::ElementType::kF32, shape});
+  }
+  st::Writer w(file, std::move(decls), {{"format", std::string(checkpoint::kFormat)}});
+  const size_t psize = dtype_size(dtype_);
+  for (const UnitState& u : units_) {
+    const size_t n = u.own.count();
+    // Where the own range starts in each buffer: at 0 when the buffer holds only it.
+    const size_t pfirst = sharding_.parameters ? 0 : u.own.begin;
+    const size_t ofirst = u.own.begin - u.opt_range.begin;
+    w.write(std::span(static_cast<const std::byte*>(u.params.data()) + pfirst * psize, n * psize));
+    if (!fp32) w.write_values(u.master.span().subspan(ofirst, n));
+    w.write_values(u.adam_m.span().subspan(ofirst, n));
+    w.write_values(u.adam_v.span().subspan(ofirst, n));
+  }
+  return w.finish();
+}
+
+void RankTrainer::check_same_model(const checkpoint::Checkpoint& ckpt) const {
+  const checkpoint::Meta& m = ckpt.meta();
+  const std::string where = (ckpt.dir() / "meta.json").string();
+  if (m.units.size() != units_.size()) {
+    throw CorruptData(fmt::format(
+        "{}: a checkpoint of another model: {} units there ({} {}), {} in this run ({} {})", where,
+        m.units.size(), m.model_kind, m.config.count("size") ? m.config.at("size") : "",
+        units_.size(), cfg_.model, cfg_.model == "gpt" ? cfg_.size : ""));
+  }
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const checkpoint::UnitMeta& saved = m.units[i];
+    const Unit& mine = *units_[i].unit;
+    if (saved.name != mine.name() || saved.numel != mine.numel() ||
+        saved.tensors.size() != mine.tensors().size()) {
+      throw CorruptData(fmt::format(
+          "{}: a checkpoint of another model: unit {} is \"{}\" with {} elements there, \"{}\" "
+          "with {} in this run",
+          where, i, saved.name, saved.numel, mine.name(), mine.numel()));
+    }
+    for (size_t k = 0; k < saved.tensors.size(); ++k) {
+      const TensorSpec& t = mine.tensors()[k];
+      const checkpoint::TensorMeta expected{t.name, t.shape, t.offset, t.numel};
+      if (!(saved.tensors[k] == expected)) {
+        throw CorruptData(fmt::format(
+            "{}: a checkpoint of another model: tensor {} of unit {} is {} {} there, {} {} here",
+            where, k, mine.name(), saved.tensors[k].name, fmt::join(saved.tensors[k].shape, "x"),
+            t.name, fmt::join(t.shape, "x")));
+      }
+    }
+  }
+}
+
+void RankTrainer::load(const checkpoint::Checkpoint& ckpt) {
+  const checkpoint::Meta& m = ckpt.meta();
+  const bool fp32 = dtype_ == DType::kF32;
+  const auto saved_dtype = parse_precision(m.precision);
+  std::vector<float> tmp;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    UnitState& u = units_[i];
+    // The 16-bit params are the rounded master; read them as saved when the dtype agrees
+    // (the same bits the saving run computed with), else round the master here.
+    const Range held = sharding_.parameters ? u.own : Range{0, u.numel};
+    if (saved_dtype && param_dtype(*saved_dtype) == dtype_) {
+      ckpt.read(
+          i, "params", held.begin,
+          std::span(static_cast<std::byte*>(u.params.data()), held.count() * dtype_size(dtype_)));
+    } else {
+      tmp.resize(held.count());
+      ckpt.read_master(i, held.begin, tmp);
+      narrow(tmp, u.params.data(), dtype_, 0);
+    }
+    const size_t n = u.opt_range.count();
+    if (!fp32) ckpt.read_master(i, u.opt_range.begin, u.master.span());
+    ckpt.read(i, "adam_m", u.opt_range.begin, std::as_writable_bytes(u.adam_m.span().first(n)));
+    ckpt.read(i, "adam_v", u.opt_range.begin, std::as_writable_bytes(u.adam_v.span().first(n)));
+  }
+  adam_step_ = m.adam_step;
+  if (scaler_) {
+    LossScalerState st;
+    if (m.loss_scaler) {
+      st.scale = static_cast<float>(m.loss_scaler->scale);
+      st.clean_steps = m.loss_scaler->clean_steps;
+      st.hysteresis_left = m.loss_scaler->hysteresis_left;
+    } else {
+      st.scale = cfg_.initial_loss_scale;  // from bf16/fp32: a fresh scaler
+    }
+    try {
+      scaler_.emplace(scaler_->config(), st);
+    } catch (const InvalidArgument& e) {
+      throw CorruptData(
+          fmt::format("{}: loss_scaler: {}", (ckpt.dir() / "meta.json").string(), e.what()));
+    }
+  }
+  // The data cursor. With the same samples per step it is exact; otherwise the epoch's
+  // samples consumed so far are kept and the step rounds up, so no sample of the epoch is
+  // seen twice (the order is the same: it depends on the seed and the epoch only).
+  const uint64_t k = sampler_->samples_per_step();
+  SamplerPosition pos{m.data_epoch, m.data_step};
+  if (m.dataset_size != sampler_->options().dataset_size) {
+    throw InvalidArgument(fmt::format(
+        "{}: saved with a training set of {} samples, this run's has {}; use the same --data "
+        "and sequence length",
+        ckpt.dir().string(), m.dataset_size, sampler_->options().dataset_size));
+  }
+  if (m.samples_per_step != k) {
+    const uint64_t consumed = m.data_step * m.samples_per_step;
+    pos.step = (consumed + k - 1) / k;
+  }
+  if (pos.step >= sampler_->steps_per_epoch()) pos = {pos.epoch + 1, 0};
+  sampler_->set_position(pos);
+}
+
 struct MemorySnapshot {
   MemoryLedger::Table current{};
   MemoryLedger::Table peak{};
@@ -729,6 +911,78 @@ RankSummary unpack_summary(std::span<const double> v, int rank) {
   for (int i = 0; i < 32; ++i) hex += fmt::format("{:02x}", static_cast<int>(v[k++]));
   s.samples_sha256 = hex;
   return s;
+}
+
+// One checkpoint, every rank taking part (the protocol of checkpoint/store.h). Nothing is
+// committed unless every rank's shard is durable; a failure on any rank fails all of them
+// with the same verdict, so no rank goes on while another thinks the save was lost.
+void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig& cfg,
+                     int64_t step) {
+  namespace ck = checkpoint;
+  CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
+  const std::filesystem::path root = cfg.checkpoint_dir;
+  const std::filesystem::path temp = ck::temp_dir(root, static_cast<uint64_t>(step));
+  const int rank = comm.rank();
+  std::string error;
+  if (rank == 0) {
+    try {
+      std::filesystem::remove_all(temp);
+      std::filesystem::create_directories(temp);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
+    if (rank == 0) throw IoError(fmt::format("checkpoint at step {}: {}", step, error));
+    throw IoError(
+        fmt::format("checkpoint at step {}: rank 0 could not create {}", step, temp.string()));
+  }
+  std::string sha;
+  uint64_t bytes = 0;
+  const std::filesystem::path file = temp / ck::rank_file_name(rank);
+  try {
+    sha = trainer.write_shard(file);
+    bytes = std::filesystem::file_size(file);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ck::failpoint("shard-written", rank);
+  // Agreement: every rank's verdict, size and digest.
+  std::vector<double> mine{error.empty() ? 1.0 : 0.0, static_cast<double>(bytes)};
+  for (size_t i = 0; i < 64 && !sha.empty(); i += 2) {
+    mine.push_back(std::stoi(sha.substr(i, 2), nullptr, 16));
+  }
+  mine.resize(2 + 32, 0.0);
+  const std::vector<double> all = comm.gather_control(mine);
+  std::vector<int> failed;
+  ck::Meta meta = trainer.describe(step);
+  for (int r = 0; r < comm.size(); ++r) {
+    const double* v = all.data() + static_cast<size_t>(r) * mine.size();
+    if (v[0] != 1.0) {
+      failed.push_back(r);
+      continue;
+    }
+    std::string hex;
+    for (int i = 0; i < 32; ++i) hex += fmt::format("{:02x}", static_cast<int>(v[2 + i]));
+    meta.files.push_back({ck::rank_file_name(r), static_cast<uint64_t>(v[1]), hex});
+  }
+  if (!failed.empty()) {
+    throw IoError(
+        fmt::format("checkpoint at step {} not committed: rank(s) {} could not write "
+                    "their shard{}{}",
+                    step, fmt::join(failed, ", "), error.empty() ? "" : ": ", error));
+  }
+  if (rank == 0) {
+    try {
+      ck::commit(root, temp, meta, cfg.keep);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
+    throw IoError(fmt::format("checkpoint at step {} not committed: {}", step,
+                              rank == 0 ? error : "rank 0 failed to commit it"));
+  }
 }
 
 }  // namespace
@@ -787,6 +1041,17 @@ void resolve_config(TrainConfig& c) {
         "--warmup {} leaves no steps for the cosine decay of --steps {}; use fewer warmup steps",
         c.warmup, c.steps));
   }
+  if (c.stop_after < 0) {
+    throw InvalidArgument(
+        fmt::format("--stop-after {} is invalid; use 0 (run to --steps) or a step", c.stop_after));
+  }
+  if (c.checkpoint_every < 0) {
+    throw InvalidArgument(
+        fmt::format("--checkpoint-every {} is invalid; use 0 or more steps", c.checkpoint_every));
+  }
+  if (c.keep < 0) {
+    throw InvalidArgument(fmt::format("--keep {} is invalid; use 0 (keep all) or more", c.keep));
+  }
   if (c.launch.backend == Backend::kLocal && c.launch.ranks < 1) {
     throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", c.launch.ranks));
   }
@@ -805,20 +1070,81 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   if (!cfg.cache_dir.empty()) dopt.cache_dir = cfg.cache_dir;
   const DataSplits data = open_data(dopt);
 
+  // Where a continuation starts, decided before any rank exists: a missing checkpoint is an
+  // error, never a fresh start, and a fresh start never writes over committed checkpoints.
+  std::filesystem::path resume_from;
+  if (!cfg.resume.empty()) {
+    if (cfg.resume == "latest") {
+      if (cfg.checkpoint_dir.empty()) {
+        throw InvalidArgument("--resume latest needs --checkpoint-dir DIR to look in");
+      }
+      const auto latest = checkpoint::find_latest(cfg.checkpoint_dir);
+      if (!latest) {
+        throw InvalidArgument(fmt::format(
+            "--resume latest: {} holds no committed checkpoint (no {}/latest); run without "
+            "--resume to start fresh",
+            cfg.checkpoint_dir, cfg.checkpoint_dir));
+      }
+      resume_from = *latest;
+    } else {
+      resume_from = checkpoint::resolve(cfg.resume);
+    }
+  } else if (!cfg.checkpoint_dir.empty() &&
+             !checkpoint::list_checkpoints(cfg.checkpoint_dir).empty()) {
+    throw InvalidArgument(fmt::format(
+        "--checkpoint-dir {} already holds checkpoints (newest {}); pass --resume latest to "
+        "continue from it, or choose an empty directory",
+        cfg.checkpoint_dir, checkpoint::list_checkpoints(cfg.checkpoint_dir).back().string()));
+  }
+
   TrainResult result;
   std::mutex mu;
   launch(cfg.launch, argc, argv, [&](Communicator& comm) {
+    // Every rank verifies the whole checkpoint before any state exists, so a corrupt one
+    // fails every rank the same way and before the first collective.
+    std::optional<checkpoint::Checkpoint> from;
+    if (!resume_from.empty()) from.emplace(resume_from);
     RankTrainer trainer(cfg, comm, data, make_model);
+    int64_t first = 1;
+    if (from) {
+      trainer.check_same_model(*from);
+      const int64_t saved = static_cast<int64_t>(from->meta().step);
+      if (saved > cfg.steps) {
+        throw InvalidArgument(fmt::format(
+            "--resume {}: the checkpoint is at step {}, past --steps {}; --steps is the total "
+            "count, so use --steps {} or more",
+            resume_from.string(), saved, cfg.steps, saved));
+      }
+      trainer.load(*from);
+      first = saved + 1;
+      from.reset();
+    }
+    if (comm.rank() == 0 && !cfg.checkpoint_dir.empty()) {
+      std::filesystem::create_directories(cfg.checkpoint_dir);
+      checkpoint::clean_leftovers(cfg.checkpoint_dir);
+    }
     const bool reporter = comm.rank() == 0;
     std::vector<StepRecord> steps;
-    for (int64_t s = 1; s <= cfg.steps; ++s) {
+    const int64_t last = cfg.stop_after > 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
+    for (int64_t s = first; s <= last; ++s) {
       StepRecord rec = trainer.step(s);
       if (cfg.eval_every > 0 && s % cfg.eval_every == 0 && s != cfg.steps) {
         CommPhaseScope other(comm.ledger(), CommPhase::kOther);
         rec.val_loss = trainer.evaluate();
       }
+      const bool due = cfg.checkpoint_every > 0 && s % cfg.checkpoint_every == 0;
+      if (!cfg.checkpoint_dir.empty() && (due || s == last)) {
+        save_checkpoint(trainer, comm, cfg, s);
+        rec.checkpoint =
+            checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(s)).string();
+      }
       if (reporter && on_step) on_step(rec, cfg.steps);
       steps.push_back(rec);
+    }
+    // A continuation with nothing left to train re-saves where it stands: how a checkpoint
+    // is resharded to another rank count or stage.
+    if (first > last && !cfg.checkpoint_dir.empty()) {
+      save_checkpoint(trainer, comm, cfg, first - 1);
     }
     // Memory as training left it; the evaluation and hash below are not training.
     const MemorySnapshot mem{trainer.ledger().current_table(), trainer.ledger().peak_table(),
@@ -840,7 +1166,9 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     result.backend = std::string(comm.backend_name());
     result.data_description = data.description;
     result.steps = steps;
-    result.final_loss = steps.back().loss;
+    result.final_loss = steps.empty() ? std::nan("") : steps.back().loss;
+    result.resumed_from = resume_from.string();
+    result.first_step = first;
     if (std::isfinite(val)) result.val_loss = val;
     result.weights_sha256 = weights;
     result.final_weights = std::move(kept);
@@ -862,7 +1190,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       total += st.seconds;
     }
     std::sort(secs.begin(), secs.end());
-    result.step_seconds_median = secs[secs.size() / 2];
+    result.step_seconds_median = secs.empty() ? 0 : secs[secs.size() / 2];
     result.tokens_per_second = total > 0 ? static_cast<double>(tokens) / total : 0;
   });
   return result;

@@ -36,6 +36,7 @@ struct StepRecord {
   uint64_t tokens = 0;             // processed by all ranks and micro-batches
   double seconds = 0;              // wall time
   std::optional<double> val_loss;  // when evaluated after this step
+  std::string checkpoint;          // the checkpoint committed after this step, if any
 };
 
 struct RankSummary {
@@ -55,7 +56,9 @@ struct TrainResult {
   int world_size = 0;
   std::string backend;
   std::string data_description;
-  std::vector<StepRecord> steps;
+  std::vector<StepRecord> steps;  // the steps this run took: first_step..config.steps
+  int64_t first_step = 1;
+  std::string resumed_from;  // the checkpoint directory continued from, or empty
   double final_loss = 0;
   std::optional<double> val_loss;
   std::string weights_sha256;

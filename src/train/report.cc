@@ -50,6 +50,11 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["link_bandwidth"] = c.launch.comm.link_bandwidth;
   j["link_latency"] = c.launch.comm.link_latency;
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
+  j["checkpoint_dir"] = c.checkpoint_dir;
+  j["checkpoint_every"] = c.checkpoint_every;
+  j["keep"] = c.keep;
+  j["resume"] = c.resume;
+  j["stop_after"] = c.stop_after;
   return j;
 }
 
@@ -66,6 +71,7 @@ nlohmann::json step_json(const StepRecord& s) {
   j["seconds"] = s.seconds;
   j["mfu"] = nlohmann::json();
   if (s.val_loss) j["val_loss"] = *s.val_loss;
+  if (!s.checkpoint.empty()) j["checkpoint"] = s.checkpoint;
   return j;
 }
 

@@ -1,0 +1,261 @@
+#include "checkpoint/format.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace zerodp::checkpoint {
+
+using Json = nlohmann::ordered_json;
+
+std::string step_dir_name(uint64_t step) { return fmt::format("step_{:08d}", step); }
+std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.safetensors", rank); }
+std::string tensor_name(std::string_view unit, std::string_view kind) {
+  return fmt::format("{}.{}", unit, kind);
+}
+
+std::string to_json(const Meta& m) {
+  Json j;
+  j["format"] = kFormat;
+  j["zerodp_version"] = m.zerodp_version;
+  j["step"] = m.step;
+  j["world_size"] = m.world_size;
+  j["stage"] = m.stage;
+  j["precision"] = m.precision;
+  Json model;
+  model["kind"] = m.model_kind;
+  for (const auto& [k, v] : m.model_shape) model[k] = v;
+  j["model"] = model;
+  Json units = Json::array();
+  for (const UnitMeta& u : m.units) {
+    Json ju;
+    ju["name"] = u.name;
+    ju["numel"] = u.numel;
+    ju["partition"] = u.counts;
+    Json ts = Json::array();
+    for (const TensorMeta& t : u.tensors) {
+      ts.push_back(
+          {{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}, {"numel", t.numel}});
+    }
+    ju["tensors"] = ts;
+    units.push_back(ju);
+  }
+  j["units"] = units;
+  j["config"] = m.config;
+  j["optimizer"] = {{"kind", "adamw"}, {"step", m.adam_step}};
+  j["lr_schedule"] = {{"step", m.step}, {"lr_next", m.lr_next}};
+  if (m.loss_scaler) {
+    j["loss_scaler"] = {{"scale", m.loss_scaler->scale},
+                        {"clean_steps", m.loss_scaler->clean_steps},
+                        {"hysteresis_left", m.loss_scaler->hysteresis_left}};
+  } else {
+    j["loss_scaler"] = nullptr;
+  }
+  j["data"] = {{"epoch", m.data_epoch},
+               {"step_in_epoch", m.data_step},
+               {"samples_per_step", m.samples_per_step},
+               {"dataset_size", m.dataset_size},
+               {"seed", m.seed}};
+  Json rng = Json::array();
+  for (size_t r = 0; r < m.rank_seeds.size(); ++r) {
+    rng.push_back({{"rank", r},
+                   {"kind", "stateless"},
+                   {"seed", m.rank_seeds[r]},
+                   {"counter", {{"epoch", m.data_epoch}, {"step_in_epoch", m.data_step}}}});
+  }
+  j["rng"] = rng;
+  Json files = Json::array();
+  for (const FileMeta& f : m.files) {
+    files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+  }
+  j["files"] = files;
+  return j.dump(2) + "\n";
+}
+
+namespace {
+
+// Field access that names the file and the field's path in every error.
+class Fields {
+ public:
+  explicit Fields(std::string_view what) : what_(what) {}
+
+  [[noreturn]] void fail(std::string_view path, std::string_view problem) const {
+    throw CorruptData(fmt::format("{}: field \"{}\" {}", what_, path, problem));
+  }
+  const Json& at(const Json& j, std::string_view path, std::string_view key) const {
+    if (!j.is_object()) fail(path, "is not an object");
+    const auto it = j.find(key);
+    if (it == j.end()) fail(join(path, key), "is missing");
+    return *it;
+  }
+  template <typename T>
+  T get(const Json& j, std::string_view path, std::string_view key) const {
+    const Json& v = at(j, path, key);
+    const std::string p = join(path, key);
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!v.is_string()) fail(p, fmt::format("is {}, expected a string", v.type_name()));
+      return v.get<std::string>();
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!v.is_boolean()) fail(p, fmt::format("is {}, expected a boolean", v.type_name()));
+      return v.get<bool>();
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!v.is_number()) fail(p, fmt::format("is {}, expected a number", v.type_name()));
+      return v.get<T>();
+    } else if constexpr (std::is_unsigned_v<T>) {
+      if (!v.is_number_unsigned()) {
+        fail(p, fmt::format("is {}, expected a non-negative integer", v.dump()));
+      }
+      return v.get<T>();
+    } else {
+      if (!v.is_number_integer()) fail(p, fmt::format("is {}, expected an integer", v.dump()));
+      return v.get<T>();
+    }
+  }
+  const Json& array(const Json& j, std::string_view path, std::string_view key) const {
+    const Json& v = at(j, path, key);
+    if (!v.is_array())
+      fail(join(path, key), fmt::format("is {}, expected an array", v.type_name()));
+    return v;
+  }
+  static std::string join(std::string_view path, std::string_view key) {
+    return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
+  }
+
+ private:
+  std::string what_;
+};
+
+}  // namespace
+
+Meta parse_meta(std::string_view text, std::string_view what) {
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    throw CorruptData(fmt::format("{}: not JSON: {}", what, e.what()));
+  }
+  const Fields f(what);
+  if (!j.is_object()) throw CorruptData(fmt::format("{}: is not a JSON object", what));
+  const std::string format = f.get<std::string>(j, "", "format");
+  if (format != kFormat) {
+    f.fail("format", fmt::format("is \"{}\"; this zerodp reads \"{}\"", format, kFormat));
+  }
+  Meta m;
+  m.zerodp_version = f.get<std::string>(j, "", "zerodp_version");
+  m.step = f.get<uint64_t>(j, "", "step");
+  m.world_size = f.get<int>(j, "", "world_size");
+  if (m.world_size < 1)
+    f.fail("world_size", fmt::format("is {}, expected 1 or more", m.world_size));
+  m.stage = f.get<int>(j, "", "stage");
+  if (m.stage < 0 || m.stage > 3) f.fail("stage", fmt::format("is {}, expected 0..3", m.stage));
+  m.precision = f.get<std::string>(j, "", "precision");
+  if (m.precision != "bf16" && m.precision != "fp16" && m.precision != "fp32") {
+    f.fail("precision", fmt::format("is \"{}\", expected bf16, fp16 or fp32", m.precision));
+  }
+  const Json& model = f.at(j, "", "model");
+  m.model_kind = f.get<std::string>(model, "model", "kind");
+  for (const auto& [k, v] : model.items()) {
+    if (k == "kind") continue;
+    if (!v.is_number_integer()) f.fail("model." + k, "is not an integer");
+    m.model_shape[k] = v.get<int64_t>();
+  }
+  const Json& units = f.array(j, "", "units");
+  for (size_t i = 0; i < units.size(); ++i) {
+    const std::string p = fmt::format("units[{}]", i);
+    UnitMeta u;
+    u.name = f.get<std::string>(units[i], p, "name");
+    u.numel = f.get<uint64_t>(units[i], p, "numel");
+    const Json& part = f.array(units[i], p, "partition");
+    if (part.size() != static_cast<size_t>(m.world_size)) {
+      f.fail(p + ".partition",
+             fmt::format("has {} ranks, world_size is {}", part.size(), m.world_size));
+    }
+    uint64_t sum = 0;
+    for (size_t r = 0; r < part.size(); ++r) {
+      if (!part[r].is_number_unsigned()) f.fail(p + ".partition", "holds a non-count");
+      u.counts.push_back(part[r].get<uint64_t>());
+      if (u.counts.back() > u.numel) f.fail(p + ".partition", "holds a count past the unit");
+      sum += u.counts.back();
+    }
+    if (sum != u.numel) {
+      f.fail(p + ".partition", fmt::format("sums to {}, the unit has {}", sum, u.numel));
+    }
+    const Json& ts = f.array(units[i], p, "tensors");
+    for (size_t k = 0; k < ts.size(); ++k) {
+      const std::string tp = fmt::format("{}.tensors[{}]", p, k);
+      TensorMeta t;
+      t.name = f.get<std::string>(ts[k], tp, "name");
+      t.offset = f.get<uint64_t>(ts[k], tp, "offset");
+      t.numel = f.get<uint64_t>(ts[k], tp, "numel");
+      const Json& shape = f.array(ts[k], tp, "shape");
+      for (const Json& d : shape) {
+        if (!d.is_number_unsigned()) f.fail(tp + ".shape", "holds a non-dimension");
+        t.shape.push_back(d.get<int64_t>());
+      }
+      if (t.offset > u.numel || t.numel > u.numel - t.offset) {
+        f.fail(tp, fmt::format("covers [{}, {}) past the unit's {} elements", t.offset,
+                               t.offset + t.numel, u.numel));
+      }
+      u.tensors.push_back(std::move(t));
+    }
+    m.units.push_back(std::move(u));
+  }
+  const Json& config = f.at(j, "", "config");
+  if (!config.is_object()) f.fail("config", "is not an object");
+  for (const auto& [k, v] : config.items()) {
+    if (!v.is_string()) f.fail("config." + k, "is not a string");
+    m.config[k] = v.get<std::string>();
+  }
+  const Json& opt = f.at(j, "", "optimizer");
+  m.adam_step = f.get<int64_t>(opt, "optimizer", "step");
+  if (m.adam_step < 0 || static_cast<uint64_t>(m.adam_step) > m.step) {
+    f.fail("optimizer.step", fmt::format("is {}, expected 0..step ({})", m.adam_step, m.step));
+  }
+  m.lr_next = f.get<double>(f.at(j, "", "lr_schedule"), "lr_schedule", "lr_next");
+  const Json& scaler = f.at(j, "", "loss_scaler");
+  if (!scaler.is_null()) {
+    ScalerMeta s;
+    s.scale = f.get<double>(scaler, "loss_scaler", "scale");
+    s.clean_steps = f.get<int64_t>(scaler, "loss_scaler", "clean_steps");
+    s.hysteresis_left = f.get<int32_t>(scaler, "loss_scaler", "hysteresis_left");
+    m.loss_scaler = s;
+  }
+  const Json& data = f.at(j, "", "data");
+  m.data_epoch = f.get<uint64_t>(data, "data", "epoch");
+  m.data_step = f.get<uint64_t>(data, "data", "step_in_epoch");
+  m.samples_per_step = f.get<uint64_t>(data, "data", "samples_per_step");
+  m.dataset_size = f.get<uint64_t>(data, "data", "dataset_size");
+  m.seed = f.get<uint64_t>(data, "data", "seed");
+  const Json& rng = f.array(j, "", "rng");
+  for (size_t r = 0; r < rng.size(); ++r) {
+    m.rank_seeds.push_back(f.get<uint64_t>(rng[r], fmt::format("rng[{}]", r), "seed"));
+  }
+  const Json& files = f.array(j, "", "files");
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string p = fmt::format("files[{}]", i);
+    FileMeta file;
+    file.name = f.get<std::string>(files[i], p, "name");
+    // Names come from the writer; anything that could leave the directory is not ours.
+    if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
+      f.fail(p + ".name", fmt::format("is \"{}\", not a file name", file.name));
+    }
+    file.bytes = f.get<uint64_t>(files[i], p, "bytes");
+    file.sha256 = f.get<std::string>(files[i], p, "sha256");
+    if (file.sha256.size() != 64) f.fail(p + ".sha256", "is not 64 hex digits");
+    m.files.push_back(std::move(file));
+  }
+  if (m.files.size() != static_cast<size_t>(m.world_size)) {
+    f.fail("files", fmt::format("lists {} files for world_size {}", m.files.size(), m.world_size));
+  }
+  for (int r = 0; r < m.world_size; ++r) {
+    if (m.files[static_cast<size_t>(r)].name != rank_file_name(r)) {
+      f.fail(fmt::format("files[{}].name", r),
+             fmt::format("is \"{}\", expected \"{}\"", m.files[static_cast<size_t>(r)].name,
+                         rank_file_name(r)));
+    }
+  }
+  return m;
+}
+
+}  // namespace zerodp::checkpoint

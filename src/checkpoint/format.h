@@ -1,0 +1,95 @@
+// A checkpoint's description: meta.json, field by field (docs/checkpoint_format.md).
+//
+// A checkpoint is a directory per step holding meta.json and one safetensors file per rank.
+// Rank r of N saves, for every unit, its own range of the unit's flat buffer under the
+// unit's Partition(numel, N): "<unit>.params" in the run's dtype, and at 16-bit precisions
+// "<unit>.master"; then "<unit>.adam_m" and "<unit>.adam_v" (fp32). At stage 0 every rank
+// holds everything but still saves only its own range, so no byte is written twice and a
+// checkpoint has one layout at every stage: stage and N change how it is read, not what it
+// holds. meta.json records what a continuation needs beyond the tensors and a sha256 per
+// file, and is written last: a directory with a valid meta.json is complete.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zerodp::checkpoint {
+
+inline constexpr std::string_view kFormat = "zerodp-checkpoint-1";
+
+struct TensorMeta {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // first element within the unit's flat buffer
+  uint64_t numel = 0;
+  bool operator==(const TensorMeta&) const = default;
+};
+
+struct UnitMeta {
+  std::string name;
+  uint64_t numel = 0;
+  std::vector<TensorMeta> tensors;
+  std::vector<uint64_t> counts;  // the saved partition: rank r's elements, in rank order
+  bool operator==(const UnitMeta&) const = default;
+};
+
+struct FileMeta {
+  std::string name;  // relative to the checkpoint directory
+  uint64_t bytes = 0;
+  std::string sha256;
+};
+
+struct ScalerMeta {
+  double scale = 0;
+  int64_t clean_steps = 0;
+  int32_t hysteresis_left = 1;
+};
+
+struct Meta {
+  std::string zerodp_version;
+  uint64_t step = 0;  // optimizer steps completed; a continuation runs step + 1 next
+  int world_size = 0;
+  int stage = 0;
+  std::string precision;  // "bf16" | "fp16" | "fp32": the dtype of "<unit>.params"
+  // The model: its kind and shape fields (gpt: layers, heads, embd, seq_len, vocab; mlp:
+  // hidden, hidden_layers), and its units, which a loader compares with its own.
+  std::string model_kind;
+  std::map<std::string, int64_t> model_shape;
+  std::vector<UnitMeta> units;
+  // Every resolved option of the run that saved it, as strings, so a continuation can say
+  // which of its flags differ.
+  std::map<std::string, std::string> config;
+  // Optimizer and schedule.
+  int64_t adam_step = 0;  // AdamW's counter: applied steps (skipped ones do not count)
+  double lr_next = 0;     // informational: the learning rate of step + 1 as saved
+  std::optional<ScalerMeta> loss_scaler;  // fp16 only
+  // Data: the sampler's cursor and what it means.
+  uint64_t data_epoch = 0;
+  uint64_t data_step = 0;         // optimizer steps already taken in data_epoch
+  uint64_t samples_per_step = 0;  // K = N * b * A
+  uint64_t dataset_size = 0;
+  uint64_t seed = 0;
+  // Random state per rank. zerodp has none that advances: initialization and data order are
+  // pure functions of (seed, ...), so each rank's entry records the seed and the counter
+  // (the data position) they are keyed by.
+  std::vector<uint64_t> rank_seeds;
+  std::vector<FileMeta> files;
+};
+
+std::string step_dir_name(uint64_t step);  // "step_00000012"
+std::string rank_file_name(int rank);      // "rank_00000.safetensors"
+// Tensor names in a rank file.
+std::string tensor_name(std::string_view unit, std::string_view kind);  // "h.0" + "master"
+
+// meta.json text (pretty-printed, keys in a fixed order).
+std::string to_json(const Meta& meta);
+// Throws CorruptData naming `what` (the file) and the field when the text is not a
+// meta.json of this format: bad JSON, a missing or mistyped field, partitions that do not
+// sum to their unit, a rank count that disagrees with the files.
+Meta parse_meta(std::string_view text, std::string_view what);
+
+}  // namespace zerodp::checkpoint

@@ -1,0 +1,319 @@
+#include "checkpoint/store.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/sha256.h"
+
+namespace zerodp::checkpoint {
+
+namespace {
+
+constexpr std::string_view kTempPrefix = ".tmp.";
+constexpr std::string_view kReplacedPrefix = ".tmp.replaced.";
+constexpr std::string_view kStepPrefix = "step_";
+constexpr std::string_view kLatest = "latest";
+
+[[noreturn]] void io_fail(std::string_view what, const fs::path& path) {
+  throw IoError(fmt::format("{} {}: {}", what, path.string(), std::strerror(errno)));
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::optional<uint64_t> parse_step_dir(std::string_view name) {
+  if (!name.starts_with(kStepPrefix) || name.size() == kStepPrefix.size()) return std::nullopt;
+  uint64_t step = 0;
+  for (char c : name.substr(kStepPrefix.size())) {
+    if (c < '0' || c > '9') return std::nullopt;
+    step = step * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return step;
+}
+
+}  // namespace
+
+void fsync_path(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_fail("cannot open for fsync", path);
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    io_fail("cannot fsync", path);
+  }
+  ::close(fd);
+}
+
+void write_file_atomically(const fs::path& path, std::string_view text) {
+  const fs::path tmp = path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_fail("cannot create", tmp);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      errno = e;
+      io_fail("cannot write", tmp);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    io_fail("cannot fsync", tmp);
+  }
+  if (::close(fd) != 0) io_fail("cannot close", tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename into", path);
+  fsync_path(path.parent_path().empty() ? fs::path(".") : path.parent_path());
+}
+
+fs::path temp_dir(const fs::path& root, uint64_t step) {
+  return root / (std::string(kTempPrefix) + step_dir_name(step));
+}
+
+fs::path step_dir(const fs::path& root, uint64_t step) { return root / step_dir_name(step); }
+
+int clean_leftovers(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return 0;
+  // A crash while a step was being replaced: put the old copy back where `latest` looks.
+  if (fs::exists(root / kLatest, ec)) {
+    std::string name = read_text(root / kLatest);
+    while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+    const fs::path aside = root / (std::string(kReplacedPrefix) + name);
+    if (parse_step_dir(name) && !fs::exists(root / name, ec) && fs::exists(aside, ec)) {
+      if (::rename(aside.c_str(), (root / name).c_str()) != 0) io_fail("cannot restore", aside);
+      fsync_path(root);
+    }
+  }
+  int removed = 0;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(kTempPrefix) || name == std::string(kLatest) + ".tmp") {
+      fs::remove_all(entry.path());
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+std::vector<fs::path> list_checkpoints(const fs::path& root) {
+  std::vector<std::pair<uint64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const auto step = parse_step_dir(entry.path().filename().string());
+    if (step && entry.is_directory() && fs::exists(entry.path() / "meta.json")) {
+      found.emplace_back(*step, entry.path());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [step, path] : found) out.push_back(path);
+  return out;
+}
+
+void commit(const fs::path& root, const fs::path& temp, const Meta& meta, int keep) {
+  write_file_atomically(temp / "meta.json", to_json(meta));
+  failpoint("meta-written", 0);
+  fsync_path(temp);
+  const fs::path final_dir = step_dir(root, meta.step);
+  // The same step saved again (a continuation of an older checkpoint in the same
+  // directory): the old copy moves aside first and is deleted only after the new one is
+  // in place. A crash in between leaves `latest` naming a missing directory for a moment;
+  // clean_leftovers() moves the old copy back.
+  const fs::path aside = root / (std::string(kReplacedPrefix) + step_dir_name(meta.step));
+  std::error_code ec;
+  const bool replacing = fs::exists(final_dir, ec);
+  if (replacing) {
+    fs::remove_all(aside);
+    if (::rename(final_dir.c_str(), aside.c_str()) != 0) io_fail("cannot move aside", final_dir);
+  }
+  if (::rename(temp.c_str(), final_dir.c_str()) != 0) io_fail("cannot rename into", final_dir);
+  fsync_path(root);
+  failpoint("renamed", 0);
+  write_file_atomically(root / kLatest, step_dir_name(meta.step) + "\n");
+  failpoint("latest-written", 0);
+  if (replacing) fs::remove_all(aside);
+  if (keep > 0) {
+    std::vector<fs::path> all = list_checkpoints(root);
+    const size_t k = static_cast<size_t>(keep);
+    for (size_t i = 0; i + k < all.size(); ++i) {
+      if (all[i] != final_dir) fs::remove_all(all[i]);
+    }
+    fsync_path(root);
+  }
+}
+
+std::optional<fs::path> find_latest(const fs::path& root) {
+  const fs::path latest = root / kLatest;
+  std::error_code ec;
+  if (!fs::exists(latest, ec)) return std::nullopt;
+  std::string name = read_text(latest);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+  if (!parse_step_dir(name)) {
+    throw CorruptData(fmt::format("{}: names \"{}\", not a step directory (step_NNNNNNNN)",
+                                  latest.string(), name));
+  }
+  const fs::path dir = root / name;
+  if (!fs::exists(dir / "meta.json", ec)) {
+    throw CorruptData(
+        fmt::format("{}: names {}, which holds no meta.json", latest.string(), dir.string()));
+  }
+  return dir;
+}
+
+fs::path resolve(const fs::path& path, std::string_view flag) {
+  std::error_code ec;
+  if (fs::exists(path / "meta.json", ec)) return path;
+  if (fs::exists(path / kLatest, ec)) return *find_latest(path);
+  if (!fs::exists(path, ec)) {
+    throw InvalidArgument(fmt::format("{} {}: no such file or directory", flag, path.string()));
+  }
+  throw InvalidArgument(
+      fmt::format("{} {}: neither a checkpoint (no meta.json) nor a checkpoint directory "
+                  "(no latest); pass a step_NNNNNNNN directory or the --checkpoint-dir",
+                  flag, path.string()));
+}
+
+void failpoint(std::string_view boundary, int rank) {
+  const char* spec = std::getenv("ZERODP_FAILPOINT");
+  if (spec == nullptr) return;
+  std::string_view s(spec);
+  const size_t colon = s.find(':');
+  if (s.substr(0, colon) != boundary) return;
+  if (colon != std::string_view::npos && s.substr(colon + 1) != std::to_string(rank)) return;
+  ::raise(SIGKILL);
+}
+
+// --- reading --------------------------------------------------------------------------
+
+Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
+  const fs::path meta_path = dir / "meta.json";
+  std::error_code ec;
+  if (!fs::exists(meta_path, ec)) {
+    throw CorruptData(fmt::format("{}: missing; {} is not a committed checkpoint",
+                                  meta_path.string(), dir.string()));
+  }
+  meta_ = parse_meta(read_text(meta_path), meta_path.string());
+  // Checksums first: nothing is parsed from a file whose bytes are not the ones committed.
+  for (const FileMeta& f : meta_.files) {
+    const fs::path p = dir / f.name;
+    if (!fs::exists(p, ec)) {
+      throw CorruptData(
+          fmt::format("{}: missing (meta.json lists it, {} bytes)", p.string(), f.bytes));
+    }
+    const uint64_t size = fs::file_size(p);
+    if (size != f.bytes) {
+      throw CorruptData(fmt::format("{}: {} bytes, meta.json says {} (truncated or replaced)",
+                                    p.string(), size, f.bytes));
+    }
+    const std::string sha = sha256_file_hex(p);
+    if (sha != f.sha256) {
+      throw CorruptData(
+          fmt::format("{}: sha256 {} but meta.json says {} (corrupt, or a shard "
+                      "of another checkpoint)",
+                      p.string(), sha, f.sha256));
+    }
+  }
+  const std::string params_type = meta_.precision == "bf16"   ? "BF16"
+                                  : meta_.precision == "fp16" ? "F16"
+                                                              : "F32";
+  const auto ptype = *safetensors::parse_element_type(params_type);
+  starts_.resize(meta_.units.size());
+  for (int r = 0; r < meta_.world_size; ++r) {
+    files_.emplace_back(dir / meta_.files[static_cast<size_t>(r)].name);
+    const safetensors::Reader& file = files_.back();
+    size_t expected_tensors = 0;
+    for (size_t u = 0; u < meta_.units.size(); ++u) {
+      const UnitMeta& unit = meta_.units[u];
+      uint64_t start = 0;
+      for (int q = 0; q < r; ++q) start += unit.counts[static_cast<size_t>(q)];
+      starts_[u].push_back(start);
+      const int64_t count = static_cast<int64_t>(unit.counts[static_cast<size_t>(r)]);
+      const std::vector<int64_t> shape{count};
+      (void)file.expect(tensor_name(unit.name, "params"), ptype, shape);
+      (void)file.expect(tensor_name(unit.name, "adam_m"), safetensors::ElementType::kF32, shape);
+      (void)file.expect(tensor_name(unit.name, "adam_v"), safetensors::ElementType::kF32, shape);
+      expected_tensors += 3;
+      if (has_master()) {
+        (void)file.expect(tensor_name(unit.name, "master"), safetensors::ElementType::kF32, shape);
+        ++expected_tensors;
+      }
+    }
+    if (file.header().tensors.size() != expected_tensors) {
+      throw CorruptData(fmt::format("{}: holds {} tensors, meta.json describes {}",
+                                    file.path().string(), file.header().tensors.size(),
+                                    expected_tensors));
+    }
+  }
+}
+
+Checkpoint::~Checkpoint() = default;
+Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
+Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
+
+size_t Checkpoint::unit_index(std::string_view name) const {
+  for (size_t u = 0; u < meta_.units.size(); ++u) {
+    if (meta_.units[u].name == name) return u;
+  }
+  throw CorruptData(fmt::format("{}: has no unit \"{}\"", dir_.string(), name));
+}
+
+void Checkpoint::read(size_t unit, std::string_view kind, uint64_t first,
+                      std::span<std::byte> out) const {
+  const UnitMeta& u = meta_.units.at(unit);
+  const std::string name = tensor_name(u.name, kind);
+  const safetensors::TensorInfo* probe = files_.front().find(name);
+  if (probe == nullptr) {
+    throw CorruptData(fmt::format("{}: no tensor \"{}\"", files_.front().path().string(), name));
+  }
+  const size_t esize = safetensors::element_size(probe->type);
+  if (out.size() % esize != 0) {
+    throw InvalidArgument(
+        fmt::format("checkpoint read of {}: {} bytes is not a whole number of "
+                    "{}-byte elements",
+                    name, out.size(), esize));
+  }
+  const uint64_t count = out.size() / esize;
+  if (first > u.numel || count > u.numel - first) {
+    throw InvalidArgument(fmt::format("checkpoint read of {}: [{}, {}) is past its {} elements",
+                                      name, first, first + count, u.numel));
+  }
+  const uint64_t end = first + count;
+  for (size_t r = 0; r < files_.size(); ++r) {
+    const uint64_t b = starts_[unit][r];
+    const uint64_t e = b + u.counts[r];
+    const uint64_t lo = std::max(b, first), hi = std::min(e, end);
+    if (lo >= hi) continue;
+    const safetensors::TensorInfo* t = files_[r].find(name);
+    files_[r].read(*t, lo - b, out.subspan((lo - first) * esize, (hi - lo) * esize));
+  }
+}
+
+void Checkpoint::read_master(size_t unit, uint64_t first, std::span<float> out) const {
+  read(unit, has_master() ? "master" : "params", first, std::as_writable_bytes(out));
+}
+
+}  // namespace zerodp::checkpoint

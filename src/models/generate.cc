@@ -1,0 +1,218 @@
+// Generation: the units' forward over a sliding window, logits for the last position, and
+// a portable categorical draw.
+#include "models/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "nn/layers.h"
+
+namespace zerodp {
+namespace {
+
+// The one tensor `name` of unit `u`, as a view of its flat buffer.
+std::span<const float> tensor_view(const Unit& u, std::span<const float> w, std::string_view name) {
+  for (const TensorSpec& t : u.tensors()) {
+    if (t.name == name) return w.subspan(t.offset, t.numel);
+  }
+  throw InvalidArgument(fmt::format("unit {} has no tensor {}", u.name(), name));
+}
+
+}  // namespace
+
+void validate(const GenerateOptions& options, const GptConfig& config) {
+  if (options.max_tokens < 0) {
+    throw InvalidArgument(
+        fmt::format("max_tokens is {}; it must be 0 or more", options.max_tokens));
+  }
+  if (!(options.temperature >= 0) || !std::isfinite(options.temperature)) {
+    throw InvalidArgument(fmt::format(
+        "temperature is {}; it must be a finite number >= 0 (0 = greedy, 1 = the model's "
+        "distribution)",
+        options.temperature));
+  }
+  if (options.top_k < 0 || options.top_k > config.vocab) {
+    throw InvalidArgument(
+        fmt::format("top_k is {}; it must be 0 (every token) or 1..{} (the vocabulary)",
+                    options.top_k, config.vocab));
+  }
+}
+
+Generator::Generator(const GptConfig& config, std::span<const std::vector<float>> weights)
+    : config_(config), model_(make_gpt(config)), weights_(weights) {
+  if (config.vocab > 256) {
+    throw InvalidArgument(fmt::format(
+        "gpt: vocab is {}; generation writes bytes, so it needs vocab <= 256", config.vocab));
+  }
+  if (weights.size() != model_.size()) {
+    throw InvalidArgument(fmt::format(
+        "generate: {} weight buffers given; a gpt with {} layers has {} units (embedding, "
+        "h.0..h.{}, head)",
+        weights.size(), config.layers, model_.size(), config.layers - 1));
+  }
+  for (size_t u = 0; u < model_.size(); ++u) {
+    if (weights[u].size() != model_[u]->numel()) {
+      throw InvalidArgument(
+          fmt::format("generate: weights of unit {} hold {} elements; the unit has {}",
+                      model_[u]->name(), weights[u].size(), model_[u]->numel()));
+    }
+  }
+}
+
+std::vector<float> Generator::next_token_logits(std::span<const int32_t> context) {
+  if (context.empty()) {
+    throw InvalidArgument("next_token_logits: the context is empty; give at least one token");
+  }
+  const size_t seen = std::min(context.size(), static_cast<size_t>(config_.seq_len));
+  const auto window = context.last(seen);
+  for (size_t i = 0; i < window.size(); ++i) {
+    if (window[i] < 0 || window[i] >= config_.vocab) {
+      throw InvalidArgument(
+          fmt::format("next_token_logits: token {} at position {} of the window is outside "
+                      "[0, {})",
+                      window[i], i, config_.vocab));
+    }
+  }
+  const BatchShape shape{1, static_cast<int>(seen)};
+  const Unit& embedding = *model_.front();
+  const Unit& head = *model_.back();
+  if (shape.T != T_) {
+    // Every block has the same counts; the head's input is the stream.
+    const size_t stream = embedding.output_count(shape);
+    size_t saved = 0, scratch = 0;
+    for (size_t u = 1; u + 1 < model_.size(); ++u) {
+      saved = std::max(saved, model_[u]->saved_count(shape));
+      scratch = std::max(scratch, model_[u]->scratch_count(shape));
+    }
+    stream_a_.assign(stream, 0.0f);
+    stream_b_.assign(stream, 0.0f);
+    saved_.assign(saved, 0.0f);
+    scratch_.assign(scratch, 0.0f);
+    T_ = shape.T;
+  }
+  MicroBatch mb;
+  mb.shape = shape;
+  mb.tokens = window;
+
+  model_.front()->forward(weights_.front(), {}, stream_a_, {}, {}, mb);
+  for (size_t u = 1; u + 1 < model_.size(); ++u) {
+    model_[u]->forward(weights_[u], stream_a_, stream_b_,
+                       std::span<float>(saved_).first(model_[u]->saved_count(shape)), scratch_, mb);
+    std::swap(stream_a_, stream_b_);
+  }
+
+  // ln_f then lm_head on the last row: the head unit's forward would compute every row and
+  // reduce them to a loss.
+  const size_t C = static_cast<size_t>(config_.embd), V = static_cast<size_t>(config_.vocab);
+  const std::span<const float> w_head = weights_.back();
+  const auto last = std::span<const float>(stream_a_).subspan((seen - 1) * C, C);
+  std::vector<float> lnf(C), logits(V);
+  float mean = 0.0f, rstd = 0.0f;
+  layernorm_forward(lnf, std::span<float>(&mean, 1), std::span<float>(&rstd, 1), last,
+                    tensor_view(head, w_head, "ln_f.weight"),
+                    tensor_view(head, w_head, "ln_f.bias"), 1, C);
+  linear_forward(logits, lnf, tensor_view(head, w_head, "lm_head.weight"), {}, 1, C, V);
+  return logits;
+}
+
+std::string Generator::generate(std::string_view prompt, const GenerateOptions& options,
+                                const std::function<void(char)>& on_byte) {
+  validate(options, config_);
+  std::vector<int32_t> context;
+  context.reserve(prompt.size() + static_cast<size_t>(options.max_tokens) + 1);
+  if (prompt.empty()) context.push_back('\n');
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const int32_t byte = static_cast<unsigned char>(prompt[i]);
+    if (byte >= config_.vocab) {
+      throw InvalidArgument(fmt::format(
+          "prompt byte {} at offset {} is outside the model's vocabulary of {}; give a prompt "
+          "of bytes below {}",
+          byte, i, config_.vocab, config_.vocab));
+    }
+    context.push_back(byte);
+  }
+  GenerateRng rng(options.seed);
+  std::string out;
+  out.reserve(static_cast<size_t>(options.max_tokens));
+  for (int i = 0; i < options.max_tokens; ++i) {
+    const std::vector<float> logits = next_token_logits(context);
+    const uint64_t draw = options.temperature > 0 ? rng.next() : 0;
+    const int32_t token = pick_token(logits, options.temperature, options.top_k, draw);
+    context.push_back(token);
+    out.push_back(static_cast<char>(static_cast<unsigned char>(token)));
+    if (on_byte) on_byte(out.back());
+  }
+  return out;
+}
+
+int32_t pick_token(std::span<const float> logits, double temperature, int top_k, uint64_t draw) {
+  const size_t V = logits.size();
+  if (V == 0) throw InvalidArgument("pick_token: the logits are empty");
+  if (!(temperature >= 0) || !std::isfinite(temperature)) {
+    throw InvalidArgument(
+        fmt::format("pick_token: temperature is {}; it must be a finite number >= 0", temperature));
+  }
+  if (top_k < 0 || static_cast<size_t>(top_k) > V) {
+    throw InvalidArgument(fmt::format("pick_token: top_k is {}; it must be 0 or 1..{}", top_k, V));
+  }
+  for (size_t i = 0; i < V; ++i) {
+    if (!std::isfinite(logits[i])) {
+      throw InvalidArgument(fmt::format(
+          "pick_token: logit {} is {}; the model's weights or activations are not finite", i,
+          logits[i]));
+    }
+  }
+  // Strictly greater keeps the lowest index among ties.
+  const auto argmax = [&] {
+    size_t best = 0;
+    for (size_t i = 1; i < V; ++i) {
+      if (logits[i] > logits[best]) best = i;
+    }
+    return static_cast<int32_t>(best);
+  };
+  if (temperature == 0 || top_k == 1) return argmax();
+
+  // The kept tokens, in ascending index order (the order of the sums below).
+  std::vector<size_t> kept(V);
+  std::iota(kept.begin(), kept.end(), size_t{0});
+  if (top_k > 0 && static_cast<size_t>(top_k) < V) {
+    const auto larger = [&](size_t a, size_t b) {
+      return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+    };
+    std::nth_element(kept.begin(), kept.begin() + (top_k - 1), kept.end(), larger);
+    kept.resize(static_cast<size_t>(top_k));
+    std::sort(kept.begin(), kept.end());
+  }
+  double max_scaled = -INFINITY;
+  for (size_t i : kept)
+    max_scaled = std::max(max_scaled, static_cast<double>(logits[i]) / temperature);
+  std::vector<double> weight(kept.size());
+  double total = 0;
+  for (size_t j = 0; j < kept.size(); ++j) {
+    weight[j] = std::exp(static_cast<double>(logits[kept[j]]) / temperature - max_scaled);
+    total += weight[j];
+  }
+  const double u = static_cast<double>(draw >> 11) * 0x1.0p-53;
+  const double target = u * total;
+  double running = 0;
+  size_t last_positive = 0;
+  for (size_t j = 0; j < kept.size(); ++j) {
+    running += weight[j];
+    if (weight[j] > 0) last_positive = j;
+    if (target < running) return static_cast<int32_t>(kept[j]);
+  }
+  // u * total can round up to total itself; the draw then belongs to the last token that
+  // has any weight.
+  return static_cast<int32_t>(kept[last_positive]);
+}
+
+std::string generate(const GptConfig& config, std::span<const std::vector<float>> weights,
+                     std::string_view prompt, const GenerateOptions& options) {
+  return Generator(config, weights).generate(prompt, options);
+}
+
+}  // namespace zerodp

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# A SIGKILL at each boundary of the checkpoint commit protocol (checkpoint/store.h) leaves
+# `latest` naming a fully committed checkpoint that loads and trains on. Local backend: the
+# process dies; MPI: one rank dies and the job ends without hanging.
+set -uo pipefail
+zerodp=$1
+mpirun=${2:-}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+common=(train --size tiny --data synthetic --micro-batch 4 --no-progress --collective-timeout 30
+        --stage 2)
+fail=0
+say_fail() { echo "FAIL: $*"; fail=1; }
+
+# After the crash: `latest` must be $2, a committed checkpoint that a continuation loads.
+check_recovers() {
+  local d=$1 want=$2 label=$3 launcher=("${@:4}")
+  local got
+  got=$(cat "$d/latest" 2>/dev/null || echo "(none)")
+  [[ $got == "$want" ]] || { say_fail "$label: latest is $got, expected $want"; return; }
+  [[ -f $d/$got/meta.json ]] || { say_fail "$label: $got has no meta.json"; return; }
+  if ! timeout 120 "${launcher[@]}" "$zerodp" "${common[@]}" "${backend[@]}" --steps 5 \
+      --checkpoint-dir "$d" --resume latest >"$tmp/out" 2>&1; then
+    say_fail "$label: the continuation from $got failed:"; cat "$tmp/out"; return
+  fi
+  [[ $(cat "$d/latest") == step_00000005 ]] || say_fail "$label: continuation did not commit step 5"
+  if compgen -G "$d/.tmp*" >/dev/null; then say_fail "$label: leftovers remain: $(ls -a "$d")"; fi
+  echo "ok: $label: latest was $got and training continued to step 5"
+}
+
+backend=(--ranks 2)
+for boundary in shard-written meta-written renamed latest-written; do
+  d=$tmp/local-$boundary
+  "$zerodp" "${common[@]}" "${backend[@]}" --steps 2 --checkpoint-dir "$d" >/dev/null
+  ZERODP_FAILPOINT=$boundary timeout 120 "$zerodp" "${common[@]}" "${backend[@]}" --steps 4 \
+    --checkpoint-dir "$d" --resume latest >/dev/null 2>&1
+  rc=$?
+  [[ $rc == 137 ]] || { say_fail "local $boundary: exit $rc, expected 137 (SIGKILL)"; continue; }
+  want=step_00000002
+  [[ $boundary == latest-written ]] && want=step_00000004
+  check_recovers "$d" "$want" "local, killed at $boundary"
+done
+
+if [[ -n $mpirun ]]; then
+  backend=(--backend mpi)
+  for spec in shard-written:1 shard-written:0 meta-written:0; do
+    d=$tmp/mpi-${spec/:/-}
+    "$mpirun" -np 2 "$zerodp" "${common[@]}" "${backend[@]}" --steps 2 --checkpoint-dir "$d" \
+      >/dev/null
+    start=$(date +%s)
+    ZERODP_FAILPOINT=$spec timeout 120 "$mpirun" -np 2 "$zerodp" "${common[@]}" "${backend[@]}" \
+      --steps 4 --checkpoint-dir "$d" --resume latest >"$tmp/out" 2>&1
+    rc=$?
+    took=$(($(date +%s) - start))
+    if [[ $rc == 0 || $rc == 124 ]]; then
+      say_fail "mpi $spec: exit $rc (0 = the kill did not happen, 124 = hung)"; continue
+    fi
+    if pgrep -f "$d" >/dev/null; then say_fail "mpi $spec: orphan processes: $(pgrep -af "$d")"; fi
+    echo "mpi $spec: the job ended with exit $rc after ${took}s"
+    check_recovers "$d" step_00000002 "mpi, rank ${spec#*:} killed at ${spec%:*}" "$mpirun" -np 2
+  done
+fi
+exit $fail

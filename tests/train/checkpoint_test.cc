@@ -1,0 +1,468 @@
+// Checkpoints through the engine: a continuation is the run that never stopped, bit for
+// bit; any (N, stage) loads any other; the commit protocol keeps what it promises; and a
+// damaged checkpoint is refused before any state changes.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+#include <gtest/gtest.h>
+
+#include "checkpoint/consolidate.h"
+#include "checkpoint/store.h"
+#include "core/error.h"
+#include "core/sha256.h"
+#include "temp_dir.h"
+#include "train_testing.h"
+
+namespace zerodp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run;
+using testing::TempDir;
+using testing::tiny_config;
+
+std::vector<double> losses(const TrainResult& r) {
+  std::vector<double> v;
+  for (const auto& s : r.steps) v.push_back(s.loss);
+  return v;
+}
+
+std::vector<double> tail(const std::vector<double>& v, size_t from) {
+  return {v.begin() + static_cast<std::ptrdiff_t>(from), v.end()};
+}
+
+// Every state of every unit, consolidated: params in the saved dtype, master, m, v.
+std::vector<std::vector<std::byte>> states(const fs::path& dir) {
+  const checkpoint::Checkpoint c(checkpoint::resolve(dir));
+  std::vector<std::vector<std::byte>> out;
+  const size_t psize = c.meta().precision == "fp32" ? 4 : 2;
+  for (size_t u = 0; u < c.meta().units.size(); ++u) {
+    const uint64_t n = c.meta().units[u].numel;
+    for (const char* kind : {"params", "master", "adam_m", "adam_v"}) {
+      if (std::string(kind) == "master" && !c.has_master()) continue;
+      std::vector<std::byte> b(n * (std::string(kind) == "params" ? psize : 4));
+      c.read(u, kind, 0, b);
+      out.push_back(std::move(b));
+    }
+  }
+  return out;
+}
+
+struct ResumeCase {
+  int ranks;
+  int stage;
+  Precision precision;
+  int grad_accum;
+};
+
+void PrintTo(const ResumeCase& c, std::ostream* os) {
+  *os << fmt::format("N={} stage {} {} A={}", c.ranks, c.stage, precision_name(c.precision),
+                     c.grad_accum);
+}
+
+class Resume : public ::testing::TestWithParam<ResumeCase> {};
+
+TEST_P(Resume, ContinuationIsTheRunThatNeverStopped) {
+  const ResumeCase p = GetParam();
+  TempDir tmp;
+  TrainConfig c = tiny_config(p.ranks, p.stage, p.precision);
+  c.grad_accum = p.grad_accum;
+  c.steps = 7;
+  c.checkpoint_dir = (tmp.path() / "full").string();
+  c.checkpoint_every = 3;
+  const TrainResult full = run(c);
+  ASSERT_EQ(full.steps.size(), 7u);
+  EXPECT_TRUE(fs::exists(tmp.path() / "full" / "step_00000003" / "meta.json"));
+  EXPECT_TRUE(fs::exists(tmp.path() / "full" / "step_00000006" / "meta.json"));
+  EXPECT_TRUE(fs::exists(tmp.path() / "full" / "step_00000007" / "meta.json"));
+
+  for (int at : {3, 6}) {
+    TrainConfig r = c;
+    r.checkpoint_dir = (tmp.path() / fmt::format("cont{}", at)).string();
+    r.resume =
+        (tmp.path() / "full" / checkpoint::step_dir_name(static_cast<uint64_t>(at))).string();
+    const TrainResult cont = run(r);
+    ASSERT_EQ(cont.steps.size(), static_cast<size_t>(7 - at));
+    EXPECT_EQ(cont.first_step, at + 1);
+    EXPECT_EQ(losses(cont), tail(losses(full), static_cast<size_t>(at))) << "resumed at " << at;
+    EXPECT_EQ(cont.weights_sha256, full.weights_sha256) << "resumed at " << at;
+    // The continuation's own last checkpoint is the never-stopped run's, byte for byte.
+    EXPECT_EQ(states(tmp.path() / fmt::format("cont{}", at)), states(tmp.path() / "full"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, Resume,
+                         ::testing::Values(ResumeCase{1, 0, Precision::kBF16, 1},
+                                           ResumeCase{2, 0, Precision::kFP32, 1},
+                                           ResumeCase{2, 1, Precision::kBF16, 2},
+                                           ResumeCase{3, 2, Precision::kFP16, 1},
+                                           ResumeCase{2, 3, Precision::kBF16, 1},
+                                           ResumeCase{4, 3, Precision::kFP32, 2}));
+
+TEST(ResumeAt, AStopAfterTimeSliceContinuesAsTheFullRun) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 3);
+  c.steps = 6;
+  const TrainResult full = run(c);
+  c.checkpoint_dir = tmp.path().string();
+  c.stop_after = 4;
+  const TrainResult part = run(c);
+  ASSERT_EQ(part.steps.size(), 4u);
+  EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000004");
+  c.stop_after = 0;
+  c.resume = "latest";
+  const TrainResult rest = run(c);
+  EXPECT_EQ(losses(rest), tail(losses(full), 4));
+  EXPECT_EQ(rest.weights_sha256, full.weights_sha256);
+}
+
+// A small text file whose epoch is a few steps long, so saves fall on its boundary.
+fs::path write_text(const fs::path& dir) {
+  const fs::path p = dir / "text.txt";
+  std::ofstream out(p, std::ios::binary);
+  for (int i = 0; i < 60; ++i) out << fmt::format("verse {} of a short book, said twice.\n", i);
+  return p;
+}
+
+TEST(ResumeAt, AnEpochBoundaryContinuesIntoTheNextEpoch) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 1);
+  c.data = write_text(tmp.path()).string();
+  c.steps = 12;
+  c.checkpoint_dir = (tmp.path() / "full").string();
+  c.checkpoint_every = 1;
+  const TrainResult full = run(c);
+  // Find the checkpoint saved at the end of the first epoch.
+  int boundary = 0;
+  for (int s = 1; s < 12 && boundary == 0; ++s) {
+    const checkpoint::Checkpoint k(tmp.path() / "full" / checkpoint::step_dir_name(s));
+    if (k.meta().data_epoch == 1 && k.meta().data_step == 0) boundary = s;
+  }
+  ASSERT_GT(boundary, 0) << "no save fell on an epoch boundary; the text is too long";
+  TrainConfig r = c;
+  r.checkpoint_dir = (tmp.path() / "cont").string();
+  r.resume = (tmp.path() / "full" / checkpoint::step_dir_name(boundary)).string();
+  const TrainResult cont = run(r);
+  EXPECT_EQ(losses(cont), tail(losses(full), static_cast<size_t>(boundary)));
+  EXPECT_EQ(cont.weights_sha256, full.weights_sha256);
+}
+
+TEST(ResumeAt, AnFp16OverflowStreakKeepsTheScalerState) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 2, Precision::kFP16);
+  c.initial_loss_scale = 16777216.0f;  // 2^24: the first steps overflow and halve it
+  c.steps = 8;
+  c.checkpoint_dir = (tmp.path() / "full").string();
+  c.checkpoint_every = 1;
+  const TrainResult full = run(c);
+  ASSERT_TRUE(full.steps[0].skipped && full.steps[1].skipped)
+      << "the scale no longer overflows at the start; the streak this test needs is gone";
+  const checkpoint::Checkpoint k(tmp.path() / "full" / "step_00000002");
+  ASSERT_TRUE(k.meta().loss_scaler);
+  EXPECT_LT(k.meta().loss_scaler->scale, 16777216.0);
+  EXPECT_EQ(k.meta().adam_step, 0);
+  TrainConfig r = c;
+  r.checkpoint_dir = (tmp.path() / "cont").string();
+  r.resume = (tmp.path() / "full" / "step_00000002").string();
+  const TrainResult cont = run(r);
+  EXPECT_EQ(losses(cont), tail(losses(full), 2));
+  for (size_t i = 0; i < cont.steps.size(); ++i) {
+    EXPECT_EQ(cont.steps[i].skipped, full.steps[i + 2].skipped) << "step " << i + 3;
+    EXPECT_EQ(cont.steps[i].loss_scale, full.steps[i + 2].loss_scale) << "step " << i + 3;
+  }
+  EXPECT_EQ(cont.weights_sha256, full.weights_sha256);
+}
+
+// Saves at (N, stage), re-saves at (M, stage') with nothing left to train, and back.
+struct ReshardCase {
+  int n, stage, m, stage2;
+  Precision precision;
+};
+
+void PrintTo(const ReshardCase& c, std::ostream* os) {
+  *os << fmt::format("{}@stage{} -> {}@stage{} {}", c.n, c.stage, c.m, c.stage2,
+                     precision_name(c.precision));
+}
+
+class Reshard : public ::testing::TestWithParam<ReshardCase> {};
+
+TEST_P(Reshard, RoundTripsAreBitIdenticalAndTrainingContinues) {
+  const ReshardCase p = GetParam();
+  TempDir tmp;
+  TrainConfig a = tiny_config(p.n, p.stage, p.precision);
+  a.steps = 3;
+  a.checkpoint_dir = (tmp.path() / "a").string();
+  (void)run(a);
+
+  TrainConfig b = tiny_config(p.m, p.stage2, p.precision);
+  b.steps = 3;
+  b.resume = a.checkpoint_dir;
+  b.checkpoint_dir = (tmp.path() / "b").string();
+  const TrainResult rb = run(b);
+  EXPECT_TRUE(rb.steps.empty());
+  const checkpoint::Checkpoint kb(tmp.path() / "b" / "step_00000003");
+  EXPECT_EQ(kb.meta().world_size, p.m);
+  EXPECT_EQ(kb.meta().stage, p.stage2);
+  EXPECT_EQ(states(tmp.path() / "b"), states(tmp.path() / "a"));
+
+  TrainConfig c = a;
+  c.resume = b.checkpoint_dir;
+  c.checkpoint_dir = (tmp.path() / "c").string();
+  (void)run(c);
+  const fs::path sa = tmp.path() / "a" / "step_00000003", sc = tmp.path() / "c" / "step_00000003";
+  for (int r = 0; r < p.n; ++r) {
+    EXPECT_EQ(sha256_file_hex(sa / checkpoint::rank_file_name(r)),
+              sha256_file_hex(sc / checkpoint::rank_file_name(r)))
+        << "rank " << r << " after " << p.n << " -> " << p.m << " -> " << p.n;
+  }
+
+  // Training goes on from the resharded checkpoint, at M ranks.
+  TrainConfig d = b;
+  d.steps = 5;
+  d.resume = b.checkpoint_dir;
+  d.checkpoint_dir = (tmp.path() / "d").string();
+  const TrainResult rd = run(d);
+  ASSERT_EQ(rd.steps.size(), 2u);
+  EXPECT_TRUE(std::isfinite(rd.steps.back().loss));
+}
+
+INSTANTIATE_TEST_SUITE_P(Pairs, Reshard,
+                         ::testing::Values(ReshardCase{3, 1, 4, 3, Precision::kBF16},
+                                           ReshardCase{4, 3, 3, 1, Precision::kBF16},
+                                           ReshardCase{1, 0, 2, 2, Precision::kFP32},
+                                           ReshardCase{2, 2, 1, 0, Precision::kFP16},
+                                           ReshardCase{8, 3, 5, 0, Precision::kBF16},
+                                           ReshardCase{5, 0, 8, 3, Precision::kFP32}));
+
+TEST(Reshard, AnotherPrecisionLoadsTheMasterWeights) {
+  TempDir tmp;
+  TrainConfig a = tiny_config(2, 1, Precision::kFP32);
+  a.steps = 2;
+  a.checkpoint_dir = (tmp.path() / "a").string();
+  (void)run(a);
+  TrainConfig b = tiny_config(2, 1, Precision::kBF16);
+  b.steps = 2;
+  b.resume = a.checkpoint_dir;
+  b.checkpoint_dir = (tmp.path() / "b").string();
+  (void)run(b);
+  const checkpoint::Checkpoint ka(tmp.path() / "a" / "step_00000002");
+  const checkpoint::Checkpoint kb(tmp.path() / "b" / "step_00000002");
+  for (size_t u = 0; u < ka.meta().units.size(); ++u) {
+    std::vector<float> wa(ka.meta().units[u].numel), wb(wa.size());
+    ka.read_master(u, 0, wa);
+    kb.read_master(u, 0, wb);
+    EXPECT_EQ(wa, wb) << "unit " << u;
+  }
+}
+
+// --- the protocol ---------------------------------------------------------------------
+
+TEST(Protocol, KeepDeletesOnlyOlderCommittedCheckpoints) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 2);
+  c.steps = 5;
+  c.checkpoint_dir = tmp.path().string();
+  c.checkpoint_every = 1;
+  c.keep = 2;
+  (void)run(c);
+  const auto all = checkpoint::list_checkpoints(tmp.path());
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].filename(), "step_00000004");
+  EXPECT_EQ(all[1].filename(), "step_00000005");
+  EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000005");
+  for (const auto& e : fs::directory_iterator(tmp.path())) {
+    EXPECT_FALSE(e.path().filename().string().starts_with(".tmp")) << e.path();
+  }
+}
+
+TEST(Protocol, LeftoverTemporariesAreCleanedAtTheNextStart) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 0);
+  c.steps = 2;
+  c.checkpoint_dir = tmp.path().string();
+  (void)run(c);
+  fs::create_directories(tmp.path() / ".tmp.step_00000003");
+  std::ofstream(tmp.path() / ".tmp.step_00000003" / "rank_00000.safetensors") << "half";
+  std::ofstream(tmp.path() / "latest.tmp") << "step_0000";
+  TrainConfig r = c;
+  r.steps = 3;
+  r.resume = "latest";
+  (void)run(r);
+  EXPECT_FALSE(fs::exists(tmp.path() / "latest.tmp"));
+  EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000003");
+  EXPECT_TRUE(fs::exists(tmp.path() / "step_00000003" / "rank_00001.safetensors"));
+}
+
+TEST(Protocol, AFreshStartRefusesADirectoryWithCheckpoints) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(1, 0);
+  c.steps = 1;
+  c.checkpoint_dir = tmp.path().string();
+  (void)run(c);
+  try {
+    (void)run(c);
+    FAIL() << "a fresh run wrote over committed checkpoints";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--resume latest"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Protocol, ResumeWithNothingToResumeIsAnError) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(1, 0);
+  c.steps = 2;
+  c.checkpoint_dir = tmp.path().string();
+  c.resume = "latest";
+  EXPECT_THROW((void)run(c), InvalidArgument);
+  c.resume = (tmp.path() / "nowhere").string();
+  EXPECT_THROW((void)run(c), InvalidArgument);
+  EXPECT_TRUE(checkpoint::list_checkpoints(tmp.path()).empty());
+}
+
+TEST(Protocol, ResumingPastStepsIsAnError) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(1, 0);
+  c.steps = 3;
+  c.checkpoint_dir = tmp.path().string();
+  (void)run(c);
+  c.steps = 2;
+  c.resume = "latest";
+  try {
+    (void)run(c);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--steps 3 or more"), std::string::npos) << e.what();
+  }
+}
+
+// --- corruption -----------------------------------------------------------------------
+
+class Corruption : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TrainConfig c = tiny_config(2, 1);
+    c.steps = 4;
+    c.checkpoint_every = 2;
+    c.checkpoint_dir = tmp_.path().string();
+    (void)run(c);
+    base_ = c;
+  }
+  fs::path step(int s) const { return tmp_.path() / checkpoint::step_dir_name(s); }
+  // Resumes from step 4 and returns the error text; fails the test when it loads.
+  std::string refused(const TrainConfig& c) {
+    try {
+      (void)run(c);
+    } catch (const CorruptData& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "a damaged checkpoint loaded";
+    return "";
+  }
+  TrainConfig resume_config() const {
+    TrainConfig r = base_;
+    r.steps = 6;
+    r.checkpoint_dir = (tmp_.path() / "out").string();
+    r.resume = step(4).string();
+    return r;
+  }
+  TempDir tmp_;
+  TrainConfig base_;
+};
+
+TEST_F(Corruption, ATruncatedShardNamesTheFileAndBothSizes) {
+  const fs::path f = step(4) / "rank_00001.safetensors";
+  const auto size = fs::file_size(f);
+  fs::resize_file(f, size - 10);
+  const std::string e = refused(resume_config());
+  EXPECT_NE(e.find("rank_00001.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find(std::to_string(size)), std::string::npos) << e;
+}
+
+TEST_F(Corruption, AFlippedByteFailsTheChecksum) {
+  const fs::path f = step(4) / "rank_00000.safetensors";
+  std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(-5, std::ios::end);
+  char b = 0;
+  io.read(&b, 1);
+  io.seekp(-5, std::ios::end);
+  b = static_cast<char>(b ^ 0x10);
+  io.write(&b, 1);
+  io.close();
+  const std::string e = refused(resume_config());
+  EXPECT_NE(e.find("rank_00000.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find("sha256"), std::string::npos) << e;
+}
+
+TEST_F(Corruption, AMissingShardIsNamed) {
+  fs::remove(step(4) / "rank_00001.safetensors");
+  const std::string e = refused(resume_config());
+  EXPECT_NE(e.find("rank_00001.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find("missing"), std::string::npos) << e;
+}
+
+TEST_F(Corruption, AShardFromAnotherStepIsCaught) {
+  fs::copy_file(step(2) / "rank_00000.safetensors", step(4) / "rank_00000.safetensors",
+                fs::copy_options::overwrite_existing);
+  const std::string e = refused(resume_config());
+  EXPECT_NE(e.find("rank_00000.safetensors"), std::string::npos) << e;
+}
+
+TEST_F(Corruption, ACheckpointOfAnotherModelIsRefused) {
+  TrainConfig r = resume_config();
+  r.layers = 3;  // tiny has 2
+  const std::string e = refused(r);
+  EXPECT_NE(e.find("another model"), std::string::npos) << e;
+}
+
+TEST_F(Corruption, ABadMetaFieldIsNamed) {
+  const fs::path meta = step(4) / "meta.json";
+  std::ifstream in(meta);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const auto at = text.find("\"world_size\": 2");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 15, "\"world_size\": \"2\"");
+  std::ofstream(meta) << text;
+  const std::string e = refused(resume_config());
+  EXPECT_NE(e.find("world_size"), std::string::npos) << e;
+}
+
+TEST_F(Corruption, NothingIsWrittenWhenLoadingFails) {
+  fs::remove(step(4) / "rank_00001.safetensors");
+  (void)refused(resume_config());
+  EXPECT_TRUE(checkpoint::list_checkpoints(tmp_.path() / "out").empty());
+}
+
+// --- export ---------------------------------------------------------------------------
+
+TEST(Export, HoldsTheConsolidatedMasterUnderCanonicalNames) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(3, 3);
+  c.steps = 2;
+  c.checkpoint_dir = (tmp.path() / "ck").string();
+  c.keep_final_weights = true;
+  const TrainResult r = run(c);
+  const fs::path out = tmp.path() / "model.safetensors";
+  const auto s = checkpoint::export_fp32(tmp.path() / "ck", out, 1000);
+  EXPECT_LE(s.buffer_bytes, 4000u + 64u);
+  const safetensors::Reader file(out);
+  EXPECT_EQ(file.header().metadata.at("format"), checkpoint::kExportFormat);
+  EXPECT_EQ(file.header().metadata.at("layers"), "2");
+  // The final weights in canonical order are the tensors in file order.
+  std::vector<float> all;
+  for (const auto& t : file.header().tensors) {
+    std::vector<float> v(t.numel());
+    file.read(t, 0, std::as_writable_bytes(std::span(v)));
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(all, r.final_weights);
+  EXPECT_NE(file.find("h.1.attn.c_attn.weight"), nullptr);
+  EXPECT_EQ(file.find("h.1.attn.c_attn.weight")->shape, (std::vector<int64_t>{96, 32}));
+}
+
+}  // namespace
+}  // namespace zerodp
