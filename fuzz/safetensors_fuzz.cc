@@ -1,5 +1,8 @@
-// libFuzzer target for safetensors::parse_header (`make fuzz`).
+// libFuzzer target for safetensors::parse_header and checkpoint::parse_meta (`make fuzz`).
 //
+// An input starting with '{' is also a meta.json candidate: parse_meta must return or throw
+// CorruptData naming the file, never anything else (its allocation is the JSON tree's, held
+// to libFuzzer's -malloc_limit_mb and -rss_limit_mb, not to the tighter count below).
 // The input is a whole file. parse_header must either throw CorruptData naming the file, or
 // return a header whose tensors lie inside the data section without overlapping, with sizes
 // that match their shapes. While it runs, the bytes it holds on the heap are counted through
@@ -18,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "checkpoint/format.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 
@@ -125,5 +129,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::to_string(peak_bytes) + " bytes held for a " + std::to_string(size) + "-byte input");
   }
   if (header) check_header(*header, file);
+  if (size > 0 && data[0] == '{') {
+    try {
+      const auto meta = zerodp::checkpoint::parse_meta(
+          std::string_view(reinterpret_cast<const char*>(data), size), kWhat);
+      check(meta.files.size() == static_cast<size_t>(meta.world_size),
+            "meta accepted with a file count unlike its world size");
+    } catch (const zerodp::CorruptData& e) {
+      const std::string message = e.what();
+      check(message.starts_with(std::string(kWhat) + ": "), "meta error does not name the file",
+            message);
+    }
+  }
   return 0;
 }

@@ -216,6 +216,13 @@ Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
     throw CorruptData(fmt::format("{}: missing; {} is not a committed checkpoint",
                                   meta_path.string(), dir.string()));
   }
+  // meta.json grows with units and ranks, a few hundred bytes each; anything near this is
+  // not one, and reading it whole must not be the way to exhaust memory.
+  constexpr uint64_t kMaxMetaBytes = uint64_t{64} << 20;
+  if (const uint64_t size = fs::file_size(meta_path); size > kMaxMetaBytes) {
+    throw CorruptData(fmt::format("{}: {} bytes, over the {}-byte limit of a meta.json",
+                                  meta_path.string(), size, kMaxMetaBytes));
+  }
   meta_ = parse_meta(read_text(meta_path), meta_path.string());
   // Checksums first: nothing is parsed from a file whose bytes are not the ones committed.
   for (const FileMeta& f : meta_.files) {

@@ -15,8 +15,8 @@
 #include <fmt/core.h>
 
 #include "core/error.h"
-#include "data/gzip.h"
 #include "core/sha256.h"
+#include "data/gzip.h"
 
 extern char** environ;  // the child runs with our environment
 
