@@ -1,5 +1,7 @@
 #include "checkpoint/format.h"
 
+#include <limits>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -109,7 +111,17 @@ class Fields {
       return v.get<T>();
     } else {
       if (!v.is_number_integer()) fail(p, fmt::format("is {}, expected an integer", v.dump()));
-      return v.get<T>();
+      // Through 64 bits first: get<int> of a larger number would wrap silently.
+      if (v.is_number_unsigned() &&
+          v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+        fail(p, fmt::format("is {}, past the largest {}", v.dump(), std::numeric_limits<T>::max()));
+      }
+      const int64_t x = v.get<int64_t>();
+      if (x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max()) {
+        fail(p, fmt::format("is {}, outside [{}, {}]", x, std::numeric_limits<T>::min(),
+                            std::numeric_limits<T>::max()));
+      }
+      return static_cast<T>(x);
     }
   }
   const Json& array(const Json& j, std::string_view path, std::string_view key) const {
@@ -132,7 +144,8 @@ Meta parse_meta(std::string_view text, std::string_view what) {
   Json j;
   try {
     j = Json::parse(text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
+    // parse_error, and out_of_range for numbers past 64 bits (found by the fuzzer).
     throw CorruptData(fmt::format("{}: not JSON: {}", what, e.what()));
   }
   const Fields f(what);
@@ -177,6 +190,7 @@ Meta parse_meta(std::string_view text, std::string_view what) {
       u.counts.push_back(part[r].get<uint64_t>());
       if (u.counts.back() > u.numel) f.fail(p + ".partition", "holds a count past the unit");
       sum += u.counts.back();
+      if (sum > u.numel) f.fail(p + ".partition", "holds more elements than the unit");
     }
     if (sum != u.numel) {
       f.fail(p + ".partition", fmt::format("sums to {}, the unit has {}", sum, u.numel));

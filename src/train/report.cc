@@ -98,6 +98,7 @@ nlohmann::json report_json(const TrainResult& r) {
   j["backend"] = r.backend;
   j["precision"] = std::string(precision_name(r.config.precision));
   j["data"] = r.data_description;
+  j["resumed_from"] = r.resumed_from.empty() ? nlohmann::json() : nlohmann::json(r.resumed_from);
   j["steps"] = nlohmann::json::array();
   for (const auto& s : r.steps) j["steps"].push_back(step_json(s));
   j["final"] = {{"loss", r.final_loss},

@@ -431,6 +431,20 @@ TEST_F(Corruption, ABadMetaFieldIsNamed) {
   EXPECT_NE(e.find("world_size"), std::string::npos) << e;
 }
 
+TEST_F(Corruption, ANumberPastSixtyFourBitsIsCorruptNotACrash) {
+  // Found by the fuzzer: nlohmann throws out_of_range, not parse_error, for these.
+  const fs::path meta = step(4) / "meta.json";
+  std::ifstream in(meta);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const auto at = text.find("\"step\": 4");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 9, "\"step\": 4E94972");
+  std::ofstream(meta) << text;
+  const std::string e = refused(resume_config());
+  EXPECT_NE(e.find("meta.json"), std::string::npos) << e;
+}
+
 TEST_F(Corruption, NothingIsWrittenWhenLoadingFails) {
   fs::remove(step(4) / "rank_00001.safetensors");
   (void)refused(resume_config());
