@@ -30,6 +30,7 @@ struct Flags {
   std::string link_latency;
   std::string config_file;
   bool no_progress = false;
+  std::vector<std::string> inject;
   bool ranks_given = false;
 };
 
@@ -128,6 +129,7 @@ int run_train(Flags& f, Launch args) {
     c.launch.comm.link_latency = parse_seconds(f.link_latency, "--link-latency");
   }
   c.progress = !f.no_progress;
+  for (const std::string& text : f.inject) c.inject.push_back(parse_injection(text));
 
   std::unique_ptr<std::ofstream> metrics;
   Progress progress(c.progress);
@@ -253,6 +255,15 @@ Runner add_train(CLI::App& app) {
   ck->add_option("--stop-after", c.stop_after,
                  "Stop after this step, the schedule still planned for --steps (a time slice; "
                  "continue with --resume)");
+  auto* rel = app.add_option_group("Reliability");
+  rel->add_option("--max-skips", c.max_skips,
+                  "Stop after this many consecutive skipped (non-finite) steps, naming the unit "
+                  "and rank (0 = never)")
+      ->capture_default_str();
+  rel->add_option("--inject", f->inject,
+                  "Inject a fault, for tests and demos: KIND@STEP[:RANK], KIND one of throw, "
+                  "hang, kill, nan, io (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   auto* out = app.add_option_group("Output");
   out->add_option("--eval-every", c.eval_every,
                   "Validation loss every K steps (0 = at the end only)")

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "comm/launch.h"
 
@@ -29,6 +30,17 @@ std::string_view precision_name(Precision p);
 enum class AccumulatePolicy { kLocal, kReduce };
 std::optional<AccumulatePolicy> parse_accumulate(std::string_view name);
 std::string_view accumulate_name(AccumulatePolicy p);
+
+// A fault to inject (--inject KIND@STEP[:RANK]), for tests and demos of failure handling
+// (docs/reliability.md). Rank defaults to 0.
+struct Injection {
+  enum class Kind { kThrow, kHang, kKill, kNan, kIo };
+  Kind kind = Kind::kThrow;
+  int64_t step = 1;
+  int rank = 0;
+};
+// Throws InvalidArgument naming the text and the accepted forms.
+Injection parse_injection(std::string_view text);
 
 struct TrainConfig {
   // Model.
@@ -74,6 +86,10 @@ struct TrainConfig {
   // Stop after this step although the schedule runs to `steps` (0 = run to the end): a job
   // in time slices, continued later with resume.
   int64_t stop_after = 0;
+  // Reliability. Consecutive skipped steps (non-finite gradients) after which the run stops,
+  // naming the first unit and rank with a bad value; 0 = never stop.
+  int max_skips = 25;
+  std::vector<Injection> inject;
   // fp16: the dynamic loss scale to start from (a power of two, 1..2^24).
   float initial_loss_scale = 65536.0f;
   // Return the consolidated fp32 weights in TrainResult (tools and tests; costs 4Φ on rank 0).

@@ -1,10 +1,13 @@
 #include "train/engine.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -69,6 +72,48 @@ std::optional<AccumulatePolicy> parse_accumulate(std::string_view name) {
 
 std::string_view accumulate_name(AccumulatePolicy p) {
   return p == AccumulatePolicy::kLocal ? "local" : "reduce";
+}
+
+Injection parse_injection(std::string_view text) {
+  const auto bad = [&](std::string_view why) {
+    return InvalidArgument(fmt::format(
+        "--inject '{}': {}; use KIND@STEP[:RANK] with KIND throw, hang, kill, nan or io, e.g. "
+        "nan@3:1",
+        text, why));
+  };
+  const size_t at = text.find('@');
+  if (at == std::string_view::npos) throw bad("no @STEP");
+  const std::string_view kind = text.substr(0, at);
+  Injection inj;
+  if (kind == "throw") {
+    inj.kind = Injection::Kind::kThrow;
+  } else if (kind == "hang") {
+    inj.kind = Injection::Kind::kHang;
+  } else if (kind == "kill") {
+    inj.kind = Injection::Kind::kKill;
+  } else if (kind == "nan") {
+    inj.kind = Injection::Kind::kNan;
+  } else if (kind == "io") {
+    inj.kind = Injection::Kind::kIo;
+  } else {
+    throw bad(fmt::format("unknown kind '{}'", kind));
+  }
+  const std::string_view rest = text.substr(at + 1);
+  const size_t colon = rest.find(':');
+  const auto number = [&](std::string_view digits, std::string_view what) {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+    if (ec != std::errc() || end != digits.data() + digits.size() || digits.empty() || v < 0) {
+      throw bad(fmt::format("{} '{}' is not a non-negative integer", what, digits));
+    }
+    return v;
+  };
+  inj.step = number(rest.substr(0, colon), "STEP");
+  if (inj.step < 1) throw bad("STEP counts from 1");
+  if (colon != std::string_view::npos) {
+    inj.rank = static_cast<int>(number(rest.substr(colon + 1), "RANK"));
+  }
+  return inj;
 }
 
 namespace {
@@ -196,6 +241,13 @@ class RankTrainer {
 
   StepRecord step(int64_t step_index);
   double evaluate();
+  // The injection of `kind` at `step` aimed at this rank, if any.
+  const Injection* injected(Injection::Kind kind, int64_t step) const {
+    for (const Injection& i : cfg_.inject) {
+      if (i.kind == kind && i.step == step && i.rank == comm_.rank()) return &i;
+    }
+    return nullptr;
+  }
   std::string weights_sha256(std::vector<float>* keep);
 
   // Checkpoints (checkpoint/store.h has the protocol, docs/checkpoint_format.md the format).
@@ -612,6 +664,16 @@ bool RankTrainer::update(double lr, double coef, int64_t adam_step) {
 }
 
 StepRecord RankTrainer::step(int64_t step_index) {
+  if (injected(Injection::Kind::kKill, step_index)) ::raise(SIGKILL);
+  if (injected(Injection::Kind::kThrow, step_index)) {
+    throw Error(fmt::format("injected failure (--inject throw@{}:{})", step_index, comm_.rank()));
+  }
+  if (injected(Injection::Kind::kHang, step_index)) {
+    // Not arriving: past the collective timeout the peers give up and abort the world, and
+    // this rank's next collective fails with their verdict (under MPI the job is ended first).
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(cfg_.launch.comm.timeout_seconds + 1.0));
+  }
   const auto t0 = Clock::now();
   CommPhaseScope phase(comm_.ledger(), CommPhase::kTrain);
   StepRecord rec;
@@ -631,17 +693,43 @@ StepRecord RankTrainer::step(int64_t step_index) {
   }
   boundary_reduce();
 
-  // Verdicts on the owned ranges, the same data at every stage.
-  bool finite = true;
+  if (injected(Injection::Kind::kNan, step_index)) {
+    // One element of this rank's gradient shard, in the last unit that owns any.
+    for (size_t i = units_.size(); i-- > 0;) {
+      UnitState& u = units_[i];
+      if (u.own.count() == 0) continue;
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      narrow(std::span<const float>(&nan, 1), u.grads.data(), dtype_,
+             sharding_.gradients ? 0 : u.own.begin);
+      break;
+    }
+  }
+
+  // Verdicts on the owned ranges, the same data at every stage. Each rank reports the first
+  // unit (index + 1) whose owned gradient is not finite, so a stop can name it.
+  double bad_unit = 0;
   double sq = 0;
-  for (auto& u : units_) {
+  for (size_t i = 0; i < units_.size(); ++i) {
+    UnitState& u = units_[i];
     const size_t first = sharding_.gradients ? 0 : u.own.begin;
-    finite = finite && all_finite(u.grads.data(), dtype_, first, u.own.count());
+    if (bad_unit == 0 && !all_finite(u.grads.data(), dtype_, first, u.own.count())) {
+      bad_unit = static_cast<double>(i + 1);
+    }
     sq += sum_squares(u.grads.data(), dtype_, first, u.own.count());
   }
-  const double partial[] = {sq, finite ? 0.0 : 1.0, loss_sum / A};
-  const auto totals = comm_.sum_control(partial);
-  const bool overflow = totals[1] > 0;
+  const double partial[] = {sq, bad_unit, loss_sum / A};
+  const std::vector<double> all = comm_.gather_control(partial);
+  // Summed in rank order, as sum_control() would.
+  double totals[3] = {0, 0, 0};
+  for (int r = 0; r < comm_.size(); ++r) {
+    for (size_t k = 0; k < 3; ++k) totals[k] += all[static_cast<size_t>(r) * 3 + k];
+    if (rec.bad_rank < 0 && all[static_cast<size_t>(r) * 3 + 1] > 0) {
+      rec.bad_rank = r;
+      rec.bad_unit =
+          units_[static_cast<size_t>(all[static_cast<size_t>(r) * 3 + 1]) - 1].unit->name();
+    }
+  }
+  const bool overflow = totals[1] > 0 || !std::isfinite(totals[2]);
   rec.loss = totals[2] / comm_.size();
   rec.loss_scale = scaler_ ? std::optional<double>(scale) : std::nullopt;
   const double norm = std::sqrt(totals[0]) / scale;
@@ -941,6 +1029,10 @@ void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig
   uint64_t bytes = 0;
   const std::filesystem::path file = temp / ck::rank_file_name(rank);
   try {
+    if (trainer.injected(Injection::Kind::kIo, step)) {
+      throw IoError(fmt::format("cannot write {}: injected failure (--inject io@{}:{})",
+                                file.string(), step, rank));
+    }
     sha = trainer.write_shard(file);
     bytes = std::filesystem::file_size(file);
   } catch (const std::exception& e) {
@@ -982,6 +1074,56 @@ void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig
   if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
     throw IoError(fmt::format("checkpoint at step {} not committed: {}", step,
                               rank == 0 ? error : "rank 0 failed to commit it"));
+  }
+}
+
+// Under MPI every process parses its own command line; ranks that disagree would hang or
+// compute garbage. The first collective compares a digest of the resolved options.
+void check_same_config(const TrainConfig& cfg, Communicator& comm) {
+  CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
+  const std::string digest = sha256_hex(config_json(cfg).dump());
+  // 48 bits of the digest: exact in a double.
+  const double mine = static_cast<double>(std::stoull(digest.substr(0, 12), nullptr, 16));
+  const std::vector<double> all = comm.gather_control(std::span<const double>(&mine, 1));
+  std::vector<int> differ;
+  for (int r = 1; r < comm.size(); ++r) {
+    if (all[static_cast<size_t>(r)] != all[0]) differ.push_back(r);
+  }
+  if (!differ.empty()) {
+    throw InvalidArgument(fmt::format(
+        "rank(s) {} run another configuration than rank 0 (config digest {:012x} vs {:012x}); "
+        "give every rank the same flags and --config file",
+        fmt::join(differ, ", "), static_cast<uint64_t>(all[static_cast<size_t>(differ[0])]),
+        static_cast<uint64_t>(all[0])));
+  }
+}
+
+// The error in flight again, of the same type, its message led by the training step (and
+// the rank: under MPI the launcher adds it), so every report of a failure says where and
+// when it happened.
+[[noreturn]] void rethrow_at_step(int64_t step, const Communicator& comm, Backend backend) {
+  const std::string where = backend == Backend::kLocal ? fmt::format("rank {} of {}, step {}",
+                                                                     comm.rank(), comm.size(), step)
+                                                       : fmt::format("step {}", step);
+  const auto at = [&where](const std::exception& e) {
+    return fmt::format("{}: {}", where, e.what());
+  };
+  try {
+    throw;
+  } catch (const CommTimeout& e) {
+    throw CommTimeout(at(e), e.failed_rank());
+  } catch (const CommError& e) {
+    throw CommError(at(e), e.failed_rank());
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(at(e));
+  } catch (const CorruptData& e) {
+    throw CorruptData(at(e));
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(at(e));
+  } catch (const IoError& e) {
+    throw IoError(at(e));
+  } catch (const std::exception& e) {
+    throw Error(at(e));
   }
 }
 
@@ -1049,6 +1191,16 @@ void resolve_config(TrainConfig& c) {
     throw InvalidArgument(
         fmt::format("--checkpoint-every {} is invalid; use 0 or more steps", c.checkpoint_every));
   }
+  if (c.max_skips < 0) {
+    throw InvalidArgument(
+        fmt::format("--max-skips {} is invalid; use 0 (never stop) or more", c.max_skips));
+  }
+  for (const Injection& i : c.inject) {
+    if (c.launch.backend == Backend::kLocal && i.rank >= c.launch.ranks) {
+      throw InvalidArgument(
+          fmt::format("--inject at rank {}: the run has ranks 0..{}", i.rank, c.launch.ranks - 1));
+    }
+  }
   if (c.keep < 0) {
     throw InvalidArgument(fmt::format("--keep {} is invalid; use 0 (keep all) or more", c.keep));
   }
@@ -1100,6 +1252,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   TrainResult result;
   std::mutex mu;
   launch(cfg.launch, argc, argv, [&](Communicator& comm) {
+    check_same_config(cfg, comm);
     // Every rank verifies the whole checkpoint before any state exists, so a corrupt one
     // fails every rank the same way and before the first collective.
     std::optional<checkpoint::Checkpoint> from;
@@ -1126,17 +1279,38 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     const bool reporter = comm.rank() == 0;
     std::vector<StepRecord> steps;
     const int64_t last = cfg.stop_after > 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
+    int64_t streak = 0;  // consecutive skipped steps
+    StepRecord streak_start;
     for (int64_t s = first; s <= last; ++s) {
-      StepRecord rec = trainer.step(s);
-      if (cfg.eval_every > 0 && s % cfg.eval_every == 0 && s != cfg.steps) {
-        CommPhaseScope other(comm.ledger(), CommPhase::kOther);
-        rec.val_loss = trainer.evaluate();
-      }
-      const bool due = cfg.checkpoint_every > 0 && s % cfg.checkpoint_every == 0;
-      if (!cfg.checkpoint_dir.empty() && (due || s == last)) {
-        save_checkpoint(trainer, comm, cfg, s);
-        rec.checkpoint =
-            checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(s)).string();
+      StepRecord rec;
+      try {
+        rec = trainer.step(s);
+        if (rec.skipped) {
+          if (streak++ == 0) streak_start = rec;
+          if (cfg.max_skips > 0 && streak >= cfg.max_skips) {
+            throw Error(fmt::format(
+                "{} consecutive steps skipped for non-finite gradients or loss (--max-skips "
+                "{}); the first, step {}, had one in unit {} on rank {}; lower --lr, check the "
+                "data, or pass --max-skips 0 to never stop",
+                streak, cfg.max_skips, streak_start.step,
+                streak_start.bad_unit.empty() ? "(the loss)" : streak_start.bad_unit,
+                streak_start.bad_rank));
+          }
+        } else {
+          streak = 0;
+        }
+        if (cfg.eval_every > 0 && s % cfg.eval_every == 0 && s != cfg.steps) {
+          CommPhaseScope other(comm.ledger(), CommPhase::kOther);
+          rec.val_loss = trainer.evaluate();
+        }
+        const bool due = cfg.checkpoint_every > 0 && s % cfg.checkpoint_every == 0;
+        if (!cfg.checkpoint_dir.empty() && (due || s == last)) {
+          save_checkpoint(trainer, comm, cfg, s);
+          rec.checkpoint =
+              checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(s)).string();
+        }
+      } catch (...) {
+        rethrow_at_step(s, comm, cfg.launch.backend);
       }
       if (reporter && on_step) on_step(rec, cfg.steps);
       steps.push_back(rec);

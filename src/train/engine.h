@@ -37,6 +37,10 @@ struct StepRecord {
   double seconds = 0;              // wall time
   std::optional<double> val_loss;  // when evaluated after this step
   std::string checkpoint;          // the checkpoint committed after this step, if any
+  // When skipped for a non-finite value: the first rank (in rank order) whose owned
+  // gradient held one, and the first such unit of that rank.
+  int bad_rank = -1;
+  std::string bad_unit;
 };
 
 struct RankSummary {

@@ -32,4 +32,40 @@ expect "--steps = abc" train --steps abc
 expect "--config" train --config /nonexistent.json
 expect "--max-bytes" bench-comm --max-bytes lots
 expect "--backend 'tcp'" bench-comm --backend tcp
+# Checked before the first collective: each within the 20 s timeout above, on one line.
+expect "--steps 0" train --steps 0 --data synthetic
+expect "--grad-accum 0" train --grad-accum 0 --data synthetic
+expect "--prefetch 9" train --prefetch 9 --data synthetic
+expect "--lr -1" train --lr -1 --data synthetic
+expect "--lr" train --lr fast --data synthetic
+expect "--clip -1" train --clip -1 --data synthetic
+expect "--warmup 10 leaves no steps" train --warmup 10 --steps 10 --data synthetic
+expect "embd 100 is not divisible by heads 3" train --embd 100 --heads 3 --data synthetic
+expect "layers is -2" train --layers -2 --data synthetic
+expect "initial scale 3 is not a power of two" train --precision fp16 --initial-loss-scale 3 --data synthetic
+expect "--link-bandwidth" train --link-bandwidth quick --data synthetic
+expect "--link-latency" train --link-latency soonish --data synthetic
+expect "--collective-timeout" train --collective-timeout 0 --data synthetic
+expect "--max-skips -1" train --max-skips -1 --data synthetic
+expect "--inject 'boom@3'" train --inject boom@3 --data synthetic
+expect "--inject 'nan@0'" train --inject nan@0 --data synthetic
+expect "--inject 'nan@2:x'" train --inject nan@2:x --data synthetic
+expect "--inject at rank 5" train --inject throw@2:5 --ranks 2 --data synthetic
+expect "--checkpoint-every" train --checkpoint-every -3 --data synthetic
+expect "--keep" train --keep -1 --data synthetic
+expect "--stop-after -1" train --stop-after -1 --data synthetic
+expect "--resume latest needs --checkpoint-dir" train --resume latest --data synthetic
+expect "no such file or directory" train --resume /nonexistent/ckpt --data synthetic
+expect "holds no committed checkpoint" train --resume latest --checkpoint-dir "$(mktemp -d)" \
+  --data synthetic
+expect "--ranks 3 does not match" train --backend mpi --ranks 3 --data synthetic
+expect "mlp: hidden is 0" train --model mlp --mlp-hidden 0 --data synthetic
+expect "a micro-batch of at most" train --micro-batch 100000 --data synthetic --ranks 2
+expect "embd 30 is not divisible by heads 4" estimate --layers 2 --embd 30 --heads 4 --seq-len 16
+expect "--ranks" estimate --params 1e9 --ranks 0
+expect "--params" estimate --params many
+expect "--out" export /nonexistent
+expect "checkpoint /nonexistent" export /nonexistent --out /tmp/zerodp-never.safetensors
+expect "MODEL" sample
+expect "MODEL /nonexistent does not exist" sample /nonexistent --temperature -1
 exit $fail

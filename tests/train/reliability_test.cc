@@ -1,0 +1,175 @@
+// Faults are named, not hung: injected failures (--inject) end the run on every rank with
+// the rank, the collective and the step named; a non-finite gradient skips the step on every
+// rank without touching a weight; a failed checkpoint write commits nothing.
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include <fmt/core.h>
+#include <gtest/gtest.h>
+
+#include "checkpoint/store.h"
+#include "core/error.h"
+#include "temp_dir.h"
+#include "train_testing.h"
+
+namespace zerodp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run;
+using testing::TempDir;
+using testing::tiny_config;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Runs `c`, expecting an error of type E; returns its message and how long the run took.
+template <typename E>
+std::pair<std::string, double> fails(const TrainConfig& c) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)run(c);
+  } catch (const E& e) {
+    return {e.what(), seconds_since(t0)};
+  }
+  ADD_FAILURE() << "the run did not fail with the expected error";
+  return {"", seconds_since(t0)};
+}
+
+TEST(Inject, ParsesItsFormsAndNamesWhatWorks) {
+  const Injection a = parse_injection("nan@3:1");
+  EXPECT_EQ(a.kind, Injection::Kind::kNan);
+  EXPECT_EQ(a.step, 3);
+  EXPECT_EQ(a.rank, 1);
+  const Injection b = parse_injection("hang@12");
+  EXPECT_EQ(b.kind, Injection::Kind::kHang);
+  EXPECT_EQ(b.rank, 0);
+  for (const char* bad : {"nan", "nan@", "nan@x", "nan@0", "nan@3:", "nan@3:-1", "boom@3", "@3"}) {
+    try {
+      (void)parse_injection(bad);
+      ADD_FAILURE() << bad << " parsed";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("KIND@STEP[:RANK]"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Faults, AThrowingRankEndsEveryRankNamingItAndTheStep) {
+  for (int stage : {0, 3}) {
+    TrainConfig c = tiny_config(4, stage);
+    c.steps = 5;
+    c.inject = {parse_injection("throw@3:2")};
+    const auto [what, seconds] = fails<Error>(c);
+    EXPECT_NE(what.find("rank 2 of 4, step 3"), std::string::npos) << what;
+    EXPECT_NE(what.find("injected failure"), std::string::npos) << what;
+    EXPECT_LT(seconds, 5.0) << "stage " << stage;
+  }
+}
+
+TEST(Faults, AHungRankIsNamedWithTheCollectiveAtTheTimeout) {
+  TrainConfig c = tiny_config(3, 2);
+  c.steps = 5;
+  c.launch.comm.timeout_seconds = 2;
+  c.inject = {parse_injection("hang@2:1")};
+  const auto [what, seconds] = fails<CommError>(c);
+  EXPECT_NE(what.find("step 2"), std::string::npos) << what;
+  EXPECT_NE(what.find("timed out after 2 s"), std::string::npos) << what;
+  EXPECT_NE(what.find("waiting for rank(s) 1"), std::string::npos) << what;
+  EXPECT_NE(what.find("#"), std::string::npos) << "no sequence number: " << what;
+  // The hung rank sleeps one second past the timeout before it notices.
+  EXPECT_GE(seconds, 2.0);
+  EXPECT_LT(seconds, 6.0);
+}
+
+// The consolidated states of a checkpoint: params, master, m, v of every unit.
+std::vector<std::vector<std::byte>> states(const fs::path& dir) {
+  const checkpoint::Checkpoint c(dir);
+  std::vector<std::vector<std::byte>> out;
+  for (size_t u = 0; u < c.meta().units.size(); ++u) {
+    const uint64_t n = c.meta().units[u].numel;
+    for (const char* kind : {"params", "master", "adam_m", "adam_v"}) {
+      if (std::string(kind) == "master" && !c.has_master()) continue;
+      std::vector<std::byte> b(n * (std::string(kind) == "params" && c.has_master() ? 2 : 4));
+      c.read(u, kind, 0, b);
+      out.push_back(std::move(b));
+    }
+  }
+  return out;
+}
+
+class NonFinite : public ::testing::TestWithParam<std::tuple<int, Precision>> {};
+
+TEST_P(NonFinite, SkipsTheStepOnEveryRankAndLeavesEveryStateAlone) {
+  const auto [stage, precision] = GetParam();
+  TempDir tmp;
+  TrainConfig c = tiny_config(3, stage, precision);
+  c.steps = 5;
+  c.checkpoint_dir = tmp.path().string();
+  c.checkpoint_every = 1;
+  c.inject = {parse_injection("nan@3:2")};
+  const TrainResult r = run(c);
+  ASSERT_EQ(r.steps.size(), 5u);
+  EXPECT_TRUE(r.steps[2].skipped);
+  EXPECT_EQ(r.steps[2].bad_rank, 2);
+  EXPECT_EQ(r.steps[2].bad_unit, "head");
+  EXPECT_FALSE(r.steps[3].skipped) << "one bad value must not poison the next step";
+  EXPECT_TRUE(std::isfinite(r.steps[4].loss));
+  const checkpoint::Checkpoint before(tmp.path() / "step_00000002");
+  const checkpoint::Checkpoint after(tmp.path() / "step_00000003");
+  EXPECT_EQ(before.meta().adam_step, after.meta().adam_step);
+  EXPECT_EQ(states(tmp.path() / "step_00000002"), states(tmp.path() / "step_00000003"));
+  EXPECT_NE(states(tmp.path() / "step_00000003"), states(tmp.path() / "step_00000004"));
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesAndPrecisions, NonFinite,
+                         ::testing::Values(std::tuple{0, Precision::kBF16},
+                                           std::tuple{1, Precision::kFP32},
+                                           std::tuple{2, Precision::kBF16},
+                                           std::tuple{3, Precision::kFP32},
+                                           std::tuple{3, Precision::kFP16}));
+
+TEST(NonFinite, MaxSkipsStopsNamingTheFirstUnitAndRank) {
+  TrainConfig c = tiny_config(2, 1, Precision::kFP32);
+  c.steps = 8;
+  c.max_skips = 2;
+  c.inject = {parse_injection("nan@3:1"), parse_injection("nan@4:0")};
+  const auto [what, seconds] = fails<Error>(c);
+  EXPECT_NE(what.find("2 consecutive steps skipped"), std::string::npos) << what;
+  EXPECT_NE(what.find("step 3, had one in unit head on rank 1"), std::string::npos) << what;
+  EXPECT_NE(what.find("step 4"), std::string::npos) << "the stop's own step: " << what;
+}
+
+TEST(NonFinite, SkipsApartDoNotAddUp) {
+  TrainConfig c = tiny_config(2, 2, Precision::kBF16);
+  c.steps = 6;
+  c.max_skips = 2;
+  c.inject = {parse_injection("nan@2:1"), parse_injection("nan@4:0")};
+  const TrainResult r = run(c);
+  EXPECT_TRUE(r.steps[1].skipped && r.steps[3].skipped);
+}
+
+TEST(Faults, AFailedCheckpointWriteCommitsNothingAndNamesTheRank) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(3, 3);
+  c.steps = 4;
+  c.checkpoint_dir = tmp.path().string();
+  c.checkpoint_every = 2;
+  c.inject = {parse_injection("io@4:1")};
+  const auto [what, seconds] = fails<IoError>(c);
+  EXPECT_NE(what.find("step 4"), std::string::npos) << what;
+  EXPECT_NE(what.find("rank(s) 1 could not write"), std::string::npos) << what;
+  EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000002");
+  EXPECT_FALSE(fs::exists(tmp.path() / "step_00000004"));
+}
+
+TEST(Faults, AnInjectionAtARankTheRunLacksIsRefused) {
+  TrainConfig c = tiny_config(2, 0);
+  c.inject = {parse_injection("throw@1:2")};
+  EXPECT_THROW((void)run(c), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace zerodp
