@@ -272,6 +272,9 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   out->add_option("--metrics", c.metrics_path, "Write one JSON line per step here");
   out->add_option("--report", c.report_path, "Write the run's report (docs/report.md) here");
+  out->add_option("--trace", c.trace_path,
+                  "Write a Chrome trace (chrome://tracing, Perfetto) of every rank's compute "
+                  "and collectives here; under MPI one file per rank, FILE.rankR.json");
   out->add_flag("--no-progress", f->no_progress, "No progress output");
   return [f, ranks](Launch args) {
     f->ranks_given = ranks->count() > 0;

@@ -53,10 +53,11 @@ class Communicator::Worker {
   Worker() : thread_([this] { loop(); }) {}
   ~Worker() { stop(); }
 
-  void push(std::function<void()> op, std::shared_ptr<Work::State> state, double min_seconds) {
+  void push(std::function<void()> op, std::shared_ptr<Work::State> state, double min_seconds,
+            CommKind kind, uint64_t bytes) {
     {
       std::lock_guard lock(mu_);
-      queue_.push_back({std::move(op), std::move(state), min_seconds});
+      queue_.push_back({std::move(op), std::move(state), min_seconds, kind, bytes});
     }
     cv_.notify_one();
   }
@@ -76,8 +77,14 @@ class Communicator::Worker {
     std::function<void()> op;
     std::shared_ptr<Work::State> state;
     double min_seconds = 0;  // simulated link: the collective lasts at least this long
+    CommKind kind = CommKind::kControl;
+    uint64_t bytes = 0;
   };
 
+ public:
+  Communicator::TraceHook hook;
+
+ private:
   void loop() {
     std::exception_ptr poisoned;
     for (;;) {
@@ -103,6 +110,7 @@ class Communicator::Worker {
               start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                           std::chrono::duration<double>(item.min_seconds)));
         }
+        if (!error && hook) hook(item.kind, item.bytes, start, std::chrono::steady_clock::now());
       }
       {
         std::lock_guard lock(item.state->mu);
@@ -136,9 +144,12 @@ void Communicator::stop_worker() {
   if (worker_) worker_->stop();
 }
 
-Work Communicator::submit(std::function<void()> op, double min_seconds) {
+void Communicator::set_trace_hook(TraceHook hook) { worker_->hook = std::move(hook); }
+
+Work Communicator::submit(std::function<void()> op, CommKind kind, uint64_t bytes,
+                          double min_seconds) {
   auto state = std::make_shared<Work::State>();
-  worker_->push(std::move(op), state, min_seconds);
+  worker_->push(std::move(op), state, min_seconds, kind, bytes);
   return Work(state);
 }
 
@@ -194,8 +205,8 @@ Work Communicator::reduce_scatter_async(ConstBuffer in, MutableBuffer out, const
   }
   const uint64_t bytes = static_cast<uint64_t>(size_ - 1) * mine * w;
   ledger_.record(CommKind::kReduceScatter, bytes);
-  return submit([=, this] { run_reduce_scatter(in, out, part, op); },
-                link_seconds(bytes, size_ - 1));
+  return submit([=, this] { run_reduce_scatter(in, out, part, op); }, CommKind::kReduceScatter,
+                bytes, link_seconds(bytes, size_ - 1));
 }
 
 Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const Partition& part) {
@@ -223,7 +234,8 @@ Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const 
   }
   const uint64_t bytes = (part.length() - mine) * w;
   ledger_.record(CommKind::kAllGather, bytes);
-  return submit([=, this] { run_all_gather(shard, out, part); }, link_seconds(bytes, size_ - 1));
+  return submit([=, this] { run_all_gather(shard, out, part); }, CommKind::kAllGather, bytes,
+                link_seconds(bytes, size_ - 1));
 }
 
 Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
@@ -238,7 +250,7 @@ Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
         run_reduce_scatter(buf, shard, part, op);
         run_all_gather(shard, buf, part);
       },
-      link_seconds(bytes, 2 * (size_ - 1)));
+      CommKind::kAllReduce, bytes, link_seconds(bytes, 2 * (size_ - 1)));
 }
 
 Work Communicator::broadcast_async(MutableBuffer buf, int root) {
@@ -248,14 +260,17 @@ Work Communicator::broadcast_async(MutableBuffer buf, int root) {
   }
   // Every rank waits for the whole transfer, the root included.
   ledger_.record(CommKind::kBroadcast, rank_ == root ? 0 : buf.bytes());
-  return submit([=, this] { run_broadcast(buf, root); }, link_seconds(buf.bytes(), size_ - 1));
+  return submit([=, this] { run_broadcast(buf, root); }, CommKind::kBroadcast,
+                rank_ == root ? 0 : buf.bytes(), link_seconds(buf.bytes(), size_ - 1));
 }
 
 std::vector<double> Communicator::gather_control(std::span<const double> mine) {
   std::vector<double> all(mine.size() * static_cast<size_t>(size_));
   ledger_.record(CommKind::kControl,
                  static_cast<uint64_t>(size_ - 1) * mine.size() * sizeof(double));
-  submit([&, this] { run_gather_control(mine, all); }).wait();
+  submit([&, this] { run_gather_control(mine, all); }, CommKind::kControl,
+         static_cast<uint64_t>(size_ - 1) * mine.size() * sizeof(double))
+      .wait();
   return all;
 }
 

@@ -19,6 +19,7 @@
 // timeout fails with CommTimeout naming the ranks that did not arrive.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -131,6 +132,14 @@ class Communicator {
   CommLedger& ledger() { return ledger_; }
   const CommLedger& ledger() const { return ledger_; }
 
+  // Called on the communication thread after each collective ran, with its kind, bytes
+  // received and [start, end) on the steady clock (the simulated link's wait included).
+  // Set it before the first collective; null turns it off.
+  using TraceHook =
+      std::function<void(CommKind kind, uint64_t bytes, std::chrono::steady_clock::time_point start,
+                         std::chrono::steady_clock::time_point end)>;
+  void set_trace_hook(TraceHook hook);
+
   // Declares this rank failed: peers' pending and next collectives fail naming it. Called
   // by launchers when a rank's code throws; never returns an error itself.
   virtual void abort(const std::string& reason) noexcept = 0;
@@ -149,7 +158,7 @@ class Communicator {
 
  private:
   class Worker;
-  Work submit(std::function<void()> op, double min_seconds = 0);
+  Work submit(std::function<void()> op, CommKind kind, uint64_t bytes, double min_seconds = 0);
   // The simulated link's time for `bytes` received over `steps` ring steps (0 when off).
   double link_seconds(uint64_t bytes, int steps) const;
 

@@ -76,6 +76,7 @@ struct TrainConfig {
   std::optional<uint64_t> memory_per_rank;
   std::string metrics_path;
   std::string report_path;
+  std::string trace_path;  // Chrome trace-event JSON of every rank's spans; empty = off
   bool progress = true;
   // Checkpoints (docs/checkpoint_format.md). A run with a checkpoint_dir saves every
   // checkpoint_every steps (0 = never in between) and always at its last step.

@@ -35,6 +35,7 @@
 #include "train/flat.h"
 #include "train/plan.h"
 #include "train/report.h"
+#include "train/trace.h"
 
 namespace zerodp {
 
@@ -241,6 +242,8 @@ class RankTrainer {
 
   StepRecord step(int64_t step_index);
   double evaluate();
+  void set_tracer(Tracer* t) { tracer_ = t; }
+  Tracer* tracer() const { return tracer_; }
   // The injection of `kind` at `step` aimed at this rank, if any.
   const Injection* injected(Injection::Kind kind, int64_t step) const {
     for (const Injection& i : cfg_.inject) {
@@ -320,6 +323,7 @@ class RankTrainer {
   int next_bucket_ = 0;
   float loss_grad_scale_ = 1.0f;
   MicroBatch mb_;
+  Tracer* tracer_ = nullptr;  // --trace: null when off
 };
 
 void RankTrainer::allocate_states() {
@@ -514,6 +518,7 @@ double RankTrainer::forward() {
   }
   for (size_t i = 0; i < U; ++i) {
     const int slot = gathers ? gathers->acquire(i) : 0;
+    const Tracer::Span span(tracer_, tracer_ ? "forward " + units_[i].unit->name() : "");
     const auto w = weights_for(i, slot);
     units_[i].unit->forward(w, stream_[i].span(), stream_[i + 1].span(), saved_for(i),
                             scratch_.span(), mb_);
@@ -536,6 +541,8 @@ void RankTrainer::backward() {
     const size_t i = U - 1 - k;
     UnitState& u = units_[i];
     const int slot = gathers ? gathers->acquire(k) : 0;
+    std::optional<Tracer::Span> span;
+    if (tracer_) span.emplace(tracer_, "backward " + u.unit->name());
     const auto w = weights_for(i, slot);
     std::span<float> dw = dw32_.span().first(u.numel);
     std::fill(dw.begin(), dw.end(), 0.0f);
@@ -549,6 +556,7 @@ void RankTrainer::backward() {
                       mb_);
     }
     u.unit->backward(w, stream_[i].span(), saved_for(i), dout, dw, din, scratch_.span(), mb_);
+    span.reset();
     if (gathers) gathers->release(k);
     reduce_unit_grads(i, dw);
     dout = din;
@@ -691,7 +699,10 @@ StepRecord RankTrainer::step(int64_t step_index) {
     loss_sum += forward();
     backward();
   }
-  boundary_reduce();
+  {
+    const Tracer::Span span(tracer_, "boundary reduce", "wait");
+    boundary_reduce();
+  }
 
   if (injected(Injection::Kind::kNan, step_index)) {
     // One element of this rank's gradient shard, in the last unit that owns any.
@@ -718,7 +729,11 @@ StepRecord RankTrainer::step(int64_t step_index) {
     sq += sum_squares(u.grads.data(), dtype_, first, u.own.count());
   }
   const double partial[] = {sq, bad_unit, loss_sum / A};
-  const std::vector<double> all = comm_.gather_control(partial);
+  std::vector<double> all;
+  {
+    const Tracer::Span span(tracer_, "verdict", "wait");
+    all = comm_.gather_control(partial);
+  }
   // Summed in rank order, as sum_control() would.
   double totals[3] = {0, 0, 0};
   for (int r = 0; r < comm_.size(); ++r) {
@@ -742,6 +757,7 @@ StepRecord RankTrainer::step(int64_t step_index) {
     rec.grad_norm_clipped = rec.grad_norm;
   } else {
     ++adam_step_;
+    const Tracer::Span span(tracer_, "optimizer");
     update(rec.lr, coef / scale, adam_step_);
   }
   if (scaler_) (void)scaler_->update(overflow);
@@ -1008,6 +1024,7 @@ void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig
                      int64_t step) {
   namespace ck = checkpoint;
   CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
+  const Tracer::Span span(trainer.tracer(), "checkpoint", "checkpoint");
   const std::filesystem::path root = cfg.checkpoint_dir;
   const std::filesystem::path temp = ck::temp_dir(root, static_cast<uint64_t>(step));
   const int rank = comm.rank();
@@ -1251,13 +1268,25 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
 
   TrainResult result;
   std::mutex mu;
+  // --trace: one tracer per rank. Local ranks share one file, written after they finish;
+  // MPI ranks each write their own (the path with ".rankR" before the extension).
+  std::vector<std::unique_ptr<Tracer>> tracers(
+      cfg.launch.backend == Backend::kLocal ? static_cast<size_t>(cfg.launch.ranks) : 1);
   launch(cfg.launch, argc, argv, [&](Communicator& comm) {
+    Tracer* tracer = nullptr;
+    if (!cfg.trace_path.empty()) {
+      auto& slot = tracers[cfg.launch.backend == Backend::kLocal ? comm.rank() : 0];
+      slot = std::make_unique<Tracer>(comm.rank());
+      tracer = slot.get();
+      tracer->attach(comm);
+    }
     check_same_config(cfg, comm);
     // Every rank verifies the whole checkpoint before any state exists, so a corrupt one
     // fails every rank the same way and before the first collective.
     std::optional<checkpoint::Checkpoint> from;
     if (!resume_from.empty()) from.emplace(resume_from);
     RankTrainer trainer(cfg, comm, data, make_model);
+    trainer.set_tracer(tracer);
     int64_t first = 1;
     if (from) {
       trainer.check_same_model(*from);
@@ -1284,7 +1313,10 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     for (int64_t s = first; s <= last; ++s) {
       StepRecord rec;
       try {
-        rec = trainer.step(s);
+        {
+          const Tracer::Span span(trainer.tracer(), fmt::format("step {}", s), "step");
+          rec = trainer.step(s);
+        }
         if (rec.skipped) {
           if (streak++ == 0) streak_start = rec;
           if (cfg.max_skips > 0 && streak >= cfg.max_skips) {
@@ -1331,6 +1363,16 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     const std::vector<double> mine = pack_summary(mem, comm, trainer.samples_sha256());
     // Snapshot taken: the gather below is the last collective and is not in the summary.
     const std::vector<double> all = comm.gather_control(mine);
+    if (tracer != nullptr) {
+      comm.set_trace_hook(nullptr);
+      if (cfg.launch.backend == Backend::kMpi) {
+        std::filesystem::path p(cfg.trace_path);
+        p.replace_filename(
+            fmt::format("{}.rank{}{}", p.stem().string(), comm.rank(), p.extension().string()));
+        const Tracer* one[] = {tracer};
+        write_trace(p, one);
+      }
+    }
     if (!reporter) return;
     std::lock_guard lock(mu);
     result.is_reporter = true;
@@ -1367,6 +1409,11 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     result.step_seconds_median = secs.empty() ? 0 : secs[secs.size() / 2];
     result.tokens_per_second = total > 0 ? static_cast<double>(tokens) / total : 0;
   });
+  if (!cfg.trace_path.empty() && cfg.launch.backend == Backend::kLocal) {
+    std::vector<const Tracer*> all;
+    for (const auto& t : tracers) all.push_back(t.get());
+    write_trace(cfg.trace_path, all);
+  }
   return result;
 }
 

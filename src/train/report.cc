@@ -55,6 +55,8 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["keep"] = c.keep;
   j["resume"] = c.resume;
   j["stop_after"] = c.stop_after;
+  j["trace"] = c.trace_path;
+  j["max_skips"] = c.max_skips;
   return j;
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Injected faults end the whole job, fast, naming the rank and the step, on the local
 # backend and under mpirun, with no process left behind. Prints each detection time
-# (docs/reliability.md quotes them).
+# (docs/reliability.md quotes them). The bounds are loose on purpose (10 s local, 30 s MPI):
+# they catch a hang, not a slow machine.
 set -uo pipefail
 zerodp=$1
 mpirun=${2:-}
@@ -34,16 +35,21 @@ fault() {
   if (( $(echo "$took > $limit" | bc) )); then
     echo "FAIL: $label: took ${took}s, over ${limit}s"; fail=1; return
   fi
-  sleep 0.5
+  # Processes of a job mpirun ended may take a moment to be reaped on a loaded machine.
+  local waited=0
+  while pgrep -f -- "--collective-timeout 2 .*--inject" >/dev/null && ((waited < 20)); do
+    sleep 0.5; waited=$((waited + 1))
+  done
   if pgrep -f -- "--collective-timeout 2 .*--inject" >/dev/null; then
-    echo "FAIL: $label: processes left: $(pgrep -af -- '--inject')"; fail=1
+    echo "FAIL: $label: processes left 10 s after the job ended: $(pgrep -af -- '--inject')"
+    fail=1
   fi
   echo "ok: $label: exit $rc after ${took}s: $(grep -m1 -- "$needle" "$tmp/out" | cut -c1-140)"
 }
 
-fault "local throw" 5 "rank 1 of 3, step 3: injected" -- --ranks 3 --inject throw@3:1
-fault "local hang" 5 "waiting for rank(s) 2" -- --ranks 3 --inject hang@3:2
-fault "local nan, --max-skips 1" 5 "unit head on rank 1" -- --ranks 2 --max-skips 1 \
+fault "local throw" 10 "rank 1 of 3, step 3: injected" -- --ranks 3 --inject throw@3:1
+fault "local hang" 10 "waiting for rank(s) 2" -- --ranks 3 --inject hang@3:2
+fault "local nan, --max-skips 1" 10 "unit head on rank 1" -- --ranks 2 --max-skips 1 \
   --inject nan@2:1
 if [[ -n $mpirun ]]; then
   fault "mpi throw" 30 "step 3: injected" "$mpirun" -np 3 -- --backend mpi --inject throw@3:1
