@@ -2,8 +2,10 @@
 // before owning the hardware, from the same planner the engine's accounting is tested
 // against (train/plan.h). A GPT shape gives exact per-unit partitions; --params gives one
 // flat buffer of Φ elements.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <fmt/core.h>
@@ -13,6 +15,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "models/gpt.h"
+#include "models/unit.h"
 #include "train/plan.h"
 
 namespace zerodp::cli {
@@ -28,6 +31,22 @@ struct Flags {
   std::string accumulate;  // empty = the stage's default
   std::string memory_per_rank;
   bool json = false;
+  // Activations and step time (GPT shapes only).
+  int micro_batch = 1;
+  int prefetch = 1;
+  bool checkpoint_activations = false;
+  std::string flops;           // sustained FLOP/s per rank, e.g. 365e9
+  std::string link_bandwidth;  // e.g. 10GB/s
+  std::string link_latency;    // e.g. 20us
+};
+
+// Per-rank step time from the cost model: compute = model FLOPs / --flops, comm = bytes /
+// --link-bandwidth + ring steps x --link-latency; "overlap" assumes comm hides entirely
+// behind compute (an upper bound on what prefetch and bucketing achieve).
+struct StepTime {
+  double compute = 0, comm = 0;
+  double serial() const { return compute + comm; }
+  double overlapped() const { return std::max(compute, comm); }
 };
 
 // Decimal units, as hardware is sold and as the ZeRO paper's tables are written.
@@ -41,6 +60,7 @@ std::string gb(uint64_t bytes) {
 int run_estimate(const Flags& f) {
   std::vector<uint64_t> units;
   std::string model;
+  std::optional<GptConfig> gpt;
   if (!f.params.empty()) {
     if (f.layers != 0) {
       throw InvalidArgument("give either --params or a GPT shape (--layers ...), not both");
@@ -68,6 +88,7 @@ int run_estimate(const Flags& f) {
           "give --params N or a GPT shape: --layers L --heads H --embd C --seq-len T [--vocab V]");
     }
     for (const auto& u : make_gpt(g)) units.push_back(u->numel());
+    gpt = g;
     uint64_t phi = 0;
     for (uint64_t n : units) phi += n;
     model =
@@ -97,13 +118,59 @@ int run_estimate(const Flags& f) {
     throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", f.grad_accum));
   }
 
+  if (f.micro_batch < 1) {
+    throw InvalidArgument(
+        fmt::format("--micro-batch {} is invalid; use 1 or more sequences", f.micro_batch));
+  }
+  std::optional<double> flops, bandwidth, latency;
+  if (!f.flops.empty()) {
+    try {
+      flops = std::stod(f.flops);
+    } catch (const std::exception&) {
+    }
+    if (!flops || !(*flops > 0)) {
+      throw InvalidArgument(fmt::format(
+          "--flops '{}' is not a rate; give FLOP/s per rank, e.g. 365e9 (zerodp bench-gemm)",
+          f.flops));
+    }
+  }
+  if (!f.link_bandwidth.empty()) bandwidth = parse_bandwidth(f.link_bandwidth, "--link-bandwidth");
+  if (!f.link_latency.empty()) latency = parse_seconds(f.link_latency, "--link-latency");
+  std::optional<Model> built;
+  if (gpt) built = make_gpt(*gpt);
+  // Training FLOPs per token: 6 per parameter (forward + backward) plus attention's
+  // 12 x layers x T x C (PaLM's accounting); recomputing forward adds a third of it.
+  const auto flops_per_step = [&](int n) {
+    if (!gpt) return 0.0;
+    double phi = 0;
+    for (uint64_t u : units) phi += static_cast<double>(u);
+    const double per_token =
+        6 * phi + 12.0 * gpt->layers * gpt->seq_len * static_cast<double>(gpt->embd);
+    const double tokens = static_cast<double>(f.micro_batch) * gpt->seq_len * f.grad_accum;
+    (void)n;
+    return per_token * tokens * (f.checkpoint_activations ? 4.0 / 3.0 : 1.0);
+  };
+
   nlohmann::json rows = nlohmann::json::array();
   if (!f.json) {
     fmt::print("{}\n{}; model states and comm per step per rank (rank 0, the largest)\n", model,
                precision_name(*precision));
-    fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>13} {:>13} {:>5}\n", "ranks",
+    if (gpt) {
+      fmt::print(
+          "activations for micro-batch {} x {} tokens{}; peak/rank = states + activations "
+          "+ workspace + buffers\n",
+          f.micro_batch, gpt->seq_len,
+          f.checkpoint_activations ? ", activation checkpointing" : "");
+    }
+    if (flops && gpt) {
+      fmt::print("step s: compute and comm fully overlapped (serial = compute + comm)\n");
+    }
+    fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>13} {:>13} {:>5}", "ranks",
                "stage", "params", "grads", "master", "adam m+v", "per rank", "all ranks",
                "comm/step", "fits");
+    if (gpt) fmt::print(" {:>11} {:>11}", "activations", "peak/rank");
+    if (flops && gpt) fmt::print(" {:>9} {:>9} {:>9}", "compute s", "comm s", "step s");
+    fmt::print("\n");
   }
   for (int n : f.ranks) {
     if (n < 1) throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", n));
@@ -122,7 +189,38 @@ int run_estimate(const Flags& f) {
       uint64_t all = 0;
       for (int r = 0; r < n; ++r) all += model_state_bytes(units, n, stage, *precision, r).total();
       const CommBytes c = comm_bytes_per_step(units, n, stage, *precision, f.grad_accum, policy, 0);
-      const bool fits = !budget || s.total() <= *budget;
+      std::optional<TransientBytes> t;
+      if (built) {
+        t = transient_bytes(*built,
+                            TransientPlan{.world = n,
+                                          .stage = stage,
+                                          .precision = *precision,
+                                          .policy = policy,
+                                          .prefetch = f.prefetch,
+                                          .checkpoint_activations = f.checkpoint_activations,
+                                          .micro_batch = f.micro_batch,
+                                          .seq_len = gpt->seq_len},
+                            0);
+      }
+      const uint64_t need = s.total() + (t ? t->total() : 0);
+      std::optional<StepTime> time;
+      if (flops && gpt) {
+        StepTime st;
+        st.compute = flops_per_step(n) / *flops;
+        const double U = static_cast<double>(units.size());
+        const double A = f.grad_accum;
+        const double a_red = policy == AccumulatePolicy::kReduce ? A : 1;
+        double ring_steps = 0;
+        if (stage == 0) {
+          ring_steps = U * a_red * 2 * (n - 1);
+        } else {
+          ring_steps = U * a_red * (n - 1) + U * (stage == 3 ? 2 * A : 1) * (n - 1);
+        }
+        if (bandwidth) st.comm += static_cast<double>(c.total()) / *bandwidth;
+        if (latency) st.comm += ring_steps * *latency;
+        time = st;
+      }
+      const bool fits = !budget || need <= *budget;
       if (fits && !cheapest) cheapest = stage;
       if (f.json) {
         rows.push_back({{"ranks", n},
@@ -142,22 +240,65 @@ int run_estimate(const Flags& f) {
                           {"reduce_scatter", c.reduce_scatter},
                           {"all_gather", c.all_gather},
                           {"total", c.total()}}},
+                        {"transient_bytes", t ? nlohmann::json{{"activations", t->activations},
+                                                               {"workspace", t->workspace},
+                                                               {"gathered", t->gathered},
+                                                               {"grad_buckets", t->grad_buckets},
+                                                               {"comm_buffers", t->comm_buffers},
+                                                               {"total", t->total()}}
+                                              : nlohmann::json()},
+                        {"peak_bytes", t ? nlohmann::json(need) : nlohmann::json()},
+                        {"step_seconds", time ? nlohmann::json{{"compute", time->compute},
+                                                               {"comm", time->comm},
+                                                               {"serial", time->serial()},
+                                                               {"overlapped", time->overlapped()}}
+                                              : nlohmann::json()},
                         {"fits", budget ? nlohmann::json(fits) : nlohmann::json()}});
       } else {
-        fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>13} {:>13} {:>5}\n", n, stage,
+        fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>13} {:>13} {:>5}", n, stage,
                    gb(s.params), gb(s.grads), gb(s.master), gb(s.adam_m + s.adam_v), gb(s.total()),
                    gb(all), gb(c.total()), budget ? (fits ? "yes" : "no") : "-");
+        if (t) fmt::print(" {:>11} {:>11}", gb(t->activations), gb(need));
+        if (time) {
+          fmt::print(" {:>9.3g} {:>9.3g} {:>9.3g}", time->compute, time->comm, time->overlapped());
+        }
+        fmt::print("\n");
       }
     }
     if (budget && !f.json) {
       if (cheapest) {
-        fmt::print(
-            "  -> {} ranks: stage {} is the least communication whose model states fit {} "
-            "(activations and buffers come on top)\n",
-            n, *cheapest, gb(*budget));
+        fmt::print("  -> {} ranks: stage {} is the least communication whose {} fit {}\n", n,
+                   *cheapest,
+                   gpt ? "states, activations and buffers"
+                       : "model states (activations "
+                         "and buffers come on top)",
+                   gb(*budget));
       } else {
-        fmt::print("  -> {} ranks: no stage fits {}; {}\n", n, gb(*budget),
-                   budget_advice(units, n, *precision, *budget));
+        std::string why = budget_advice(units, n, *precision, *budget);
+        if (built) {
+          // What the activations would need with less of them kept, at stage 3.
+          const auto at_stage3 = [&](bool ckpt, int b) {
+            const auto tb = transient_bytes(*built,
+                                            TransientPlan{.world = n,
+                                                          .stage = 3,
+                                                          .precision = *precision,
+                                                          .policy = AccumulatePolicy::kReduce,
+                                                          .prefetch = f.prefetch,
+                                                          .checkpoint_activations = ckpt,
+                                                          .micro_batch = b,
+                                                          .seq_len = gpt->seq_len},
+                                            0);
+            return max_model_state_bytes(units, n, 3, *precision).total() + tb.total();
+          };
+          const uint64_t ck = at_stage3(true, f.micro_batch);
+          const uint64_t small = at_stage3(f.checkpoint_activations, 1);
+          why = fmt::format(
+              "{}; at stage 3 with --checkpoint-activations a rank needs {} ({}), with "
+              "--micro-batch 1 {} ({})",
+              why, gb(ck), ck <= *budget ? "fits" : "does not fit", gb(small),
+              small <= *budget ? "fits" : "does not fit");
+        }
+        fmt::print("  -> {} ranks: no stage fits {}; {}\n", n, gb(*budget), why);
       }
     }
   }
@@ -183,6 +324,15 @@ Runner add_estimate(CLI::App& app) {
   app.add_option("--grad-accum", f->grad_accum, "Micro-batches per step")->capture_default_str();
   app.add_option("--accumulate", f->accumulate, "local or reduce (default: the stage's)");
   app.add_option("--memory-per-rank", f->memory_per_rank, "Budget per rank, e.g. 80GB");
+  app.add_option("--micro-batch", f->micro_batch, "GPT: sequences per rank per micro-batch")
+      ->capture_default_str();
+  app.add_option("--prefetch", f->prefetch, "Stage 3: units gathered ahead")->capture_default_str();
+  app.add_flag("--checkpoint-activations", f->checkpoint_activations,
+               "Keep only unit inputs; recompute in backward");
+  app.add_option("--flops", f->flops,
+                 "Sustained FLOP/s per rank for the step-time estimate, e.g. 365e9");
+  app.add_option("--link-bandwidth", f->link_bandwidth, "Per-rank link bandwidth, e.g. 10GB/s");
+  app.add_option("--link-latency", f->link_latency, "Per ring step latency, e.g. 20us");
   app.add_flag("--json", f->json, "One JSON array of rows on stdout");
   return [f](Launch) { return run_estimate(*f); };
 }

@@ -1,5 +1,7 @@
 #include "train/plan.h"
 
+#include <algorithm>
+
 #include <fmt/core.h>
 
 #include "core/partition.h"
@@ -49,6 +51,37 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
       b.reduce_scatter += a_red * rs;
       b.all_gather += (sh.parameters ? 2 * a : 1) * ag;
     }
+  }
+  return b;
+}
+
+TransientBytes transient_bytes(const Model& model, const TransientPlan& p, int rank) {
+  const Sharding sh = Sharding::for_stage(p.stage);
+  const uint64_t w = p.precision == Precision::kFP32 ? 4 : 2;
+  const BatchShape shape{.B = p.micro_batch, .T = p.seq_len};
+  uint64_t max_numel = 0, max_own = 0, max_in = 0, max_scratch = 0, max_saved = 0, all_numel = 0;
+  TransientBytes b;
+  for (const auto& u : model) {
+    max_numel = std::max<uint64_t>(max_numel, u->numel());
+    max_own = std::max<uint64_t>(max_own, Partition(u->numel(), p.world).count(rank));
+    max_in = std::max<uint64_t>(max_in, u->input_count(shape));
+    max_scratch = std::max<uint64_t>(max_scratch, u->scratch_count(shape));
+    max_saved = std::max<uint64_t>(max_saved, u->saved_count(shape));
+    all_numel += u->numel();
+    b.activations += 4 * u->input_count(shape);
+    if (!p.checkpoint_activations) b.activations += 4 * u->saved_count(shape);
+  }
+  if (p.checkpoint_activations) b.activations += 4 * max_saved;
+  b.activations += 4 * model.back()->output_count(shape);
+  const uint64_t rows = static_cast<uint64_t>(p.micro_batch) * static_cast<uint64_t>(p.seq_len);
+  b.activations += 4 * rows * (p.text ? 2 : 1) + 4 * p.features_per_sample * rows;
+  b.workspace =
+      4 * (max_numel * (p.precision == Precision::kFP32 ? 1 : 2) + 2 * max_in + max_scratch);
+  if (sh.parameters) b.gathered = static_cast<uint64_t>(1 + p.prefetch) * max_numel * w;
+  if (sh.gradients && p.policy == AccumulatePolicy::kLocal) b.grad_buckets = all_numel * w;
+  if (p.policy == AccumulatePolicy::kReduce) {
+    b.grad_buckets = 2 * max_numel * w;
+    if (sh.optimizer_states || sh.gradients) b.comm_buffers = 2 * max_own * w;
   }
   return b;
 }

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "models/unit.h"
 #include "train/config.h"
 
 namespace zerodp {
@@ -43,6 +44,36 @@ struct CommBytes {
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
                               int rank);
+
+// What a rank allocates besides its model states, by ledger category, exactly as the
+// engine allocates it (tests compare with the ledger's peaks): the activations (the stream
+// between units, what each unit saves for backward, or one recompute buffer with
+// activation checkpointing, and the micro-batch's tokens and targets), the workspace
+// (widened weights, their gradient, the gradient flowing back, scratch), stage 3's gathered
+// units (1 + prefetch), the gradient buckets and the reduced shards in flight.
+struct TransientBytes {
+  uint64_t activations = 0;
+  uint64_t workspace = 0;
+  uint64_t gathered = 0;
+  uint64_t grad_buckets = 0;
+  uint64_t comm_buffers = 0;
+  uint64_t total() const {
+    return activations + workspace + gathered + grad_buckets + comm_buffers;
+  }
+};
+struct TransientPlan {
+  int world = 1;
+  int stage = 0;
+  Precision precision = Precision::kBF16;
+  AccumulatePolicy policy = AccumulatePolicy::kLocal;
+  int prefetch = 1;
+  bool checkpoint_activations = false;
+  int micro_batch = 1;
+  int seq_len = 1;   // tokens per sample (1 for images)
+  bool text = true;  // token inputs (else features_per_sample floats per sample)
+  uint64_t features_per_sample = 0;
+};
+TransientBytes transient_bytes(const Model& model, const TransientPlan& plan, int rank);
 
 // One sentence for a budget error: the model-state bytes per rank of every stage at this N,
 // and the fewest ranks with which stage 3's states fit the budget.

@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # `zerodp estimate` predicts, before training, exactly what `zerodp train --report` measures:
-# rank 0's model-state bytes per category and comm bytes per step per collective.
+# rank 0's model-state bytes per category, comm bytes per step per collective, and (a GPT
+# shape and micro-batch given) every transient category and the peak total, all exactly.
 set -euo pipefail
 zerodp=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 shape=(--layers 2 --heads 2 --embd 32 --seq-len 32)
 fail=0
-for case in "3 0 bf16 1" "3 1 fp16 2" "4 2 bf16 2" "3 3 fp32 1" "2 3 bf16 2"; do
-  read -r n stage precision accum <<<"$case"
+for case in "3 0 bf16 1 -" "3 1 fp16 2 -" "4 2 bf16 2 --checkpoint-activations" "3 3 fp32 1 -" \
+  "2 3 bf16 2 --checkpoint-activations"; do
+  read -r n stage precision accum ckpt <<<"$case"
+  extra=()
+  [[ $ckpt != - ]] && extra=("$ckpt")
   "$zerodp" train --size tiny --data synthetic --steps 2 --micro-batch 2 --no-progress \
     --ranks "$n" --stage "$stage" --precision "$precision" --grad-accum "$accum" \
-    --report "$tmp/r.json" >/dev/null
+    "${extra[@]}" --report "$tmp/r.json" >/dev/null
   "$zerodp" estimate "${shape[@]}" --ranks "$n" --stage "$stage" --precision "$precision" \
-    --grad-accum "$accum" --json >"$tmp/e.json"
+    --grad-accum "$accum" --micro-batch 2 "${extra[@]}" --json >"$tmp/e.json"
   if /usr/bin/env python3 - "$tmp/r.json" "$tmp/e.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); e = json.load(open(sys.argv[2]))[0]
@@ -23,9 +27,12 @@ for k in ("params", "grads", "master", "adam_m", "adam_v"):
 steps = len(r["steps"])
 for k in ("all_reduce", "reduce_scatter", "all_gather"):
     assert rank0["comm"][k]["bytes"] == e["comm_bytes_per_step"][k] * steps, (k, rank0["comm"][k]["bytes"], e["comm_bytes_per_step"][k])
+for k in ("activations", "workspace", "gathered", "grad_buckets", "comm_buffers"):
+    assert rank0["peak_bytes"][k] == e["transient_bytes"][k], (k, rank0["peak_bytes"][k], e["transient_bytes"][k])
+assert rank0["peak_bytes"]["total"] == e["peak_bytes"], (rank0["peak_bytes"]["total"], e["peak_bytes"])
 PY
-  then echo "ok: N=$n stage $stage $precision A=$accum"
-  else echo "FAIL: N=$n stage $stage $precision A=$accum"; fail=1
+  then echo "ok: N=$n stage $stage $precision A=$accum $ckpt: states, comm, transients, peak"
+  else echo "FAIL: N=$n stage $stage $precision A=$accum $ckpt"; fail=1
   fi
 done
 exit $fail

@@ -1,0 +1,86 @@
+// The planner's transient bytes are what the engine allocates: activations, workspace,
+// gathered units, buckets and reduced shards, per rank, exactly as the ledger measures them.
+#include <fmt/core.h>
+#include <gtest/gtest.h>
+
+#include "memory/ledger.h"
+#include "models/gpt.h"
+#include "models/mlp.h"
+#include "train/plan.h"
+#include "train_testing.h"
+
+namespace zerodp {
+namespace {
+
+struct Case {
+  int ranks, stage;
+  Precision precision;
+  AccumulatePolicy policy;
+  int prefetch;
+  bool checkpoint;
+};
+
+TEST(PlanTransients, EqualTheLedgerPeaksForEveryRank) {
+  const Case cases[] = {
+      {2, 0, Precision::kBF16, AccumulatePolicy::kLocal, 1, false},
+      {3, 1, Precision::kFP32, AccumulatePolicy::kReduce, 1, false},
+      {3, 2, Precision::kFP16, AccumulatePolicy::kLocal, 1, true},
+      {4, 2, Precision::kBF16, AccumulatePolicy::kReduce, 1, false},
+      {3, 3, Precision::kBF16, AccumulatePolicy::kReduce, 2, true},
+      {2, 3, Precision::kFP32, AccumulatePolicy::kLocal, 0, false},
+  };
+  for (const Case& k : cases) {
+    TrainConfig c = testing::tiny_config(k.ranks, k.stage, k.precision);
+    c.accumulate = k.policy;
+    c.prefetch = k.prefetch;
+    c.checkpoint_activations = k.checkpoint;
+    c.steps = 1;
+    const TrainResult r = testing::run(c);
+    const Model model = make_gpt({.layers = 2, .heads = 2, .embd = 32, .seq_len = 32});
+    const TransientPlan plan{.world = k.ranks,
+                             .stage = k.stage,
+                             .precision = k.precision,
+                             .policy = k.policy,
+                             .prefetch = k.prefetch,
+                             .checkpoint_activations = k.checkpoint,
+                             .micro_batch = c.micro_batch,
+                             .seq_len = 32};
+    const std::string what = fmt::format("N={} stage {} {} {} prefetch {}{}", k.ranks, k.stage,
+                                         precision_name(k.precision), accumulate_name(k.policy),
+                                         k.prefetch, k.checkpoint ? " checkpointed" : "");
+    for (int rank = 0; rank < k.ranks; ++rank) {
+      const TransientBytes t = transient_bytes(model, plan, rank);
+      const auto& peak = r.ranks[static_cast<size_t>(rank)].peak;
+      const auto at = [&](MemCategory m) { return peak[static_cast<size_t>(m)]; };
+      EXPECT_EQ(at(MemCategory::kActivations), t.activations) << what << " rank " << rank;
+      EXPECT_EQ(at(MemCategory::kWorkspace), t.workspace) << what << " rank " << rank;
+      EXPECT_EQ(at(MemCategory::kGathered), t.gathered) << what << " rank " << rank;
+      EXPECT_EQ(at(MemCategory::kGradBuckets), t.grad_buckets) << what << " rank " << rank;
+      EXPECT_EQ(at(MemCategory::kCommBuffers), t.comm_buffers) << what << " rank " << rank;
+      const StateBytes s = model_state_bytes(r.unit_numel, k.ranks, k.stage, k.precision, rank);
+      EXPECT_EQ(r.ranks[static_cast<size_t>(rank)].peak_total, s.total() + t.total())
+          << what << " rank " << rank;
+    }
+  }
+}
+
+TEST(PlanTransients, CountImagesForTheMlp) {
+  TrainConfig c = testing::tiny_config(2, 2);
+  c.model = "mlp";
+  c.steps = 1;
+  const TrainResult r = testing::run(c);
+  const Model model = make_mlp(MlpConfig{.hidden = c.mlp_hidden, .hidden_layers = c.mlp_layers});
+  const TransientPlan plan{.world = 2,
+                           .stage = 2,
+                           .precision = Precision::kBF16,
+                           .policy = c.accumulate,
+                           .micro_batch = c.micro_batch,
+                           .seq_len = 1,
+                           .text = false,
+                           .features_per_sample = 784};
+  const TransientBytes t = transient_bytes(model, plan, 0);
+  EXPECT_EQ(r.ranks[0].peak[static_cast<size_t>(MemCategory::kActivations)], t.activations);
+}
+
+}  // namespace
+}  // namespace zerodp
