@@ -221,6 +221,10 @@ Runner add_train(CLI::App& app) {
   par->add_option("--collective-timeout", f->timeout,
                   "A collective waiting longer fails, e.g. 300 or 30s")
       ->capture_default_str();
+  par->add_option("--check-collectives", c.launch.comm.check_collectives,
+                  "MPI: compare every collective's fingerprint across ranks first, so a "
+                  "mismatch fails naming both ranks (on/off; the local backend always checks)")
+      ->capture_default_str();
   par->add_option("--link-bandwidth", f->link_bandwidth,
                   "Simulate a network: each collective takes at least bytes / this, e.g. 1GB/s");
   par->add_option("--link-latency", f->link_latency,

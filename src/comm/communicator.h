@@ -40,6 +40,11 @@ enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
 struct CommOptions {
   // A collective that waits longer than this fails with CommTimeout.
   double timeout_seconds = 300.0;
+  // Every collective first compares a fingerprint (kind, count, dtype, op or root, sequence
+  // number) across ranks, so a rank calling another collective fails naming both instead
+  // of hanging or mixing data. Free on the local backend (always on there); one small
+  // extra exchange per collective under MPI.
+  bool check_collectives = true;
   // Simulated interconnect (0 = off): each collective takes at least
   // bytes received / link_bandwidth + ring steps x link_latency on every rank, so a slow
   // network can be studied on one machine. Ring steps: N-1 for a reduce-scatter, all-gather

@@ -76,6 +76,36 @@ constexpr int kReduceScatterTag = 1;
 constexpr int kAllGatherTag = 2;
 constexpr int kControlTag = 3;
 constexpr int kNoticeTag = 4;
+constexpr int kFingerprintTag = 5;
+
+// What a rank says it is about to do; ranks must agree before any data moves.
+struct Fingerprint {
+  uint64_t kind = 0;  // 1 reduce_scatter, 2 all_gather, 3 broadcast, 4 control
+  uint64_t count = 0;
+  uint64_t dtype = 0;
+  uint64_t op = 0;  // reduce op, or the broadcast's root
+  uint64_t seq = 0;
+  bool operator==(const Fingerprint&) const = default;
+};
+
+std::string describe(const Fingerprint& f) {
+  static constexpr const char* kKinds[] = {"?", "reduce_scatter", "all_gather", "broadcast",
+                                           "control"};
+  const char* kind = f.kind < 5 ? kKinds[f.kind] : "?";
+  std::string detail;
+  if (f.kind == 1) {
+    detail = fmt::format("{} x {}, {}", f.count, dtype_name(static_cast<DType>(f.dtype)),
+                         reduce_op_name(static_cast<ReduceOp>(f.op)));
+  } else if (f.kind == 3) {
+    detail =
+        fmt::format("{} x {}, root {}", f.count, dtype_name(static_cast<DType>(f.dtype)), f.op);
+  } else if (f.kind == 2) {
+    detail = fmt::format("{} x {}", f.count, dtype_name(static_cast<DType>(f.dtype)));
+  } else {
+    detail = fmt::format("{} values", f.count);
+  }
+  return fmt::format("{}({}) #{}", kind, detail, f.seq);
+}
 
 // Serializes every MPI call of the process (MPI_THREAD_SERIALIZED).
 std::mutex& mpi_mutex() {
@@ -284,6 +314,8 @@ class MpiCommunicator final : public Communicator {
     constexpr std::string_view what = "reduce_scatter";
     check_usable(what);
     const auto deadline = deadline_after(options_.timeout_seconds);
+    agree(what, {1, part.length(), static_cast<uint64_t>(in.dtype), static_cast<uint64_t>(op)},
+          deadline);
     const int me = rank();
     const int n = size();
     const size_t w = dtype_size(in.dtype);
@@ -332,6 +364,7 @@ class MpiCommunicator final : public Communicator {
     constexpr std::string_view what = "all_gather";
     check_usable(what);
     const auto deadline = deadline_after(options_.timeout_seconds);
+    agree(what, {2, part.length(), static_cast<uint64_t>(out.dtype), 0}, deadline);
     const int me = rank();
     const size_t w = dtype_size(out.dtype);
     auto* out_bytes = static_cast<std::byte*>(out.data);
@@ -353,6 +386,8 @@ class MpiCommunicator final : public Communicator {
     constexpr std::string_view what = "broadcast";
     check_usable(what);
     const auto deadline = deadline_after(options_.timeout_seconds);
+    agree(what, {3, buf.count, static_cast<uint64_t>(buf.dtype), static_cast<uint64_t>(root)},
+          deadline);
     if (size() == 1 || buf.bytes() == 0) return;
     auto* bytes = static_cast<std::byte*>(buf.data);
     std::vector<MPI_Request> requests;
@@ -381,6 +416,7 @@ class MpiCommunicator final : public Communicator {
     constexpr std::string_view what = "control";
     check_usable(what);
     const auto deadline = deadline_after(options_.timeout_seconds);
+    agree(what, {4, mine.size(), 0, 0}, deadline);
     const int me = rank();
     const size_t k = mine.size();
     std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(k * me));
@@ -533,9 +569,39 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  // Numbers this collective and, with check_collectives, compares fingerprints with every
+  // peer; a disagreement fails this rank naming the first peer that differs (each rank sees
+  // every fingerprint, so every rank fails).
+  void agree(std::string_view what, Fingerprint f, Clock::time_point deadline) {
+    f.seq = ++sequence_;
+    if (!options_.check_collectives || size() == 1) return;
+    const int me = rank();
+    std::vector<Fingerprint> all(static_cast<size_t>(size()));
+    all[static_cast<size_t>(me)] = f;
+    std::vector<Message> sends;
+    std::vector<Message> recvs;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == me) continue;
+      sends.push_back(
+          {peer, reinterpret_cast<std::byte*>(&all[static_cast<size_t>(me)]), sizeof(Fingerprint)});
+      recvs.push_back({peer, reinterpret_cast<std::byte*>(&all[static_cast<size_t>(peer)]),
+                       sizeof(Fingerprint)});
+    }
+    exchange(what, kFingerprintTag, sends, recvs, deadline);
+    for (int peer = 0; peer < size(); ++peer) {
+      if (all[static_cast<size_t>(peer)] == f) continue;
+      const std::string reason =
+          fmt::format("collective mismatch: rank {} called {}, rank {} called {}", me, describe(f),
+                      peer, describe(all[static_cast<size_t>(peer)]));
+      record_failure(reason, peer);
+      throw CommError(reason, peer);
+    }
+  }
+
   MPI_Comm comm_;
   CommOptions options_;
   size_t chunk_bytes_;
+  uint64_t sequence_ = 0;           // collectives this rank has run
   std::vector<std::byte> scratch_;  // reduce-scatter pieces from peers: (N-1) * piece bytes
 
   // Abort notices: one receive posted for the communicator's life (polled by the worker).

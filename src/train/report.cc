@@ -47,6 +47,7 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["eval_every"] = c.eval_every;
   j["eval_batches"] = c.eval_batches;
   j["collective_timeout"] = c.launch.comm.timeout_seconds;
+  j["check_collectives"] = c.launch.comm.check_collectives;
   j["link_bandwidth"] = c.launch.comm.link_bandwidth;
   j["link_latency"] = c.launch.comm.link_latency;
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();

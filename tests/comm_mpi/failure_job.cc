@@ -14,12 +14,16 @@
 int main(int argc, char** argv) {
   using namespace zerodp;
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "throw" && mode != "timeout") return 2;
+  if (mode != "throw" && mode != "timeout" && mode != "mismatch") return 2;
   LaunchOptions options{.backend = Backend::kMpi, .ranks = 0, .comm = {.timeout_seconds = 60}};
   if (mode == "timeout") options.comm.timeout_seconds = 1;
   launch(options, argc, argv, [&](Communicator& comm) {
     std::vector<float> buf(1000 * static_cast<size_t>(comm.size()), 1.0f);
-    if (mode == "throw") {
+    if (mode == "mismatch") {
+      // Rank 1 reduces one element more: a bug that would otherwise hang or mix data.
+      if (comm.rank() == 1) buf.push_back(1.0f);
+      comm.all_reduce(std::span<float>(buf), ReduceOp::kSum);
+    } else if (mode == "throw") {
       if (comm.rank() == 1) throw InvalidArgument("injected failure on purpose");
       comm.all_reduce(std::span<float>(buf), ReduceOp::kSum);
     } else {
