@@ -518,9 +518,9 @@ class MpiCommunicator final : public Communicator {
                                    ? fmt::format("rank {}", missing[0])
                                    : fmt::format("ranks {}", fmt::join(missing, ", "));
       const std::string message = fmt::format(
-          "{} on rank {} timed out after {} s waiting for {} (world {}); a rank that never "
+          "{} #{} on rank {} timed out after {} s waiting for {} (world {}); a rank that never "
           "arrives is stuck, dead, or called a different collective",
-          what, rank(), options_.timeout_seconds, whom, size());
+          what, sequence_, rank(), options_.timeout_seconds, whom, size());
       release();
       const int failed_rank = missing.size() == 1 ? missing[0] : -1;
       record_failure(message, failed_rank);
