@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -22,6 +23,7 @@
 #include "core/error.h"
 #include "core/partition.h"
 #include "core/sha256.h"
+#include "core/units.h"
 #include "data/sampler.h"
 #include "data/source.h"
 #include "models/gpt.h"
@@ -1094,6 +1096,78 @@ void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig
   }
 }
 
+// Bytes this machine can still give, from /proc/meminfo's MemAvailable; nullopt elsewhere.
+std::optional<uint64_t> available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return std::nullopt;
+}
+
+// Before anything is allocated: what every rank of this process will hold (the planner's
+// states and transients, the same bytes the ledger will count) against --memory-per-rank
+// and the machine's available memory. A run that cannot fit is refused with the stage or
+// rank count that would, instead of failing halfway through allocation or swapping.
+void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactory& make_model,
+               int world, int my_rank) {
+  // The data's own limits first: they say more precisely what is wrong with a micro-batch.
+  (void)DistributedSampler(SamplerOptions{.dataset_size = dataset_size(data.train),
+                                          .world_size = world,
+                                          .micro_batch = cfg.micro_batch,
+                                          .grad_accum = cfg.grad_accum,
+                                          .seed = cfg.seed});
+  const Model model = make_model ? make_model() : build_model(cfg);
+  std::vector<uint64_t> numel;
+  for (const auto& u : model) numel.push_back(u->numel());
+  const bool text = std::holds_alternative<TokenDataset>(data.train);
+  const auto* images = std::get_if<ImageDataset>(&data.train);
+  const bool local = cfg.launch.backend == Backend::kLocal;
+  const TransientPlan plan{
+      .world = world,
+      .stage = cfg.stage,
+      .precision = cfg.precision,
+      .policy = cfg.accumulate,
+      .prefetch = cfg.prefetch,
+      .checkpoint_activations = cfg.checkpoint_activations,
+      .micro_batch = cfg.micro_batch,
+      .seq_len = text ? cfg.seq_len : 1,
+      .text = text,
+      .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0};
+  uint64_t process = 0, worst = 0;
+  int worst_rank = my_rank;
+  for (int r = local ? 0 : my_rank; r < (local ? world : my_rank + 1); ++r) {
+    const uint64_t need = model_state_bytes(numel, world, cfg.stage, cfg.precision, r).total() +
+                          transient_bytes(model, plan, r).total();
+    process += need;
+    if (need > worst) {
+      worst = need;
+      worst_rank = r;
+    }
+  }
+  if (cfg.memory_per_rank && worst > *cfg.memory_per_rank) {
+    throw OutOfMemory(fmt::format(
+        "rank {} would need {} (model states, activations and buffers), past its "
+        "--memory-per-rank budget of {}; {}; or try --checkpoint-activations or a smaller "
+        "--micro-batch",
+        worst_rank, format_bytes(static_cast<double>(worst)),
+        format_bytes(static_cast<double>(*cfg.memory_per_rank)),
+        budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank)));
+  }
+  const auto available = available_memory();
+  if (available && process > *available) {
+    throw OutOfMemory(fmt::format(
+        "this process's {} rank(s) need {} together, but the machine has {} available; use a "
+        "higher --stage, fewer local --ranks (or MPI across machines), --checkpoint-activations "
+        "or a smaller --micro-batch",
+        local ? world : 1, format_bytes(static_cast<double>(process)),
+        format_bytes(static_cast<double>(*available))));
+  }
+}
+
 // Under MPI every process parses its own command line; ranks that disagree would hang or
 // compute garbage. The first collective compares a digest of the resolved options.
 void check_same_config(const TrainConfig& cfg, Communicator& comm) {
@@ -1273,6 +1347,8 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   std::vector<std::unique_ptr<Tracer>> tracers(
       cfg.launch.backend == Backend::kLocal ? static_cast<size_t>(cfg.launch.ranks) : 1);
   launch(cfg.launch, argc, argv, [&](Communicator& comm) {
+    // Every local rank checks the whole process, so all of them refuse together.
+    preflight(cfg, data, make_model, comm.size(), comm.rank());
     Tracer* tracer = nullptr;
     if (!cfg.trace_path.empty()) {
       auto& slot = tracers[cfg.launch.backend == Backend::kLocal ? comm.rank() : 0];

@@ -165,6 +165,25 @@ TEST(Faults, AFailedCheckpointWriteCommitsNothingAndNamesTheRank) {
   EXPECT_FALSE(fs::exists(tmp.path() / "step_00000004"));
 }
 
+TEST(Preflight, ARunPastTheMachinesMemoryIsRefusedBeforeAllocating) {
+  TrainConfig c = tiny_config(8, 0);
+  c.size = "large";  // GPT-2 small's shape; 8 ranks x 120 sequences of 1024 tokens
+  c.micro_batch = 120;
+  c.steps = 1;
+  const auto [what, seconds] = fails<OutOfMemory>(c);
+  EXPECT_NE(what.find("available"), std::string::npos) << what;
+  EXPECT_NE(what.find("--checkpoint-activations"), std::string::npos) << what;
+  EXPECT_LT(seconds, 10.0) << "refused only after allocating";
+}
+
+TEST(Preflight, ABudgetTheRankCannotFitIsRefusedNamingWhatWould) {
+  TrainConfig c = tiny_config(4, 0);
+  c.memory_per_rank = 1 << 20;  // 1 MiB: stage 0's states alone are ~670 KiB, plus activations
+  const auto [what, seconds] = fails<OutOfMemory>(c);
+  EXPECT_NE(what.find("rank 0 would need"), std::string::npos) << what;
+  EXPECT_NE(what.find("stage 3"), std::string::npos) << what;
+}
+
 TEST(Faults, AnInjectionAtARankTheRunLacksIsRefused) {
   TrainConfig c = tiny_config(2, 0);
   c.inject = {parse_injection("throw@1:2")};
