@@ -266,7 +266,7 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   rel->add_option("--inject", f->inject,
                   "Inject a fault, for tests and demos: KIND@STEP[:RANK], KIND one of throw, "
-                  "hang, kill, nan, io (repeatable)")
+                  "hang, kill, nan, io, oom (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   auto* out = app.add_option_group("Output");
   out->add_option("--eval-every", c.eval_every,

@@ -34,7 +34,7 @@ std::string_view accumulate_name(AccumulatePolicy p);
 // A fault to inject (--inject KIND@STEP[:RANK]), for tests and demos of failure handling
 // (docs/reliability.md). Rank defaults to 0.
 struct Injection {
-  enum class Kind { kThrow, kHang, kKill, kNan, kIo };
+  enum class Kind { kThrow, kHang, kKill, kNan, kIo, kOom };
   Kind kind = Kind::kThrow;
   int64_t step = 1;
   int rank = 0;

@@ -80,7 +80,8 @@ std::string_view accumulate_name(AccumulatePolicy p) {
 Injection parse_injection(std::string_view text) {
   const auto bad = [&](std::string_view why) {
     return InvalidArgument(fmt::format(
-        "--inject '{}': {}; use KIND@STEP[:RANK] with KIND throw, hang, kill, nan or io, e.g. "
+        "--inject '{}': {}; use KIND@STEP[:RANK] with KIND throw, hang, kill, nan, io or oom, "
+        "e.g. "
         "nan@3:1",
         text, why));
   };
@@ -98,6 +99,8 @@ Injection parse_injection(std::string_view text) {
     inj.kind = Injection::Kind::kNan;
   } else if (kind == "io") {
     inj.kind = Injection::Kind::kIo;
+  } else if (kind == "oom") {
+    inj.kind = Injection::Kind::kOom;
   } else {
     throw bad(fmt::format("unknown kind '{}'", kind));
   }
@@ -678,6 +681,8 @@ StepRecord RankTrainer::step(int64_t step_index) {
   if (injected(Injection::Kind::kThrow, step_index)) {
     throw Error(fmt::format("injected failure (--inject throw@{}:{})", step_index, comm_.rank()));
   }
+  // An allocation failing at run time: what the preflight cannot rule out.
+  if (injected(Injection::Kind::kOom, step_index)) throw std::bad_alloc();
   if (injected(Injection::Kind::kHang, step_index)) {
     // Not arriving: past the collective timeout the peers give up and abort the world, and
     // this rank's next collective fails with their verdict (under MPI the job is ended first).

@@ -69,6 +69,16 @@ TEST(Faults, AThrowingRankEndsEveryRankNamingItAndTheStep) {
   }
 }
 
+TEST(Faults, AFailedAllocationEndsEveryRankNamingIt) {
+  TrainConfig c = tiny_config(3, 3);
+  c.steps = 4;
+  c.inject = {parse_injection("oom@2:1")};
+  const auto [what, seconds] = fails<Error>(c);
+  EXPECT_NE(what.find("rank 1 of 3, step 2"), std::string::npos) << what;
+  EXPECT_NE(what.find("bad_alloc"), std::string::npos) << what;
+  EXPECT_LT(seconds, 5.0);
+}
+
 TEST(Faults, AHungRankIsNamedWithTheCollectiveAtTheTimeout) {
   TrainConfig c = tiny_config(3, 2);
   c.steps = 5;
