@@ -49,6 +49,7 @@ class Progress {
     const double eta = seconds_ / static_cast<double>(done_) * static_cast<double>(total - s.step);
     std::string line = fmt::format("step {:>{}}/{} loss {:.4f} lr {:.2e} norm {:.3f} {:.0f} tok/s",
                                    s.step, digits(total), total, s.loss, s.lr, s.grad_norm, tps);
+    if (s.mfu) line += fmt::format(" mfu {:.0f}%", 100 * *s.mfu);
     if (s.loss_scale) line += fmt::format(" scale {:g}", *s.loss_scale);
     if (s.skipped) line += " [skipped]";
     if (s.val_loss) line += fmt::format(" val {:.4f}", *s.val_loss);
@@ -159,6 +160,10 @@ int run_train(Flags& f, Launch args) {
   fmt::print("final loss {:.4f}, validation loss {}, {:.0f} tokens/s, weights sha256 {}\n",
              r.final_loss, r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
              r.tokens_per_second, r.weights_sha256.substr(0, 16));
+  fmt::print(
+      "MFU {:.1f}%: {:.3g} FLOPs/token x {:.0f} tokens/s over a {:.1f} GFLOP/s fp32 GEMM "
+      "peak (calibrated at start-up)\n",
+      100 * r.mfu, r.flops_per_token, r.tokens_per_second, r.peak_flops / 1e9);
   fmt::print("{}", summary_table(r));
   fmt::print("{}", formula_table(r));
   if (!c.report_path.empty()) {

@@ -576,7 +576,9 @@ class MpiCommunicator final : public Communicator {
     f.seq = ++sequence_;
     if (!options_.check_collectives || size() == 1) return;
     const int me = rank();
-    std::vector<Fingerprint> all(static_cast<size_t>(size()));
+    // A member, not a local: a receive an abort leaves behind must not land in freed memory.
+    std::vector<Fingerprint>& all = fingerprints_;
+    all.assign(static_cast<size_t>(size()), Fingerprint{});
     all[static_cast<size_t>(me)] = f;
     std::vector<Message> sends;
     std::vector<Message> recvs;
@@ -601,8 +603,9 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   CommOptions options_;
   size_t chunk_bytes_;
-  uint64_t sequence_ = 0;           // collectives this rank has run
-  std::vector<std::byte> scratch_;  // reduce-scatter pieces from peers: (N-1) * piece bytes
+  uint64_t sequence_ = 0;                  // collectives this rank has run
+  std::vector<Fingerprint> fingerprints_;  // every rank's, for the collective being agreed
+  std::vector<std::byte> scratch_;         // reduce-scatter pieces from peers: (N-1) * piece bytes
 
   // Abort notices: one receive posted for the communicator's life (polled by the worker).
   std::array<char, kMaxNoticeBytes> notice_buffer_{};

@@ -1101,6 +1101,28 @@ void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig
   }
 }
 
+// One core's fp32 GEMM rate through the same gemm() training uses: a 512^3 product, single
+// threaded, repeated for about 0.1 s, the best of the runs. Measured once per process.
+double gemm_flops_per_core() {
+  static const double rate = [] {
+    constexpr size_t n = 512;
+    std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+    const int saved = gemm_threads();
+    set_gemm_threads(1);
+    double best = 0;
+    const auto stop = Clock::now() + std::chrono::milliseconds(100);
+    for (int i = 0; i < 3 || Clock::now() < stop; ++i) {
+      const auto t0 = Clock::now();
+      gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
+    }
+    set_gemm_threads(saved);
+    return best;
+  }();
+  return rate;
+}
+
 // Bytes this machine can still give, from /proc/meminfo's MemAvailable; nullopt elsewhere.
 std::optional<uint64_t> available_memory() {
   std::ifstream in("/proc/meminfo");
@@ -1345,6 +1367,19 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
         cfg.checkpoint_dir, checkpoint::list_checkpoints(cfg.checkpoint_dir).back().string()));
   }
 
+  // MFU's two terms, before any rank starts (the calibration wants the cores to itself).
+  double flops_per_token = 0;
+  {
+    const Model m = make_model ? make_model() : build_model(cfg);
+    double phi = 0;
+    for (const auto& u : m) phi += static_cast<double>(u->numel());
+    flops_per_token = 6 * phi;
+    if (cfg.model == "gpt") {
+      flops_per_token += 12.0 * cfg.layers * cfg.seq_len * static_cast<double>(cfg.embd);
+    }
+  }
+  const double per_core = gemm_flops_per_core();
+
   TrainResult result;
   std::mutex mu;
   // --trace: one tracer per rank. Local ranks share one file, written after they finish;
@@ -1388,6 +1423,12 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     }
     const bool reporter = comm.rank() == 0;
     std::vector<StepRecord> steps;
+    // The cores this run's GEMMs occupy: every rank's threads, at most the machine's cores
+    // when the ranks share one process.
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    double used = static_cast<double>(comm.size()) * gemm_threads();
+    if (cfg.launch.backend == Backend::kLocal) used = std::min(used, static_cast<double>(cores));
+    const double peak = per_core * used;
     const int64_t last = cfg.stop_after > 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
     int64_t streak = 0;  // consecutive skipped steps
     StepRecord streak_start;
@@ -1424,6 +1465,9 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
         }
       } catch (...) {
         rethrow_at_step(s, comm, cfg.launch.backend);
+      }
+      if (peak > 0 && rec.seconds > 0) {
+        rec.mfu = flops_per_token * static_cast<double>(rec.tokens) / rec.seconds / peak;
       }
       if (reporter && on_step) on_step(rec, cfg.steps);
       steps.push_back(rec);
@@ -1489,6 +1533,9 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     std::sort(secs.begin(), secs.end());
     result.step_seconds_median = secs.empty() ? 0 : secs[secs.size() / 2];
     result.tokens_per_second = total > 0 ? static_cast<double>(tokens) / total : 0;
+    result.flops_per_token = flops_per_token;
+    result.peak_flops = peak;
+    result.mfu = peak > 0 ? flops_per_token * result.tokens_per_second / peak : 0;
   });
   if (!cfg.trace_path.empty() && cfg.launch.backend == Backend::kLocal) {
     std::vector<const Tracer*> all;

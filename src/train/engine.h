@@ -37,6 +37,7 @@ struct StepRecord {
   double seconds = 0;              // wall time
   std::optional<double> val_loss;  // when evaluated after this step
   std::string checkpoint;          // the checkpoint committed after this step, if any
+  std::optional<double> mfu;       // model FLOPs / (seconds x the calibrated GEMM peak)
   // When skipped for a non-finite value: the first rank (in rank order) whose owned
   // gradient held one, and the first such unit of that rank.
   int bad_rank = -1;
@@ -68,6 +69,12 @@ struct TrainResult {
   std::string weights_sha256;
   std::vector<RankSummary> ranks;
   double tokens_per_second = 0;
+  // MFU: model FLOPs per token (6 per parameter plus attention's 12 x layers x T x C for the
+  // gpt) x tokens/s / the peak: a single-threaded fp32 GEMM timed at start-up, x the cores
+  // the ranks' GEMM threads occupy. Every precision computes its products in fp32.
+  double flops_per_token = 0;
+  double peak_flops = 0;
+  double mfu = 0;
   double step_seconds_median = 0;
   std::vector<std::string> unit_names;
   std::vector<uint64_t> unit_numel;

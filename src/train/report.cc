@@ -72,7 +72,7 @@ nlohmann::json step_json(const StepRecord& s) {
   j["skipped"] = s.skipped;
   j["tokens"] = s.tokens;
   j["seconds"] = s.seconds;
-  j["mfu"] = nlohmann::json();
+  j["mfu"] = s.mfu ? nlohmann::json(*s.mfu) : nlohmann::json();
   if (s.val_loss) j["val_loss"] = *s.val_loss;
   if (!s.checkpoint.empty()) j["checkpoint"] = s.checkpoint;
   return j;
@@ -108,6 +108,9 @@ nlohmann::json report_json(const TrainResult& r) {
                 {"val_loss", r.val_loss ? nlohmann::json(*r.val_loss) : nlohmann::json()},
                 {"weights_sha256", r.weights_sha256}};
   j["throughput"] = {{"tokens_per_second", r.tokens_per_second},
+                     {"mfu", r.mfu},
+                     {"flops_per_token", r.flops_per_token},
+                     {"peak_flops", r.peak_flops},
                      {"step_seconds_median", r.step_seconds_median}};
   j["units"] = nlohmann::json::array();
   for (size_t i = 0; i < r.unit_names.size(); ++i) {
@@ -131,6 +134,26 @@ nlohmann::json report_json(const TrainResult& r) {
     rj["samples_sha256"] = rank.samples_sha256;
     j["ranks"].push_back(rj);
   }
+  // The planner's exact bytes beside the measured ones, so a reader of the report (zerodp
+  // report) compares without re-deriving ragged partitions from the units.
+  const TrainConfig& c = r.config;
+  nlohmann::json plan_states = nlohmann::json::array(), plan_comm = nlohmann::json::array();
+  for (int rank = 0; rank < r.world_size; ++rank) {
+    const StateBytes s = model_state_bytes(r.unit_numel, r.world_size, c.stage, c.precision, rank);
+    plan_states.push_back({{"params", s.params},
+                           {"grads", s.grads},
+                           {"master", s.master},
+                           {"adam_m", s.adam_m},
+                           {"adam_v", s.adam_v},
+                           {"total", s.total()}});
+    const CommBytes cb = comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision,
+                                             c.grad_accum, c.accumulate, rank);
+    plan_comm.push_back({{"all_reduce", cb.all_reduce},
+                         {"reduce_scatter", cb.reduce_scatter},
+                         {"all_gather", cb.all_gather},
+                         {"total", cb.total()}});
+  }
+  j["plan"] = {{"model_state_bytes", plan_states}, {"comm_bytes_per_step", plan_comm}};
   return j;
 }
 

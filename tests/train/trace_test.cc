@@ -50,3 +50,25 @@ TEST(Trace, HoldsEveryRanksComputeAndEveryCollective) {
 
 }  // namespace
 }  // namespace zerodp
+
+namespace zerodp {
+namespace {
+
+TEST(Mfu, IsModelFlopsOverTheCalibratedPeak) {
+  TrainConfig c = testing::tiny_config(2, 1);
+  c.steps = 3;
+  const TrainResult r = testing::run(c);
+  // tiny: 6 per parameter plus attention's 12 x layers x T x C.
+  EXPECT_DOUBLE_EQ(r.flops_per_token, 6.0 * static_cast<double>(r.params) + 12.0 * 2 * 32 * 32);
+  EXPECT_GT(r.peak_flops, 1e9) << "a GEMM slower than 1 GFLOP/s: the calibration is broken";
+  EXPECT_DOUBLE_EQ(r.mfu, r.flops_per_token * r.tokens_per_second / r.peak_flops);
+  EXPECT_GT(r.mfu, 0.0);
+  EXPECT_LT(r.mfu, 1.5) << "model FLOPs well past the measured peak";
+  for (const auto& s : r.steps) {
+    ASSERT_TRUE(s.mfu.has_value());
+    EXPECT_GT(*s.mfu, 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace zerodp
