@@ -42,5 +42,6 @@ Runner add_train(CLI::App& app);
 Runner add_estimate(CLI::App& app);
 Runner add_sample(CLI::App& app);
 Runner add_export(CLI::App& app);
+Runner add_report(CLI::App& app);
 
 }  // namespace zerodp::cli

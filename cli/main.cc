@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
       "  zerodp train --steps 400 --checkpoint-dir ckpt --resume latest\n"
       "  zerodp export ckpt --out model.safetensors\n"
       "  zerodp sample model.safetensors --prompt 'In the beginning' --max-tokens 200\n"
+      "  zerodp report s0.json s3.json --metrics s3.jsonl --out runs.html\n"
       "Run 'zerodp SUBCOMMAND --help' for a subcommand's options.");
 
   std::map<const CLI::App*, cli::Runner> runners;
@@ -45,6 +46,9 @@ int main(int argc, char** argv) {
   CLI::App* sample =
       app.add_subcommand("sample", "Generate text from a trained gpt (an exported file)");
   runners[sample] = cli::add_sample(*sample);
+  CLI::App* report = app.add_subcommand(
+      "report", "Run reports and metrics logs as one self-contained HTML page of charts");
+  runners[report] = cli::add_report(*report);
 
   std::vector<std::string> args;
   try {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package zerodp's build, tests, benchmarks and demo need.
 # Idempotent: packages already present are skipped, and apt-get update runs at most once.
-#   scripts/install-deps.sh          build + tests + demo
+#   scripts/install-deps.sh          build + tests + demo (chromium: cli.report renders the page)
 #   scripts/install-deps.sh --peer   also the PyTorch peer for bench/vs_torch
 set -euo pipefail
 
@@ -14,6 +14,7 @@ packages=(
   clang clang-format
   bible-kjv dataset-fashion-mnist
   python3
+  chromium
 )
 if [[ "${1:-}" == "--peer" ]]; then
   packages+=(python3-torch python3-numpy)

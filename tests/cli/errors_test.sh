@@ -68,4 +68,13 @@ expect "--out" export /nonexistent
 expect "checkpoint /nonexistent" export /nonexistent --out /tmp/zerodp-never.safetensors
 expect "MODEL" sample
 expect "MODEL /nonexistent does not exist" sample /nonexistent --temperature -1
+rdir=$(mktemp -d)
+echo '{"loss": 1}' >"$rdir/other.json"
+echo '[1, 2]' >"$rdir/list.json"
+expect "report 'no-such.json': no such file" report no-such.json --out "$rdir/x.html"
+expect "--out is required" report "$rdir/other.json"
+expect "report '$rdir' is a directory" report "$rdir" --out "$rdir/x.html"
+expect "'zerodp_version' is missing" report "$rdir/other.json" --out "$rdir/x.html"
+expect "a JSON array, not an object" report "$rdir/list.json" --out "$rdir/x.html"
+rm -rf "$rdir"
 exit $fail

@@ -1,0 +1,541 @@
+// The page `zerodp report` writes: inline CSS and a hand-written inline script that draws
+// every chart as SVG from the JSON blob embedded in the page, so the file opens offline and
+// needs no library. Placeholders are @@NAME@@ (TITLE and VERSION: HTML-escaped text; DATA:
+// JSON with <, > and & written as \u escapes, so no string can end the script element).
+// Nothing in the page may name a network address: tests/cli/report_test.sh greps for one.
+#pragma once
+
+namespace zerodp::cli {
+
+inline constexpr const char* kReportPage = R"zerodp(<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="zerodp @@VERSION@@">
+<title>@@TITLE@@</title>
+<style>
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222;
+       margin: 24px auto; max-width: 1240px; padding: 0 16px; }
+h1 { font-size: 22px; margin: 0 0 4px; }
+h2 { font-size: 17px; margin: 30px 0 8px; padding-bottom: 2px; border-bottom: 1px solid #ddd; }
+p.meta { color: #666; margin: 0 0 12px; font-size: 13px; }
+table { border-collapse: collapse; font-variant-numeric: tabular-nums; font-size: 13px; }
+th, td { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
+th { background: #f5f5f5; font-weight: 600; }
+th.l, td.l { text-align: left; }
+td.sha { font-family: ui-monospace, monospace; }
+span.key { display: inline-block; width: 10px; height: 10px; margin-right: 6px;
+           border-radius: 2px; vertical-align: -1px; }
+figure { margin: 0; }
+figcaption, p.caption { color: #555; font-size: 13px; max-width: 940px; margin-top: 4px; }
+svg.chart { display: block; max-width: none; }
+svg.chart text { font: 11px system-ui, -apple-system, "Segoe UI", sans-serif; fill: #333; }
+svg.chart .axis line, svg.chart .axis path { stroke: #777; }
+svg.chart .grid { stroke: #ececec; }
+svg.chart text.title { font-size: 12px; font-weight: 600; }
+svg.chart text.empty { font-size: 13px; fill: #999; }
+.exact { color: #1a7f37; }
+.diff { color: #b42318; font-weight: 600; }
+#errors { color: #b42318; white-space: pre-wrap; }
+#errors:empty { display: none; }
+</style>
+</head>
+<body>
+<h1>@@TITLE@@</h1>
+<p class="meta">Written by zerodp @@VERSION@@ from <span id="sources"></span>.
+The page is self-contained: it draws its charts with its own script and loads nothing.</p>
+<noscript><p>The charts and tables are drawn by the page's inline script: enable JavaScript.</p></noscript>
+<pre id="errors"></pre>
+
+<h2>Runs</h2>
+<table id="runs">
+<thead><tr><th class="l">run</th><th>stage</th><th>N</th><th>precision</th><th>params Φ</th>
+<th>steps</th><th>tokens/s</th><th>MFU</th><th>final loss</th><th>val loss</th>
+<th class="l">weights sha256</th><th class="l">backend</th><th class="l">model</th></tr></thead>
+<tbody></tbody>
+</table>
+
+<h2>Training loss</h2>
+<figure>
+<svg class="chart" id="loss" width="960" height="380"></svg>
+<figcaption>The global batch's loss at every optimizer step (<code>steps[i].loss</code>), one
+colour per run; circles are validation losses (<code>steps[i].val_loss</code>, where
+<code>--eval-every</code> evaluated). Dashed lines are <code>--metrics</code> logs, drawn as
+logged (a run still in progress shows the steps written so far). Steps whose loss is not
+finite are left out. Runs that differ only in stage or rank count take the same steps, so
+their curves coincide: earlier runs are drawn wider, and the legend marks identical losses
+with "=".</figcaption>
+</figure>
+
+<h2>Memory per rank</h2>
+<figure>
+<svg class="chart" id="memory" width="960" height="420"></svg>
+<figcaption>One bar per rank, grouped by run, on one scale. <b>Solid segments</b>: the
+steady state, the persistent model states the rank holds between steps
+(<code>ranks[r].model_state_bytes</code>: params, grads, master, Adam m and v) &mdash; what the
+ZeRO stages shard. <b>Pale segments</b> stacked on top: the peak of each transient category
+over the run (<code>ranks[r].peak_bytes</code>: stage 3's gathered units, gradient buckets,
+activations, comm buffers, workspace). Transient categories need not peak at the same
+moment, so the whole stack is an upper bound; the black tick is the measured peak of the sum
+(<code>peak_bytes.total</code>), the memory the rank actually needed at its fullest.</figcaption>
+</figure>
+
+<h2>Communication per step</h2>
+<figure>
+<svg class="chart" id="comm" width="960" height="400"></svg>
+<figcaption>Bytes each rank received from its peers per optimizer step, by collective:
+<code>ranks[r].comm[kind].bytes</code> divided by the number of steps in the report
+(training steps only; initialization, evaluation and the final hash are in
+<code>comm_other</code> and not shown). The black tick is the planner's formula
+(<code>plan.comm_bytes_per_step</code>, which leaves out the control scalars), where the
+report has it.</figcaption>
+</figure>
+
+<h2>Model states: measured vs the ZeRO formula</h2>
+<table id="estimate">
+<thead><tr><th class="l">run</th><th>stage</th><th>N</th><th>rank</th><th>measured</th>
+<th>ZeRO formula</th><th>measured ÷ formula</th><th>exact plan</th><th class="l">measured vs plan</th>
+</tr></thead>
+<tbody></tbody>
+</table>
+<p class="caption">Measured: the sum of <code>ranks[r].model_state_bytes</code>. ZeRO formula,
+with Φ parameters on N ranks (the paper's per-rank bytes, Φ/N unrounded): at bf16 and fp16
+params 2Φ, grads 2Φ, fp32 master + Adam m + v 12Φ; at fp32 params 4Φ, grads 4Φ, Adam m + v
+8Φ (the params are the master). Stage 1 divides the optimizer states by N, stage 2 also the
+grads, stage 3 also the params. The exact plan (<code>plan.model_state_bytes</code> in the
+report, from the same planner the engine allocates by) partitions every unit's flat buffer
+with whole elements, so ranks differ by a few bytes from Φ/N and from each other. Hover a
+cell for the categories.</p>
+
+<script type="application/json" id="zerodp-data">@@DATA@@</script>
+<script>
+(function () {
+  'use strict';
+  var errors = document.getElementById('errors');
+  function fail(where, e) {
+    errors.textContent += where + ': ' + (e && e.message ? e.message : String(e)) + '\n';
+  }
+  var data;
+  try {
+    data = JSON.parse(document.getElementById('zerodp-data').textContent);
+  } catch (e) {
+    fail('embedded data', e);
+    return;
+  }
+  // The SVG namespace, taken from an inline <svg> so the page never spells out an address.
+  var NS = document.getElementById('loss').namespaceURI;
+  var RUN_COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b',
+                    '#e377c2', '#17becf', '#bcbd22', '#7f7f7f'];
+  var STATE_CATS = ['params', 'grads', 'master', 'adam_m', 'adam_v'];
+  var PEAK_CATS = ['gathered', 'grad_buckets', 'activations', 'comm_buffers', 'workspace'];
+  var COMM_CATS = ['all_reduce', 'reduce_scatter', 'all_gather', 'broadcast', 'control'];
+  var CAT_COLORS = {
+    params: '#4e79a7', grads: '#f28e2b', master: '#e15759', adam_m: '#59a14f',
+    adam_v: '#76b7b2', gathered: '#edc948', grad_buckets: '#b07aa1', activations: '#ff9da7',
+    comm_buffers: '#9c755f', workspace: '#bab0ac', all_reduce: '#4e79a7',
+    reduce_scatter: '#e15759', all_gather: '#59a14f', broadcast: '#f28e2b', control: '#bab0ac'
+  };
+  var EXTRA_COLORS = ['#8cd17d', '#a0cbe8', '#ffbe7d', '#d4a6c8', '#86bcb6'];
+  function catColor(cat, i) { return CAT_COLORS[cat] || EXTRA_COLORS[i % EXTRA_COLORS.length]; }
+  function runColor(i) { return RUN_COLORS[i % RUN_COLORS.length]; }
+
+  function svgEl(parent, name, attrs, text) {
+    var e = document.createElementNS(NS, name);
+    for (var k in attrs) if (attrs[k] !== undefined) e.setAttribute(k, String(attrs[k]));
+    if (text !== undefined) e.textContent = text;
+    parent.appendChild(e);
+    return e;
+  }
+  function tip(e, text) { svgEl(e, 'title', {}, text); }
+  function htmlEl(parent, name, text, cls) {
+    var e = document.createElement(name);
+    if (text !== undefined && text !== null) e.textContent = text;
+    if (cls) e.className = cls;
+    parent.appendChild(e);
+    return e;
+  }
+  function finite(v) { return typeof v === 'number' && isFinite(v); }
+
+  var UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+  function fmtBytes(b) {  // as zerodp's terminal tables write them (core/units.h)
+    var i = 0, v = b;
+    while (Math.abs(v) >= 1024 && i < 5) { v /= 1024; ++i; }
+    return i === 0 ? v.toFixed(0) + ' B' : v.toFixed(2) + ' ' + UNITS[i];
+  }
+  function fmtNum(v, digits) {
+    if (!finite(v)) return '—';
+    return v.toLocaleString('en-US', {maximumFractionDigits: digits});
+  }
+  function decimalsFor(step) { return Math.max(0, Math.min(8, -Math.floor(Math.log10(step) + 1e-9))); }
+  function niceStep(span, n) {
+    var raw = span / n, p = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / p;
+    return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 2.5 ? 2.5 : m <= 5 ? 5 : 10) * p;
+  }
+  function ticks(lo, hi, n, step) {
+    var s = step || niceStep(hi - lo, n), out = [];
+    for (var k = Math.ceil(lo / s - 1e-9); k * s <= hi + s * 1e-9; ++k) out.push(k * s);
+    return {step: s, values: out};
+  }
+  // Byte axes tick in whole units of the largest binary unit the maximum reaches.
+  function byteTicks(max) {
+    var i = 0, u = 1;
+    while (max / u >= 1024 && i < 5) { u *= 1024; ++i; }
+    var t = ticks(0, max / u, 5);
+    var d = decimalsFor(t.step);
+    return t.values.map(function (v) {
+      return {value: v * u, label: v.toFixed(d) + ' ' + UNITS[i]};
+    });
+  }
+
+  function frame(svg, w, h, m) {
+    svg.setAttribute('width', w);
+    svg.setAttribute('height', h);
+    svg.setAttribute('viewBox', '0 0 ' + w + ' ' + h);
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+    return {l: m.l, r: w - m.r, t: m.t, b: h - m.b, w: w, h: h};
+  }
+  function yAxis(svg, f, list, y, label) {
+    var g = svgEl(svg, 'g', {'class': 'axis y'});
+    list.forEach(function (t) {
+      var yy = y(t.value);
+      svgEl(g, 'line', {'class': 'grid', x1: f.l, x2: f.r, y1: yy, y2: yy});
+      svgEl(g, 'line', {x1: f.l - 4, x2: f.l, y1: yy, y2: yy});
+      svgEl(g, 'text', {x: f.l - 7, y: yy + 4, 'text-anchor': 'end'}, t.label);
+    });
+    svgEl(g, 'line', {x1: f.l, x2: f.l, y1: f.t, y2: f.b});
+    svgEl(g, 'text', {'class': 'title', 'text-anchor': 'middle',
+                      transform: 'translate(14,' + (f.t + f.b) / 2 + ') rotate(-90)'}, label);
+  }
+  function legend(svg, x, y, items) {
+    var g = svgEl(svg, 'g', {'class': 'legend'});
+    items.forEach(function (it, i) {
+      var yy = y + i * 18;
+      if (it.kind === 'line') {
+        svgEl(g, 'line', {'class': 'swatch', x1: x, x2: x + 22, y1: yy, y2: yy,
+                          stroke: it.color, 'stroke-width': 2.5,
+                          'stroke-dasharray': it.dash});
+      } else if (it.kind === 'dot') {
+        svgEl(g, 'circle', {'class': 'swatch', cx: x + 11, cy: yy, r: 3.5, fill: '#fff',
+                            stroke: it.color, 'stroke-width': 1.5});
+      } else if (it.kind === 'tick') {
+        svgEl(g, 'line', {'class': 'swatch', x1: x + 2, x2: x + 20, y1: yy, y2: yy,
+                          stroke: '#111', 'stroke-width': 2.5});
+      } else {
+        svgEl(g, 'rect', {'class': 'swatch', x: x + 4, y: yy - 6, width: 14, height: 12,
+                          fill: it.color, 'fill-opacity': it.opacity,
+                          stroke: it.color});
+      }
+      svgEl(g, 'text', {x: x + 28, y: yy + 4}, it.label);
+    });
+  }
+  function empty(svg, f, text) {
+    svgEl(svg, 'text', {'class': 'empty', x: (f.l + f.r) / 2, y: (f.t + f.b) / 2,
+                        'text-anchor': 'middle'}, text);
+  }
+
+  function drawLoss() {
+    var svg = document.getElementById('loss');
+    var series = [];
+    data.runs.forEach(function (r, i) {
+      series.push({label: r.label, color: runColor(i), steps: r.steps});
+    });
+    data.metrics.forEach(function (m, j) {
+      series.push({label: m.label + ' (metrics)', color: runColor(data.runs.length + j),
+                   steps: m.steps, dash: '7 4'});
+    });
+    var xs = [], ys = [];
+    series.forEach(function (s) {
+      s.steps.forEach(function (p) {
+        if (finite(p[1])) { xs.push(p[0]); ys.push(p[1]); }
+        if (finite(p[2])) { xs.push(p[0]); ys.push(p[2]); }
+      });
+    });
+    var f = frame(svg, 960, 380 + Math.max(0, series.length - 14) * 18,
+                  {l: 66, r: 250, t: 14, b: 46});
+    var drawn = 0;
+    if (xs.length === 0) {
+      empty(svg, f, 'no finite losses to draw');
+      svg.setAttribute('data-drawn', 0);
+      return;
+    }
+    var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
+    if (x1 === x0) { x0 -= 1; x1 += 1; }
+    var y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
+    var pad = (y1 - y0) * 0.06 || Math.abs(y0) * 0.05 || 1;
+    y0 -= pad; y1 += pad;
+    var x = function (v) { return f.l + (v - x0) / (x1 - x0) * (f.r - f.l); };
+    var y = function (v) { return f.b - (v - y0) / (y1 - y0) * (f.b - f.t); };
+    var yt = ticks(y0, y1, 6), yd = decimalsFor(yt.step);
+    yAxis(svg, f, yt.values.map(function (v) { return {value: v, label: v.toFixed(yd)}; }), y,
+          'loss');
+    var xt = ticks(x0, x1, 8, Math.max(1, Math.round(niceStep(x1 - x0, 8))));
+    var gx = svgEl(svg, 'g', {'class': 'axis x'});
+    svgEl(gx, 'line', {x1: f.l, x2: f.r, y1: f.b, y2: f.b});
+    xt.values.forEach(function (v) {
+      svgEl(gx, 'line', {x1: x(v), x2: x(v), y1: f.b, y2: f.b + 4});
+      svgEl(gx, 'text', {x: x(v), y: f.b + 16, 'text-anchor': 'middle'}, String(v));
+    });
+    svgEl(gx, 'text', {'class': 'title', x: (f.l + f.r) / 2, y: f.b + 36,
+                       'text-anchor': 'middle'}, 'optimizer step');
+    // Stages and rank counts promise the same losses, so curves often coincide: earlier
+    // series are drawn wider, and the legend says which ones are identical.
+    var key = function (s) {
+      return JSON.stringify(s.steps.map(function (p) { return [p[0], p[1]]; }));
+    };
+    var items = [];
+    series.forEach(function (s, si) {
+      var pts = s.steps.filter(function (p) { return finite(p[1]); });
+      var g = svgEl(svg, 'g', {'class': 'run'});
+      var same = null;
+      for (var j = 0; j < si && pts.length > 0; ++j) {
+        if (key(series[j]) === key(s)) { same = series[j].label; break; }
+      }
+      if (pts.length > 0) {
+        var line = svgEl(g, 'polyline', {
+          'class': 'series', fill: 'none', stroke: s.color,
+          'stroke-width': 2 + 2.5 * Math.min(3, series.length - 1 - si),
+          'stroke-linejoin': 'round', 'stroke-dasharray': s.dash, 'data-run': s.label,
+          points: pts.map(function (p) { return x(p[0]).toFixed(1) + ',' + y(p[1]).toFixed(1); })
+                     .join(' ')
+        });
+        tip(line, s.label + ': ' + pts.length + ' steps, last loss ' +
+                  pts[pts.length - 1][1].toFixed(4));
+        if (pts.length === 1) {
+          svgEl(g, 'circle', {cx: x(pts[0][0]), cy: y(pts[0][1]), r: 3, fill: s.color});
+        }
+        ++drawn;
+      }
+      s.steps.forEach(function (p) {
+        if (!finite(p[2])) return;
+        var c = svgEl(g, 'circle', {'class': 'val', cx: x(p[0]), cy: y(p[2]), r: 3.5,
+                                    fill: '#fff', stroke: s.color, 'stroke-width': 1.5});
+        tip(c, s.label + ': val_loss ' + p[2].toFixed(4) + ' at step ' + p[0]);
+      });
+      items.push({kind: 'line', color: s.color, dash: s.dash,
+                  label: s.label + (pts.length === 0 ? ' (no steps)'
+                                    : same ? ' (= ' + same + ')' : '')});
+    });
+    items.push({kind: 'dot', color: '#555', label: 'val_loss'});
+    legend(svg, f.r + 18, f.t + 8, items);
+    svg.setAttribute('data-drawn', drawn);
+  }
+
+  // Stacked bars per rank, grouped per run, on one scale. groups: [{label, sub, color, bars:
+  // [{label, segs: [{cat, value, pale}], marks: [{value, title}]}]}]. Zero segments are not
+  // drawn, so every rect.bar has a positive height; data-drawn counts them.
+  function stackedBars(svg, groups, cats, opts) {
+    var nbars = 0, max = 0;
+    groups.forEach(function (g) {
+      nbars += g.bars.length;
+      g.bars.forEach(function (b) {
+        var sum = 0;
+        b.segs.forEach(function (s) { sum += s.value; });
+        max = Math.max(max, sum);
+        b.marks.forEach(function (m) { max = Math.max(max, m.value); });
+      });
+    });
+    var gap = 30, inner = 4, avail = 660;
+    var bw = Math.max(5, Math.min(38, (avail - groups.length * gap) / Math.max(1, nbars) - inner));
+    // A group is as wide as its bars or its labels (about 6.5 px a character), bars centred.
+    var plotW = 0;
+    groups.forEach(function (g) {
+      g.barsW = g.bars.length * (bw + inner) - inner;
+      g.width = Math.max(g.barsW, 6.5 * Math.max(g.label.length, g.sub.length));
+      plotW += g.width + gap;
+    });
+    var f = frame(svg, Math.max(960, 76 + plotW + 250), opts.height,
+                  {l: 76, r: Math.max(250, 960 - 76 - plotW), t: 14, b: 64});
+    if (nbars === 0 || !(max > 0)) {
+      empty(svg, f, opts.empty);
+      svg.setAttribute('data-drawn', 0);
+      return;
+    }
+    var yl = byteTicks(max * 1.04);
+    var top = yl[yl.length - 1].value;
+    if (top < max) top = max;
+    var y = function (v) { return f.b - v / top * (f.b - f.t); };
+    yAxis(svg, f, yl, y, opts.ylabel);
+    var drawn = 0, gstart = f.l + gap / 2;
+    var gx = svgEl(svg, 'g', {'class': 'axis x'});
+    svgEl(gx, 'line', {x1: f.l, x2: f.r, y1: f.b, y2: f.b});
+    var every = Math.ceil(14 / (bw + inner));
+    groups.forEach(function (g) {
+      var xx = gstart + (g.width - g.barsW) / 2;
+      var gg = svgEl(svg, 'g', {'class': 'group', 'data-run': g.label});
+      g.bars.forEach(function (b, bi) {
+        var acc = 0;
+        b.segs.forEach(function (s) {
+          if (!(s.value > 0)) return;
+          var r = svgEl(gg, 'rect', {
+            'class': 'bar', 'data-cat': s.cat, 'data-bytes': s.value, x: xx.toFixed(1),
+            y: y(acc + s.value).toFixed(3), width: bw.toFixed(1),
+            height: (y(acc) - y(acc + s.value)).toFixed(3),
+            fill: catColor(s.cat, cats.indexOf(s.cat)), 'fill-opacity': s.pale ? 0.45 : 1,
+            stroke: s.pale ? catColor(s.cat, cats.indexOf(s.cat)) : 'none',
+            'stroke-width': s.pale ? 0.8 : undefined
+          });
+          tip(r, g.label + ' rank ' + b.label + ' · ' + s.cat + ': ' + fmtBytes(s.value) +
+                 (s.pale ? ' (peak)' : ''));
+          acc += s.value;
+          ++drawn;
+        });
+        b.marks.forEach(function (m) {
+          var ml = svgEl(gg, 'line', {'class': 'mark', x1: xx - 3, x2: xx + bw + 3,
+                                      y1: y(m.value), y2: y(m.value), stroke: '#111',
+                                      'stroke-width': 2.5});
+          tip(ml, g.label + ' rank ' + b.label + ' · ' + m.title + ': ' + fmtBytes(m.value));
+        });
+        if (bi % every === 0 || bi === g.bars.length - 1) {
+          svgEl(gx, 'text', {x: xx + bw / 2, y: f.b + 14, 'text-anchor': 'middle'},
+                'r' + b.label);
+        }
+        xx += bw + inner;
+      });
+      var mid = gstart + g.width / 2;
+      svgEl(gx, 'text', {'class': 'title', x: mid, y: f.b + 32, 'text-anchor': 'middle',
+                         fill: g.color}, g.label);
+      svgEl(gx, 'text', {x: mid, y: f.b + 47, 'text-anchor': 'middle'}, g.sub);
+      gstart += g.width + gap;
+    });
+    var used = {};
+    groups.forEach(function (g) {
+      g.bars.forEach(function (b) {
+        b.segs.forEach(function (s) { if (s.value > 0) used[s.cat] = s.pale ? 'pale' : 'solid'; });
+      });
+    });
+    var items = [];
+    cats.forEach(function (c, i) {
+      if (!used[c]) return;
+      items.push({kind: 'rect', color: catColor(c, i), opacity: used[c] === 'pale' ? 0.45 : 1,
+                  label: c + (opts.suffix ? opts.suffix(c) : '')});
+    });
+    opts.marks.forEach(function (m) { items.push({kind: 'tick', label: m}); });
+    legend(svg, f.r + 18, f.t + 8, items);
+    svg.setAttribute('data-drawn', drawn);
+  }
+
+  function runSub(r) { return 'stage ' + r.stage + ' · N=' + r.world_size + ' · ' + r.precision; }
+
+  function drawMemory() {
+    var groups = data.runs.map(function (r, i) {
+      return {label: r.label, sub: runSub(r), color: runColor(i), bars: r.ranks.map(function (k) {
+        var segs = STATE_CATS.map(function (c) { return {cat: c, value: k.states[c]}; })
+          .concat(PEAK_CATS.map(function (c) { return {cat: c, value: k.peaks[c], pale: true}; }));
+        return {label: String(k.rank), segs: segs,
+                marks: [{value: k.peak_total, title: 'peak of the sum (peak_bytes.total)'}]};
+      })};
+    });
+    stackedBars(document.getElementById('memory'), groups, STATE_CATS.concat(PEAK_CATS), {
+      height: 420, ylabel: 'bytes per rank', empty: 'no ranks to draw',
+      marks: ['peak of the sum (peak_bytes.total)'],
+      suffix: function (c) { return STATE_CATS.indexOf(c) >= 0 ? ' (steady)' : ' (peak)'; }
+    });
+  }
+
+  function drawComm() {
+    var cats = COMM_CATS.slice();
+    data.runs.forEach(function (r) {
+      r.ranks.forEach(function (k) {
+        if (!k.comm_per_step) return;
+        Object.keys(k.comm_per_step).forEach(function (c) { if (cats.indexOf(c) < 0) cats.push(c); });
+      });
+    });
+    var anyPlan = false;
+    var groups = data.runs.map(function (r, i) {
+      return {label: r.label, sub: runSub(r) + ' · ' + r.step_count + ' steps', color: runColor(i),
+              bars: r.ranks.map(function (k) {
+                var per = k.comm_per_step || {};
+                var marks = [];
+                if (finite(k.plan_comm_per_step)) {
+                  anyPlan = true;
+                  marks.push({value: k.plan_comm_per_step, title: 'formula (plan)'});
+                }
+                return {label: String(k.rank), marks: marks, segs: cats.map(function (c) {
+                  return {cat: c, value: per[c] || 0};
+                })};
+              })};
+    });
+    stackedBars(document.getElementById('comm'), groups, cats, {
+      height: 400, ylabel: 'bytes received per step', empty: 'no communication to draw',
+      marks: anyPlan ? ['formula (plan.comm_bytes_per_step)'] : []
+    });
+  }
+
+  function keyCell(tr, label, color) {
+    var td = htmlEl(tr, 'td', null, 'l');
+    var k = htmlEl(td, 'span', null, 'key');
+    k.style.background = color;
+    td.appendChild(document.createTextNode(label));
+    return td;
+  }
+
+  function drawRuns() {
+    var t = document.getElementById('runs'), body = t.tBodies[0];
+    data.runs.forEach(function (r, i) {
+      var tr = htmlEl(body, 'tr');
+      keyCell(tr, r.label, runColor(i)).title = r.data || '';
+      htmlEl(tr, 'td', String(r.stage));
+      htmlEl(tr, 'td', String(r.world_size));
+      htmlEl(tr, 'td', r.precision);
+      htmlEl(tr, 'td', fmtNum(r.params, 0));
+      htmlEl(tr, 'td', String(r.step_count) + (r.resumed_from ? ' (resumed)' : ''));
+      htmlEl(tr, 'td', fmtNum(r.tokens_per_second, 0));
+      htmlEl(tr, 'td', finite(r.mfu) ? (100 * r.mfu).toFixed(1) + ' %' : '—');
+      htmlEl(tr, 'td', finite(r.final_loss) ? r.final_loss.toFixed(4) : '—');
+      htmlEl(tr, 'td', finite(r.final_val_loss) ? r.final_val_loss.toFixed(4) : '—');
+      var sha = htmlEl(tr, 'td', r.weights_sha256.slice(0, 16), 'l sha');
+      sha.title = r.weights_sha256;
+      htmlEl(tr, 'td', r.backend, 'l');
+      htmlEl(tr, 'td', r.model || '', 'l');
+    });
+    t.setAttribute('data-drawn', data.runs.length);
+  }
+
+  function breakdown(o) {
+    return STATE_CATS.map(function (c) { return c + ' ' + fmtBytes(o[c]); }).join(', ');
+  }
+
+  function drawEstimate() {
+    var t = document.getElementById('estimate'), body = t.tBodies[0], rows = 0;
+    data.runs.forEach(function (r, i) {
+      r.ranks.forEach(function (k) {
+        var tr = htmlEl(body, 'tr');
+        keyCell(tr, r.label, runColor(i));
+        htmlEl(tr, 'td', String(r.stage));
+        htmlEl(tr, 'td', String(r.world_size));
+        htmlEl(tr, 'td', String(k.rank));
+        htmlEl(tr, 'td', fmtBytes(k.states_total)).title = breakdown(k.states);
+        htmlEl(tr, 'td', fmtBytes(r.formula.total)).title = breakdown(r.formula);
+        htmlEl(tr, 'td', r.formula.total > 0 ? (k.states_total / r.formula.total).toFixed(4) : '—');
+        if (k.plan_states) {
+          htmlEl(tr, 'td', fmtBytes(k.plan_states.total)).title = breakdown(k.plan_states);
+          var same = k.plan_states.total === k.states_total;
+          var d = k.states_total - k.plan_states.total;
+          htmlEl(tr, 'td', same ? 'exact' : 'differs by ' + (d > 0 ? '+' : '') + d + ' B',
+                 same ? 'l exact' : 'l diff');
+        } else {
+          htmlEl(tr, 'td', '—');
+          htmlEl(tr, 'td', 'report has no plan', 'l');
+        }
+        ++rows;
+      });
+    });
+    t.setAttribute('data-drawn', rows);
+  }
+
+  var src = data.runs.map(function (r) { return r.label; })
+    .concat(data.metrics.map(function (m) { return m.label; }));
+  document.getElementById('sources').textContent = src.join(', ');
+  [['runs table', drawRuns], ['loss chart', drawLoss], ['memory chart', drawMemory],
+   ['comm chart', drawComm], ['estimate table', drawEstimate]].forEach(function (d) {
+    try { d[1](); } catch (e) { fail(d[0], e); }
+  });
+  document.body.setAttribute('data-rendered', errors.textContent ? 'with-errors' : 'ok');
+})();
+</script>
+</body>
+</html>
+)zerodp";
+
+}  // namespace zerodp::cli
