@@ -26,6 +26,7 @@ demo: build
 	  --checkpoint-every 400 --stop-after 800
 	$(ZERODP) train --ranks 4 --stage 3 --steps 1000 --checkpoint-dir $(DEMO)/ckpt \
 	  --resume latest --report $(DEMO)/report.json
+	$(ZERODP) report $(DEMO)/report.json --out $(DEMO)/report.html
 	$(ZERODP) export $(DEMO)/ckpt --out $(DEMO)/model.safetensors
 	@echo "--- zerodp sample $(DEMO)/model.safetensors --prompt 'And God said' --temperature 0.8"
 	@$(ZERODP) sample $(DEMO)/model.safetensors --prompt 'And God said' --max-tokens 300 \
