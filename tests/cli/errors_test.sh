@@ -58,7 +58,10 @@ expect "--resume latest needs --checkpoint-dir" train --resume latest --data syn
 expect "no such file or directory" train --resume /nonexistent/ckpt --data synthetic
 expect "holds no committed checkpoint" train --resume latest --checkpoint-dir "$(mktemp -d)" \
   --data synthetic
-expect "--ranks 3 does not match" train --backend mpi --ranks 3 --data synthetic
+# MPI_Init's own allocations are never freed; under ASan LeakSanitizer would report them
+# and turn exit 2 into 1. The leak is OpenMPI's, so only this case skips leak checking.
+ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 \
+  expect "--ranks 3 does not match" train --backend mpi --ranks 3 --data synthetic
 expect "mlp: hidden is 0" train --model mlp --mlp-hidden 0 --data synthetic
 expect "a micro-batch of at most" train --micro-batch 100000 --data synthetic --ranks 2
 expect "embd 30 is not divisible by heads 4" estimate --layers 2 --embd 30 --heads 4 --seq-len 16
