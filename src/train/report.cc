@@ -1,5 +1,7 @@
 #include "train/report.h"
 
+#include "checkpoint/store.h"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -214,17 +216,7 @@ std::string formula_table(const TrainResult& r) {
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw IoError(fmt::format("cannot write '{}': opening '{}' failed", path, tmp));
-    f << text;
-    f.flush();
-    if (!f) throw IoError(fmt::format("cannot write '{}': writing '{}' failed", path, tmp));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw IoError(fmt::format("cannot write '{}': {}", path, ec.message()));
+  checkpoint::write_file_atomically(path, text);
 }
 
 }  // namespace zerodp

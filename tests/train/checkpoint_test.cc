@@ -12,6 +12,7 @@
 
 #include "checkpoint/consolidate.h"
 #include "checkpoint/store.h"
+#include "checkpoint_testing.h"
 #include "core/error.h"
 #include "core/sha256.h"
 #include "temp_dir.h"
@@ -22,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::run;
+constexpr auto states = testing::checkpoint_states;
 using testing::TempDir;
 using testing::tiny_config;
 
@@ -33,23 +35,6 @@ std::vector<double> losses(const TrainResult& r) {
 
 std::vector<double> tail(const std::vector<double>& v, size_t from) {
   return {v.begin() + static_cast<std::ptrdiff_t>(from), v.end()};
-}
-
-// Every state of every unit, consolidated: params in the saved dtype, master, m, v.
-std::vector<std::vector<std::byte>> states(const fs::path& dir) {
-  const checkpoint::Checkpoint c(checkpoint::resolve(dir));
-  std::vector<std::vector<std::byte>> out;
-  const size_t psize = c.meta().precision == "fp32" ? 4 : 2;
-  for (size_t u = 0; u < c.meta().units.size(); ++u) {
-    const uint64_t n = c.meta().units[u].numel;
-    for (const char* kind : {"params", "master", "adam_m", "adam_v"}) {
-      if (std::string(kind) == "master" && !c.has_master()) continue;
-      std::vector<std::byte> b(n * (std::string(kind) == "params" ? psize : 4));
-      c.read(u, kind, 0, b);
-      out.push_back(std::move(b));
-    }
-  }
-  return out;
 }
 
 struct ResumeCase {

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "checkpoint/store.h"
+#include "checkpoint_testing.h"
 #include "core/error.h"
 #include "temp_dir.h"
 #include "train_testing.h"
@@ -19,6 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::run;
+constexpr auto states = testing::checkpoint_states;
 using testing::TempDir;
 using testing::tiny_config;
 
@@ -92,22 +94,6 @@ TEST(Faults, AHungRankIsNamedWithTheCollectiveAtTheTimeout) {
   // The hung rank sleeps one second past the timeout before it notices.
   EXPECT_GE(seconds, 2.0);
   EXPECT_LT(seconds, 6.0);
-}
-
-// The consolidated states of a checkpoint: params, master, m, v of every unit.
-std::vector<std::vector<std::byte>> states(const fs::path& dir) {
-  const checkpoint::Checkpoint c(dir);
-  std::vector<std::vector<std::byte>> out;
-  for (size_t u = 0; u < c.meta().units.size(); ++u) {
-    const uint64_t n = c.meta().units[u].numel;
-    for (const char* kind : {"params", "master", "adam_m", "adam_v"}) {
-      if (std::string(kind) == "master" && !c.has_master()) continue;
-      std::vector<std::byte> b(n * (std::string(kind) == "params" && c.has_master() ? 2 : 4));
-      c.read(u, kind, 0, b);
-      out.push_back(std::move(b));
-    }
-  }
-  return out;
 }
 
 class NonFinite : public ::testing::TestWithParam<std::tuple<int, Precision>> {};
