@@ -182,7 +182,7 @@ int run_estimate(const Flags& f) {
     if (n < 1) throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", n));
     std::optional<int> cheapest;
     for (int stage : stages) {
-      AccumulatePolicy policy = stage >= 2 ? AccumulatePolicy::kReduce : AccumulatePolicy::kLocal;
+      AccumulatePolicy policy = default_accumulate(stage, f.grad_accum);
       if (!f.accumulate.empty()) {
         const auto p = parse_accumulate(f.accumulate);
         if (!p) {

@@ -105,7 +105,7 @@ int run_train(Flags& f, Launch args) {
   c.precision = *precision;
   (void)Sharding::for_stage(c.stage);
   if (f.accumulate.empty()) {
-    c.accumulate = c.stage >= 2 ? AccumulatePolicy::kReduce : AccumulatePolicy::kLocal;
+    c.accumulate = default_accumulate(c.stage, c.grad_accum);
   } else {
     const auto acc = parse_accumulate(f.accumulate);
     if (!acc) {
@@ -212,10 +212,9 @@ Runner add_train(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   par->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")
       ->capture_default_str();
-  par->add_option(
-      "--accumulate", f->accumulate,
-      "local (sum, reduce at the boundary) or reduce (every micro-batch); default local "
-      "at stages 0-1, reduce at 2-3");
+  par->add_option("--accumulate", f->accumulate,
+                  "local (sum, reduce at the boundary) or reduce (every micro-batch, overlapping "
+                  "backward); default reduce at stages 2-3 or with --grad-accum 1, else local");
   par->add_option("--initial-loss-scale", c.initial_loss_scale,
                   "fp16: the dynamic loss scale to start from (a power of two)")
       ->capture_default_str();

@@ -30,6 +30,11 @@ std::string_view precision_name(Precision p);
 enum class AccumulatePolicy { kLocal, kReduce };
 std::optional<AccumulatePolicy> parse_accumulate(std::string_view name);
 std::string_view accumulate_name(AccumulatePolicy p);
+// The policy when --accumulate is not given: reduce at stages 2-3 (they keep no full gradient
+// buffer) and whenever a step has one micro-batch, where both policies reduce the same
+// gradient once and reduce issues each unit's reduction as soon as its backward ends, so it
+// overlaps the rest of backward (DDP's buckets); local otherwise (least comm).
+AccumulatePolicy default_accumulate(int stage, int grad_accum);
 
 // A fault to inject (--inject KIND@STEP[:RANK]), for tests and demos of failure handling
 // (docs/reliability.md). Rank defaults to 0.

@@ -1,5 +1,7 @@
 #include "train/engine.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -75,6 +77,10 @@ std::optional<AccumulatePolicy> parse_accumulate(std::string_view name) {
 
 std::string_view accumulate_name(AccumulatePolicy p) {
   return p == AccumulatePolicy::kLocal ? "local" : "reduce";
+}
+
+AccumulatePolicy default_accumulate(int stage, int grad_accum) {
+  return stage >= 2 || grad_accum == 1 ? AccumulatePolicy::kReduce : AccumulatePolicy::kLocal;
 }
 
 Injection parse_injection(std::string_view text) {
@@ -1536,6 +1542,10 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     result.flops_per_token = flops_per_token;
     result.peak_flops = peak;
     result.mfu = peak > 0 ? flops_per_token * result.tokens_per_second / peak : 0;
+    rusage usage{};
+    if (getrusage(RUSAGE_SELF, &usage) == 0) {
+      result.process_peak_rss_bytes = static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // KiB
+    }
   });
   if (!cfg.trace_path.empty() && cfg.launch.backend == Backend::kLocal) {
     std::vector<const Tracer*> all;

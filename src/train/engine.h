@@ -76,6 +76,9 @@ struct TrainResult {
   double peak_flops = 0;
   double mfu = 0;
   double step_seconds_median = 0;
+  // getrusage's peak resident set of this process at the end of the run: every rank thread
+  // on the local backend, this rank alone under MPI (on rank 0, the reporter's own).
+  uint64_t process_peak_rss_bytes = 0;
   std::vector<std::string> unit_names;
   std::vector<uint64_t> unit_numel;
   std::vector<float> final_weights;  // with config.keep_final_weights: canonical order

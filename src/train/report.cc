@@ -114,6 +114,7 @@ nlohmann::json report_json(const TrainResult& r) {
                      {"flops_per_token", r.flops_per_token},
                      {"peak_flops", r.peak_flops},
                      {"step_seconds_median", r.step_seconds_median}};
+  j["process"] = {{"peak_rss_bytes", r.process_peak_rss_bytes}};
   j["units"] = nlohmann::json::array();
   for (size_t i = 0; i < r.unit_names.size(); ++i) {
     j["units"].push_back({{"name", r.unit_names[i]}, {"params", r.unit_numel[i]}});

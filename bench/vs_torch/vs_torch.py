@@ -1,0 +1,243 @@
+"""zerodp against the PyTorch peer, run in alternation in one invocation.
+
+For each case (size x precision) and each ZeRO stage, runs `zerodp train` and the peer's
+matching mode (../shared/peers/torch/train_ref.py) with the same shapes, micro-batch,
+sequence length, ranks, optimizer recipe and step count, and prints tokens/s, median step
+time, peak RSS per rank, the ratio zerodp / PyTorch, and both runs' losses after the same
+steps. Timing rule, both sides: the median step time after the warm-up steps;
+tokens/s = global tokens per step / that median.
+
+Run it through bench/vs_torch/vs_torch (which installs the peer and builds zerodp).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODES = {0: "ddp", 1: "zero1", 2: "fsdp_grad_op", 3: "fsdp_full"}
+STEPS = {"small": 60, "medium": 20}
+WARMUP = {"small": 5, "medium": 3}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: bench/vs_torch/vs_torch --cases small:fp32 --stages 0,3 --repeats 2")
+    p.add_argument("--zerodp", required=True, help="the zerodp binary")
+    p.add_argument("--peer-dir", default=os.path.join(os.path.dirname(ROOT), "shared", "peers", "torch"),
+                   help="where train_ref.py lives (default ../shared/peers/torch beside the project)")
+    p.add_argument("--cases", default="small:fp32,medium:fp32,medium:bf16",
+                   help="comma-separated SIZE:PRECISION pairs; precision fp32 or bf16 (peer: autocast)")
+    p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages to run (comma-separated)")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps per run (default: small 60, medium 20)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="steps left out of the timing (default: small 5, medium 3)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="pairs per (case, stage); the figures are medians over them, and the order "
+                        "of zerodp and the peer alternates between repeats")
+    p.add_argument("--peer-blas", choices=["avx512", "env"], default="avx512",
+                   help="avx512 (default, the peer's best): run the peer without this environment's "
+                        "OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE; env: as the environment sets them")
+    p.add_argument("--timeout", type=int, default=900, help="seconds before one run is abandoned")
+    p.add_argument("--json", default=None, help="also write every run's figures to this file")
+    p.add_argument("--work-dir", default=None, help="where reports and the text go (default: a temp dir)")
+    a = p.parse_args()
+    a.case_list = []
+    for c in a.cases.split(","):
+        size, _, prec = c.partition(":")
+        if size not in STEPS or prec not in ("fp32", "bf16"):
+            p.error(f"--cases entry '{c}' is not SIZE:PRECISION with SIZE small|medium and "
+                    "PRECISION fp32|bf16")
+        a.case_list.append((size, prec))
+    try:
+        a.stage_list = [int(s) for s in a.stages.split(",")]
+    except ValueError:
+        p.error(f"--stages '{a.stages}' is not a comma-separated list of 0..3")
+    if any(s not in MODES for s in a.stage_list):
+        p.error(f"--stages '{a.stages}': each stage must be 0, 1, 2 or 3")
+    if not os.path.isfile(os.path.join(a.peer_dir, "train_ref.py")):
+        p.error(f"--peer-dir {a.peer_dir} has no train_ref.py; point it at ../shared/peers/torch")
+    return a
+
+
+def kjv_text(work):
+    """The KJV text the peer reads: the same bytes zerodp's --data kjv prepares."""
+    path = os.path.join(work, "kjv.txt")
+    if not os.path.exists(path):
+        with open(path, "wb") as f:
+            subprocess.run(["bible", "-f", "gen1:1-rev22:21"], stdin=subprocess.DEVNULL, stdout=f,
+                           check=True)
+    return path
+
+
+def run_zerodp(a, size, prec, stage, steps, warmup, work, tag):
+    report = os.path.join(work, f"z-{tag}.json")
+    metrics = os.path.join(work, f"z-{tag}.jsonl")
+    for f in (report, metrics):
+        if os.path.exists(f):
+            os.remove(f)
+    cmd = [a.zerodp, "train", "--size", size, "--ranks", str(a.ranks), "--stage", str(stage),
+           "--precision", prec, "--steps", str(steps), "--schedule", "constant", "--clip", "0",
+           "--decay-all", "--lr", "1e-3", "--eval-batches", "1", "--no-progress",
+           "--report", report, "--metrics", metrics]
+    t0 = time.time()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=a.timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"zerodp failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    with open(report) as f:
+        r = json.load(f)
+    lines = [json.loads(l) for l in open(metrics) if l.strip()]
+    secs = [l["seconds"] for l in lines]
+    tokens = lines[0]["tokens"]
+    med = statistics.median(secs[warmup:])
+    ledger = [rk["peak_bytes"]["total"] for rk in r["ranks"]]
+    rss = r["process"]["peak_rss_bytes"]
+    return dict(side="zerodp", tokens_per_s=tokens / med, step_s=med,
+                rss_mib_per_rank=rss / a.ranks / 2**20, process_rss_mib=rss / 2**20,
+                ledger_peak_mib=[b / 2**20 for b in ledger],
+                losses=[l["loss"] for l in lines], flops_per_token=r["throughput"]["flops_per_token"],
+                peak_flops=r["throughput"]["peak_flops"], wall_s=time.time() - t0,
+                command=" ".join(cmd))
+
+
+def run_peer(a, size, prec, stage, steps, warmup, text, tag):
+    env = dict(os.environ)
+    if a.peer_blas == "avx512":
+        env.pop("OPENBLAS_CORETYPE", None)
+        env.pop("OPENBLAS_L2_SIZE", None)
+    cmd = ["/usr/bin/python3", os.path.join(a.peer_dir, "train_ref.py"), "--data", text, "--size", size,
+           "--mode", MODES[stage], "--world", str(a.ranks), "--steps", str(steps),
+           "--warmup", str(warmup), "--tag", tag]
+    if prec == "bf16":
+        cmd += ["--amp", "bf16"]
+    last = ""
+    for attempt in range(2):  # gloo's rendezvous port can collide with a lingering socket
+        t0 = time.time()
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env, timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            last = f"timed out after {a.timeout} s"
+            subprocess.run(["pkill", "-f", "multiprocessing.spawn"], check=False)
+            continue
+        line = next((l for l in proc.stdout.splitlines() if l.startswith("{")), None)
+        if proc.returncode == 0 and line:
+            r = json.loads(line)
+            return dict(side="torch", tokens_per_s=r["tokens_per_s"], step_s=r["step_time_median_s"],
+                        rss_mib_per_rank=max(r["peak_rss_mib"]), losses=r["loss_curve"],
+                        openblas_core=r.get("openblas_core"), wall_s=time.time() - t0,
+                        command=" ".join(cmd))
+        last = proc.stderr[-2000:]
+        time.sleep(2)
+    raise RuntimeError(f"peer failed twice: {' '.join(cmd)}\n{last}")
+
+
+def med(runs, key):
+    return statistics.median(r[key] for r in runs)
+
+
+def main():
+    a = parse_args()
+    work = a.work_dir or tempfile.mkdtemp(prefix="zerodp-vs-torch-")
+    os.makedirs(work, exist_ok=True)
+    text = kjv_text(work)
+    total = len(a.case_list) * len(a.stage_list) * a.repeats
+    print(f"# zerodp vs PyTorch: {a.ranks} ranks, {len(a.case_list)} cases x {len(a.stage_list)} stages "
+          f"x {a.repeats} repeats = {total} pairs; work dir {work}", flush=True)
+    print(f"# peer BLAS: {a.peer_blas} ({'OPENBLAS_CORETYPE unset' if a.peer_blas == 'avx512' else 'environment as set'}); "
+          "zerodp: --schedule constant --clip 0 --decay-all --lr 1e-3", flush=True)
+    results = {}
+    n = 0
+    for rep in range(a.repeats):
+        for size, prec in a.case_list:
+            steps = a.steps or STEPS[size]
+            warmup = a.warmup if a.warmup is not None else WARMUP[size]
+            if warmup >= steps:
+                sys.exit(f"--warmup {warmup} leaves no timed step of --steps {steps}")
+            for stage in a.stage_list:
+                n += 1
+                tag = f"{size}-{prec}-s{stage}-r{rep}"
+                order = ["zerodp", "torch"] if (rep + stage) % 2 == 0 else ["torch", "zerodp"]
+                got = {}
+                for side in order:
+                    if side == "zerodp":
+                        got[side] = run_zerodp(a, size, prec, stage, steps, warmup, work, tag)
+                    else:
+                        got[side] = run_peer(a, size, prec, stage, steps, warmup, text, tag)
+                z, t = got["zerodp"], got["torch"]
+                print(f"[{n}/{total}] {size} {prec} stage {stage} ({MODES[stage]}): zerodp "
+                      f"{z['tokens_per_s']:,.0f} tok/s, torch {t['tokens_per_s']:,.0f} tok/s, "
+                      f"ratio {z['tokens_per_s'] / t['tokens_per_s']:.2f}x", flush=True)
+                results.setdefault((size, prec, stage), {"zerodp": [], "torch": []})
+                results[(size, prec, stage)]["zerodp"].append(z)
+                results[(size, prec, stage)]["torch"].append(t)
+
+    print()
+    print("| model | precision | stage (peer mode) | zerodp tok/s | PyTorch tok/s | ratio | zerodp step s "
+          "| PyTorch step s | zerodp RSS MiB/rank | PyTorch RSS MiB/rank | loss at step 1 (z / pt) "
+          "| loss at last step (z / pt) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    summary = []
+    for (size, prec, stage), runs in results.items():
+        z, t = runs["zerodp"], runs["torch"]
+        zl, tl = z[0]["losses"], t[0]["losses"]
+        last = min(len(zl), len(tl))
+        row = dict(size=size, precision=prec, stage=stage, peer_mode=MODES[stage],
+                   zerodp_tokens_per_s=med(z, "tokens_per_s"), torch_tokens_per_s=med(t, "tokens_per_s"),
+                   zerodp_step_s=med(z, "step_s"), torch_step_s=med(t, "step_s"),
+                   zerodp_rss_mib_per_rank=med(z, "rss_mib_per_rank"),
+                   torch_rss_mib_per_rank=med(t, "rss_mib_per_rank"),
+                   zerodp_process_rss_mib=med(z, "process_rss_mib"),
+                   zerodp_ledger_peak_mib=z[0]["ledger_peak_mib"],
+                   zerodp_loss_first=zl[0], torch_loss_first=tl[0],
+                   zerodp_loss_last=zl[last - 1], torch_loss_last=tl[last - 1], last_step=last,
+                   gflops=med(z, "tokens_per_s") * z[0]["flops_per_token"] / 1e9,
+                   peak_gflops=z[0]["peak_flops"] / 1e9, runs=runs)
+        row["ratio"] = row["zerodp_tokens_per_s"] / row["torch_tokens_per_s"]
+        summary.append(row)
+        print(f"| {size} | {prec} | {stage} ({MODES[stage]}) | {row['zerodp_tokens_per_s']:,.0f} "
+              f"| {row['torch_tokens_per_s']:,.0f} | **{row['ratio']:.2f}x** | {row['zerodp_step_s']:.4f} "
+              f"| {row['torch_step_s']:.4f} | {row['zerodp_rss_mib_per_rank']:.0f} "
+              f"| {row['torch_rss_mib_per_rank']:.0f} | {zl[0]:.3f} / {tl[0]:.3f} "
+              f"| {zl[last - 1]:.3f} / {tl[last - 1]:.3f} (step {last}) |")
+
+    print()
+    print("| model | precision | zerodp stage-3 / stage-0 step | PyTorch FULL_SHARD / DDP step "
+          "| zerodp GFLOP/s (stage 0) | fp32 GEMM peak GFLOP/s (calibrated) | of peak |")
+    print("|---|---|---|---|---|---|---|")
+    for size, prec in a.case_list:
+        if (size, prec, 0) not in results:
+            continue
+        s0 = next(r for r in summary if (r["size"], r["precision"], r["stage"]) == (size, prec, 0))
+        s3 = next((r for r in summary if (r["size"], r["precision"], r["stage"]) == (size, prec, 3)), None)
+        z_ratio = f"{s3['zerodp_step_s'] / s0['zerodp_step_s']:.3f}x" if s3 else "-"
+        t_ratio = f"{s3['torch_step_s'] / s0['torch_step_s']:.3f}x" if s3 else "-"
+        print(f"| {size} | {prec} | {z_ratio} | {t_ratio} | {s0['gflops']:.1f} | {s0['peak_gflops']:.1f} "
+              f"| {100 * s0['gflops'] / s0['peak_gflops']:.0f}% |")
+
+    print()
+    print("| model | precision | stage | zerodp process peak RSS MiB | sum of ledger peaks MiB | RSS - ledger MiB |")
+    print("|---|---|---|---|---|---|")
+    for r in summary:
+        ledger = sum(r["zerodp_ledger_peak_mib"])
+        print(f"| {r['size']} | {r['precision']} | {r['stage']} | {r['zerodp_process_rss_mib']:.0f} "
+              f"| {ledger:.0f} | {r['zerodp_process_rss_mib'] - ledger:.0f} |")
+
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(summary, f, indent=1)
+        print(f"\n# wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()
