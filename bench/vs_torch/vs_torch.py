@@ -47,7 +47,9 @@ def parse_args():
     p.add_argument("--peer-blas", choices=["avx512", "env"], default="avx512",
                    help="avx512 (default, the peer's best): run the peer without this environment's "
                         "OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE; env: as the environment sets them")
-    p.add_argument("--timeout", type=int, default=900, help="seconds before one run is abandoned")
+    p.add_argument("--timeout", type=int, default=240,
+                   help="seconds before one run is abandoned and retried once (the peer, with the "
+                        "AVX-512 OpenBLAS kernel, now and then hangs with one rank gone)")
     p.add_argument("--json", default=None, help="also write every run's figures to this file")
     p.add_argument("--work-dir", default=None, help="where reports and the text go (default: a temp dir)")
     a = p.parse_args()
