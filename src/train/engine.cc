@@ -294,6 +294,7 @@ class RankTrainer {
   void backward();
   void reduce_unit_grads(size_t ui, std::span<const float> dw);
   void finish_pending(bool all);
+  void add_widened(const void* from, size_t count, void* grads, size_t first);
   void boundary_reduce();
   bool update(double lr, double coef, int64_t adam_step);
 
@@ -320,6 +321,11 @@ class RankTrainer {
   Buffer<float> features_;
   // Workspace: weights widened to fp32, their gradient, the gradient flowing backward, scratch.
   Buffer<float> w32_, dw32_, dx_a_, dx_b_, scratch_;
+  // Widening space for gradients on their way to the grads buffer and the optimizer: a fixed
+  // 64 KiB, allocated with the trainer, so a step allocates nothing for them (outside the
+  // ledger: counted in the fixed overhead of docs/performance.md, "Memory").
+  std::vector<float> chunk_ = std::vector<float>(16384);
+  std::vector<Work> works_;  // the boundary's collectives in flight; capacity kept
   // Stage 3: gathered unit parameters (1 + prefetch buffers).
   std::vector<Flat> gathered_;
   // --accumulate reduce: micro-batch gradient buckets in flight and their reduced shards.
@@ -602,41 +608,54 @@ void RankTrainer::reduce_unit_grads(size_t ui, std::span<const float> dw) {
 }
 
 void RankTrainer::finish_pending(bool all) {
-  std::vector<float> tmp;
   while (!pending_.empty()) {
     Pending& p = pending_.front();
     p.work.wait();
     UnitState& u = units_[p.unit];
     if (!sharding_.optimizer_states && !sharding_.gradients) {
-      tmp.resize(u.numel);
-      widen(buckets_[p.slot].data(), dtype_, 0, tmp);
-      accumulate(tmp, u.grads.data(), dtype_, 0);
+      add_widened(buckets_[p.slot].data(), u.numel, u.grads.data(), 0);
     } else {
-      tmp.resize(u.own.count());
-      widen(reduced_[p.slot].data(), dtype_, 0, tmp);
-      accumulate(tmp, u.grads.data(), dtype_, sharding_.gradients ? 0 : u.own.begin);
+      add_widened(reduced_[p.slot].data(), u.own.count(), u.grads.data(),
+                  sharding_.gradients ? 0 : u.own.begin);
     }
     pending_.pop_front();
     if (!all) break;
   }
 }
 
+// grads[first + i] += from[i] for i < count, both in the run's dtype, through the fixed
+// chunk_ buffer: no allocation inside a step, and the same roundings as one whole pass.
+void RankTrainer::add_widened(const void* from, size_t count, void* grads, size_t first) {
+  if (dtype_ == DType::kF32) {
+    accumulate(std::span<const float>(static_cast<const float*>(from), count), grads, dtype_,
+               first);
+    return;
+  }
+  for (size_t b = 0; b < count; b += chunk_.size()) {
+    const std::span<float> piece =
+        std::span<float>(chunk_).first(std::min(chunk_.size(), count - b));
+    widen(from, dtype_, b, piece);
+    accumulate(piece, grads, dtype_, first + b);
+  }
+}
+
 // --accumulate local: the one reduction of the step, at the boundary.
 void RankTrainer::boundary_reduce() {
   if (cfg_.accumulate != AccumulatePolicy::kLocal) return;
-  std::vector<Work> works;
+  works_.clear();
   for (auto& u : units_) {
     if (sharding_.gradients) {
-      works.push_back(comm_.reduce_scatter_async(u.accum_full.buffer(), u.grads.buffer(), u.part,
-                                                 ReduceOp::kAvg));
+      works_.push_back(comm_.reduce_scatter_async(u.accum_full.buffer(), u.grads.buffer(), u.part,
+                                                  ReduceOp::kAvg));
     } else if (sharding_.optimizer_states) {
-      works.push_back(comm_.reduce_scatter_async(
+      works_.push_back(comm_.reduce_scatter_async(
           u.grads.buffer(), u.grads.range(u.own.begin, u.own.count()), u.part, ReduceOp::kAvg));
     } else {
-      works.push_back(comm_.all_reduce_async(u.grads.buffer(), ReduceOp::kAvg));
+      works_.push_back(comm_.all_reduce_async(u.grads.buffer(), ReduceOp::kAvg));
     }
   }
-  for (auto& w : works) w.wait();
+  for (auto& w : works_) w.wait();
+  works_.clear();
 }
 
 // AdamW on the optimizer range; then the updated parameters are rounded into place and,
@@ -646,39 +665,50 @@ bool RankTrainer::update(double lr, double coef, int64_t adam_step) {
   AdamWConfig ac;
   ac.lr = lr;
   ac.weight_decay = cfg_.weight_decay;
-  std::vector<float> g;
-  std::vector<Work> works;
+  works_.clear();
   for (auto& u : units_) {
     const size_t n = u.opt_range.count();
     if (n > 0) {
-      g.resize(n);
       // Gradient of the optimizer range: the grads buffer holds it at offset 0 when sharded.
       const size_t gfirst = sharding_.gradients ? 0 : u.opt_range.begin;
-      widen(u.grads.data(), dtype_, gfirst, g);
       std::span<float> master =
           fp32 ? std::span<float>(static_cast<float*>(u.params.data()) +
                                       (sharding_.parameters ? 0 : u.opt_range.begin),
                                   n)
                : u.master.span();
+      // AdamW is elementwise: chunk by chunk (widening the gradient into chunk_ unless it is
+      // fp32 already) gives the same bits as one pass.
       for (const DecaySegment& s : u.decay) {
-        const size_t len = s.end - s.begin;
-        const AdamWShard shard{.master = master.subspan(s.begin, len),
-                               .m = u.adam_m.span().subspan(s.begin, len),
-                               .v = u.adam_v.span().subspan(s.begin, len),
-                               .grad = std::span<const float>(g).subspan(s.begin, len),
-                               .offset = u.opt_range.begin + s.begin};
-        adamw_update(shard, s.decay, ac, adam_step, static_cast<float>(coef));
+        for (size_t b = s.begin; b < s.end; b += chunk_.size()) {
+          const size_t len = std::min(chunk_.size(), s.end - b);
+          std::span<const float> grad;
+          if (fp32) {
+            grad =
+                std::span<const float>(static_cast<const float*>(u.grads.data()) + gfirst + b, len);
+          } else {
+            const std::span<float> piece = std::span<float>(chunk_).first(len);
+            widen(u.grads.data(), dtype_, gfirst + b, piece);
+            grad = piece;
+          }
+          const AdamWShard shard{.master = master.subspan(b, len),
+                                 .m = u.adam_m.span().subspan(b, len),
+                                 .v = u.adam_v.span().subspan(b, len),
+                                 .grad = grad,
+                                 .offset = u.opt_range.begin + b};
+          adamw_update(shard, s.decay, ac, adam_step, static_cast<float>(coef));
+        }
       }
       if (!fp32) {
         narrow(master, u.params.data(), dtype_, sharding_.parameters ? 0 : u.opt_range.begin);
       }
     }
     if (sharding_.optimizer_states && !sharding_.parameters) {
-      works.push_back(comm_.all_gather_async(u.params.range(u.own.begin, u.own.count()),
-                                             u.params.buffer(), u.part));
+      works_.push_back(comm_.all_gather_async(u.params.range(u.own.begin, u.own.count()),
+                                              u.params.buffer(), u.part));
     }
   }
-  for (auto& w : works) w.wait();
+  for (auto& w : works_) w.wait();
+  works_.clear();
   return true;
 }
 
