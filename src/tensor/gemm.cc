@@ -9,14 +9,21 @@
 
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -79,6 +86,9 @@ Block part_of(size_t d, size_t p, size_t i) {
 }
 
 struct GemmArgs {
+  bool bf16 = false;  // a16/b16 hold op(A) (M, K) and op(B) (K, N) rounded, packed row-major
+  const uint16_t* a16 = nullptr;
+  const uint16_t* b16 = nullptr;
   char trans_a;
   char trans_b;
   size_t M, N, K;
@@ -92,8 +102,60 @@ struct GemmArgs {
   size_t ldc;
 };
 
+// bf16 tiles: oneDNN's matmul primitive on the packed bf16 operands, fp32 accumulation and
+// output, alpha as an output scale and beta as a sum post-op. Primitives are created once per
+// (tile shape, ldc, alpha, beta) on each thread that runs tiles, and kept: a training step
+// repeats the same few shapes.
+using MatmulKey = std::tuple<size_t, size_t, size_t, size_t, float, float>;
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl_status_t run_tile_bf16(const GemmArgs& g, Block rb, Block cb) {
+  thread_local std::map<MatmulKey, dnnl::matmul> cache;
+  using dims = dnnl::memory::dims;
+  using dt = dnnl::memory::data_type;
+  const auto m = static_cast<dnnl::memory::dim>(rb.count);
+  const auto n = static_cast<dnnl::memory::dim>(cb.count);
+  const auto k = static_cast<dnnl::memory::dim>(g.K);
+  const auto full_n = static_cast<dnnl::memory::dim>(g.N);
+  const dnnl::memory::desc a_md(dims{m, k}, dt::bf16, dims{k, 1});
+  const dnnl::memory::desc b_md(dims{k, n}, dt::bf16, dims{full_n, 1});
+  const dnnl::memory::desc c_md(dims{m, n}, dt::f32,
+                                dims{static_cast<dnnl::memory::dim>(g.ldc), 1});
+  try {
+    const MatmulKey key{rb.count, cb.count, g.K, g.ldc * 2 + g.N, g.alpha, g.beta};
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      if (cache.size() >= 256) cache.clear();
+      dnnl::primitive_attr attr;
+      if (g.alpha != 1.0f) attr.set_output_scales(0, {g.alpha});
+      if (g.beta != 0.0f) {
+        dnnl::post_ops ops;
+        ops.append_sum(g.beta);
+        attr.set_post_ops(ops);
+      }
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr,
+                                            cpu_engine());
+      it = cache.emplace(key, dnnl::matmul(pd)).first;
+    }
+    thread_local dnnl::stream stream(cpu_engine());
+    dnnl::memory a(a_md, cpu_engine(), const_cast<uint16_t*>(g.a16 + rb.begin * g.K));
+    dnnl::memory b(b_md, cpu_engine(), const_cast<uint16_t*>(g.b16 + cb.begin));
+    dnnl::memory c(c_md, cpu_engine(), g.c + rb.begin * g.ldc + cb.begin);
+    it->second.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    return e.status;
+  }
+  return dnnl_success;
+}
+
 // One tile: rows rb of C and columns cb, all of K, as one single-threaded dnnl_sgemm.
 dnnl_status_t run_tile(const GemmArgs& g, Block rb, Block cb) {
+  if (g.bf16) return run_tile_bf16(g, rb, cb);
   // Row block of op(A): rows of A, or columns of A when A is stored transposed (K, M).
   const float* a = g.trans_a == 'N' ? g.a + rb.begin * g.lda : g.a + rb.begin;
   // Column block of op(B): columns of B, or rows of B when B is stored transposed (N, K).
@@ -211,6 +273,42 @@ class TilePool {
 };
 
 thread_local int t_gemm_threads = 1;
+thread_local GemmCompute t_gemm_compute = GemmCompute::kFP32;
+
+// Round to nearest even, as the rest of zerodp rounds to bf16 (tensor/dtype.h); NaN stays NaN.
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// op(X) (rows, cols) from a matrix stored with row stride ld (transposed: stored (cols, rows)),
+// rounded to bf16 into `out`, packed row-major.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void pack_bf16(
+    uint16_t* out, const float* x, size_t rows, size_t cols, size_t ld, bool transposed) {
+  if (!transposed) {
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t j = 0; j < cols; ++j) out[r * cols + j] = to_bf16(x[r * ld + j]);
+    }
+  } else {
+    for (size_t j = 0; j < cols; ++j) {
+      for (size_t r = 0; r < rows; ++r) out[r * cols + j] = to_bf16(x[j * ld + r]);
+    }
+  }
+}
+
+bool cpu_has_bf16() {
+  static const bool has = [] {
+    if (const char* force = std::getenv("ZERODP_GEMM_BF16");
+        force && std::string_view(force) == "fallback") {
+      return false;
+    }
+    return dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core_bf16;
+  }();
+  return has;
+}
 thread_local std::unique_ptr<TilePool> t_pool;
 
 // Elements a row-major (rows, cols) matrix with row stride ld spans; 0 if it is empty.
@@ -297,8 +395,46 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
     return;
   }
 
-  const GemmArgs args{ta ? 'T' : 'N', tb ? 'T' : 'N', M,  N, K, alpha, a.data(), lda, b.data(), ldb,
-                      beta,           c.data(),       ldc};
+  GemmArgs args{.trans_a = ta ? 'T' : 'N',
+                .trans_b = tb ? 'T' : 'N',
+                .M = M,
+                .N = N,
+                .K = K,
+                .alpha = alpha,
+                .a = a.data(),
+                .lda = lda,
+                .b = b.data(),
+                .ldb = ldb,
+                .beta = beta,
+                .c = c.data(),
+                .ldc = ldc};
+  // bf16 compute: both operands rounded once per call (by the calling thread, before any tile
+  // runs). Without AVX-512 BF16, the rounded values widened back to fp32 go through the fp32
+  // path: the same rounding of the operands, fp32 products of them.
+  thread_local std::vector<uint16_t> a16, b16;
+  thread_local std::vector<float> a32, b32;
+  if (t_gemm_compute == GemmCompute::kBF16) {
+    a16.resize(M * K);
+    b16.resize(K * N);
+    pack_bf16(a16.data(), a.data(), M, K, lda, ta);
+    pack_bf16(b16.data(), b.data(), K, N, ldb, tb);
+    if (cpu_has_bf16()) {
+      args.bf16 = true;
+      args.a16 = a16.data();
+      args.b16 = b16.data();
+    } else {
+      a32.resize(M * K);
+      b32.resize(K * N);
+      for (size_t i = 0; i < M * K; ++i) a32[i] = std::bit_cast<float>(uint32_t{a16[i]} << 16);
+      for (size_t i = 0; i < K * N; ++i) b32[i] = std::bit_cast<float>(uint32_t{b16[i]} << 16);
+      args.trans_a = 'N';
+      args.trans_b = 'N';
+      args.a = a32.data();
+      args.lda = K;
+      args.b = b32.data();
+      args.ldb = N;
+    }
+  }
   Job job;
   job.args = &args;
   job.tiling = tiling_for(M, N, K);
@@ -327,6 +463,9 @@ void set_gemm_threads(int threads) {
 }
 
 int gemm_threads() { return t_gemm_threads; }
+
+void set_gemm_compute(GemmCompute compute) { t_gemm_compute = compute; }
+GemmCompute gemm_compute() { return t_gemm_compute; }
 
 size_t gemm_tile_count(size_t M, size_t N, size_t K) { return tiling_for(M, N, K).count(); }
 

@@ -57,6 +57,21 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
 void set_gemm_threads(int threads);
 int gemm_threads();
 
+// What gemm() calls made from the calling thread multiply in, a per-thread setting like
+// set_gemm_threads (the engine sets kBF16 on its rank threads for --precision bf16), the way
+// PyTorch's CPU autocast runs matmuls:
+//   kFP32  fp32 operands, fp32 products (the default);
+//   kBF16  both operands rounded to bf16 (to nearest even) once per call, products summed in
+//          fp32, C fp32 with alpha and beta as above. On CPUs with AVX-512 BF16 through oneDNN's
+//          matmul primitive (~1.45x the fp32 rate here, rounding included); elsewhere, or with
+//          ZERODP_GEMM_BF16=fallback in the environment, the rounded operands go through the
+//          fp32 path. Both agree with the exact product of the rounded operands to fp32
+//          accumulation error, not bit for bit with each other; each is deterministic under
+//          the contract above (same tiles, no split K).
+enum class GemmCompute { kFP32, kBF16 };
+void set_gemm_compute(GemmCompute compute);
+GemmCompute gemm_compute();
+
 // The number of tiles gemm() cuts an (M, N, K) product into: the most threads it can use.
 // Exposed for tests and benchmarks.
 size_t gemm_tile_count(size_t M, size_t N, size_t K);

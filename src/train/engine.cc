@@ -11,6 +11,7 @@
 #include <deque>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -78,6 +79,14 @@ std::optional<AccumulatePolicy> parse_accumulate(std::string_view name) {
 std::string_view accumulate_name(AccumulatePolicy p) {
   return p == AccumulatePolicy::kLocal ? "local" : "reduce";
 }
+
+// bf16 runs multiply in bf16 (operands rounded, fp32 sums), as PyTorch's autocast does;
+// fp16 runs keep fp32 products: fp16 operands would overflow where bf16's range does not.
+namespace {
+GemmCompute compute_for(Precision p) {
+  return p == Precision::kBF16 ? GemmCompute::kBF16 : GemmCompute::kFP32;
+}
+}  // namespace
 
 AccumulatePolicy default_accumulate(int stage, int grad_accum) {
   return stage >= 2 || grad_accum == 1 ? AccumulatePolicy::kReduce : AccumulatePolicy::kLocal;
@@ -210,6 +219,7 @@ class RankTrainer {
     const int n = comm.size();
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     set_gemm_threads(std::max(1, static_cast<int>(cores) / n));
+    set_gemm_compute(compute_for(config.precision));
 
     shape_ = BatchShape{.B = cfg_.micro_batch,
                         .T = std::holds_alternative<TokenDataset>(data.train) ? cfg_.seq_len : 1};
@@ -1137,26 +1147,32 @@ void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig
   }
 }
 
-// One core's fp32 GEMM rate through the same gemm() training uses: a 512^3 product, single
-// threaded, repeated for about 0.1 s, the best of the runs. Measured once per process.
-double gemm_flops_per_core() {
-  static const double rate = [] {
-    constexpr size_t n = 512;
-    std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
-    const int saved = gemm_threads();
-    set_gemm_threads(1);
-    double best = 0;
-    const auto stop = Clock::now() + std::chrono::milliseconds(100);
-    for (int i = 0; i < 3 || Clock::now() < stop; ++i) {
-      const auto t0 = Clock::now();
-      gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
-    }
-    set_gemm_threads(saved);
-    return best;
-  }();
-  return rate;
+// One core's GEMM rate through the same gemm() training uses, in the compute the run's
+// products use: a 512^3 product, single threaded, repeated for about 0.1 s, the best of the
+// runs. Measured once per process and compute.
+double gemm_flops_per_core(GemmCompute compute) {
+  static std::mutex mu;
+  static std::map<GemmCompute, double> rates;
+  std::lock_guard lock(mu);
+  if (const auto it = rates.find(compute); it != rates.end()) return it->second;
+  constexpr size_t n = 512;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  const int saved = gemm_threads();
+  const GemmCompute saved_compute = gemm_compute();
+  set_gemm_threads(1);
+  set_gemm_compute(compute);
+  double best = 0;
+  const auto stop = Clock::now() + std::chrono::milliseconds(100);
+  for (int i = 0; i < 3 || Clock::now() < stop; ++i) {
+    const auto t0 = Clock::now();
+    gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
+  }
+  set_gemm_threads(saved);
+  set_gemm_compute(saved_compute);
+  rates[compute] = best;
+  return best;
 }
 
 // Bytes this machine can still give, from /proc/meminfo's MemAvailable; nullopt elsewhere.
@@ -1414,7 +1430,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       flops_per_token += 12.0 * cfg.layers * cfg.seq_len * static_cast<double>(cfg.embd);
     }
   }
-  const double per_core = gemm_flops_per_core();
+  const double per_core = gemm_flops_per_core(compute_for(cfg.precision));
 
   TrainResult result;
   std::mutex mu;

@@ -70,8 +70,8 @@ struct TrainResult {
   std::vector<RankSummary> ranks;
   double tokens_per_second = 0;
   // MFU: model FLOPs per token (6 per parameter plus attention's 12 x layers x T x C for the
-  // gpt) x tokens/s / the peak: a single-threaded fp32 GEMM timed at start-up, x the cores
-  // the ranks' GEMM threads occupy. Every precision computes its products in fp32.
+  // gpt) x tokens/s / the peak: a single-threaded GEMM in the run's compute (bf16 for
+  // --precision bf16, else fp32) timed at start-up, x the cores the ranks' GEMM threads occupy.
   double flops_per_token = 0;
   double peak_flops = 0;
   double mfu = 0;

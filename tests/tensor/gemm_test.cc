@@ -274,5 +274,95 @@ TEST(Gemm, TilingNeverCutsSmallProducts) {
   EXPECT_GE(gemm_tile_count(1024, 1024, 1024), 8u);
 }
 
+// ---------------------------------------------------------------- bf16 compute
+
+float round_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  float r;
+  std::memcpy(&r, &u, sizeof(r));
+  return r;
+}
+
+// The bf16 product is the exact product of the rounded operands up to fp32 accumulation:
+// the double reference of the rounded operands, with the fp32 tolerance, must hold; against
+// the unrounded operands it must not (or the test could not tell bf16 from fp32).
+void expect_bf16_matches_rounded_reference(const Case& k, float alpha, float beta) {
+  Operands o(k, static_cast<uint32_t>(k.M * 7 + k.N * 3 + k.K));
+  Operands rounded = o;
+  for (auto& x : rounded.a) x = round_bf16(x);
+  for (auto& x : rounded.b) x = round_bf16(x);
+  const std::vector<double> want = reference(k, rounded, alpha, beta);
+  const std::vector<float> before = o.c;
+  {
+    const struct Scope {
+      Scope() { set_gemm_compute(GemmCompute::kBF16); }
+      ~Scope() { set_gemm_compute(GemmCompute::kFP32); }
+    } scope;
+    run(k, o, alpha, beta);
+  }
+  const double tol = 4e-7 * static_cast<double>(k.K + 2) * (std::abs(alpha) + std::abs(beta));
+  for (size_t i = 0; i < k.M; ++i) {
+    for (size_t j = 0; j < k.N; ++j) {
+      ASSERT_NEAR(o.c[i * o.ldc + j], want[i * o.ldc + j], tol)
+          << "bf16 M=" << k.M << " N=" << k.N << " K=" << k.K << " ta=" << int(k.ta)
+          << " tb=" << int(k.tb) << " at (" << i << ", " << j << ")";
+    }
+    for (size_t j = k.N; j < o.ldc; ++j) ASSERT_EQ(o.c[i * o.ldc + j], before[i * o.ldc + j]);
+  }
+}
+
+TEST(GemmBf16, MatchesTheProductOfRoundedOperands) {
+  for (Transpose ta : {kN, kT}) {
+    for (Transpose tb : {kN, kT}) {
+      for (size_t M : {size_t{1}, size_t{17}, size_t{129}}) {
+        for (size_t N : {size_t{1}, size_t{3}, size_t{64}}) {
+          for (size_t K : {size_t{1}, size_t{33}, size_t{130}}) {
+            expect_bf16_matches_rounded_reference({ta, tb, M, N, K}, 1.0f, 0.0f);
+          }
+        }
+      }
+    }
+  }
+  expect_bf16_matches_rounded_reference({kN, kT, 600, 520, 384, 3}, 0.5f, 1.0f);  // tiles, ld
+  expect_bf16_matches_rounded_reference({kT, kN, 33, 65, 7, 2}, -2.0f, 0.25f);
+}
+
+TEST(GemmBf16, DiffersFromFp32AndIsDeterministic) {
+  const Case k{kN, kT, 512, 384, 512};
+  const Operands o(k, 5);
+  auto product = [&](GemmCompute compute, int threads, size_t shift) {
+    std::vector<float> a(o.a.size() + shift), b(o.b.size() + shift), c(o.c.size() + shift);
+    std::copy(o.a.begin(), o.a.end(), a.begin() + static_cast<std::ptrdiff_t>(shift));
+    std::copy(o.b.begin(), o.b.end(), b.begin() + static_cast<std::ptrdiff_t>(shift));
+    set_gemm_compute(compute);
+    set_gemm_threads(threads);
+    gemm(k.ta, k.tb, k.M, k.N, k.K, 1.0f, std::span<const float>(a).subspan(shift), o.lda,
+         std::span<const float>(b).subspan(shift), o.ldb, 0.0f, std::span<float>(c).subspan(shift),
+         o.ldc);
+    set_gemm_threads(1);
+    set_gemm_compute(GemmCompute::kFP32);
+    return std::vector<float>(c.begin() + static_cast<std::ptrdiff_t>(shift), c.end());
+  };
+  const std::vector<float> want = product(GemmCompute::kBF16, 1, 0);
+  for (int threads : {1, 2, 3}) {
+    for (size_t shift : {size_t{0}, size_t{5}}) {
+      const std::vector<float> got = product(GemmCompute::kBF16, threads, shift);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+          << "threads=" << threads << " shift=" << shift;
+    }
+  }
+  const std::vector<float> fp32 = product(GemmCompute::kFP32, 1, 0);
+  double max_diff = 0;
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::abs(fp32[i] - want[i])));
+  }
+  EXPECT_GT(max_diff, 1e-3) << "bf16 compute gave fp32 results";
+  EXPECT_LT(max_diff, 0.5);
+  EXPECT_EQ(gemm_compute(), GemmCompute::kFP32);
+}
+
 }  // namespace
 }  // namespace zerodp
