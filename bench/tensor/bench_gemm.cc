@@ -75,12 +75,19 @@ struct Operands {
   }
 };
 
-enum class Impl { kZerodp, kDnnlNative, kOpenBlas };
+// kZerodpBf16: zerodp's gemm with bf16 compute (set_gemm_compute), rounding included; its
+// max_abs_diff is against the fp32 product.
+enum class Impl { kZerodp, kZerodpBf16, kDnnlNative, kOpenBlas };
 
 void call(Impl impl, const Shape& s, Operands& o) {
   switch (impl) {
     case Impl::kZerodp:
       gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, o.a, o.lda, o.b, o.ldb, 0.0f, o.c, s.N);
+      break;
+    case Impl::kZerodpBf16:
+      set_gemm_compute(GemmCompute::kBF16);
+      gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, o.a, o.lda, o.b, o.ldb, 0.0f, o.c, s.N);
+      set_gemm_compute(GemmCompute::kFP32);
       break;
     case Impl::kDnnlNative:
       dnnl_sgemm(s.ta == kT ? 'T' : 'N', s.tb == kT ? 'T' : 'N', static_cast<dnnl_dim_t>(s.M),
@@ -102,6 +109,7 @@ void call(Impl impl, const Shape& s, Operands& o) {
 void set_threads(Impl impl, int threads) {
   switch (impl) {
     case Impl::kZerodp:
+    case Impl::kZerodpBf16:
       set_gemm_threads(threads);
       break;
     case Impl::kDnnlNative:
@@ -133,7 +141,7 @@ void report(benchmark::State& state, Impl impl, const Shape& s, const Operands& 
   state.counters["same_bits"] =
       benchmark::Counter(same ? 1.0 : 0.0, benchmark::Counter::kAvgThreads);
   state.counters["max_abs_diff"] = benchmark::Counter(max_diff, benchmark::Counter::kAvgThreads);
-  if (impl == Impl::kZerodp) {
+  if (impl == Impl::kZerodp || impl == Impl::kZerodpBf16) {
     state.counters["tiles"] = benchmark::Counter(
         static_cast<double>(gemm_tile_count(s.M, s.N, s.K)), benchmark::Counter::kAvgThreads);
   }
@@ -158,6 +166,8 @@ const char* impl_name(Impl impl) {
   switch (impl) {
     case Impl::kZerodp:
       return "zerodp";
+    case Impl::kZerodpBf16:
+      return "zerodp_bf16";
     case Impl::kDnnlNative:
       return "dnnl_native";
     case Impl::kOpenBlas:
@@ -174,7 +184,7 @@ std::string shape_name(const Shape& s) {
 
 void register_all() {
   for (const Shape& s : kShapes) {
-    for (Impl impl : {Impl::kZerodp, Impl::kDnnlNative, Impl::kOpenBlas}) {
+    for (Impl impl : {Impl::kZerodp, Impl::kZerodpBf16, Impl::kDnnlNative, Impl::kOpenBlas}) {
       for (int threads : {1, 2}) {
         benchmark::RegisterBenchmark((std::string(impl_name(impl)) + "/" + shape_name(s) +
                                       "/threads:" + std::to_string(threads))
@@ -187,7 +197,7 @@ void register_all() {
   }
   // The rank-thread scenario on two shapes; OpenBLAS is left out (its thread count is global).
   for (const Shape& s : {kShapes[1], kShapes[6]}) {
-    for (Impl impl : {Impl::kZerodp, Impl::kDnnlNative}) {
+    for (Impl impl : {Impl::kZerodp, Impl::kZerodpBf16, Impl::kDnnlNative}) {
       for (int threads : {1, 2}) {
         benchmark::RegisterBenchmark((std::string("ranks/") + impl_name(impl) + "/" +
                                       shape_name(s) + "/gemm_threads:" + std::to_string(threads))

@@ -215,7 +215,7 @@ def main():
 
     print()
     print("| model | precision | zerodp stage-3 / stage-0 step | PyTorch FULL_SHARD / DDP step "
-          "| zerodp GFLOP/s (stage 0) | fp32 GEMM peak GFLOP/s (calibrated) | of peak |")
+          "| zerodp GFLOP/s (stage 0) | GEMM peak GFLOP/s (calibrated, the run's compute) | of peak |")
     print("|---|---|---|---|---|---|---|")
     for size, prec in a.case_list:
         if (size, prec, 0) not in results:
