@@ -31,8 +31,10 @@ def parse_args():
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: bench/vs_torch/vs_torch --cases small:fp32 --stages 0,3 --repeats 2")
     p.add_argument("--zerodp", required=True, help="the zerodp binary")
-    p.add_argument("--peer-dir", default=os.path.join(os.path.dirname(ROOT), "shared", "peers", "torch"),
-                   help="where train_ref.py lives (default ../shared/peers/torch beside the project)")
+    p.add_argument("--peer-dir", default=os.environ.get("ZERODP_TORCH_PEER") or
+                   os.path.join(os.path.dirname(ROOT), "shared", "peers", "torch"),
+                   help="where train_ref.py lives (default $ZERODP_TORCH_PEER, else "
+                        "../shared/peers/torch beside the project)")
     p.add_argument("--cases", default="small:fp32,medium:fp32,medium:bf16",
                    help="comma-separated SIZE:PRECISION pairs; precision fp32 or bf16 (peer: autocast)")
     p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages to run (comma-separated)")
