@@ -13,22 +13,20 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string_view>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "tensor/dtype.h"
 
 namespace zerodp {
 namespace {
@@ -86,9 +84,12 @@ Block part_of(size_t d, size_t p, size_t i) {
 }
 
 struct GemmArgs {
-  bool bf16 = false;  // a16/b16 hold op(A) (M, K) and op(B) (K, N) rounded, packed row-major
-  const uint16_t* a16 = nullptr;
-  const uint16_t* b16 = nullptr;
+  // bf16 compute: a16/b16 hold A and B rounded, in their stored layout with no row padding
+  // (row strides lda16/ldb16).
+  bool bf16 = false;
+  const BFloat16* a16 = nullptr;
+  const BFloat16* b16 = nullptr;
+  size_t lda16 = 0, ldb16 = 0;
   char trans_a;
   char trans_b;
   size_t M, N, K;
@@ -102,11 +103,16 @@ struct GemmArgs {
   size_t ldc;
 };
 
-// bf16 tiles: oneDNN's matmul primitive on the packed bf16 operands, fp32 accumulation and
-// output, alpha as an output scale and beta as a sum post-op. Primitives are created once per
-// (tile shape, ldc, alpha, beta) on each thread that runs tiles, and kept: a training step
-// repeats the same few shapes.
-using MatmulKey = std::tuple<size_t, size_t, size_t, size_t, float, float>;
+// bf16 tiles: oneDNN's matmul primitive on the rounded operands, fp32 accumulation and
+// output, alpha as an output scale and beta as a sum post-op. A transposed operand is described
+// by its strides, not copied. Primitives are created once per key on each thread that runs
+// tiles, and kept: a training step repeats the same few shapes.
+struct MatmulKey {
+  size_t m, n, k, lda16, ldb16, ldc;
+  char trans_a, trans_b;
+  float alpha, beta;
+  auto operator<=>(const MatmulKey&) const = default;
+};
 
 dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -115,18 +121,25 @@ dnnl::engine& cpu_engine() {
 
 dnnl_status_t run_tile_bf16(const GemmArgs& g, Block rb, Block cb) {
   thread_local std::map<MatmulKey, dnnl::matmul> cache;
+  using dim = dnnl::memory::dim;
   using dims = dnnl::memory::dims;
   using dt = dnnl::memory::data_type;
-  const auto m = static_cast<dnnl::memory::dim>(rb.count);
-  const auto n = static_cast<dnnl::memory::dim>(cb.count);
-  const auto k = static_cast<dnnl::memory::dim>(g.K);
-  const auto full_n = static_cast<dnnl::memory::dim>(g.N);
-  const dnnl::memory::desc a_md(dims{m, k}, dt::bf16, dims{k, 1});
-  const dnnl::memory::desc b_md(dims{k, n}, dt::bf16, dims{full_n, 1});
-  const dnnl::memory::desc c_md(dims{m, n}, dt::f32,
-                                dims{static_cast<dnnl::memory::dim>(g.ldc), 1});
+  const bool ta = g.trans_a == 'T';
+  const bool tb = g.trans_b == 'T';
+  const auto lda = static_cast<dim>(g.lda16);
+  const auto ldb = static_cast<dim>(g.ldb16);
+  // op(A)'s rows rb: rows of A, or columns of A stored (K, M). op(B)'s columns cb likewise.
+  const dnnl::memory::desc a_md(dims{static_cast<dim>(rb.count), static_cast<dim>(g.K)}, dt::bf16,
+                                ta ? dims{1, lda} : dims{lda, 1});
+  const dnnl::memory::desc b_md(dims{static_cast<dim>(g.K), static_cast<dim>(cb.count)}, dt::bf16,
+                                tb ? dims{1, ldb} : dims{ldb, 1});
+  const dnnl::memory::desc c_md(dims{static_cast<dim>(rb.count), static_cast<dim>(cb.count)},
+                                dt::f32, dims{static_cast<dim>(g.ldc), 1});
+  const BFloat16* a = ta ? g.a16 + rb.begin : g.a16 + rb.begin * g.lda16;
+  const BFloat16* b = tb ? g.b16 + cb.begin * g.ldb16 : g.b16 + cb.begin;
   try {
-    const MatmulKey key{rb.count, cb.count, g.K, g.ldc * 2 + g.N, g.alpha, g.beta};
+    const MatmulKey key{rb.count, cb.count,  g.K,       g.lda16, g.ldb16,
+                        g.ldc,    g.trans_a, g.trans_b, g.alpha, g.beta};
     auto it = cache.find(key);
     if (it == cache.end()) {
       if (cache.size() >= 256) cache.clear();
@@ -142,10 +155,10 @@ dnnl_status_t run_tile_bf16(const GemmArgs& g, Block rb, Block cb) {
       it = cache.emplace(key, dnnl::matmul(pd)).first;
     }
     thread_local dnnl::stream stream(cpu_engine());
-    dnnl::memory a(a_md, cpu_engine(), const_cast<uint16_t*>(g.a16 + rb.begin * g.K));
-    dnnl::memory b(b_md, cpu_engine(), const_cast<uint16_t*>(g.b16 + cb.begin));
-    dnnl::memory c(c_md, cpu_engine(), g.c + rb.begin * g.ldc + cb.begin);
-    it->second.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    dnnl::memory am(a_md, cpu_engine(), const_cast<BFloat16*>(a));
+    dnnl::memory bm(b_md, cpu_engine(), const_cast<BFloat16*>(b));
+    dnnl::memory cm(c_md, cpu_engine(), g.c + rb.begin * g.ldc + cb.begin);
+    it->second.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
     stream.wait();
   } catch (const dnnl::error& e) {
     return e.status;
@@ -275,27 +288,13 @@ class TilePool {
 thread_local int t_gemm_threads = 1;
 thread_local GemmCompute t_gemm_compute = GemmCompute::kFP32;
 
-// Round to nearest even, as the rest of zerodp rounds to bf16 (tensor/dtype.h); NaN stays NaN.
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-// op(X) (rows, cols) from a matrix stored with row stride ld (transposed: stored (cols, rows)),
-// rounded to bf16 into `out`, packed row-major.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void pack_bf16(
-    uint16_t* out, const float* x, size_t rows, size_t cols, size_t ld, bool transposed) {
-  if (!transposed) {
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t j = 0; j < cols; ++j) out[r * cols + j] = to_bf16(x[r * ld + j]);
-    }
-  } else {
-    for (size_t j = 0; j < cols; ++j) {
-      for (size_t r = 0; r < rows; ++r) out[r * cols + j] = to_bf16(x[j * ld + r]);
-    }
+// A stored (rows, cols) matrix with row stride ld, rounded to bf16 row by row (tensor/dtype's
+// rounding, vectorized) into `out` with row stride cols.
+void round_rows(std::vector<BFloat16>& out, const float* x, size_t rows, size_t cols, size_t ld) {
+  out.resize(rows * cols);
+  for (size_t r = 0; r < rows; ++r) {
+    convert(std::span<const float>(x + r * ld, cols),
+            std::span<BFloat16>(out).subspan(r * cols, cols));
   }
 }
 
@@ -408,31 +407,31 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
                 .beta = beta,
                 .c = c.data(),
                 .ldc = ldc};
-  // bf16 compute: both operands rounded once per call (by the calling thread, before any tile
-  // runs). Without AVX-512 BF16, the rounded values widened back to fp32 go through the fp32
-  // path: the same rounding of the operands, fp32 products of them.
-  thread_local std::vector<uint16_t> a16, b16;
+  // bf16 compute: both operands rounded once per call, in their stored layout (by the calling
+  // thread, before any tile runs). Without AVX-512 BF16 the rounded values, widened back, go
+  // through the fp32 path: the same rounding of the operands, fp32 products of them.
+  thread_local std::vector<BFloat16> a16, b16;
   thread_local std::vector<float> a32, b32;
   if (t_gemm_compute == GemmCompute::kBF16) {
-    a16.resize(M * K);
-    b16.resize(K * N);
-    pack_bf16(a16.data(), a.data(), M, K, lda, ta);
-    pack_bf16(b16.data(), b.data(), K, N, ldb, tb);
+    const size_t a_rows = ta ? K : M, a_cols = ta ? M : K;
+    const size_t b_rows = tb ? N : K, b_cols = tb ? K : N;
+    round_rows(a16, a.data(), a_rows, a_cols, lda);
+    round_rows(b16, b.data(), b_rows, b_cols, ldb);
     if (cpu_has_bf16()) {
       args.bf16 = true;
       args.a16 = a16.data();
       args.b16 = b16.data();
+      args.lda16 = a_cols;
+      args.ldb16 = b_cols;
     } else {
-      a32.resize(M * K);
-      b32.resize(K * N);
-      for (size_t i = 0; i < M * K; ++i) a32[i] = std::bit_cast<float>(uint32_t{a16[i]} << 16);
-      for (size_t i = 0; i < K * N; ++i) b32[i] = std::bit_cast<float>(uint32_t{b16[i]} << 16);
-      args.trans_a = 'N';
-      args.trans_b = 'N';
+      a32.resize(a16.size());
+      b32.resize(b16.size());
+      convert(std::span<const BFloat16>(a16), std::span<float>(a32));
+      convert(std::span<const BFloat16>(b16), std::span<float>(b32));
       args.a = a32.data();
-      args.lda = K;
+      args.lda = a_cols;
       args.b = b32.data();
-      args.ldb = N;
+      args.ldb = b_cols;
     }
   }
   Job job;

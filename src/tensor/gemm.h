@@ -63,7 +63,7 @@ int gemm_threads();
 //   kFP32  fp32 operands, fp32 products (the default);
 //   kBF16  both operands rounded to bf16 (to nearest even) once per call, products summed in
 //          fp32, C fp32 with alpha and beta as above. On CPUs with AVX-512 BF16 through oneDNN's
-//          matmul primitive (~1.45x the fp32 rate here, rounding included); elsewhere, or with
+//          matmul primitive (~1.8-2x the fp32 rate here, rounding included); elsewhere, or with
 //          ZERODP_GEMM_BF16=fallback in the environment, the rounded operands go through the
 //          fp32 path. Both agree with the exact product of the rounded operands to fp32
 //          accumulation error, not bit for bit with each other; each is deterministic under

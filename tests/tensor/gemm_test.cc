@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tensor/dtype.h"
 
 namespace zerodp {
 namespace {
@@ -73,21 +74,26 @@ void run(const Case& k, Operands& o, float alpha, float beta) {
 
 // fp32 products of K terms in [-1, 1]: the error of a sum grows at most like K * 2^-24 per
 // term magnitude; 4e-7 * (K + 2) covers it with margin (oneDNN's blocked sums do better).
-void expect_matches_reference(const Case& k, float alpha, float beta) {
-  Operands o(k, static_cast<uint32_t>(k.M * 131 + k.N * 17 + k.K));
-  const std::vector<double> want = reference(k, o, alpha, beta);
-  const std::vector<float> before = o.c;
-  run(k, o, alpha, beta);
+void expect_near(const Case& k, const Operands& o, const std::vector<double>& want,
+                 const std::vector<float>& before, float alpha, float beta, const char* what) {
   const double tol = 4e-7 * static_cast<double>(k.K + 2) * (std::abs(alpha) + std::abs(beta));
   for (size_t i = 0; i < k.M; ++i) {
     for (size_t j = 0; j < k.N; ++j) {
       ASSERT_NEAR(o.c[i * o.ldc + j], want[i * o.ldc + j], tol)
-          << "M=" << k.M << " N=" << k.N << " K=" << k.K << " ta=" << int(k.ta)
+          << what << " M=" << k.M << " N=" << k.N << " K=" << k.K << " ta=" << int(k.ta)
           << " tb=" << int(k.tb) << " at (" << i << ", " << j << ")";
     }
     // Padding between rows of C is never written.
     for (size_t j = k.N; j < o.ldc; ++j) ASSERT_EQ(o.c[i * o.ldc + j], before[i * o.ldc + j]);
   }
+}
+
+void expect_matches_reference(const Case& k, float alpha, float beta) {
+  Operands o(k, static_cast<uint32_t>(k.M * 131 + k.N * 17 + k.K));
+  const std::vector<double> want = reference(k, o, alpha, beta);
+  const std::vector<float> before = o.c;
+  run(k, o, alpha, beta);
+  expect_near(k, o, want, before, alpha, beta, "fp32");
 }
 
 constexpr Transpose kN = Transpose::kNo;
@@ -276,24 +282,14 @@ TEST(Gemm, TilingNeverCutsSmallProducts) {
 
 // ---------------------------------------------------------------- bf16 compute
 
-float round_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  float r;
-  std::memcpy(&r, &u, sizeof(r));
-  return r;
-}
-
 // The bf16 product is the exact product of the rounded operands up to fp32 accumulation:
 // the double reference of the rounded operands, with the fp32 tolerance, must hold; against
 // the unrounded operands it must not (or the test could not tell bf16 from fp32).
 void expect_bf16_matches_rounded_reference(const Case& k, float alpha, float beta) {
   Operands o(k, static_cast<uint32_t>(k.M * 7 + k.N * 3 + k.K));
   Operands rounded = o;
-  for (auto& x : rounded.a) x = round_bf16(x);
-  for (auto& x : rounded.b) x = round_bf16(x);
+  for (auto& x : rounded.a) x = to_f32(to_bf16(x));
+  for (auto& x : rounded.b) x = to_f32(to_bf16(x));
   const std::vector<double> want = reference(k, rounded, alpha, beta);
   const std::vector<float> before = o.c;
   {
@@ -303,15 +299,7 @@ void expect_bf16_matches_rounded_reference(const Case& k, float alpha, float bet
     } scope;
     run(k, o, alpha, beta);
   }
-  const double tol = 4e-7 * static_cast<double>(k.K + 2) * (std::abs(alpha) + std::abs(beta));
-  for (size_t i = 0; i < k.M; ++i) {
-    for (size_t j = 0; j < k.N; ++j) {
-      ASSERT_NEAR(o.c[i * o.ldc + j], want[i * o.ldc + j], tol)
-          << "bf16 M=" << k.M << " N=" << k.N << " K=" << k.K << " ta=" << int(k.ta)
-          << " tb=" << int(k.tb) << " at (" << i << ", " << j << ")";
-    }
-    for (size_t j = k.N; j < o.ldc; ++j) ASSERT_EQ(o.c[i * o.ldc + j], before[i * o.ldc + j]);
-  }
+  expect_near(k, o, want, before, alpha, beta, "bf16");
 }
 
 TEST(GemmBf16, MatchesTheProductOfRoundedOperands) {
