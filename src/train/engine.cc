@@ -333,7 +333,7 @@ class RankTrainer {
   Buffer<float> w32_, dw32_, dx_a_, dx_b_, scratch_;
   // Widening space for gradients on their way to the grads buffer and the optimizer: a fixed
   // 64 KiB, allocated with the trainer, so a step allocates nothing for them (outside the
-  // ledger: counted in the fixed overhead of docs/performance.md, "Memory").
+  // ledger: part of the fixed RSS overhead docs/performance.md states).
   std::vector<float> chunk_ = std::vector<float>(16384);
   std::vector<Work> works_;  // the boundary's collectives in flight; capacity kept
   // Stage 3: gathered unit parameters (1 + prefetch buffers).
