@@ -158,7 +158,8 @@ class BlockUnit final : public GptUnit {
   size_t saved_count(const BatchShape& s) const override {
     return BlockSaved<float>::count(rows_of(s), C_, dims(s));
   }
-  // Forward: the branch output before the residual add (rows, C). Backward: see backward().
+  // Forward: the branch output before the residual add (rows, C), then attention's workspace.
+  // Backward: see backward().
   size_t scratch_count(const BatchShape& s) const override {
     return rows_of(s) * 9 * C_ + attention_scratch_count(dims(s));
   }
@@ -176,11 +177,12 @@ class BlockUnit final : public GptUnit {
     const AttentionDims d = dims(s);
     const auto k = BlockSaved<float>::carve(saved, rows, C, d);
     const auto branch = scratch.first(rows * C);  // (rows, C)
+    const auto att_scratch = scratch.subspan(rows * C, attention_scratch_count(d));
 
     // x = in + c_proj(attention(c_attn(ln_1(in))))
     layernorm_forward(k.ln1, k.ln1_mean, k.ln1_rstd, in, ln1_w_.of(w), ln1_b_.of(w), rows, C);
     linear_forward(k.qkv, k.ln1, attn_w_.of(w), attn_b_.of(w), rows, C, 3 * C);
-    attention_forward(k.atty, k.att, k.qkv, d);
+    attention_forward(k.atty, k.att, att_scratch, k.qkv, d);
     linear_forward(branch, k.atty, attnproj_w_.of(w), attnproj_b_.of(w), rows, C, C);
     residual_forward(k.res2, in, branch);
     // out = x + c_proj(gelu(c_fc(ln_2(x))))

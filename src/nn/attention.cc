@@ -1,10 +1,11 @@
-// Causal self-attention, one (batch, head) pair at a time, products through gemm.
+// Causal self-attention, one (batch, head) pair at a time, in blocks of query rows.
 //
-// Forward materializes the (T, T) scores of each head in the saved buffer and turns them
-// into probabilities in place; backward needs one (T, T) workspace for d(probabilities),
-// turned into d(scores) in place. Cost: the full T x T products are computed and the upper
-// triangle discarded (2x the causal work), and the saved state is B * NH * T * T floats.
-// TODO(#8, fused attention): keep per-row log-sum-exps instead and recompute tiles.
+// A block of up to kQueryBlock query rows sees keys 0..(its last row): its scores are one
+// (rows, keys) tile in scratch, never the whole (T, T) matrix, and the keys after the
+// block's last row are never multiplied (about half the products at large T). Forward keeps
+// each row's max score and 1 / sum of exponentials; backward recomputes the tile's scores
+// with the same product and shape and so gets the same probabilities, bit for bit. All
+// products go through gemm; dK and dV accumulate over the query blocks in their fixed order.
 #include "nn/attention.h"
 
 #include <algorithm>
@@ -14,13 +15,21 @@
 #include <fmt/format.h>
 
 #include "nn/check.h"
+#include "nn/vecmath.h"
 #include "tensor/gemm.h"
 
 namespace zerodp {
 
 using nn_detail::check_count;
+using nn_detail::combine;
+using nn_detail::exp_nonpositive;
+using nn_detail::kLanes;
 
 namespace {
+
+// Rows of a query block: large enough that the tile products run near the GEMM's rate, small
+// enough that the causal saving shows at T = 128 (keys 64 + 128 of 2 x 128).
+constexpr size_t kQueryBlock = 64;
 
 void check_dims(std::string_view fn, const AttentionDims& d) {
   if (d.NH == 0 || d.C % d.NH != 0) {
@@ -41,47 +50,114 @@ size_t out_offset(const AttentionDims& d, size_t b, size_t h) {
   return b * d.T * d.C + h * d.head_size();
 }
 
+size_t block_rows(const AttentionDims& d) { return std::min(d.T, kQueryBlock); }
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) float row_max(const float* x,
+                                                                           size_t n) {
+  float lane[kLanes];
+  std::fill(lane, lane + kLanes, x[0]);
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t l = 0; l < kLanes; ++l) lane[l] = lane[l] < x[i + l] ? x[i + l] : lane[l];
+  }
+  float m = *std::max_element(lane, lane + kLanes);
+  for (; i < n; ++i) m = m < x[i] ? x[i] : m;
+  return m;
+}
+
+// x[u] = exp(x[u] - m) for u < n; returns their sum.
+__attribute__((target_clones("avx512f", "avx2", "default"))) float exp_shifted(float* x, float m,
+                                                                               size_t n) {
+  for (size_t u = 0; u < n; ++u) x[u] = exp_nonpositive(x[u] - m);
+  float lane[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t l = 0; l < kLanes; ++l) lane[l] += x[i + l];
+  }
+  float sum = combine(lane);
+  for (; i < n; ++i) sum += x[i];
+  return sum;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void scale_row(float* x, float s,
+                                                                            size_t n) {
+  for (size_t u = 0; u < n; ++u) x[u] *= s;
+}
+
+// Softmax backward of one row in place: g[u] = p[u] (g[u] - sum_w p[w] g[w]).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_backward_row(
+    float* g, const float* p, size_t n) {
+  float lane[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t l = 0; l < kLanes; ++l) lane[l] += p[i + l] * g[i + l];
+  }
+  float dot = combine(lane);
+  for (; i < n; ++i) dot += p[i] * g[i];
+  for (size_t u = 0; u < n; ++u) g[u] = p[u] * (g[u] - dot);
+}
+
+// Scores of query rows [r0, r0 + rows) against keys [0, keys) into tile (rows, keys), then
+// each row t's probabilities over keys 0..t (exactly 0 after t), with the rows' (max,
+// 1 / sum) from `stats`. Forward passes `fill` (the same place) to compute them first; backward
+// passes the saved ones, which its recomputed scores reproduce.
+void probabilities(std::span<float> tile, std::span<const float> q, std::span<const float> k,
+                   size_t ld_qkv, size_t r0, size_t rows, size_t keys, size_t hs, float scale,
+                   const float* stats, float* fill) {
+  gemm(Transpose::kNo, Transpose::kYes, rows, keys, hs, scale, q.subspan(r0 * ld_qkv), ld_qkv, k,
+       ld_qkv, 0.0f, tile, keys);
+  for (size_t i = 0; i < rows; ++i) {
+    float* row = tile.data() + i * keys;
+    const size_t valid = r0 + i + 1;
+    const float* st = stats + 2 * i;
+    if (fill) {
+      fill[2 * i] = row_max(row, valid);
+      fill[2 * i + 1] = 1.0f / exp_shifted(row, st[0], valid);
+    } else {
+      exp_shifted(row, st[0], valid);
+    }
+    scale_row(row, st[1], valid);
+    std::fill(row + valid, row + keys, 0.0f);
+  }
+}
+
 }  // namespace
 
-size_t attention_saved_count(const AttentionDims& d) { return d.B * d.NH * d.T * d.T; }
-size_t attention_scratch_count(const AttentionDims& d) { return d.T * d.T; }
+size_t attention_saved_count(const AttentionDims& d) { return d.B * d.NH * d.T * 2; }
+size_t attention_scratch_count(const AttentionDims& d) { return 2 * block_rows(d) * d.T; }
 
-void attention_forward(std::span<float> out, std::span<float> saved, std::span<const float> qkv,
-                       const AttentionDims& d) {
+void attention_forward(std::span<float> out, std::span<float> saved, std::span<float> scratch,
+                       std::span<const float> qkv, const AttentionDims& d) {
   check_dims("attention_forward", d);
   const std::string shape = shape_of(d);
   check_count("attention_forward", "out", out, d.B * d.T * d.C, shape);
   check_count("attention_forward", "saved", saved, attention_saved_count(d), shape);
+  check_count("attention_forward", "scratch", scratch, attention_scratch_count(d), shape);
   check_count("attention_forward", "qkv", qkv, d.B * d.T * 3 * d.C, shape);
   if (d.B == 0 || d.T == 0) return;  // (and no subspan below may start past an empty end)
   const size_t T = d.T;
   const size_t C = d.C;
   const size_t hs = d.head_size();
+  const size_t ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t R = block_rows(d);
+  const Bf16Operands qkv16(qkv);  // each block reads the keys and values of all earlier ones
   for (size_t b = 0; b < d.B; ++b) {
     for (size_t h = 0; h < d.NH; ++h) {
-      const auto q = qkv.subspan(qkv_offset(d, b, h));                // (T, hs), row stride 3C
-      const auto k = q.subspan(C);                                    // (T, hs), row stride 3C
-      const auto v = q.subspan(2 * C);                                // (T, hs), row stride 3C
-      const auto att = saved.subspan((b * d.NH + h) * T * T, T * T);  // (T, T)
-      // scores (T, T) = scale * q @ k^T
-      gemm(Transpose::kNo, Transpose::kYes, T, T, hs, scale, q, 3 * C, k, 3 * C, 0.0f, att, T);
-      // Row t: softmax over keys 0..t; keys after t get probability exactly 0.
-      for (size_t t = 0; t < T; ++t) {
-        float* row = att.data() + t * T;
-        const float row_max = *std::max_element(row, row + t + 1);
-        float sum = 0.0f;
-        for (size_t u = 0; u <= t; ++u) {
-          row[u] = std::exp(row[u] - row_max);
-          sum += row[u];
-        }
-        const float inv_sum = 1.0f / sum;
-        for (size_t u = 0; u <= t; ++u) row[u] *= inv_sum;
-        std::fill(row + t + 1, row + T, 0.0f);
+      const auto q = qkv.subspan(qkv_offset(d, b, h));  // (T, hs), row stride 3C
+      const auto k = q.subspan(C);
+      const auto v = q.subspan(2 * C);
+      const auto o = out.subspan(out_offset(d, b, h));  // (T, hs), row stride C
+      float* stats = saved.data() + (b * d.NH + h) * T * 2;
+      for (size_t r0 = 0; r0 < T; r0 += R) {
+        const size_t rows = std::min(R, T - r0);
+        const size_t keys = r0 + rows;
+        const auto p = scratch.first(rows * keys);
+        probabilities(p, q, k, ld, r0, rows, keys, hs, scale, stats + 2 * r0, stats + 2 * r0);
+        // out rows (rows, hs) = p (rows, keys) @ v (keys, hs)
+        gemm(Transpose::kNo, Transpose::kNo, rows, hs, keys, 1.0f, p, keys, v, ld, 0.0f,
+             o.subspan(r0 * C), C);
       }
-      // out (T, hs), row stride C = att (T, T) @ v
-      gemm(Transpose::kNo, Transpose::kNo, T, hs, T, 1.0f, att, T, v, 3 * C, 0.0f,
-           out.subspan(out_offset(d, b, h)), C);
     }
   }
 }
@@ -100,7 +176,12 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
   const size_t T = d.T;
   const size_t C = d.C;
   const size_t hs = d.head_size();
+  const size_t ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t R = block_rows(d);
+  // q, k, v and dout each feed several products.
+  const Bf16Operands qkv16(qkv);
+  const Bf16Operands dout16(dout);
   for (size_t b = 0; b < d.B; ++b) {
     for (size_t h = 0; h < d.NH; ++h) {
       const auto q = qkv.subspan(qkv_offset(d, b, h));  // (T, hs), row stride 3C
@@ -109,26 +190,35 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
       const auto dq = dqkv.subspan(qkv_offset(d, b, h));  // (T, hs) +=, row stride 3C
       const auto dk = dq.subspan(C);
       const auto dv = dq.subspan(2 * C);
-      const auto dout_bh = dout.subspan(out_offset(d, b, h));         // (T, hs), row stride C
-      const auto att = saved.subspan((b * d.NH + h) * T * T, T * T);  // (T, T)
-      const auto datt = scratch.first(T * T);                         // (T, T)
-      // datt (T, T) = dout (T, hs) @ v^T
-      gemm(Transpose::kNo, Transpose::kYes, T, T, hs, 1.0f, dout_bh, C, v, 3 * C, 0.0f, datt, T);
-      // dv (T, hs) += att^T (T, T) @ dout (T, hs)
-      gemm(Transpose::kYes, Transpose::kNo, T, hs, T, 1.0f, att, T, dout_bh, C, 1.0f, dv, 3 * C);
-      // Softmax backward in place: dscore_u = p_u (dp_u - sum_w p_w dp_w) over keys u <= t;
-      // 0 for later keys, whose probabilities were constant 0.
-      for (size_t t = 0; t < T; ++t) {
-        const float* p = att.data() + t * T;
-        float* g = datt.data() + t * T;
-        float dot = 0.0f;
-        for (size_t u = 0; u <= t; ++u) dot += p[u] * g[u];
-        for (size_t u = 0; u <= t; ++u) g[u] = p[u] * (g[u] - dot);
-        std::fill(g + t + 1, g + T, 0.0f);
+      const auto dout_bh = dout.subspan(out_offset(d, b, h));  // (T, hs), row stride C
+      const float* stats = saved.data() + (b * d.NH + h) * T * 2;
+      for (size_t r0 = 0; r0 < T; r0 += R) {
+        const size_t rows = std::min(R, T - r0);
+        const size_t keys = r0 + rows;
+        const auto p = scratch.first(rows * keys);
+        const auto g = scratch.subspan(R * T, rows * keys);
+        probabilities(p, q, k, ld, r0, rows, keys, hs, scale, stats + 2 * r0, nullptr);
+        const auto dout_rows = dout_bh.subspan(r0 * C);
+        // g (rows, keys) = dout rows (rows, hs) @ v^T
+        gemm(Transpose::kNo, Transpose::kYes, rows, keys, hs, 1.0f, dout_rows, C, v, ld, 0.0f, g,
+             keys);
+        // dv (keys, hs) += p^T (keys, rows) @ dout rows (rows, hs)
+        gemm(Transpose::kYes, Transpose::kNo, keys, hs, rows, 1.0f, p, keys, dout_rows, C, 1.0f, dv,
+             ld);
+        // d(scores) over keys 0..t of row t; 0 for later keys, whose probabilities were 0.
+        for (size_t i = 0; i < rows; ++i) {
+          float* gi = g.data() + i * keys;
+          const size_t valid = r0 + i + 1;
+          softmax_backward_row(gi, p.data() + i * keys, valid);
+          std::fill(gi + valid, gi + keys, 0.0f);
+        }
+        const Bf16Operands g16(g);  // read by both products below
+        // scores = scale q k^T: dq rows += scale g @ k, dk (keys) += scale g^T @ q rows
+        gemm(Transpose::kNo, Transpose::kNo, rows, hs, keys, scale, g, keys, k, ld, 1.0f,
+             dq.subspan(r0 * ld), ld);
+        gemm(Transpose::kYes, Transpose::kNo, keys, hs, rows, scale, g, keys, q.subspan(r0 * ld),
+             ld, 1.0f, dk, ld);
       }
-      // scores = scale * q @ k^T, so dq += scale * dscores @ k and dk += scale * dscores^T @ q
-      gemm(Transpose::kNo, Transpose::kNo, T, hs, T, scale, datt, T, k, 3 * C, 1.0f, dq, 3 * C);
-      gemm(Transpose::kYes, Transpose::kNo, T, hs, T, scale, datt, T, q, 3 * C, 1.0f, dk, 3 * C);
     }
   }
 }

@@ -6,8 +6,9 @@
 //
 // What forward saves for backward is the layer's business: callers size it with
 // attention_saved_count() and the backward workspace with attention_scratch_count(), and
-// never look inside. Today it is the (B, NH, T, T) softmax probabilities; a fused kernel can
-// keep (B, NH, T) log-sum-exps instead without changing any caller.
+// never look inside: it is each query row's max score and 1 / sum of exponentials, (B, NH, T, 2),
+// and backward recomputes the probabilities a block of query rows at a time. Scratch holds
+// two (block rows, T) tiles; no (T, T) matrix is ever formed once T exceeds a block (64 rows).
 //
 // Conventions as in layers.h: forward writes, backward adds (+=) into dqkv; results depend
 // only on the inputs and the shape. A future position never changes an earlier output: its
@@ -27,12 +28,13 @@ struct AttentionDims {
   size_t head_size() const { return NH == 0 ? 0 : C / NH; }
 };
 
-// Elements of the state forward saves for backward; of backward's workspace.
+// Elements of the state forward saves for backward; of the workspace either one uses.
 size_t attention_saved_count(const AttentionDims& d);
 size_t attention_scratch_count(const AttentionDims& d);
 
 void attention_forward(std::span<float> out,        // (B, T, C)
                        std::span<float> saved,      // (attention_saved_count(d))
+                       std::span<float> scratch,    // (attention_scratch_count(d))
                        std::span<const float> qkv,  // (B, T, 3*C)
                        const AttentionDims& d);
 

@@ -13,21 +13,15 @@
 #include <fmt/format.h>
 
 #include "nn/check.h"
+#include "nn/vecmath.h"
 
 namespace zerodp {
 
 using nn_detail::check_count;
+using nn_detail::combine;
+using nn_detail::kLanes;
 
 namespace {
-
-constexpr size_t kLanes = 16;
-
-float combine(float (&lane)[kLanes]) {
-  for (size_t width = kLanes / 2; width > 0; width /= 2) {
-    for (size_t l = 0; l < width; ++l) lane[l] += lane[l + width];
-  }
-  return lane[0];
-}
 
 // Sum of x, and of (x - m)^2 once m is known: the two passes of the forward statistics.
 __attribute__((target_clones("avx512f", "avx2", "default"))) float row_sum(const float* x,

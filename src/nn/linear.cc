@@ -42,6 +42,8 @@ void linear_backward(std::span<float> dinp, std::span<float> dweight, std::span<
   check_count("linear_backward", "dout", dout, rows * OC, shape);
   check_count("linear_backward", "inp", inp, rows * C, shape);
   check_count("linear_backward", "weight", weight, OC * C, shape);
+  // Both products read dout: with bf16 compute, round it once.
+  const Bf16Operands dout16(dinp.empty() ? std::span<const float>() : dout);
   // dinp (rows, C) += dout (rows, OC) @ weight (OC, C)
   if (!dinp.empty()) {
     gemm(Transpose::kNo, Transpose::kNo, rows, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);

@@ -310,6 +310,36 @@ bool cpu_has_bf16() {
 }
 thread_local std::unique_ptr<TilePool> t_pool;
 
+// The calling thread's live Bf16Operands scopes, innermost last. A lazily rounded copy lives
+// in the slot's own vector, kept between scopes so that a training step, which opens the
+// same scopes every time, allocates nothing after its first.
+struct Bf16Slot {
+  const float* values = nullptr;
+  size_t count = 0;
+  const BFloat16* rounded = nullptr;  // null until a product first reads the buffer
+  std::vector<BFloat16> own;
+};
+thread_local Bf16Slot t_bf16_slots[kMaxBf16Operands];
+thread_local int t_bf16_depth = 0;
+
+// The bf16 copy of the `count` elements at p, if a live scope's buffer holds all of them.
+const BFloat16* scoped_bf16(const float* p, size_t count) {
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t end = begin + count * sizeof(float);
+  for (int i = t_bf16_depth - 1; i >= 0; --i) {
+    Bf16Slot& s = t_bf16_slots[i];
+    const auto first = reinterpret_cast<uintptr_t>(s.values);
+    if (begin < first || end > first + s.count * sizeof(float)) continue;
+    if (s.rounded == nullptr) {
+      s.own.resize(s.count);
+      convert(std::span<const float>(s.values, s.count), std::span<BFloat16>(s.own));
+      s.rounded = s.own.data();
+    }
+    return s.rounded + (p - s.values);
+  }
+  return nullptr;
+}
+
 // Elements a row-major (rows, cols) matrix with row stride ld spans; 0 if it is empty.
 size_t extent(size_t rows, size_t cols, size_t ld) {
   if (rows == 0 || cols == 0) return 0;
@@ -408,22 +438,35 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
                 .c = c.data(),
                 .ldc = ldc};
   // bf16 compute: both operands rounded once per call, in their stored layout (by the calling
-  // thread, before any tile runs). Without AVX-512 BF16 the rounded values, widened back, go
-  // through the fp32 path: the same rounding of the operands, fp32 products of them.
+  // thread, before any tile runs), unless a Bf16Operands scope holds them rounded already.
+  // Without AVX-512 BF16 the rounded values, widened back, go through the fp32 path: the same
+  // rounding of the operands, fp32 products of them (scopes are not consulted there).
   thread_local std::vector<BFloat16> a16, b16;
   thread_local std::vector<float> a32, b32;
   if (t_gemm_compute == GemmCompute::kBF16) {
     const size_t a_rows = ta ? K : M, a_cols = ta ? M : K;
     const size_t b_rows = tb ? N : K, b_cols = tb ? K : N;
-    round_rows(a16, a.data(), a_rows, a_cols, lda);
-    round_rows(b16, b.data(), b_rows, b_cols, ldb);
     if (cpu_has_bf16()) {
       args.bf16 = true;
-      args.a16 = a16.data();
-      args.b16 = b16.data();
-      args.lda16 = a_cols;
-      args.ldb16 = b_cols;
+      if (const BFloat16* scoped = scoped_bf16(a.data(), a_count)) {
+        args.a16 = scoped;
+        args.lda16 = lda;
+      } else {
+        round_rows(a16, a.data(), a_rows, a_cols, lda);
+        args.a16 = a16.data();
+        args.lda16 = a_cols;
+      }
+      if (const BFloat16* scoped = scoped_bf16(b.data(), b_count)) {
+        args.b16 = scoped;
+        args.ldb16 = ldb;
+      } else {
+        round_rows(b16, b.data(), b_rows, b_cols, ldb);
+        args.b16 = b16.data();
+        args.ldb16 = b_cols;
+      }
     } else {
+      round_rows(a16, a.data(), a_rows, a_cols, lda);
+      round_rows(b16, b.data(), b_rows, b_cols, ldb);
       a32.resize(a16.size());
       b32.resize(b16.size());
       convert(std::span<const BFloat16>(a16), std::span<float>(a32));
@@ -463,8 +506,32 @@ void set_gemm_threads(int threads) {
 
 int gemm_threads() { return t_gemm_threads; }
 
+Bf16Operands::Bf16Operands(std::span<const float> values, std::span<const BFloat16> rounded) {
+  if (!rounded.empty() && rounded.size() != values.size()) {
+    throw InvalidArgument(fmt::format(
+        "Bf16Operands: {} rounded values given for {} fp32 values; give one per value, or none",
+        rounded.size(), values.size()));
+  }
+  if (t_gemm_compute != GemmCompute::kBF16 || values.empty()) return;
+  if (t_bf16_depth == kMaxBf16Operands) {
+    throw InvalidArgument(
+        fmt::format("Bf16Operands: {} scopes already live on this thread; at most {} may nest",
+                    t_bf16_depth, kMaxBf16Operands));
+  }
+  Bf16Slot& s = t_bf16_slots[t_bf16_depth++];
+  s.values = values.data();
+  s.count = values.size();
+  s.rounded = rounded.empty() ? nullptr : rounded.data();
+  active_ = true;
+}
+
+Bf16Operands::~Bf16Operands() {
+  if (active_) --t_bf16_depth;
+}
+
 void set_gemm_compute(GemmCompute compute) { t_gemm_compute = compute; }
 GemmCompute gemm_compute() { return t_gemm_compute; }
+bool gemm_bf16_native() { return cpu_has_bf16(); }
 
 size_t gemm_tile_count(size_t M, size_t N, size_t K) { return tiling_for(M, N, K).count(); }
 

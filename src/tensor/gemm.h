@@ -30,6 +30,8 @@
 #include <cstddef>
 #include <span>
 
+#include "tensor/dtype.h"
+
 namespace zerodp {
 
 enum class Transpose : bool { kNo = false, kYes = true };
@@ -71,6 +73,33 @@ int gemm_threads();
 enum class GemmCompute { kFP32, kBF16 };
 void set_gemm_compute(GemmCompute compute);
 GemmCompute gemm_compute();
+// Whether kBF16 products run on oneDNN's bf16 path (AVX-512 BF16, not disabled by
+// ZERODP_GEMM_BF16=fallback) rather than the fp32 fallback.
+bool gemm_bf16_native();
+
+// Rounding every operand at every kBF16 product costs as much as a tenth of a bf16 step:
+// a weight is rounded in forward and again in backward, a gradient twice in backward (for
+// dX and dW), attention's keys at every query block. While a Bf16Operands scope lives on
+// the calling thread, kBF16 products (on the oneDNN path) read any operand that lies inside
+// its fp32 buffer from one bf16 copy of that buffer: `rounded` when given (it must hold
+// exactly the buffer's values rounded, as a 16-bit unit's stored weights do for the fp32
+// copy widened from them), else a copy made when a product first reads the buffer. The
+// same rounding either way, so the bits of every product are unchanged; the buffer must not
+// change while the scope lives. Scopes nest (the innermost containing one wins) and close in
+// reverse order of opening, as local variables do; at most
+// kMaxBf16Operands live at once per thread (more throws InvalidArgument). Without kBF16
+// compute a scope does nothing and costs nothing.
+inline constexpr int kMaxBf16Operands = 8;
+class Bf16Operands {
+ public:
+  explicit Bf16Operands(std::span<const float> values, std::span<const BFloat16> rounded = {});
+  ~Bf16Operands();
+  Bf16Operands(const Bf16Operands&) = delete;
+  Bf16Operands& operator=(const Bf16Operands&) = delete;
+
+ private:
+  bool active_ = false;
+};
 
 // The number of tiles gemm() cuts an (M, N, K) product into: the most threads it can use.
 // Exposed for tests and benchmarks.

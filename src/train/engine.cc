@@ -290,6 +290,8 @@ class RankTrainer {
   void allocate_transients();
   void initialize(UnitState& u);
   std::span<const float> weights_for(size_t ui, int slot);
+  // The same weights as stored in bf16 (what weights_for widened), or empty.
+  std::span<const BFloat16> stored_bf16(size_t ui, int slot) const;
   void load_micro_batch(int64_t micro);
   void fill_micro_batch(const Dataset& dataset, std::span<const uint64_t> idx);
   size_t features_per_sample() const {
@@ -481,6 +483,13 @@ std::span<const float> RankTrainer::weights_for(size_t ui, int slot) {
   return w32_.span().first(u.numel);
 }
 
+std::span<const BFloat16> RankTrainer::stored_bf16(size_t ui, int slot) const {
+  if (dtype_ != DType::kBF16) return {};
+  const UnitState& u = units_[ui];
+  const void* src = sharding_.parameters ? gathered_[slot].data() : u.params.data();
+  return {static_cast<const BFloat16*>(src), u.numel};
+}
+
 void RankTrainer::load_micro_batch(int64_t micro) {
   const auto idx = sampler_->rank_samples(sampler_->position(), micro, comm_.rank());
   sha256_update_u64_le(samples_hash_, idx);
@@ -547,6 +556,7 @@ double RankTrainer::forward() {
     const int slot = gathers ? gathers->acquire(i) : 0;
     const Tracer::Span span(tracer_, tracer_ ? "forward " + units_[i].unit->name() : "");
     const auto w = weights_for(i, slot);
+    const Bf16Operands w16(w, stored_bf16(i, slot));  // bf16 products read the stored weights
     units_[i].unit->forward(w, stream_[i].span(), stream_[i + 1].span(), saved_for(i),
                             scratch_.span(), mb_);
     if (gathers) gathers->release(i);
@@ -571,6 +581,7 @@ void RankTrainer::backward() {
     std::optional<Tracer::Span> span;
     if (tracer_) span.emplace(tracer_, "backward " + u.unit->name());
     const auto w = weights_for(i, slot);
+    const Bf16Operands w16(w, stored_bf16(i, slot));
     std::span<float> dw = dw32_.span().first(u.numel);
     std::fill(dw.begin(), dw.end(), 0.0f);
     std::span<float> din = din_buf->span().first(u.unit->input_count(shape_));

@@ -20,13 +20,15 @@ using gradcheck::Tolerance;
 using gradcheck::weighted_sum;
 
 struct AttentionCase {
+  AttentionCase() = default;
+  explicit AttentionCase(AttentionDims dims) : d(dims) {}
   AttentionDims d{.B = 2, .T = 5, .C = 12, .NH = 3};  // odd T, head size 4
   std::vector<float> qkv = normal_vector(d.B * d.T * 3 * d.C, 61);
   std::vector<float> dout = normal_vector(d.B * d.T * d.C, 62);
   std::vector<float> out = std::vector<float>(d.B * d.T * d.C);
   std::vector<float> saved = std::vector<float>(attention_saved_count(d));
   std::vector<float> scratch = std::vector<float>(attention_scratch_count(d));
-  void forward() { attention_forward(out, saved, qkv, d); }
+  void forward() { attention_forward(out, saved, scratch, qkv, d); }
   void backward(std::vector<float>& dqkv) {
     attention_backward(dqkv, scratch, dout, qkv, saved, d);
   }
@@ -69,12 +71,29 @@ TEST(Attention, ForwardMatchesTheDefinition) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(k.out[i], want[i], 2e-6) << i;
 }
 
+// T = 150 runs three query blocks (64, 64, 22 rows) whose key ranges end at 64, 128, 150.
+constexpr AttentionDims kLongDims{.B = 1, .T = 150, .C = 8, .NH = 2};
+
+TEST(Attention, LongSequenceMatchesTheDefinitionAcrossQueryBlocks) {
+  AttentionCase k(kLongDims);
+  k.forward();
+  const std::vector<double> want = reference_attention(k.qkv, k.d);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(k.out[i], want[i], 2e-6) << i;
+}
+
+TEST(Attention, StateAndWorkspaceGrowLinearlyInT) {
+  const AttentionDims d{.B = 2, .T = 1024, .C = 64, .NH = 4};
+  EXPECT_EQ(attention_saved_count(d), 2u * 4 * 1024 * 2);  // (max, 1/sum) per query row
+  EXPECT_LT(attention_scratch_count(d), d.T * d.T / 4);    // two tiles of 64 query rows
+}
+
 TEST(Attention, SingleStepReturnsItsValue) {
   AttentionCase k;
   k.d.T = 1;
   k.qkv = normal_vector(k.d.B * 3 * k.d.C, 63);
   k.out.resize(k.d.B * k.d.C);
   k.saved.resize(attention_saved_count(k.d));
+  k.scratch.resize(attention_scratch_count(k.d));
   k.forward();
   for (size_t b = 0; b < k.d.B; ++b) {
     for (size_t c = 0; c < k.d.C; ++c)
@@ -88,6 +107,18 @@ constexpr Tolerance kAttentionTol{1e-2f, 3e-4, 1e-3};
 
 TEST(Attention, BackwardMatchesFiniteDifferences) {
   AttentionCase k;
+  k.forward();
+  std::vector<float> dqkv(k.qkv.size());
+  k.backward(dqkv);
+  auto objective = [&] {
+    k.forward();
+    return weighted_sum(k.out, k.dout);
+  };
+  expect_gradient_matches("dqkv", k.qkv, dqkv, objective, kAttentionTol);
+}
+
+TEST(Attention, LongSequenceBackwardMatchesFiniteDifferences) {
+  AttentionCase k(kLongDims);
   k.forward();
   std::vector<float> dqkv(k.qkv.size());
   k.backward(dqkv);
@@ -164,7 +195,7 @@ TEST(Attention, EmptyBatchOrSequenceIsANoOp) {
                           AttentionDims{.B = 2, .T = 0, .C = 12, .NH = 3}}) {
     std::vector<float> none;
     std::vector<float> scratch(attention_scratch_count(d));
-    EXPECT_NO_THROW(attention_forward(none, none, none, d));
+    EXPECT_NO_THROW(attention_forward(none, none, scratch, none, d));
     EXPECT_NO_THROW(attention_backward(none, scratch, none, none, none, d));
   }
 }

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -350,6 +352,85 @@ TEST(GemmBf16, DiffersFromFp32AndIsDeterministic) {
   EXPECT_GT(max_diff, 1e-3) << "bf16 compute gave fp32 results";
   EXPECT_LT(max_diff, 0.5);
   EXPECT_EQ(gemm_compute(), GemmCompute::kFP32);
+}
+
+// A product under Bf16Operands scopes has the bits of one without: the scope changes where
+// the rounded operands come from, not what they are. Covers a lazily rounded buffer, a
+// given rounded copy (the engine's stored bf16 weights), an operand that is a slice of a
+// scoped buffer (a head of qkv), and one that only starts inside it (not taken from it).
+TEST(GemmBf16, OperandScopesKeepTheBits) {
+  const Case k{kN, kT, 200, 96, 130, 5};
+  const Operands o(k, 11);
+  std::vector<BFloat16> b16(o.b.size());
+  convert(std::span<const float>(o.b), std::span<BFloat16>(b16));
+  std::vector<float> b_widened(o.b.size());
+  convert(std::span<const BFloat16>(b16), std::span<float>(b_widened));
+  auto product = [&](const std::vector<float>& b, int scopes) {
+    std::vector<float> c = o.c;
+    set_gemm_compute(GemmCompute::kBF16);
+    {
+      std::optional<Bf16Operands> sa, sb;
+      if (scopes & 1) sa.emplace(std::span<const float>(o.a).subspan(3));  // all but a's start
+      if (scopes & 2) sb.emplace(std::span<const float>(b), std::span<const BFloat16>(b16));
+      if (scopes & 4) sb.emplace(std::span<const float>(b));
+      gemm(k.ta, k.tb, k.M, k.N, k.K, 0.5f, o.a, o.lda, b, o.ldb, 1.0f, c, o.ldc);
+    }
+    set_gemm_compute(GemmCompute::kFP32);
+    return c;
+  };
+  const std::vector<float> want = product(b_widened, 0);
+  for (int scopes : {1, 2, 4, 3, 5}) {
+    const std::vector<float> got = product(b_widened, scopes);
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+        << "scopes=" << scopes;
+  }
+  // A sub-matrix of a scoped buffer: the rounded copy is read at the same offset and stride.
+  std::vector<float> c_sub(50 * o.ldc), c_sub_scoped(50 * o.ldc);
+  const auto a_rows = std::span<const float>(o.a).subspan(70 * o.lda);
+  set_gemm_compute(GemmCompute::kBF16);
+  gemm(k.ta, k.tb, 50, k.N, k.K, 1.0f, a_rows, o.lda, b_widened, o.ldb, 0.0f, c_sub, o.ldc);
+  {
+    const Bf16Operands whole_a(o.a);
+    gemm(k.ta, k.tb, 50, k.N, k.K, 1.0f, a_rows, o.lda, b_widened, o.ldb, 0.0f, c_sub_scoped,
+         o.ldc);
+  }
+  set_gemm_compute(GemmCompute::kFP32);
+  EXPECT_EQ(c_sub, c_sub_scoped);
+}
+
+// The given copy is what the product reads: a copy that is not the buffer's rounding shows.
+// (Which is why callers may only give one that is.)
+TEST(GemmBf16, AGivenRoundedCopyIsReadInsteadOfTheValues) {
+  const Case k{kN, kN, 16, 16, 16};
+  const Operands o(k, 12);
+  std::vector<BFloat16> zeros(o.b.size());  // bf16 +0
+  std::vector<float> c(o.c.size(), 7.0f);
+  set_gemm_compute(GemmCompute::kBF16);
+  {
+    const Bf16Operands b16(o.b, zeros);
+    gemm(k.ta, k.tb, k.M, k.N, k.K, 1.0f, o.a, o.lda, o.b, o.ldb, 0.0f, c, o.ldc);
+  }
+  set_gemm_compute(GemmCompute::kFP32);
+  if (!gemm_bf16_native()) GTEST_SKIP() << "the fp32 fallback rounds its operands itself";
+  for (float x : c) ASSERT_EQ(x, 0.0f);
+}
+
+TEST(GemmBf16, OperandScopesRejectMismatchedCopiesAndDeepNesting) {
+  const std::vector<float> v(10);
+  const std::vector<BFloat16> short_copy(9);
+  set_gemm_compute(GemmCompute::kBF16);
+  EXPECT_THROW(Bf16Operands(v, short_copy), InvalidArgument);
+  {
+    std::vector<std::unique_ptr<Bf16Operands>> live;
+    for (int i = 0; i < kMaxBf16Operands; ++i) live.push_back(std::make_unique<Bf16Operands>(v));
+    EXPECT_THROW(Bf16Operands{v}, InvalidArgument);
+    while (!live.empty()) live.pop_back();  // innermost first, as scopes close
+  }
+  EXPECT_NO_THROW(Bf16Operands{v});  // all closed again
+  set_gemm_compute(GemmCompute::kFP32);
+  // Without bf16 compute a scope is inert: no limit, nothing recorded.
+  std::vector<std::unique_ptr<Bf16Operands>> many;
+  for (int i = 0; i < 2 * kMaxBf16Operands; ++i) many.push_back(std::make_unique<Bf16Operands>(v));
 }
 
 }  // namespace
