@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include <fmt/format.h>
@@ -22,8 +23,11 @@ namespace zerodp {
 
 using nn_detail::check_count;
 using nn_detail::combine;
-using nn_detail::exp_nonpositive;
 using nn_detail::kLanes;
+using nn_detail::Lanes;
+using nn_detail::load_lanes;
+using nn_detail::max_of;
+using nn_detail::sum_exp_shifted;
 
 namespace {
 
@@ -54,29 +58,13 @@ size_t block_rows(const AttentionDims& d) { return std::min(d.T, kQueryBlock); }
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) float row_max(const float* x,
                                                                            size_t n) {
-  float lane[kLanes];
-  std::fill(lane, lane + kLanes, x[0]);
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (size_t l = 0; l < kLanes; ++l) lane[l] = lane[l] < x[i + l] ? x[i + l] : lane[l];
-  }
-  float m = *std::max_element(lane, lane + kLanes);
-  for (; i < n; ++i) m = m < x[i] ? x[i] : m;
-  return m;
+  return max_of(x, n);
 }
 
 // x[u] = exp(x[u] - m) for u < n; returns their sum.
 __attribute__((target_clones("avx512f", "avx2", "default"))) float exp_shifted(float* x, float m,
                                                                                size_t n) {
-  for (size_t u = 0; u < n; ++u) x[u] = exp_nonpositive(x[u] - m);
-  float lane[kLanes] = {};
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (size_t l = 0; l < kLanes; ++l) lane[l] += x[i + l];
-  }
-  float sum = combine(lane);
-  for (; i < n; ++i) sum += x[i];
-  return sum;
+  return sum_exp_shifted(x, x, m, n);
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void scale_row(float* x, float s,
@@ -87,11 +75,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void scale_row(floa
 // Softmax backward of one row in place: g[u] = p[u] (g[u] - sum_w p[w] g[w]).
 __attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_backward_row(
     float* g, const float* p, size_t n) {
-  float lane[kLanes] = {};
+  Lanes lane = {};
   size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (size_t l = 0; l < kLanes; ++l) lane[l] += p[i + l] * g[i + l];
-  }
+  for (; i + kLanes <= n; i += kLanes) lane += load_lanes(p + i) * load_lanes(g + i);
   float dot = combine(lane);
   for (; i < n; ++i) dot += p[i] * g[i];
   for (size_t u = 0; u < n; ++u) g[u] = p[u] * (g[u] - dot);

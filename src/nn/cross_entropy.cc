@@ -4,16 +4,42 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <vector>
 
 #include <fmt/format.h>
 
 #include "nn/check.h"
+#include "nn/vecmath.h"
 
 namespace zerodp {
 
 using nn_detail::check_count;
 using nn_detail::check_optional_count;
+using nn_detail::exp_nonpositive;
+using nn_detail::max_of;
+using nn_detail::sum_exp_shifted;
+
+namespace {
+
+// One row's loss; adds its gradient into dz unless dz is null. The exponentials are computed
+// twice (for the sum, then for the gradient) rather than kept in a buffer: the same function
+// of the same inputs, so the same bits, and nothing to allocate.
+__attribute__((target_clones("avx512f", "avx2", "default"))) double row_loss(
+    float* __restrict dz, const float* __restrict z, size_t t, size_t V, float dscale) {
+  const float zmax = max_of(z, V);  // exp never overflows
+  const float sum = sum_exp_shifted(nullptr, z, zmax, V);
+  const double loss = static_cast<double>(std::log(sum)) - static_cast<double>(z[t] - zmax);
+  if (dz == nullptr) return loss;
+  // d loss_r / d z_v = softmax_v - [v == t]; p - 1 is exact for p >= 1/2 (Sterbenz), so a
+  // confident row keeps its small gradient's precision.
+  const float inv_sum = 1.0f / sum;
+  for (size_t v = 0; v < V; ++v) {
+    const float onehot = v == t ? 1.0f : 0.0f;
+    dz[v] += (exp_nonpositive(z[v] - zmax) * inv_sum - onehot) * dscale;
+  }
+  return loss;
+}
+
+}  // namespace
 
 float cross_entropy_forward_backward(std::span<float> dlogits, std::span<const float> logits,
                                      std::span<const int32_t> targets, size_t rows, size_t V,
@@ -38,28 +64,13 @@ float cross_entropy_forward_backward(std::span<float> dlogits, std::span<const f
 
   // loss_r = logsumexp(logits_r) - logits_r[target]; summed in double over rows, in order.
   const float dscale = dloss / static_cast<float>(counted);
-  std::vector<float> e(V);  // exp(z - max) of one row, kept for the gradient
   double loss_sum = 0.0;
   for (size_t r = 0; r < rows; ++r) {
     const int32_t t = targets[r];
     if (t == kIgnoreTarget) continue;
     const float* z = logits.data() + r * V;
-    const float zmax = *std::max_element(z, z + V);  // exp never overflows
-    float sum = 0.0f;
-    for (size_t v = 0; v < V; ++v) {
-      e[v] = std::exp(z[v] - zmax);
-      sum += e[v];
-    }
-    loss_sum += static_cast<double>(std::log(sum)) - static_cast<double>(z[t] - zmax);
-    if (dlogits.empty()) continue;
-    // d loss_r / d z_v = softmax_v - [v == t]; p - 1 is exact for p >= 1/2 (Sterbenz), so a
-    // confident row keeps its small gradient's precision.
-    const float inv_sum = 1.0f / sum;
-    float* dz = dlogits.data() + r * V;
-    for (size_t v = 0; v < V; ++v) {
-      const float onehot = v == static_cast<size_t>(t) ? 1.0f : 0.0f;
-      dz[v] += (e[v] * inv_sum - onehot) * dscale;
-    }
+    loss_sum += row_loss(dlogits.empty() ? nullptr : dlogits.data() + r * V, z,
+                         static_cast<size_t>(t), V, dscale);
   }
   return static_cast<float>(loss_sum / static_cast<double>(counted));
 }

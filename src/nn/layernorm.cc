@@ -20,17 +20,17 @@ namespace zerodp {
 using nn_detail::check_count;
 using nn_detail::combine;
 using nn_detail::kLanes;
+using nn_detail::Lanes;
+using nn_detail::load_lanes;
 
 namespace {
 
 // Sum of x, and of (x - m)^2 once m is known: the two passes of the forward statistics.
 __attribute__((target_clones("avx512f", "avx2", "default"))) float row_sum(const float* x,
                                                                            size_t C) {
-  float lane[kLanes] = {};
+  Lanes lane = {};
   size_t i = 0;
-  for (; i + kLanes <= C; i += kLanes) {
-    for (size_t l = 0; l < kLanes; ++l) lane[l] += x[i + l];
-  }
+  for (; i + kLanes <= C; i += kLanes) lane += load_lanes(x + i);
   float sum = combine(lane);
   for (; i < C; ++i) sum += x[i];
   return sum;
@@ -38,13 +38,11 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float row_sum(const
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) float row_sq_dev(const float* x,
                                                                               float m, size_t C) {
-  float lane[kLanes] = {};
+  Lanes lane = {};
   size_t i = 0;
   for (; i + kLanes <= C; i += kLanes) {
-    for (size_t l = 0; l < kLanes; ++l) {
-      const float dev = x[i + l] - m;
-      lane[l] += dev * dev;
-    }
+    const Lanes dev = load_lanes(x + i) - m;
+    lane += dev * dev;
   }
   float sum = combine(lane);
   for (; i < C; ++i) {
@@ -55,25 +53,25 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float row_sq_dev(co
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void row_normalize(
-    float* y, const float* x, float m, float s, const float* weight, const float* bias, size_t C) {
+    float* __restrict y, const float* __restrict x, float m, float s,
+    const float* __restrict weight, const float* __restrict bias, size_t C) {
   for (size_t i = 0; i < C; ++i) y[i] = (x[i] - m) * s * weight[i] + bias[i];
 }
 
 // Backward of one row: sums of g = weight * dy and of g * n, n = (x - m) s; then dx, dweight,
 // dbias accumulate.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void row_backward(
-    float* dx, float* dweight, float* dbias, const float* dy, const float* x, const float* weight,
-    float m, float s, float inv_c, size_t C) {
-  float g_lane[kLanes] = {};
-  float gn_lane[kLanes] = {};
+    float* __restrict dx, float* __restrict dweight, float* __restrict dbias,
+    const float* __restrict dy, const float* __restrict x, const float* __restrict weight, float m,
+    float s, float inv_c, size_t C) {
+  Lanes g_lane = {};
+  Lanes gn_lane = {};
   size_t i = 0;
   for (; i + kLanes <= C; i += kLanes) {
-    for (size_t l = 0; l < kLanes; ++l) {
-      const float n = (x[i + l] - m) * s;
-      const float g = weight[i + l] * dy[i + l];
-      g_lane[l] += g;
-      gn_lane[l] += g * n;
-    }
+    const Lanes n = (load_lanes(x + i) - m) * s;
+    const Lanes g = load_lanes(weight + i) * load_lanes(dy + i);
+    g_lane += g;
+    gn_lane += g * n;
   }
   float g_mean = combine(g_lane);
   float gn_mean = combine(gn_lane);

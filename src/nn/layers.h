@@ -9,6 +9,8 @@
 // - forward writes (=) its outputs; backward ADDS (+=) into its d-outputs (dinp, dweight,
 //   dbias, ...). Callers zero gradient buffers before the first micro-batch, so weight
 //   gradients accumulate over micro-batches and residual streams sum their branches.
+// - Outputs and d-outputs never overlap the inputs or each other (the kernels' loops are
+//   written for distinct buffers, __restrict, so that they vectorize).
 // - Every span must hold exactly the elements its shape needs; a mismatch throws
 //   InvalidArgument naming the function, the buffer, its length and the shape.
 // - Results depend only on the inputs and the shape, never on thread counts or buffer

@@ -6,6 +6,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace zerodp::nn_detail {
 
@@ -34,15 +35,64 @@ inline float exp_nonpositive(float y) {
 }
 
 // Sums in kLanes independent partial sums (element i goes to lane i % kLanes), combined in
-// a fixed tree: the compiler may keep the lanes in vector registers without reassociating
-// anything. A single running sum cannot vectorize under strict IEEE semantics.
+// a fixed tree. A single running sum cannot vectorize under strict IEEE semantics. The lanes
+// are one GCC vector value, whose operations are elementwise IEEE ones: each target_clones
+// clone lowers it to its own registers (one zmm, two ymm, four xmm) with the same bits. (A
+// float[16] written with an inner lane loop also vectorizes, but GCC turned LayerNorm's
+// backward into a shuffle-heavy outer-loop vectorization at a third of this speed.)
 constexpr size_t kLanes = 16;
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
 
-inline float combine(float (&lane)[kLanes]) {
+inline Lanes load_lanes(const float* p) {
+  Lanes v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store_lanes(float* p, const Lanes& v) { std::memcpy(p, &v, sizeof v); }
+
+inline float combine(const Lanes& v) {
+  float lane[kLanes];
+  std::memcpy(lane, &v, sizeof lane);
   for (size_t width = kLanes / 2; width > 0; width /= 2) {
     for (size_t l = 0; l < width; ++l) lane[l] += lane[l + width];
   }
   return lane[0];
+}
+
+// The largest of x[0..n), n >= 1.
+inline float max_of(const float* x, size_t n) {
+  Lanes lane = Lanes{} + x[0];
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const Lanes v = load_lanes(x + i);
+    lane = lane < v ? v : lane;
+  }
+  float lanes[kLanes];
+  std::memcpy(lanes, &lane, sizeof lanes);
+  float m = lanes[0];
+  for (size_t l = 1; l < kLanes; ++l) m = m < lanes[l] ? lanes[l] : m;
+  for (; i < n; ++i) m = m < x[i] ? x[i] : m;
+  return m;
+}
+
+// The sum of e[u] = exp(x[u] - m) over u < n (m >= every x[u]); e may be x, or null to only sum.
+inline float sum_exp_shifted(float* e, const float* x, float m, size_t n) {
+  Lanes lane = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    Lanes v = load_lanes(x + i) - m;
+    for (size_t l = 0; l < kLanes; ++l) v[l] = exp_nonpositive(v[l]);
+    if (e != nullptr) store_lanes(e + i, v);
+    lane += v;
+  }
+  float sum = combine(lane);
+  for (; i < n; ++i) {
+    const float v = exp_nonpositive(x[i] - m);
+    if (e != nullptr) e[i] = v;
+    sum += v;
+  }
+  return sum;
 }
 
 }  // namespace zerodp::nn_detail
