@@ -56,8 +56,9 @@ void BM_AttentionForward(benchmark::State& state, Shape s, GemmCompute compute) 
     attention_forward(out, saved, scratch, qkv, d);
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(
-      attention_flops(s) * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(attention_flops(s) * static_cast<double>(state.iterations()) / 1e9,
+                         benchmark::Counter::kIsRate);
 }
 
 void BM_AttentionBackward(benchmark::State& state, Shape s, GemmCompute compute) {
@@ -72,14 +73,15 @@ void BM_AttentionBackward(benchmark::State& state, Shape s, GemmCompute compute)
     attention_backward(dqkv, scratch, dout, qkv, saved, d);
     benchmark::DoNotOptimize(dqkv.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(
-      2.0 * attention_flops(s) * static_cast<double>(state.iterations()) / 1e9,
-      benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * attention_flops(s) * static_cast<double>(state.iterations()) / 1e9,
+                         benchmark::Counter::kIsRate);
 }
 
 void BM_LayerNormForward(benchmark::State& state, Shape s) {
   const size_t rows = s.B * s.T;
-  const auto in = normal_vector(rows * s.C, 3), w = normal_vector(s.C, 4), b = normal_vector(s.C, 5);
+  const auto in = normal_vector(rows * s.C, 3), w = normal_vector(s.C, 4),
+             b = normal_vector(s.C, 5);
   std::vector<float> out(rows * s.C), mean(rows), rstd(rows);
   for (auto _ : state) {
     layernorm_forward(out, mean, rstd, in, w, b, rows, s.C);
@@ -92,7 +94,8 @@ void BM_LayerNormForward(benchmark::State& state, Shape s) {
 
 void BM_LayerNormBackward(benchmark::State& state, Shape s) {
   const size_t rows = s.B * s.T;
-  const auto in = normal_vector(rows * s.C, 3), w = normal_vector(s.C, 4), b = normal_vector(s.C, 5);
+  const auto in = normal_vector(rows * s.C, 3), w = normal_vector(s.C, 4),
+             b = normal_vector(s.C, 5);
   const auto dout = normal_vector(rows * s.C, 6);
   std::vector<float> out(rows * s.C), mean(rows), rstd(rows), din(rows * s.C), dw(s.C), db(s.C);
   layernorm_forward(out, mean, rstd, in, w, b, rows, s.C);
@@ -182,12 +185,12 @@ void register_all() {
     const std::string n = s.name;
     benchmark::RegisterBenchmark(("attention_forward/fp32/" + n).c_str(), BM_AttentionForward, s,
                                  GemmCompute::kFP32);
-    benchmark::RegisterBenchmark(("attention_backward/fp32/" + n).c_str(), BM_AttentionBackward,
-                                 s, GemmCompute::kFP32);
+    benchmark::RegisterBenchmark(("attention_backward/fp32/" + n).c_str(), BM_AttentionBackward, s,
+                                 GemmCompute::kFP32);
     benchmark::RegisterBenchmark(("attention_forward/bf16/" + n).c_str(), BM_AttentionForward, s,
                                  GemmCompute::kBF16);
-    benchmark::RegisterBenchmark(("attention_backward/bf16/" + n).c_str(), BM_AttentionBackward,
-                                 s, GemmCompute::kBF16);
+    benchmark::RegisterBenchmark(("attention_backward/bf16/" + n).c_str(), BM_AttentionBackward, s,
+                                 GemmCompute::kBF16);
     benchmark::RegisterBenchmark(("head_scores_gemm/" + n).c_str(), BM_HeadScores, s);
     benchmark::RegisterBenchmark(("layernorm_forward/" + n).c_str(), BM_LayerNormForward, s);
     benchmark::RegisterBenchmark(("layernorm_backward/" + n).c_str(), BM_LayerNormBackward, s);

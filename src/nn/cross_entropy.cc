@@ -1,7 +1,6 @@
 // Softmax cross-entropy, forward and backward in one pass over the logits.
 #include "nn/layers.h"
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 

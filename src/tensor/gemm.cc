@@ -21,6 +21,8 @@
 #include <mutex>
 #include <string_view>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -447,23 +449,16 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
     const size_t a_rows = ta ? K : M, a_cols = ta ? M : K;
     const size_t b_rows = tb ? N : K, b_cols = tb ? K : N;
     if (cpu_has_bf16()) {
+      // An operand's bf16 copy and its row stride: a live scope's, or rounded into `own`.
+      auto narrow = [](std::vector<BFloat16>& own, const float* x, size_t count, size_t rows,
+                       size_t cols, size_t ld) -> std::pair<const BFloat16*, size_t> {
+        if (const BFloat16* scoped = scoped_bf16(x, count)) return {scoped, ld};
+        round_rows(own, x, rows, cols, ld);
+        return {own.data(), cols};
+      };
       args.bf16 = true;
-      if (const BFloat16* scoped = scoped_bf16(a.data(), a_count)) {
-        args.a16 = scoped;
-        args.lda16 = lda;
-      } else {
-        round_rows(a16, a.data(), a_rows, a_cols, lda);
-        args.a16 = a16.data();
-        args.lda16 = a_cols;
-      }
-      if (const BFloat16* scoped = scoped_bf16(b.data(), b_count)) {
-        args.b16 = scoped;
-        args.ldb16 = ldb;
-      } else {
-        round_rows(b16, b.data(), b_rows, b_cols, ldb);
-        args.b16 = b16.data();
-        args.ldb16 = b_cols;
-      }
+      std::tie(args.a16, args.lda16) = narrow(a16, a.data(), a_count, a_rows, a_cols, lda);
+      std::tie(args.b16, args.ldb16) = narrow(b16, b.data(), b_count, b_rows, b_cols, ldb);
     } else {
       round_rows(a16, a.data(), a_rows, a_cols, lda);
       round_rows(b16, b.data(), b_rows, b_cols, ldb);

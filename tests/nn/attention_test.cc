@@ -64,21 +64,19 @@ std::vector<double> reference_attention(const std::vector<float>& qkv, const Att
   return out;
 }
 
-TEST(Attention, ForwardMatchesTheDefinition) {
-  AttentionCase k;
+void expect_forward_matches_the_definition(AttentionCase k) {
   k.forward();
   const std::vector<double> want = reference_attention(k.qkv, k.d);
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(k.out[i], want[i], 2e-6) << i;
 }
 
+TEST(Attention, ForwardMatchesTheDefinition) { expect_forward_matches_the_definition({}); }
+
 // T = 150 runs three query blocks (64, 64, 22 rows) whose key ranges end at 64, 128, 150.
 constexpr AttentionDims kLongDims{.B = 1, .T = 150, .C = 8, .NH = 2};
 
 TEST(Attention, LongSequenceMatchesTheDefinitionAcrossQueryBlocks) {
-  AttentionCase k(kLongDims);
-  k.forward();
-  const std::vector<double> want = reference_attention(k.qkv, k.d);
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(k.out[i], want[i], 2e-6) << i;
+  expect_forward_matches_the_definition(AttentionCase(kLongDims));
 }
 
 TEST(Attention, StateAndWorkspaceGrowLinearlyInT) {
@@ -105,8 +103,7 @@ TEST(Attention, SingleStepReturnsItsValue) {
 // (h^2/6 * |f'''| * |dout|) and rounding (6e-8 * |out| * |dout| * T / 2h) each near 5e-5.
 constexpr Tolerance kAttentionTol{1e-2f, 3e-4, 1e-3};
 
-TEST(Attention, BackwardMatchesFiniteDifferences) {
-  AttentionCase k;
+void expect_backward_matches_finite_differences(AttentionCase k) {
   k.forward();
   std::vector<float> dqkv(k.qkv.size());
   k.backward(dqkv);
@@ -117,16 +114,12 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
   expect_gradient_matches("dqkv", k.qkv, dqkv, objective, kAttentionTol);
 }
 
+TEST(Attention, BackwardMatchesFiniteDifferences) {
+  expect_backward_matches_finite_differences({});
+}
+
 TEST(Attention, LongSequenceBackwardMatchesFiniteDifferences) {
-  AttentionCase k(kLongDims);
-  k.forward();
-  std::vector<float> dqkv(k.qkv.size());
-  k.backward(dqkv);
-  auto objective = [&] {
-    k.forward();
-    return weighted_sum(k.out, k.dout);
-  };
-  expect_gradient_matches("dqkv", k.qkv, dqkv, objective, kAttentionTol);
+  expect_backward_matches_finite_differences(AttentionCase(kLongDims));
 }
 
 TEST(Attention, BackwardAccumulates) {
