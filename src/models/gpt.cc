@@ -220,31 +220,27 @@ class BlockUnit final : public GptUnit {
     // MLP branch. out = res2 + c_proj(gelu(c_fc(ln_2(res2)))): d(branch) = dout.
     std::copy(dout.begin(), dout.end(), dres2.begin());
     const auto dfch_gelu = region_a;  // (rows, 4C)
-    zero(dfch_gelu);
     linear_backward(dfch_gelu, fcproj_w_.of(dw), fcproj_b_.of(dw), dout, k.fch_gelu,
-                    fcproj_w_.of(w), rows, 4 * C, C);
+                    fcproj_w_.of(w), rows, 4 * C, C, InputGrad::kOverwrite);
     const auto dfch = region_b;  // (rows, 4C)
-    zero(dfch);
-    gelu_backward(dfch, k.fch, dfch_gelu);
+    gelu_backward(dfch, k.fch, dfch_gelu, InputGrad::kOverwrite);
     const auto dln2 = region_a.first(rows * C);  // dfch_gelu is consumed
-    zero(dln2);
-    linear_backward(dln2, fc_w_.of(dw), fc_b_.of(dw), dfch, k.ln2, fc_w_.of(w), rows, C, 4 * C);
+    linear_backward(dln2, fc_w_.of(dw), fc_b_.of(dw), dfch, k.ln2, fc_w_.of(w), rows, C, 4 * C,
+                    InputGrad::kOverwrite);
     layernorm_backward(dres2, ln2_w_.of(dw), ln2_b_.of(dw), dln2, k.res2, ln2_w_.of(w), k.ln2_mean,
                        k.ln2_rstd, rows, C);
 
     // Attention branch. res2 = in + c_proj(atty): d(in) += dres2, d(branch) = dres2.
     for (size_t i = 0; i < din.size(); ++i) din[i] += dres2[i];
     const auto datty = region_b.first(rows * C);  // dfch is consumed
-    zero(datty);
     linear_backward(datty, attnproj_w_.of(dw), attnproj_b_.of(dw), dres2, k.atty, attnproj_w_.of(w),
-                    rows, C, C);
+                    rows, C, C, InputGrad::kOverwrite);
     const auto dqkv = region_b.subspan(rows * C, rows * 3 * C);
     zero(dqkv);
     attention_backward(dqkv, att_scratch, datty, k.qkv, k.att, d);
     const auto dln1 = region_a.first(rows * C);  // dln2 is consumed
-    zero(dln1);
     linear_backward(dln1, attn_w_.of(dw), attn_b_.of(dw), dqkv, k.ln1, attn_w_.of(w), rows, C,
-                    3 * C);
+                    3 * C, InputGrad::kOverwrite);
     layernorm_backward(din, ln1_w_.of(dw), ln1_b_.of(dw), dln1, in, ln1_w_.of(w), k.ln1_mean,
                        k.ln1_rstd, rows, C);
   }
@@ -327,11 +323,11 @@ class HeadUnit final : public GptUnit {
     const auto dlogits = c.take(rows * V_);
     const auto dlnf = c.take(rows * C_);
     zero(dlogits);
-    zero(dlnf);
     // The loss is recomputed from the saved logits (one exp pass), and its gradient seeded
     // with loss_grad_scale.
     cross_entropy_forward_backward(dlogits, k.logits, mb.targets, rows, V_, mb.loss_grad_scale);
-    linear_backward(dlnf, lm_w_.of(dw), {}, dlogits, k.lnf, lm_w_.of(w), rows, C_, V_);
+    linear_backward(dlnf, lm_w_.of(dw), {}, dlogits, k.lnf, lm_w_.of(w), rows, C_, V_,
+                    InputGrad::kOverwrite);
     layernorm_backward(din, lnf_w_.of(dw), lnf_b_.of(dw), dlnf, in, lnf_w_.of(w), k.lnf_mean,
                        k.lnf_rstd, rows, C_);
   }

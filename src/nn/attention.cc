@@ -56,25 +56,19 @@ size_t out_offset(const AttentionDims& d, size_t b, size_t h) {
 
 size_t block_rows(const AttentionDims& d) { return std::min(d.T, kQueryBlock); }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) float row_max(const float* x,
-                                                                           size_t n) {
-  return max_of(x, n);
-}
+ZERODP_NN_CLONES float row_max(const float* x, size_t n) { return max_of(x, n); }
 
 // x[u] = exp(x[u] - m) for u < n; returns their sum.
-__attribute__((target_clones("avx512f", "avx2", "default"))) float exp_shifted(float* x, float m,
-                                                                               size_t n) {
+ZERODP_NN_CLONES float exp_shifted(float* x, float m, size_t n) {
   return sum_exp_shifted(x, x, m, n);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void scale_row(float* x, float s,
-                                                                            size_t n) {
+ZERODP_NN_CLONES void scale_row(float* x, float s, size_t n) {
   for (size_t u = 0; u < n; ++u) x[u] *= s;
 }
 
 // Softmax backward of one row in place: g[u] = p[u] (g[u] - sum_w p[w] g[w]).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_backward_row(
-    float* g, const float* p, size_t n) {
+ZERODP_NN_CLONES void softmax_backward_row(float* g, const float* p, size_t n) {
   Lanes lane = {};
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) lane += load_lanes(p + i) * load_lanes(g + i);

@@ -22,8 +22,8 @@ namespace {
 // One row's loss; adds its gradient into dz unless dz is null. The exponentials are computed
 // twice (for the sum, then for the gradient) rather than kept in a buffer: the same function
 // of the same inputs, so the same bits, and nothing to allocate.
-__attribute__((target_clones("avx512f", "avx2", "default"))) double row_loss(
-    float* __restrict dz, const float* __restrict z, size_t t, size_t V, float dscale) {
+ZERODP_NN_CLONES double row_loss(float* __restrict dz, const float* __restrict z, size_t t,
+                                 size_t V, float dscale) {
   const float zmax = max_of(z, V);  // exp never overflows
   const float sum = sum_exp_shifted(nullptr, z, zmax, V);
   const double loss = static_cast<double>(std::log(sum)) - static_cast<double>(z[t] - zmax);

@@ -26,8 +26,7 @@ using nn_detail::load_lanes;
 namespace {
 
 // Sum of x, and of (x - m)^2 once m is known: the two passes of the forward statistics.
-__attribute__((target_clones("avx512f", "avx2", "default"))) float row_sum(const float* x,
-                                                                           size_t C) {
+ZERODP_NN_CLONES float row_sum(const float* x, size_t C) {
   Lanes lane = {};
   size_t i = 0;
   for (; i + kLanes <= C; i += kLanes) lane += load_lanes(x + i);
@@ -36,8 +35,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float row_sum(const
   return sum;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) float row_sq_dev(const float* x,
-                                                                              float m, size_t C) {
+ZERODP_NN_CLONES float row_sq_dev(const float* x, float m, size_t C) {
   Lanes lane = {};
   size_t i = 0;
   for (; i + kLanes <= C; i += kLanes) {
@@ -52,18 +50,18 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float row_sq_dev(co
   return sum;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void row_normalize(
-    float* __restrict y, const float* __restrict x, float m, float s,
-    const float* __restrict weight, const float* __restrict bias, size_t C) {
+ZERODP_NN_CLONES void row_normalize(float* __restrict y, const float* __restrict x, float m,
+                                    float s, const float* __restrict weight,
+                                    const float* __restrict bias, size_t C) {
   for (size_t i = 0; i < C; ++i) y[i] = (x[i] - m) * s * weight[i] + bias[i];
 }
 
 // Backward of one row: sums of g = weight * dy and of g * n, n = (x - m) s; then dx, dweight,
 // dbias accumulate.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void row_backward(
-    float* __restrict dx, float* __restrict dweight, float* __restrict dbias,
-    const float* __restrict dy, const float* __restrict x, const float* __restrict weight, float m,
-    float s, float inv_c, size_t C) {
+ZERODP_NN_CLONES void row_backward(float* __restrict dx, float* __restrict dweight,
+                                   float* __restrict dbias, const float* __restrict dy,
+                                   const float* __restrict x, const float* __restrict weight,
+                                   float m, float s, float inv_c, size_t C) {
   Lanes g_lane = {};
   Lanes gn_lane = {};
   size_t i = 0;

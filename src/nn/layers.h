@@ -9,6 +9,8 @@
 // - forward writes (=) its outputs; backward ADDS (+=) into its d-outputs (dinp, dweight,
 //   dbias, ...). Callers zero gradient buffers before the first micro-batch, so weight
 //   gradients accumulate over micro-batches and residual streams sum their branches.
+//   Linear and GELU can instead overwrite (=) their input gradient, InputGrad::kOverwrite,
+//   for a caller that would otherwise zero a buffer only to add into it once.
 // - Outputs and d-outputs never overlap the inputs or each other (the kernels' loops are
 //   written for distinct buffers, __restrict, so that they vectorize).
 // - Every span must hold exactly the elements its shape needs; a mismatch throws
@@ -26,6 +28,11 @@
 
 namespace zerodp {
 
+// What a backward does with its input gradient (dinp): add into it, the convention, or
+// write it, which saves zeroing the buffer first (a pass over it) and lets the product
+// write instead of reading and writing.
+enum class InputGrad : bool { kAdd = false, kOverwrite = true };
+
 // ---- Linear: out = inp @ weight^T + bias (PyTorch nn.Linear layout) ----
 
 void linear_forward(std::span<float> out,           // (rows, OC)
@@ -36,13 +43,13 @@ void linear_forward(std::span<float> out,           // (rows, OC)
 
 // dinp may be empty when the input needs no gradient (data), dbias must be empty exactly
 // when the layer has no bias.
-void linear_backward(std::span<float> dinp,          // (rows, C) +=, or empty
+void linear_backward(std::span<float> dinp,          // (rows, C) += (or = ), or empty
                      std::span<float> dweight,       // (OC, C) +=
                      std::span<float> dbias,         // (OC) +=, or empty
                      std::span<const float> dout,    // (rows, OC)
                      std::span<const float> inp,     // (rows, C)
                      std::span<const float> weight,  // (OC, C)
-                     size_t rows, size_t C, size_t OC);
+                     size_t rows, size_t C, size_t OC, InputGrad dinp_mode = InputGrad::kAdd);
 
 // ---- Encoder: token embedding + learned position embedding ----
 // out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]. Tokens outside [0, V) throw
@@ -90,9 +97,10 @@ void layernorm_backward(std::span<float> dinp,          // (rows, C) +=
 void gelu_forward(std::span<float> out,         // (count)
                   std::span<const float> inp);  // (count)
 
-void gelu_backward(std::span<float> dinp,         // (count) +=
-                   std::span<const float> inp,    // (count)
-                   std::span<const float> dout);  // (count)
+void gelu_backward(std::span<float> dinp,        // (count) += (or =)
+                   std::span<const float> inp,   // (count)
+                   std::span<const float> dout,  // (count)
+                   InputGrad dinp_mode = InputGrad::kAdd);
 
 // ---- Residual: out = inp1 + inp2 ----
 

@@ -34,7 +34,8 @@ void linear_forward(std::span<float> out, std::span<const float> inp, std::span<
 
 void linear_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                      std::span<const float> dout, std::span<const float> inp,
-                     std::span<const float> weight, size_t rows, size_t C, size_t OC) {
+                     std::span<const float> weight, size_t rows, size_t C, size_t OC,
+                     InputGrad dinp_mode) {
   const std::string shape = fmt::format("(rows={}, C={}, OC={})", rows, C, OC);
   check_optional_count("linear_backward", "dinp", dinp, rows * C, shape);
   check_count("linear_backward", "dweight", dweight, OC * C, shape);
@@ -44,9 +45,10 @@ void linear_backward(std::span<float> dinp, std::span<float> dweight, std::span<
   check_count("linear_backward", "weight", weight, OC * C, shape);
   // Both products read dout: with bf16 compute, round it once.
   const Bf16Operands dout16(dinp.empty() ? std::span<const float>() : dout);
-  // dinp (rows, C) += dout (rows, OC) @ weight (OC, C)
+  // dinp (rows, C) += (or =) dout (rows, OC) @ weight (OC, C)
   if (!dinp.empty()) {
-    gemm(Transpose::kNo, Transpose::kNo, rows, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+    const float beta = dinp_mode == InputGrad::kAdd ? 1.0f : 0.0f;
+    gemm(Transpose::kNo, Transpose::kNo, rows, C, OC, 1.0f, dout, OC, weight, C, beta, dinp, C);
   }
   // dweight (OC, C) += dout^T (OC, rows) @ inp (rows, C)
   gemm(Transpose::kYes, Transpose::kNo, OC, C, rows, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);

@@ -1,18 +1,28 @@
 // Elementwise math shared by the layer kernels (private to nn/), written so that a loop of it
-// vectorizes and still gives the same bits in every lane, clone and instruction set: plain
-// fp32 operations in a fixed order, no libm, no reassociation.
+// vectorizes and still gives the same bits in every lane, clone and instruction set: fp32
+// operations and exactly rounded fused multiply-adds in a fixed order, no reassociation.
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 namespace zerodp::nn_detail {
 
-// exp(y) for y <= 0, by range reduction plus a degree-7 polynomial (relative error ~1e-7),
-// flushed to 0 below -87 (exp(-87) = 1.6e-38: what it multiplies or is added to is at
-// least ~1 wherever it is used, in GELU's Phi and pdf and in softmax, whose largest term is 1).
+// The clones every vectorized loop of nn/ is compiled as, one chosen at load time. Each does
+// the same IEEE operations in the same order; fused multiply-adds appear only where written
+// as std::fma, which is exactly rounded wherever it runs (an instruction in the v3 and v4
+// clones, glibc's fmaf in the default one, slow but the same bits), and the build forbids
+// contracting anything else (-ffp-contract=off). So the bits do not depend on the clone.
+#define ZERODP_NN_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+// exp(y) for y <= 0, by range reduction plus a degree-7 polynomial in fused multiply-adds
+// (relative error ~1e-7), flushed to 0 below -87 (exp(-87) = 1.6e-38: what it multiplies or
+// is added to is at least ~1 wherever it is used, in GELU's Phi and pdf and in softmax, whose
+// largest term is 1). Callers are ZERODP_NN_CLONES loops: elsewhere each fma is a libm call.
 // The clamp is a select: callers' loops vectorize only when compiled with -fno-trapping-math.
 inline float exp_nonpositive(float y) {
   y = y < -87.0f ? -87.0f : y;
@@ -20,16 +30,16 @@ inline float exp_nonpositive(float y) {
   constexpr float kLn2Hi = 0.693359375f;  // ln 2 = hi + lo, hi exact in 9 bits
   constexpr float kLn2Lo = -2.12194440e-4f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (y * kLog2e + kRound) - kRound;
-  const float r = (y - n * kLn2Hi) - n * kLn2Lo;  // |r| <= ln2 / 2
+  const float n = std::fma(y, kLog2e, kRound) - kRound;
+  const float r = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, y));  // |r| <= ln2 / 2
   float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  p = std::fma(p, r, 1.0f / 720.0f);
+  p = std::fma(p, r, 1.0f / 120.0f);
+  p = std::fma(p, r, 1.0f / 24.0f);
+  p = std::fma(p, r, 1.0f / 6.0f);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
   return p * std::bit_cast<float>(bits);
 }

@@ -93,6 +93,23 @@ TEST(Linear, BackwardAccumulates) {
   expect_accumulates(p_bias, dbias, a_bias, "dbias");
 }
 
+// kOverwrite writes dinp whatever it held (NaN here, which any read would spread) and
+// still adds into dweight and dbias.
+TEST(Linear, OverwritingTheInputGradientIgnoresWhatItHeld) {
+  LinearCase k;
+  std::vector<float> dinp(k.inp.size()), dweight(k.weight.size()), dbias(k.bias.size());
+  linear_backward(dinp, dweight, dbias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC);
+  const auto p_weight = normal_vector(dweight.size(), 6);
+  const auto p_bias = normal_vector(dbias.size(), 7);
+  std::vector<float> o_inp(k.inp.size(), std::nanf("")), o_weight = p_weight, o_bias = p_bias;
+  linear_backward(o_inp, o_weight, o_bias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC,
+                  InputGrad::kOverwrite);
+  for (size_t i = 0; i < dinp.size(); ++i)
+    EXPECT_FLOAT_EQ(o_inp[i], dinp[i]) << "dinp[" << i << "]";
+  expect_accumulates(p_weight, dweight, o_weight, "dweight");
+  expect_accumulates(p_bias, dbias, o_bias, "dbias");
+}
+
 TEST(Linear, EmptyDinpSkipsTheInputGradient) {
   LinearCase k;
   std::vector<float> dweight(k.weight.size()), dbias(k.bias.size());
@@ -296,6 +313,16 @@ TEST(Gelu, BackwardAccumulates) {
   std::vector<float> got = prefill;
   gelu_backward(got, inp, dout);
   expect_accumulates(prefill, dinp, got, "dinp");
+}
+
+TEST(Gelu, OverwritingTheInputGradientIgnoresWhatItHeld) {
+  const std::vector<float> inp = normal_vector(61, 33, 2.0f);
+  const std::vector<float> dout = normal_vector(61, 34);
+  std::vector<float> dinp(61);
+  gelu_backward(dinp, inp, dout);
+  std::vector<float> got(61, std::nanf(""));
+  gelu_backward(got, inp, dout, InputGrad::kOverwrite);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], dinp[i]) << "dinp[" << i << "]";
 }
 
 // ---------------------------------------------------------------- Residual
