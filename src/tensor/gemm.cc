@@ -324,6 +324,11 @@ struct Bf16Slot {
 thread_local Bf16Slot t_bf16_slots[kMaxBf16Operands];
 thread_local int t_bf16_depth = 0;
 
+// Operands a kBF16 product rounds itself (no scope holds them), and their widened copies on
+// the fallback path; kept from call to call like the slots' copies.
+thread_local std::vector<BFloat16> t_round_a16, t_round_b16;
+thread_local std::vector<float> t_round_a32, t_round_b32;
+
 // The bf16 copy of the `count` elements at p, if a live scope's buffer holds all of them.
 const BFloat16* scoped_bf16(const float* p, size_t count) {
   const auto begin = reinterpret_cast<uintptr_t>(p);
@@ -443,8 +448,8 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
   // thread, before any tile runs), unless a Bf16Operands scope holds them rounded already.
   // Without AVX-512 BF16 the rounded values, widened back, go through the fp32 path: the same
   // rounding of the operands, fp32 products of them (scopes are not consulted there).
-  thread_local std::vector<BFloat16> a16, b16;
-  thread_local std::vector<float> a32, b32;
+  std::vector<BFloat16>&a16 = t_round_a16, &b16 = t_round_b16;
+  std::vector<float>&a32 = t_round_a32, &b32 = t_round_b32;
   if (t_gemm_compute == GemmCompute::kBF16) {
     const size_t a_rows = ta ? K : M, a_cols = ta ? M : K;
     const size_t b_rows = tb ? N : K, b_cols = tb ? K : N;
@@ -526,6 +531,13 @@ Bf16Operands::~Bf16Operands() {
 
 void set_gemm_compute(GemmCompute compute) { t_gemm_compute = compute; }
 GemmCompute gemm_compute() { return t_gemm_compute; }
+size_t gemm_bf16_copy_bytes() {
+  size_t bytes = (t_round_a16.capacity() + t_round_b16.capacity()) * sizeof(BFloat16) +
+                 (t_round_a32.capacity() + t_round_b32.capacity()) * sizeof(float);
+  for (const Bf16Slot& slot : t_bf16_slots) bytes += slot.own.capacity() * sizeof(BFloat16);
+  return bytes;
+}
+
 bool gemm_bf16_native() { return cpu_has_bf16(); }
 
 size_t gemm_tile_count(size_t M, size_t N, size_t K) { return tiling_for(M, N, K).count(); }

@@ -77,6 +77,12 @@ GemmCompute gemm_compute();
 // ZERODP_GEMM_BF16=fallback) rather than the fp32 fallback.
 bool gemm_bf16_native();
 
+// Bytes the calling thread keeps for kBF16 products between calls: operands a product rounds
+// itself, the scopes' rounded copies below, and on the fallback path their fp32 widenings.
+// They are kept (a step allocates nothing after its first) and live outside any memory
+// ledger, which is why a training report lists them beside it.
+size_t gemm_bf16_copy_bytes();
+
 // Rounding every operand at every kBF16 product costs as much as a tenth of a bf16 step:
 // a weight is rounded in forward and again in backward, a gradient twice in backward (for
 // dX and dW), attention's keys at every query block. While a Bf16Operands scope lives on

@@ -1043,6 +1043,7 @@ struct MemorySnapshot {
   MemoryLedger::Table current{};
   MemoryLedger::Table peak{};
   uint64_t peak_total = 0;
+  uint64_t gemm_bf16_copies = 0;
 };
 
 std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
@@ -1051,6 +1052,7 @@ std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
   for (uint64_t x : mem.current) v.push_back(static_cast<double>(x));
   for (uint64_t x : mem.peak) v.push_back(static_cast<double>(x));
   v.push_back(static_cast<double>(mem.peak_total));
+  v.push_back(static_cast<double>(mem.gemm_bf16_copies));
   for (auto phase : {CommPhase::kTrain, CommPhase::kOther}) {
     for (const auto& c : comm.ledger().table(phase)) {
       v.push_back(static_cast<double>(c.calls));
@@ -1069,6 +1071,7 @@ RankSummary unpack_summary(std::span<const double> v, int rank) {
   for (auto& x : s.model_state) x = static_cast<uint64_t>(v[k++]);
   for (auto& x : s.peak) x = static_cast<uint64_t>(v[k++]);
   s.peak_total = static_cast<uint64_t>(v[k++]);
+  s.gemm_bf16_copy_bytes = static_cast<uint64_t>(v[k++]);
   for (auto* table : {&s.comm_train, &s.comm_other}) {
     for (auto& c : *table) {
       c.calls = static_cast<uint64_t>(v[k++]);
@@ -1542,7 +1545,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     }
     // Memory as training left it; the evaluation and hash below are not training.
     const MemorySnapshot mem{trainer.ledger().current_table(), trainer.ledger().peak_table(),
-                             trainer.ledger().peak_total()};
+                             trainer.ledger().peak_total(), gemm_bf16_copy_bytes()};
     CommPhaseScope other(comm.ledger(), CommPhase::kOther);
     const double val = trainer.evaluate();
     std::vector<float> kept;

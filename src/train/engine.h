@@ -49,6 +49,8 @@ struct RankSummary {
   MemoryLedger::Table model_state{};  // current bytes at the end (steady state)
   MemoryLedger::Table peak{};
   uint64_t peak_total = 0;
+  // Outside the ledger: the rank thread's kept bf16 operand copies (tensor/gemm.h), 0 in fp32.
+  uint64_t gemm_bf16_copy_bytes = 0;
   CommLedger::Table comm_train{};
   CommLedger::Table comm_other{};
   std::string samples_sha256;

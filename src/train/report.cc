@@ -132,6 +132,7 @@ nlohmann::json report_json(const TrainResult& r) {
     peak["total"] = rank.peak_total;
     rj["model_state_bytes"] = states;
     rj["peak_bytes"] = peak;
+    rj["outside_ledger_bytes"] = {{"gemm_bf16_copies", rank.gemm_bf16_copy_bytes}};
     rj["comm"] = comm_json(rank.comm_train);
     rj["comm_other"] = comm_json(rank.comm_other);
     rj["samples_sha256"] = rank.samples_sha256;
