@@ -8,6 +8,11 @@
 
 #include "core/error.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 namespace zerodp {
 namespace {
 
@@ -28,9 +33,10 @@ constexpr uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); 
 
 }  // namespace
 
-Sha256::Sha256() : state_(kInitialState) {}
+namespace sha256_detail {
+namespace {
 
-void Sha256::compress(const uint8_t* block) {
+void compress_one(std::array<uint32_t, 8>& state, const uint8_t* block) {
   std::array<uint32_t, 64> w;
   for (int t = 0; t < 16; ++t) {
     // Big-endian words by arithmetic, so the result does not depend on host byte order.
@@ -42,8 +48,8 @@ void Sha256::compress(const uint8_t* block) {
     const uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
     w[t] = w[t - 16] + s0 + w[t - 7] + s1;
   }
-  uint32_t a = state_[0], b = state_[1], c = state_[2], d = state_[3];
-  uint32_t e = state_[4], f = state_[5], g = state_[6], h = state_[7];
+  uint32_t a = state[0], b = state[1], c = state[2], d = state[3];
+  uint32_t e = state[4], f = state[5], g = state[6], h = state[7];
   for (int t = 0; t < 64; ++t) {
     const uint32_t s1 = rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25);
     const uint32_t ch = (e & f) ^ (~e & g);
@@ -60,14 +66,95 @@ void Sha256::compress(const uint8_t* block) {
     b = a;
     a = t1 + t2;
   }
-  state_[0] += a;
-  state_[1] += b;
-  state_[2] += c;
-  state_[3] += d;
-  state_[4] += e;
-  state_[5] += f;
-  state_[6] += g;
-  state_[7] += h;
+  state[0] += a;
+  state[1] += b;
+  state[2] += c;
+  state[3] += d;
+  state[4] += e;
+  state[5] += f;
+  state[6] += g;
+  state[7] += h;
+}
+
+}  // namespace
+
+void compress_portable(std::array<uint32_t, 8>& state, const uint8_t* blocks, size_t count) {
+  for (size_t i = 0; i < count; ++i) compress_one(state, blocks + 64 * i);
+}
+
+#if defined(__x86_64__)
+bool cpu_has_sha_extensions() {
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool sha = (ebx >> 29) & 1;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool ssse3 = (ecx >> 9) & 1, sse41 = (ecx >> 19) & 1;
+    return sha && ssse3 && sse41;
+  }();
+  return has;
+}
+
+// The SHA extensions keep the state as two vectors, (A, B, E, F) and (C, D, G, H), high lane
+// first; sha256rnds2 runs two rounds from the low two lanes of message + constants, and
+// sha256msg1/msg2 extend the message schedule four words at a time.
+__attribute__((target("sha,ssse3,sse4.1"))) void compress_sha_extensions(
+    std::array<uint32_t, 8>& state, const uint8_t* blocks, size_t count) {
+  const __m128i byte_swap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+  __m128i dcba = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state.data()));
+  __m128i hgfe = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state.data() + 4));
+  const __m128i badc = _mm_shuffle_epi32(dcba, 0xB1);
+  const __m128i efgh = _mm_shuffle_epi32(hgfe, 0x1B);
+  __m128i abef = _mm_alignr_epi8(badc, efgh, 8);
+  __m128i cdgh = _mm_blend_epi16(efgh, badc, 0xF0);
+  for (size_t b = 0; b < count; ++b) {
+    const uint8_t* block = blocks + 64 * b;
+    const __m128i abef_in = abef, cdgh_in = cdgh;
+    __m128i w[4];  // the last four groups of four message words
+    for (int i = 0; i < 16; ++i) {
+      __m128i m;
+      if (i < 4) {
+        m = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 * i)),
+                             byte_swap);
+      } else {
+        // W[t..t+3] = W[t-16..] + s0(W[t-15..]) + W[t-7..] + s1(W[t-2..])
+        m = _mm_sha256msg1_epu32(w[i & 3], w[(i + 1) & 3]);
+        m = _mm_add_epi32(m, _mm_alignr_epi8(w[(i + 3) & 3], w[(i + 2) & 3], 4));
+        m = _mm_sha256msg2_epu32(m, w[(i + 3) & 3]);
+      }
+      w[i & 3] = m;
+      const __m128i wk = _mm_add_epi32(
+          m, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kRoundConstants.data() + 4 * i)));
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk);
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(wk, 0x0E));
+    }
+    abef = _mm_add_epi32(abef, abef_in);
+    cdgh = _mm_add_epi32(cdgh, cdgh_in);
+  }
+  const __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+  const __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+  dcba = _mm_blend_epi16(feba, dchg, 0xF0);
+  hgfe = _mm_alignr_epi8(dchg, feba, 8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state.data()), dcba);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state.data() + 4), hgfe);
+}
+#else
+bool cpu_has_sha_extensions() { return false; }
+void compress_sha_extensions(std::array<uint32_t, 8>& state, const uint8_t* blocks, size_t count) {
+  compress_portable(state, blocks, count);
+}
+#endif
+
+}  // namespace sha256_detail
+
+Sha256::Sha256() : state_(kInitialState) {}
+
+void Sha256::compress(const uint8_t* blocks, size_t count) {
+  if (sha256_detail::cpu_has_sha_extensions()) {
+    sha256_detail::compress_sha_extensions(state_, blocks, count);
+  } else {
+    sha256_detail::compress_portable(state_, blocks, count);
+  }
 }
 
 void Sha256::update(std::span<const std::byte> data) {
@@ -81,10 +168,13 @@ void Sha256::update(std::span<const std::byte> data) {
     p += take_bytes;
     left_bytes -= take_bytes;
     if (buffered_bytes_ < buffer_.size()) return;
-    compress(buffer_.data());
+    compress(buffer_.data(), 1);
     buffered_bytes_ = 0;
   }
-  for (; left_bytes >= 64; p += 64, left_bytes -= 64) compress(p);
+  const size_t blocks = left_bytes / 64;
+  compress(p, blocks);
+  p += 64 * blocks;
+  left_bytes -= 64 * blocks;
   if (left_bytes > 0) std::memcpy(buffer_.data(), p, left_bytes);
   buffered_bytes_ = left_bytes;
 }

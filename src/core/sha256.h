@@ -3,7 +3,9 @@
 // Used for the KJV cache check, and meant for reports (`weights_sha256`,
 // `samples_sha256`) and checkpoints. A Sha256 is a plain value: copy it to fork a running
 // hash; digest() does not change it, so a caller may take digests of a prefix and keep
-// feeding. Not thread-safe; use one per thread.
+// feeding. Not thread-safe; use one per thread. Blocks are compressed with the x86 SHA
+// extensions where the CPU has them (4.7x the portable code, bench_sha256; checkpoints hash
+// every byte they write and read), else by the portable FIPS 180-4 rounds; same digests.
 #pragma once
 
 #include <array>
@@ -38,7 +40,7 @@ class Sha256 {
   uint64_t size_bytes() const { return total_bytes_; }
 
  private:
-  void compress(const uint8_t* block);  // one 64-byte block into state_
+  void compress(const uint8_t* blocks, size_t count);  // 64-byte blocks into state_
 
   std::array<uint32_t, 8> state_;
   std::array<uint8_t, 64> buffer_{};  // a partial block, buffered_bytes_ of it valid
@@ -55,6 +57,14 @@ std::string sha256_file_hex(const std::filesystem::path& path);
 // Feeds each value as 8 little-endian bytes, whatever the host byte order (the report's
 // `samples_sha256` hashes sample indices this way).
 void sha256_update_u64_le(Sha256& hash, std::span<const uint64_t> values);
+
+namespace sha256_detail {
+// The two block compressions behind Sha256, exposed so tests can compare them.
+bool cpu_has_sha_extensions();
+void compress_portable(std::array<uint32_t, 8>& state, const uint8_t* blocks, size_t count);
+// Only where cpu_has_sha_extensions().
+void compress_sha_extensions(std::array<uint32_t, 8>& state, const uint8_t* blocks, size_t count);
+}  // namespace sha256_detail
 
 // Lowercase hex of bytes ("" for none).
 std::string to_hex(std::span<const uint8_t> bytes);

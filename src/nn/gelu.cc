@@ -10,7 +10,8 @@
 // operation is fp32 arithmetic or an exactly rounded fused multiply-add, without branches,
 // so the loops vectorize, the bits are the same in vector and scalar lanes and in every
 // clone (nn/vecmath.h), and nothing depends on the libm at hand.
-// Measured: ~10x faster than glibc's scalar erff/expf on GPT-small's 1024 x 512 activation.
+// Measured: ~13x faster than glibc's scalar erff/expf on GPT-small's 1024 x 512 activation
+// (bench_layers: 0.76 ms per million elements forward, 1.04 backward).
 #include "nn/layers.h"
 
 #include <cmath>

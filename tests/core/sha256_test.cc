@@ -1,5 +1,6 @@
 #include "core/sha256.h"
 
+#include <array>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -48,6 +49,26 @@ TEST(Sha256, IncrementalChunksEqualOneShot) {
     }
     EXPECT_EQ(h.hex_digest(), expected) << "chunk " << chunk;
     EXPECT_EQ(h.size_bytes(), text.size());
+  }
+}
+
+// The vectors above go through whichever compression this CPU uses; here the SHA-extensions
+// path and the portable one must agree on many blocks of varied bytes, from varied states.
+TEST(Sha256, ShaExtensionsAgreeWithThePortableRounds) {
+  if (!sha256_detail::cpu_has_sha_extensions()) {
+    GTEST_SKIP() << "this CPU has no SHA extensions; the portable rounds are the only path";
+  }
+  std::vector<uint8_t> blocks(64 * 257);
+  uint32_t x = 12345;
+  for (auto& b : blocks) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<uint8_t>(x >> 24);
+  }
+  std::array<uint32_t, 8> portable = {1, 2, 3, 4, 5, 6, 7, 0xffffffffu}, extensions = portable;
+  for (size_t count : {size_t{1}, size_t{2}, size_t{7}, size_t{247}}) {
+    sha256_detail::compress_portable(portable, blocks.data(), count);
+    sha256_detail::compress_sha_extensions(extensions, blocks.data(), count);
+    EXPECT_EQ(portable, extensions) << count << " blocks";
   }
 }
 
