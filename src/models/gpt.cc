@@ -23,6 +23,8 @@ using models_detail::Slot;
 namespace {
 
 constexpr float kInitStd = 0.02f;
+// Linear weights: read only by matrix products (see TensorUse).
+constexpr TensorUse kProduct = TensorUse::kProductOperand;
 
 size_t rows_of(const BatchShape& s) { return static_cast<size_t>(s.B) * static_cast<size_t>(s.T); }
 
@@ -141,15 +143,18 @@ class BlockUnit final : public GptUnit {
     const std::string p = name() + ".";
     ln1_w_ = param(p + "ln_1.weight", {C}, InitKind::kOnes, 0.0f, false);
     ln1_b_ = param(p + "ln_1.bias", {C}, InitKind::kZeros, 0.0f, false);
-    attn_w_ = param(p + "attn.c_attn.weight", {3 * C, C}, InitKind::kNormal, kInitStd, true);
+    attn_w_ =
+        param(p + "attn.c_attn.weight", {3 * C, C}, InitKind::kNormal, kInitStd, true, kProduct);
     attn_b_ = param(p + "attn.c_attn.bias", {3 * C}, InitKind::kZeros, 0.0f, false);
-    attnproj_w_ = param(p + "attn.c_proj.weight", {C, C}, InitKind::kNormal, proj_std, true);
+    attnproj_w_ =
+        param(p + "attn.c_proj.weight", {C, C}, InitKind::kNormal, proj_std, true, kProduct);
     attnproj_b_ = param(p + "attn.c_proj.bias", {C}, InitKind::kZeros, 0.0f, false);
     ln2_w_ = param(p + "ln_2.weight", {C}, InitKind::kOnes, 0.0f, false);
     ln2_b_ = param(p + "ln_2.bias", {C}, InitKind::kZeros, 0.0f, false);
-    fc_w_ = param(p + "mlp.c_fc.weight", {4 * C, C}, InitKind::kNormal, kInitStd, true);
+    fc_w_ = param(p + "mlp.c_fc.weight", {4 * C, C}, InitKind::kNormal, kInitStd, true, kProduct);
     fc_b_ = param(p + "mlp.c_fc.bias", {4 * C}, InitKind::kZeros, 0.0f, false);
-    fcproj_w_ = param(p + "mlp.c_proj.weight", {C, 4 * C}, InitKind::kNormal, proj_std, true);
+    fcproj_w_ =
+        param(p + "mlp.c_proj.weight", {C, 4 * C}, InitKind::kNormal, proj_std, true, kProduct);
     fcproj_b_ = param(p + "mlp.c_proj.bias", {C}, InitKind::kZeros, 0.0f, false);
   }
 
@@ -280,7 +285,7 @@ class HeadUnit final : public GptUnit {
     const int64_t C = config.embd, V = config.vocab;
     lnf_w_ = param("ln_f.weight", {C}, InitKind::kOnes, 0.0f, false);
     lnf_b_ = param("ln_f.bias", {C}, InitKind::kZeros, 0.0f, false);
-    lm_w_ = param("lm_head.weight", {V, C}, InitKind::kNormal, kInitStd, true);
+    lm_w_ = param("lm_head.weight", {V, C}, InitKind::kNormal, kInitStd, true, kProduct);
   }
 
   size_t input_count(const BatchShape& s) const override { return rows_of(s) * C_; }

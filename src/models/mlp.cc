@@ -31,7 +31,8 @@ class MlpUnit : public ParamUnit {
         out_(static_cast<size_t>(out)),
         reads_features_(reads_features) {
     const std::string p = this->name() + ".";
-    weight_ = param(p + "weight", {out, in}, InitKind::kNormal, lecun_std(in), true);
+    weight_ = param(p + "weight", {out, in}, InitKind::kNormal, lecun_std(in), true,
+                    TensorUse::kProductOperand);
     bias_ = param(p + "bias", {out}, InitKind::kZeros, 0.0f, false);
   }
 

@@ -10,7 +10,7 @@
 namespace zerodp {
 
 void Unit::add_tensor(std::string name, std::vector<int64_t> shape, InitKind init, float init_std,
-                      bool weight_decay) {
+                      bool weight_decay, TensorUse use) {
   if (shape.empty()) {
     throw InvalidArgument(
         fmt::format("unit {}: tensor {} has no dimensions; give it a shape", name_, name));
@@ -39,7 +39,8 @@ void Unit::add_tensor(std::string name, std::vector<int64_t> shape, InitKind ini
                                 .numel = numel,
                                 .init = init,
                                 .init_std = init_std,
-                                .weight_decay = weight_decay});
+                                .weight_decay = weight_decay,
+                                .use = use});
   numel_ += numel;
 }
 

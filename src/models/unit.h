@@ -18,6 +18,13 @@ namespace zerodp {
 
 enum class InitKind : uint8_t { kNormal, kZeros, kOnes };
 
+// How a unit reads a tensor's values. kProductOperand: only as an operand of gemm() matrix
+// products (a Linear's weight), never elementwise or by row. Under bf16 products the engine
+// then does not widen the tensor to fp32: the products read its stored bf16 copy through a
+// Bf16Operands scope (tensor/gemm.h), and its fp32 view holds stale values. A claim the unit
+// makes about its own code, checked by model_testing's NaN test for every built-in model.
+enum class TensorUse : uint8_t { kAny, kProductOperand };
+
 // One parameter tensor inside a unit's flat buffer.
 struct TensorSpec {
   std::string name;            // canonical, e.g. "h.0.attn.c_attn.weight" (PyTorch's names)
@@ -27,6 +34,7 @@ struct TensorSpec {
   InitKind init = InitKind::kNormal;
   float init_std = 0.02f;    // for kNormal
   bool weight_decay = true;  // norms and biases: false (policy as data, not indices)
+  TensorUse use = TensorUse::kAny;
 };
 
 // The shape of one micro-batch as a unit sees it.
@@ -84,7 +92,7 @@ class Unit {
   explicit Unit(std::string name) : name_(std::move(name)) {}
   // Appends a tensor at the end of the flat buffer.
   void add_tensor(std::string name, std::vector<int64_t> shape, InitKind init, float init_std,
-                  bool weight_decay);
+                  bool weight_decay, TensorUse use = TensorUse::kAny);
 
  private:
   std::string name_;

@@ -30,8 +30,8 @@ class ParamUnit : public Unit {
   using Unit::Unit;
   // add_tensor, returning where the tensor landed.
   Slot param(std::string name, std::vector<int64_t> shape, InitKind init, float init_std,
-             bool weight_decay) {
-    add_tensor(std::move(name), std::move(shape), init, init_std, weight_decay);
+             bool weight_decay, TensorUse use = TensorUse::kAny) {
+    add_tensor(std::move(name), std::move(shape), init, init_std, weight_decay, use);
     return Slot{tensors().back().offset, tensors().back().numel};
   }
 

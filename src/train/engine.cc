@@ -203,6 +203,9 @@ struct UnitState {
   Buffer<float> adam_m;
   Buffer<float> adam_v;
   std::vector<DecaySegment> decay;
+  // What weights_for widens: the whole buffer, or under bf16 products only the tensors read
+  // other than as product operands (TensorUse), adjacent ones merged.
+  std::vector<Range> widen;
 };
 
 class RankTrainer {
@@ -375,6 +378,17 @@ void RankTrainer::allocate_states() {
     if (!fp32) u.master = Buffer<float>(ledger_, MemCategory::kMaster, opt);
     u.adam_m = Buffer<float>(ledger_, MemCategory::kAdamM, opt);
     u.adam_v = Buffer<float>(ledger_, MemCategory::kAdamV, opt);
+    const bool products_read_bf16 = dtype_ == DType::kBF16 &&
+                                    compute_for(cfg_.precision) == GemmCompute::kBF16 &&
+                                    gemm_bf16_native();
+    for (const TensorSpec& t : u.unit->tensors()) {
+      if (products_read_bf16 && t.use == TensorUse::kProductOperand) continue;
+      if (!u.widen.empty() && u.widen.back().end == t.offset) {
+        u.widen.back().end += t.numel;
+      } else {
+        u.widen.push_back({t.offset, t.offset + t.numel});
+      }
+    }
     // Decay policy as data: one segment per tensor overlapping the optimizer range.
     for (const TensorSpec& t : u.unit->tensors()) {
       const size_t b = std::max(t.offset, u.opt_range.begin);
@@ -473,14 +487,16 @@ void RankTrainer::allocate_transients() {
 }
 
 // fp32 weights of unit ui for compute. Stage 3: gathered into `slot` first (the caller has
-// issued and waited for the gather).
+// issued and waited for the gather). Under bf16 products the product-operand tensors are not
+// widened: the caller's Bf16Operands scope makes the products read stored_bf16 instead.
 std::span<const float> RankTrainer::weights_for(size_t ui, int slot) {
   UnitState& u = units_[ui];
   const void* src = u.params.data();
   if (sharding_.parameters) src = gathered_[slot].data();
   if (dtype_ == DType::kF32) return {static_cast<const float*>(src), u.numel};
-  widen(src, dtype_, 0, w32_.span().first(u.numel));
-  return w32_.span().first(u.numel);
+  const std::span<float> w = w32_.span().first(u.numel);
+  for (const Range& r : u.widen) widen(src, dtype_, r.begin, w.subspan(r.begin, r.count()));
+  return w;
 }
 
 std::span<const BFloat16> RankTrainer::stored_bf16(size_t ui, int slot) const {

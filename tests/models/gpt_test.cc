@@ -210,6 +210,13 @@ struct TinyGpt {
 // outside. rtol covers the O(h^4) truncation left after the extrapolation.
 constexpr model_testing::Tolerance kModelTolerance{1e-2f, 3e-4, 1e-3};
 
+TEST(GptTensorUse, LinearWeightsAreReadOnlyAsBf16ProductOperands) {
+  if (!gemm_bf16_native()) GTEST_SKIP() << "no native bf16 products: scopes are not consulted";
+  TinyGpt g;
+  const Buffers w = random_weights(g.model, 12, 0.3f);
+  model_testing::expect_product_operands_are_read_only_as_bf16(g.model, w, g.mb());
+}
+
 TEST(GptGradients, EveryParameterMatchesFiniteDifferences) {
   TinyGpt g;
   Buffers w = random_weights(g.model, 11, 0.3f);

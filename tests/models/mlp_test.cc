@@ -101,6 +101,13 @@ TEST(MlpGradients, LossGradScaleScalesEveryGradient) {
   }
 }
 
+TEST(MlpTensorUse, WeightsAreReadOnlyAsBf16ProductOperands) {
+  if (!gemm_bf16_native()) GTEST_SKIP() << "no native bf16 products: scopes are not consulted";
+  SmallMlp s(2);
+  const Buffers w = random_weights(s.model, 25, 0.5f);
+  model_testing::expect_product_operands_are_read_only_as_bf16(s.model, w, s.mb());
+}
+
 TEST(MlpUnits, SequencesAreRejected) {
   SmallMlp s(1);
   const Buffers w = random_weights(s.model, 25, 0.5f);

@@ -6,11 +6,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "models/model.h"
+#include "tensor/dtype.h"
+#include "tensor/gemm.h"
 
 namespace zerodp::model_testing {
 
@@ -95,6 +99,74 @@ inline void expect_model_gradients_match(const Model& model, Buffers& w, MicroBa
         worst = std::max(worst, err);
       }
       ::testing::Test::RecordProperty(t.name + "_max_abs_err", std::to_string(worst));
+    }
+  }
+}
+
+// TensorUse::kProductOperand is a claim about a unit's code: under bf16 products (the engine
+// opens a Bf16Operands scope over each unit's widened weights and their stored bf16 copy) it
+// never reads those tensors' fp32 values, so the engine may leave them unwidened. Forward and
+// backward with them poisoned to NaN must give the bits of the same calls with them widened.
+// The caller skips unless gemm_bf16_native() (elsewhere the scopes are not consulted).
+inline void expect_product_operands_are_read_only_as_bf16(const Model& model, const Buffers& w,
+                                                          const MicroBatch& mb) {
+  std::vector<std::vector<BFloat16>> stored;
+  Buffers widened, poisoned;
+  size_t poisoned_count = 0;
+  for (size_t u = 0; u < model.size(); ++u) {
+    stored.emplace_back(w[u].size());
+    convert(std::span<const float>(w[u]), std::span<BFloat16>(stored.back()));
+    widened.emplace_back(w[u].size());
+    convert(std::span<const BFloat16>(stored.back()), std::span<float>(widened.back()));
+    poisoned.push_back(widened.back());
+    for (const TensorSpec& t : model[u]->tensors()) {
+      if (t.use != TensorUse::kProductOperand) continue;
+      std::fill_n(poisoned.back().begin() + static_cast<std::ptrdiff_t>(t.offset), t.numel,
+                  std::numeric_limits<float>::quiet_NaN());
+      poisoned_count += t.numel;
+    }
+  }
+  ASSERT_GT(poisoned_count, 0u) << "the model declares no product-operand tensor";
+  const GemmCompute before = gemm_compute();
+  set_gemm_compute(GemmCompute::kBF16);
+  const BatchShape& s = mb.shape;
+  const auto pass = [&](const Buffers& weights, Buffers& grads) {
+    const size_t n = model.size();
+    std::vector<std::vector<float>> acts(n), saved(n), dacts(n);
+    size_t scratch_count = 0;
+    for (size_t u = 0; u < n; ++u) {
+      acts[u].resize(model[u]->output_count(s));
+      saved[u].resize(model[u]->saved_count(s));
+      dacts[u].assign(model[u]->output_count(s), 0.0f);
+      scratch_count = std::max(scratch_count, model[u]->scratch_count(s));
+    }
+    std::vector<float> scratch(scratch_count);
+    const auto input_of = [&](size_t u) {
+      return u == 0 ? std::span<const float>() : std::span<const float>(acts[u - 1]);
+    };
+    for (size_t u = 0; u < n; ++u) {
+      const Bf16Operands scope(weights[u], stored[u]);
+      model[u]->forward(weights[u], input_of(u), acts[u], saved[u], scratch, mb);
+    }
+    for (size_t u = n; u-- > 0;) {
+      const Bf16Operands scope(weights[u], stored[u]);
+      std::span<float> din = u == 0 ? std::span<float>() : std::span<float>(dacts[u - 1]);
+      model[u]->backward(weights[u], input_of(u), saved[u], dacts[u], grads[u], din, scratch, mb);
+    }
+    return acts.back()[0];
+  };
+  Buffers g_widened = zero_grads(model), g_poisoned = zero_grads(model);
+  const float loss_widened = pass(widened, g_widened);
+  const float loss_poisoned = pass(poisoned, g_poisoned);
+  set_gemm_compute(before);
+  ASSERT_TRUE(std::isfinite(loss_widened));
+  EXPECT_EQ(std::memcmp(&loss_widened, &loss_poisoned, sizeof(float)), 0)
+      << loss_widened << " vs " << loss_poisoned;
+  for (size_t u = 0; u < model.size(); ++u) {
+    for (size_t i = 0; i < g_widened[u].size(); ++i) {
+      ASSERT_EQ(std::memcmp(&g_widened[u][i], &g_poisoned[u][i], sizeof(float)), 0)
+          << model[u]->name() << " gradient " << i << ": " << g_widened[u][i] << " vs "
+          << g_poisoned[u][i];
     }
   }
 }
