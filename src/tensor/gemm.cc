@@ -448,8 +448,10 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
   // thread, before any tile runs), unless a Bf16Operands scope holds them rounded already.
   // Without AVX-512 BF16 the rounded values, widened back, go through the fp32 path: the same
   // rounding of the operands, fp32 products of them (scopes are not consulted there).
-  std::vector<BFloat16>&a16 = t_round_a16, &b16 = t_round_b16;
-  std::vector<float>&a32 = t_round_a32, &b32 = t_round_b32;
+  std::vector<BFloat16>& a16 = t_round_a16;
+  std::vector<BFloat16>& b16 = t_round_b16;
+  std::vector<float>& a32 = t_round_a32;
+  std::vector<float>& b32 = t_round_b32;
   if (t_gemm_compute == GemmCompute::kBF16) {
     const size_t a_rows = ta ? K : M, a_cols = ta ? M : K;
     const size_t b_rows = tb ? N : K, b_cols = tb ? K : N;

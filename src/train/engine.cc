@@ -362,6 +362,10 @@ void RankTrainer::allocate_states() {
   const int n = comm_.size();
   const int r = comm_.rank();
   const bool fp32 = cfg_.precision == Precision::kFP32;
+  // Native bf16 products read 16-bit weights from their stored copy (weights_for).
+  const bool products_read_bf16 = dtype_ == DType::kBF16 &&
+                                  compute_for(cfg_.precision) == GemmCompute::kBF16 &&
+                                  gemm_bf16_native();
   units_.resize(model_.size());
   for (size_t i = 0; i < model_.size(); ++i) {
     UnitState& u = units_[i];
@@ -378,9 +382,6 @@ void RankTrainer::allocate_states() {
     if (!fp32) u.master = Buffer<float>(ledger_, MemCategory::kMaster, opt);
     u.adam_m = Buffer<float>(ledger_, MemCategory::kAdamM, opt);
     u.adam_v = Buffer<float>(ledger_, MemCategory::kAdamV, opt);
-    const bool products_read_bf16 = dtype_ == DType::kBF16 &&
-                                    compute_for(cfg_.precision) == GemmCompute::kBF16 &&
-                                    gemm_bf16_native();
     for (const TensorSpec& t : u.unit->tensors()) {
       if (products_read_bf16 && t.use == TensorUse::kProductOperand) continue;
       if (!u.widen.empty() && u.widen.back().end == t.offset) {
