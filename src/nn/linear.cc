@@ -1,7 +1,6 @@
 // Linear layer: out = inp @ weight^T + bias, as three gemm calls in backward.
 #include "nn/layers.h"
 
-#include <algorithm>
 #include <string>
 
 #include <fmt/format.h>
@@ -21,15 +20,9 @@ void linear_forward(std::span<float> out, std::span<const float> inp, std::span<
   check_count("linear_forward", "inp", inp, rows * C, shape);
   check_count("linear_forward", "weight", weight, OC * C, shape);
   check_optional_count("linear_forward", "bias", bias, OC, shape);
-  // With a bias, start every row of out at the bias and let the product accumulate onto it
-  // (beta = 1): one pass over out instead of two.
-  float beta = 0.0f;
-  if (!bias.empty()) {
-    for (size_t r = 0; r < rows; ++r) std::copy(bias.begin(), bias.end(), out.begin() + r * OC);
-    beta = 1.0f;
-  }
-  // out (rows, OC) = inp (rows, C) @ weight^T (C, OC)
-  gemm(Transpose::kNo, Transpose::kYes, rows, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+  // out (rows, OC) = inp (rows, C) @ weight^T (C, OC) + bias, the bias added inside the
+  // product's tiles (tensor/gemm.h).
+  gemm(Transpose::kNo, Transpose::kYes, rows, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias);
 }
 
 void linear_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -103,16 +104,19 @@ struct GemmArgs {
   float beta;
   float* c;
   size_t ldc;
+  const float* bias;  // N values, or null
 };
 
 // bf16 tiles: oneDNN's matmul primitive on the rounded operands, fp32 accumulation and
-// output, alpha as an output scale and beta as a sum post-op. A transposed operand is described
+// output, alpha as an output scale, beta as a sum post-op and the bias as the primitive's
+// bias argument (broadcast over rows). A transposed operand is described
 // by its strides, not copied. Primitives are created once per key on each thread that runs
 // tiles, and kept: a training step repeats the same few shapes.
 struct MatmulKey {
   size_t m, n, k, lda16, ldb16, ldc;
   char trans_a, trans_b;
   float alpha, beta;
+  bool bias;
   auto operator<=>(const MatmulKey&) const = default;
 };
 
@@ -137,30 +141,48 @@ dnnl_status_t run_tile_bf16(const GemmArgs& g, Block rb, Block cb) {
                                 tb ? dims{1, ldb} : dims{ldb, 1});
   const dnnl::memory::desc c_md(dims{static_cast<dim>(rb.count), static_cast<dim>(cb.count)},
                                 dt::f32, dims{static_cast<dim>(g.ldc), 1});
+  const dnnl::memory::desc bias_md(dims{1, static_cast<dim>(cb.count)}, dt::f32,
+                                   dnnl::memory::format_tag::ab);
   const BFloat16* a = ta ? g.a16 + rb.begin : g.a16 + rb.begin * g.lda16;
   const BFloat16* b = tb ? g.b16 + cb.begin * g.ldb16 : g.b16 + cb.begin;
+  float* c = g.c + rb.begin * g.ldc + cb.begin;
+  // oneDNN scales (product + bias) by the output scale, so with alpha != 1 the bias goes into
+  // the tile first and the product adds onto it, as on the fp32 path.
+  const bool bias_arg = g.bias != nullptr && g.alpha == 1.0f;
+  float beta = g.beta;
+  if (g.bias != nullptr && !bias_arg) {
+    for (size_t i = 0; i < rb.count; ++i) std::copy_n(g.bias + cb.begin, cb.count, c + i * g.ldc);
+    beta = 1.0f;
+  }
   try {
-    const MatmulKey key{rb.count, cb.count,  g.K,       g.lda16, g.ldb16,
-                        g.ldc,    g.trans_a, g.trans_b, g.alpha, g.beta};
+    const MatmulKey key{rb.count,  cb.count,  g.K,     g.lda16, g.ldb16, g.ldc,
+                        g.trans_a, g.trans_b, g.alpha, beta,    bias_arg};
     auto it = cache.find(key);
     if (it == cache.end()) {
       if (cache.size() >= 256) cache.clear();
       dnnl::primitive_attr attr;
       if (g.alpha != 1.0f) attr.set_output_scales(0, {g.alpha});
-      if (g.beta != 0.0f) {
+      if (beta != 0.0f) {
         dnnl::post_ops ops;
-        ops.append_sum(g.beta);
+        ops.append_sum(beta);
         attr.set_post_ops(ops);
       }
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr,
-                                            cpu_engine());
+      const dnnl::matmul::desc desc = bias_arg ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
+                                               : dnnl::matmul::desc(a_md, b_md, c_md);
+      const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
       it = cache.emplace(key, dnnl::matmul(pd)).first;
     }
     thread_local dnnl::stream stream(cpu_engine());
     dnnl::memory am(a_md, cpu_engine(), const_cast<BFloat16*>(a));
     dnnl::memory bm(b_md, cpu_engine(), const_cast<BFloat16*>(b));
-    dnnl::memory cm(c_md, cpu_engine(), g.c + rb.begin * g.ldc + cb.begin);
-    it->second.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    dnnl::memory cm(c_md, cpu_engine(), c);
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+    if (bias_arg) {
+      args.emplace(DNNL_ARG_BIAS,
+                   dnnl::memory(bias_md, cpu_engine(), const_cast<float*>(g.bias + cb.begin)));
+    }
+    it->second.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& e) {
     return e.status;
@@ -176,9 +198,16 @@ dnnl_status_t run_tile(const GemmArgs& g, Block rb, Block cb) {
   // Column block of op(B): columns of B, or rows of B when B is stored transposed (N, K).
   const float* b = g.trans_b == 'N' ? g.b + cb.begin : g.b + cb.begin * g.ldb;
   float* c = g.c + rb.begin * g.ldc + cb.begin;
+  float beta = g.beta;
+  if (g.bias != nullptr) {  // the tile's rows start at the bias, while they are about to be used
+    for (size_t i = 0; i < rb.count; ++i) {
+      std::copy_n(g.bias + cb.begin, cb.count, c + i * g.ldc);
+    }
+    beta = 1.0f;
+  }
   return dnnl_sgemm(g.trans_a, g.trans_b, static_cast<dnnl_dim_t>(rb.count),
                     static_cast<dnnl_dim_t>(cb.count), static_cast<dnnl_dim_t>(g.K), g.alpha, a,
-                    static_cast<dnnl_dim_t>(g.lda), b, static_cast<dnnl_dim_t>(g.ldb), g.beta, c,
+                    static_cast<dnnl_dim_t>(g.lda), b, static_cast<dnnl_dim_t>(g.ldb), beta, c,
                     static_cast<dnnl_dim_t>(g.ldc));
 }
 
@@ -389,7 +418,7 @@ void throw_dnnl(dnnl_status_t s, size_t M, size_t N, size_t K) {
 
 void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, float alpha,
           std::span<const float> a, size_t lda, std::span<const float> b, size_t ldb, float beta,
-          std::span<float> c, size_t ldc) {
+          std::span<float> c, size_t ldc, std::span<const float> bias) {
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;
   const char* a_shape = ta ? "A^T: K x M" : "M x K";
@@ -405,6 +434,11 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
     check_operand("b", b.size(), K, N, ldb, b_shape);
   }
   check_operand("c", c.size(), M, N, ldc, "M x N");
+  if (!bias.empty() && (bias.size() != N || beta != 0.0f)) {
+    throw InvalidArgument(fmt::format(
+        "gemm: bias holds {} values with beta = {}; a bias needs N = {} values and beta = 0",
+        bias.size(), beta, N));
+  }
   if (M == 0 || N == 0) return;
 
   const size_t c_count = extent(M, N, ldc);
@@ -422,7 +456,9 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
   if (K == 0 || alpha == 0.0f) {
     for (size_t i = 0; i < M; ++i) {
       float* row = c.data() + i * ldc;
-      if (beta == 0.0f) {
+      if (!bias.empty()) {
+        std::copy(bias.begin(), bias.end(), row);
+      } else if (beta == 0.0f) {
         std::fill(row, row + N, 0.0f);
       } else if (beta != 1.0f) {
         for (size_t j = 0; j < N; ++j) row[j] *= beta;
@@ -443,7 +479,8 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
                 .ldb = ldb,
                 .beta = beta,
                 .c = c.data(),
-                .ldc = ldc};
+                .ldc = ldc,
+                .bias = bias.empty() ? nullptr : bias.data()};
   // bf16 compute: both operands rounded once per call, in their stored layout (by the calling
   // thread, before any tile runs), unless a Bf16Operands scope holds them rounded already.
   // Without AVX-512 BF16 the rounded values, widened back, go through the fp32 path: the same

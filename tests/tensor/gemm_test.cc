@@ -433,5 +433,72 @@ TEST(GemmBf16, OperandScopesRejectMismatchedCopiesAndDeepNesting) {
   for (int i = 0; i < 2 * kMaxBf16Operands; ++i) many.push_back(std::make_unique<Bf16Operands>(v));
 }
 
+// ---------------------------------------------------------------- bias
+
+// alpha * op(A) op(B) + bias for each compute, against the double reference of the operands
+// the compute multiplies (rounded for bf16), on shapes of one tile and of several, with the
+// bits independent of the thread count.
+void expect_bias_matches_reference(const Case& k, float alpha, GemmCompute compute) {
+  Operands o(k, static_cast<uint32_t>(k.M * 5 + k.N + k.K));
+  Operands multiplied = o;
+  if (compute == GemmCompute::kBF16) {
+    for (auto& x : multiplied.a) x = to_f32(to_bf16(x));
+    for (auto& x : multiplied.b) x = to_f32(to_bf16(x));
+  }
+  const std::vector<float> bias = random_vector(k.N, 77);
+  std::vector<double> want = reference(k, multiplied, alpha, 0.0f);
+  for (size_t i = 0; i < k.M; ++i) {
+    for (size_t j = 0; j < k.N; ++j) want[i * o.ldc + j] += bias[j];
+  }
+  std::fill(o.c.begin(), o.c.end(), std::nanf(""));  // beta = 0: C is only written
+  for (size_t i = 0; i < k.M; ++i) {
+    std::fill_n(o.c.begin() + static_cast<std::ptrdiff_t>(i * o.ldc + k.N), k.pad, 7.0f);
+  }
+  const std::vector<float> before = o.c;
+  set_gemm_compute(compute);
+  std::vector<float> one_thread;
+  for (int threads : {1, 2}) {
+    set_gemm_threads(threads);
+    std::vector<float> c = before;
+    gemm(k.ta, k.tb, k.M, k.N, k.K, alpha, o.a, o.lda, o.b, o.ldb, 0.0f, c, o.ldc, bias);
+    if (threads == 1) {
+      one_thread = c;
+    } else {
+      EXPECT_EQ(0, std::memcmp(one_thread.data(), c.data(), c.size() * sizeof(float)))
+          << "M=" << k.M << " N=" << k.N << " K=" << k.K << ": bits changed with 2 threads";
+    }
+  }
+  set_gemm_threads(1);
+  set_gemm_compute(GemmCompute::kFP32);
+  o.c = one_thread;
+  // The bias adds at most one rounding of a value below 1 + |product|.
+  expect_near(k, o, want, before, std::abs(alpha) + 1.0f, 0.0f,
+              compute == GemmCompute::kBF16 ? "bf16 + bias" : "fp32 + bias");
+}
+
+TEST(GemmBias, IsAddedToEveryRowInBothComputes) {
+  for (GemmCompute compute : {GemmCompute::kFP32, GemmCompute::kBF16}) {
+    expect_bias_matches_reference({kN, kT, 17, 33, 65}, 1.0f, compute);
+    expect_bias_matches_reference({kT, kN, 9, 5, 3, 2}, 0.5f, compute);  // alpha scales only AB
+    expect_bias_matches_reference({kN, kT, 600, 520, 384, 3}, 1.0f, compute);  // several tiles
+  }
+}
+
+TEST(GemmBias, WithKZeroCIsTheBias) {
+  std::vector<float> a(3), b(4), c(3 * 4, std::nanf(""));
+  const std::vector<float> bias = {1.0f, -2.0f, 3.5f, 0.25f};
+  gemm(kN, kN, 3, 4, 0, 1.0f, a, 1, b, 4, 0.0f, c, 4, bias);
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = 0; j < 4; ++j) EXPECT_EQ(c[i * 4 + j], bias[j]);
+  }
+}
+
+TEST(GemmBias, NeedsNValuesAndBetaZero) {
+  std::vector<float> a(2 * 3, 1.0f), b(3 * 4, 1.0f), c(2 * 4);
+  const std::vector<float> short_bias(3), bias(4);
+  EXPECT_THROW(gemm(kN, kN, 2, 4, 3, 1.0f, a, 3, b, 4, 0.0f, c, 4, short_bias), InvalidArgument);
+  EXPECT_THROW(gemm(kN, kN, 2, 4, 3, 1.0f, a, 3, b, 4, 1.0f, c, 4, bias), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace zerodp
