@@ -107,11 +107,17 @@ struct GemmArgs {
   const float* bias;  // N values, or null
 };
 
+// A tile's rows of C set to the bias (columns cb), for the product to add onto with beta = 1:
+// while the tile is about to be used, not as a pass over all of C first.
+void start_rows_at_bias(const GemmArgs& g, Block rb, Block cb, float* c) {
+  for (size_t i = 0; i < rb.count; ++i) std::copy_n(g.bias + cb.begin, cb.count, c + i * g.ldc);
+}
+
 // bf16 tiles: oneDNN's matmul primitive on the rounded operands, fp32 accumulation and
 // output, alpha as an output scale, beta as a sum post-op and the bias as the primitive's
-// bias argument (broadcast over rows). A transposed operand is described
-// by its strides, not copied. Primitives are created once per key on each thread that runs
-// tiles, and kept: a training step repeats the same few shapes.
+// bias argument (broadcast over rows). A transposed operand is described by its strides, not
+// copied. Primitives are created once per key on each thread that runs tiles, and kept: a
+// training step repeats the same few shapes.
 struct MatmulKey {
   size_t m, n, k, lda16, ldb16, ldc;
   char trans_a, trans_b;
@@ -151,7 +157,7 @@ dnnl_status_t run_tile_bf16(const GemmArgs& g, Block rb, Block cb) {
   const bool bias_arg = g.bias != nullptr && g.alpha == 1.0f;
   float beta = g.beta;
   if (g.bias != nullptr && !bias_arg) {
-    for (size_t i = 0; i < rb.count; ++i) std::copy_n(g.bias + cb.begin, cb.count, c + i * g.ldc);
+    start_rows_at_bias(g, rb, cb, c);
     beta = 1.0f;
   }
   try {
@@ -199,10 +205,8 @@ dnnl_status_t run_tile(const GemmArgs& g, Block rb, Block cb) {
   const float* b = g.trans_b == 'N' ? g.b + cb.begin : g.b + cb.begin * g.ldb;
   float* c = g.c + rb.begin * g.ldc + cb.begin;
   float beta = g.beta;
-  if (g.bias != nullptr) {  // the tile's rows start at the bias, while they are about to be used
-    for (size_t i = 0; i < rb.count; ++i) {
-      std::copy_n(g.bias + cb.begin, cb.count, c + i * g.ldc);
-    }
+  if (g.bias != nullptr) {
+    start_rows_at_bias(g, rb, cb, c);
     beta = 1.0f;
   }
   return dnnl_sgemm(g.trans_a, g.trans_b, static_cast<dnnl_dim_t>(rb.count),
