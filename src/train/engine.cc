@@ -310,6 +310,7 @@ class RankTrainer {
   void reduce_unit_grads(size_t ui, std::span<const float> dw);
   void finish_pending(bool all);
   void add_widened(const void* from, size_t count, void* grads, size_t first);
+  void copy_reduced(const void* from, size_t count, void* grads, size_t first);
   void boundary_reduce();
   bool update(double lr, double coef, int64_t adam_step);
 
@@ -650,15 +651,26 @@ void RankTrainer::finish_pending(bool all) {
     Pending& p = pending_.front();
     p.work.wait();
     UnitState& u = units_[p.unit];
+    // With one micro-batch per step the reduced gradient is the step's whole gradient and the
+    // target was zeroed: copy it (adding it to zeros, widened and rounded back, gives the same
+    // values at the cost of two more passes; only a zero's sign can differ, which no update
+    // or norm sees).
+    const auto add = cfg_.grad_accum == 1 ? &RankTrainer::copy_reduced : &RankTrainer::add_widened;
     if (!sharding_.optimizer_states && !sharding_.gradients) {
-      add_widened(buckets_[p.slot].data(), u.numel, u.grads.data(), 0);
+      (this->*add)(buckets_[p.slot].data(), u.numel, u.grads.data(), 0);
     } else {
-      add_widened(reduced_[p.slot].data(), u.own.count(), u.grads.data(),
-                  sharding_.gradients ? 0 : u.own.begin);
+      (this->*add)(reduced_[p.slot].data(), u.own.count(), u.grads.data(),
+                   sharding_.gradients ? 0 : u.own.begin);
     }
     pending_.pop_front();
     if (!all) break;
   }
+}
+
+// grads[first + i] = from[i] for i < count, both in the run's dtype.
+void RankTrainer::copy_reduced(const void* from, size_t count, void* grads, size_t first) {
+  const size_t size = dtype_size(dtype_);
+  if (count) std::memcpy(static_cast<std::byte*>(grads) + first * size, from, count * size);
 }
 
 // grads[first + i] += from[i] for i < count, both in the run's dtype, through the fixed
