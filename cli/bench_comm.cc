@@ -4,6 +4,7 @@
 // all_gather, 1 for broadcast), and #wrong: elements that differ from the exact result.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -16,12 +17,15 @@
 #include "comm/launch.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/sysinfo.h"
 #include "core/units.h"
 
 namespace zerodp::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr double kMaxTimeoutSeconds = 1e6;
 
 enum class Op { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
 
@@ -146,8 +150,9 @@ class Bench {
     call();
     const double one = std::chrono::duration<double>(Clock::now() - t0).count();
     const double slowest = comm_.max_control(one);
-    const int iters = std::clamp(static_cast<int>(cfg_.seconds_per_row / std::max(slowest, 1e-7)),
-                                 1, cfg_.max_iters);
+    // Clamped as a double: the quotient can exceed any int.
+    const int iters = static_cast<int>(std::clamp(cfg_.seconds_per_row / std::max(slowest, 1e-7),
+                                                  1.0, static_cast<double>(cfg_.max_iters)));
     comm_.barrier();
     t0 = Clock::now();
     for (int i = 0; i < iters; ++i) call();
@@ -204,6 +209,29 @@ class Bench {
   std::vector<std::byte> out_;
 };
 
+// The rows' sizes: min_bytes times each power of factor up to max_bytes, stepped so that
+// the product never wraps past 64 bits.
+std::vector<uint64_t> row_sizes(uint64_t min_bytes, uint64_t max_bytes, uint64_t factor) {
+  std::vector<uint64_t> sizes = {min_bytes};
+  while (sizes.back() <= max_bytes / factor) sizes.push_back(sizes.back() * factor);
+  return sizes;
+}
+
+// Every rank of this process holds an input and an output buffer of the largest row at
+// once (the local backend runs all ranks here; under MPI, one per process). Refused before
+// the first allocation, naming what would fit.
+void check_memory(const Config& cfg, uint64_t row, int local_ranks) {
+  const auto available = available_memory();
+  if (!available) return;
+  const double need = 2.0 * static_cast<double>(local_ranks) * static_cast<double>(row);
+  if (need <= static_cast<double>(*available)) return;
+  throw OutOfMemory(fmt::format(
+      "--max-bytes {}: the largest row needs {} ({} rank(s) x 2 buffers x {}), but the machine "
+      "has {} available; use a smaller --max-bytes{}",
+      cfg.max_bytes, format_bytes(need), local_ranks, format_bytes(static_cast<double>(row)),
+      format_bytes(static_cast<double>(*available)), local_ranks > 1 ? " or fewer --ranks" : ""));
+}
+
 // memcpy bandwidth (bytes copied per second) with `threads` threads, each copying its own
 // 64 MiB: the memory system's reference figure for the table's header.
 double memcpy_bandwidth(int threads) {
@@ -254,13 +282,34 @@ int run_bench(const Config& cfg, Launch args) {
   }
   const uint64_t min_bytes = parse_bytes(cfg.min_bytes, "--min-bytes");
   const uint64_t max_bytes = parse_bytes(cfg.max_bytes, "--max-bytes");
-  if (min_bytes < 4 || max_bytes < min_bytes) {
-    throw InvalidArgument(
-        fmt::format("--min-bytes {} / --max-bytes {}: need 4 <= min <= max", min_bytes, max_bytes));
+  if (min_bytes < 4) {
+    throw InvalidArgument(fmt::format(
+        "--min-bytes {} is invalid; use 4 bytes or more (one f32 element)", cfg.min_bytes));
+  }
+  if (max_bytes < min_bytes) {
+    throw InvalidArgument(fmt::format(
+        "--min-bytes {} is more than --max-bytes {}; give a --min-bytes no larger than --max-bytes",
+        cfg.min_bytes, cfg.max_bytes));
   }
   if (cfg.factor < 2) {
     throw InvalidArgument(fmt::format("--factor {} is invalid; use 2 or more", cfg.factor));
   }
+  if (!std::isfinite(cfg.seconds_per_row) || !(cfg.seconds_per_row > 0)) {
+    throw InvalidArgument(
+        fmt::format("--seconds-per-row {} is invalid; use a positive number of seconds, e.g. 0.25",
+                    cfg.seconds_per_row));
+  }
+  // Past about 9e9 s a deadline overflows the clock's nanoseconds; 1e6 s (11 days) is past
+  // any wait worth timing.
+  if (!(cfg.timeout > 0) || !(cfg.timeout <= kMaxTimeoutSeconds)) {
+    throw InvalidArgument(
+        fmt::format("--collective-timeout {} is invalid; use seconds in (0, {}], e.g. 300",
+                    cfg.timeout, kMaxTimeoutSeconds));
+  }
+  const std::vector<uint64_t> sizes =
+      row_sizes(min_bytes, max_bytes, static_cast<uint64_t>(cfg.factor));
+  // launch() refuses --ranks below 1 after this.
+  check_memory(cfg, sizes.back(), *backend == Backend::kLocal ? std::max(cfg.ranks, 1) : 1);
 
   LaunchOptions opts;
   opts.backend = *backend;
@@ -284,8 +333,7 @@ int run_bench(const Config& cfg, Launch args) {
     for (const auto& info : ops) {
       for (DType t : dtypes) {
         Bench bench(comm, cfg);
-        for (uint64_t bytes = min_bytes; bytes <= max_bytes;
-             bytes *= static_cast<uint64_t>(cfg.factor)) {
+        for (uint64_t bytes : sizes) {
           const size_t count = bytes / dtype_size(t);
           const Row row = bench.run(info, t, count);
           if (!printer) continue;

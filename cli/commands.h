@@ -4,11 +4,13 @@
 
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "checkpoint/format.h"
 #include "core/error.h"
 
 namespace zerodp::cli {
@@ -33,9 +35,17 @@ struct Launch {
 using Runner = std::function<int(Launch)>;
 
 // The command line without the program name, with `--config FILE` (a JSON object of
-// flag names without "--" to values) replaced by the flags it holds, placed before the
-// other flags so that those win. Throws InvalidArgument naming the file and the key.
-std::vector<std::string> expand_config_file(int argc, char** argv);
+// flag names without "--" to values, or a run's report, whose "config" object is used)
+// replaced by the flags it holds, placed before the other flags so that those win. Keys
+// are checked against the options of the subcommand `app` is about to run. Throws
+// InvalidArgument naming the file and the key.
+std::vector<std::string> expand_config_file(int argc, char** argv, const CLI::App& app);
+
+// The gpt and mlp layouts a checkpoint's meta.json is checked against before export or
+// sample reads it (cli/export.cc): the units such a model has, from the meta's own shape
+// fields. Throws CorruptData naming `what` and the field; nullopt for another model kind.
+std::optional<std::vector<checkpoint::UnitMeta>> checkpoint_model_layout(const checkpoint::Meta& m,
+                                                                         const std::string& what);
 
 Runner add_bench_comm(CLI::App& app);
 Runner add_train(CLI::App& app);

@@ -3,6 +3,7 @@
 // against (train/plan.h). A GPT shape gives exact per-unit partitions; --params gives one
 // flat buffer of Φ elements.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -61,23 +62,37 @@ std::string gb(uint64_t bytes) {
   return fmt::format("{:.2f} KB", b / 1e3);
 }
 
+// `text` whole as a finite number (7.5e9, 124000000, 0.5); nullopt for anything else,
+// trailing characters included.
+std::optional<double> parse_number(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
 int run_estimate(const Flags& f) {
   std::vector<uint64_t> units;
   std::string model;
   std::optional<GptConfig> gpt;
   if (!f.params.empty()) {
-    if (f.layers != 0) {
-      throw InvalidArgument("give either --params or a GPT shape (--layers ...), not both");
+    if (f.layers != 0 || f.heads != 0 || f.embd != 0 || f.seq_len != 0) {
+      throw InvalidArgument(
+          "give either --params or a GPT shape (--layers --heads --embd --seq-len), not both");
     }
-    double phi = 0;
-    try {
-      phi = std::stod(f.params);
-    } catch (const std::exception&) {
-      phi = -1;
-    }
-    if (!(phi >= 1) || phi > 1e15) {
+    // A count of elements: whole and at least one. The cap keeps a rank's bytes far inside
+    // 64 bits.
+    const double phi = parse_number(f.params).value_or(-1);
+    if (!(phi >= 1) || phi > 1e15 || phi != std::floor(phi)) {
       throw InvalidArgument(fmt::format(
-          "--params '{}' is not a parameter count; write e.g. 7.5e9 or 124000000", f.params));
+          "--params '{}' is not a parameter count; use a whole number from 1 to 1e15, e.g. "
+          "7.5e9 or 124000000",
+          f.params));
     }
     units.push_back(static_cast<uint64_t>(phi));
     model = fmt::format("{} parameters (one flat buffer)", units[0]);
@@ -107,34 +122,63 @@ int run_estimate(const Flags& f) {
   std::vector<int> stages;
   if (f.stage == "all") {
     stages = {0, 1, 2, 3};
+  } else if (f.stage.size() == 1 && f.stage[0] >= '0' && f.stage[0] <= '3') {
+    stages = {f.stage[0] - '0'};
   } else {
-    int s = -1;
-    try {
-      s = std::stoi(f.stage);
-    } catch (const std::exception&) {
-    }
-    (void)Sharding::for_stage(s);
-    stages = {s};
+    throw InvalidArgument(
+        fmt::format("--stage '{}' is not a ZeRO stage; use 0, 1, 2, 3 or all", f.stage));
   }
   std::optional<uint64_t> budget;
-  if (!f.memory_per_rank.empty()) budget = parse_bytes(f.memory_per_rank, "--memory-per-rank");
+  if (!f.memory_per_rank.empty()) {
+    budget = parse_bytes(f.memory_per_rank, "--memory-per-rank");
+    if (*budget == 0) {
+      throw InvalidArgument(fmt::format(
+          "--memory-per-rank {} is invalid; use a positive size, e.g. 80GB", f.memory_per_rank));
+    }
+  }
   if (f.grad_accum < 1) {
     throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", f.grad_accum));
+  }
+  double elements = 0;
+  for (uint64_t u : units) elements += static_cast<double>(u);
+  for (int n : f.ranks) {
+    if (n < 1) throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", n));
+    // Every byte count below is under 16 bytes per element per rank (all ranks' states) or
+    // per micro-batch (a step's traffic, where a unit smaller than the world still moves
+    // one element per peer); past 2^64 they would wrap silently.
+    const double bound = 16.0 * std::max<double>(n, f.grad_accum) *
+                         (elements + static_cast<double>(n) * static_cast<double>(units.size()));
+    if (bound >= 1.8e19) {
+      throw InvalidArgument(fmt::format(
+          "--ranks {} with --grad-accum {} and {} parameters puts byte counts past 2^64; use "
+          "fewer ranks, micro-batches or parameters",
+          n, f.grad_accum, static_cast<uint64_t>(elements)));
+    }
+  }
+  std::optional<AccumulatePolicy> accumulate;
+  if (!f.accumulate.empty()) {
+    accumulate = parse_accumulate(f.accumulate);
+    if (!accumulate) {
+      throw InvalidArgument(
+          fmt::format("--accumulate '{}' is unknown; use local or reduce", f.accumulate));
+    }
   }
 
   if (f.micro_batch < 1) {
     throw InvalidArgument(
         fmt::format("--micro-batch {} is invalid; use 1 or more sequences", f.micro_batch));
   }
+  // The bound train enforces, so an estimate never describes a run train would refuse.
+  if (f.prefetch < 0 || f.prefetch > 8) {
+    throw InvalidArgument(fmt::format("--prefetch {} is invalid; use 0..8", f.prefetch));
+  }
   std::optional<double> flops, bandwidth, latency;
   if (!f.flops.empty()) {
-    try {
-      flops = std::stod(f.flops);
-    } catch (const std::exception&) {
-    }
+    flops = parse_number(f.flops);
     if (!flops || !(*flops > 0)) {
       throw InvalidArgument(fmt::format(
-          "--flops '{}' is not a rate; give FLOP/s per rank, e.g. 365e9 (zerodp bench-gemm)",
+          "--flops '{}' is not a rate; give a positive, finite FLOP/s per rank, e.g. 365e9 "
+          "(zerodp bench-gemm)",
           f.flops));
     }
   }
@@ -179,21 +223,11 @@ int run_estimate(const Flags& f) {
     fmt::print("\n");
   }
   for (int n : f.ranks) {
-    if (n < 1) throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", n));
     std::optional<int> cheapest;
     for (int stage : stages) {
-      AccumulatePolicy policy = default_accumulate(stage, f.grad_accum);
-      if (!f.accumulate.empty()) {
-        const auto p = parse_accumulate(f.accumulate);
-        if (!p) {
-          throw InvalidArgument(
-              fmt::format("--accumulate '{}' is unknown; use local or reduce", f.accumulate));
-        }
-        policy = *p;
-      }
+      const AccumulatePolicy policy = accumulate.value_or(default_accumulate(stage, f.grad_accum));
       const StateBytes s = max_model_state_bytes(units, n, stage, *precision);
-      uint64_t all = 0;
-      for (int r = 0; r < n; ++r) all += model_state_bytes(units, n, stage, *precision, r).total();
+      const uint64_t all = all_ranks_model_state_bytes(units, n, stage, *precision).total();
       const CommBytes c = comm_bytes_per_step(units, n, stage, *precision, f.grad_accum, policy, 0);
       std::optional<TransientBytes> t;
       if (built) {

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> args;
   try {
-    args = cli::expand_config_file(argc, argv);
+    args = cli::expand_config_file(argc, argv, app);
   } catch (const Error& e) {
     fmt::print(stderr, "zerodp: {}\n", e.what());
     return cli::kExitUsage;

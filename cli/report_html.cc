@@ -20,9 +20,9 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/units.h"
 #include "report_page.h"
-#include "train/report.h"
 
 namespace zerodp::cli {
 namespace {
@@ -42,7 +42,7 @@ const char* const kPeakCats[] = {"gathered", "grad_buckets", "activations", "com
                                  "workspace"};
 
 // `what` is "report" or "metrics": every message starts "<what> '<path>'".
-std::string read_input(const std::string& what, const std::string& path) {
+void check_input(const std::string& what, const std::string& path) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   if (!std::filesystem::exists(st)) {
@@ -51,6 +51,11 @@ std::string read_input(const std::string& what, const std::string& path) {
   if (std::filesystem::is_directory(st)) {
     throw InvalidArgument(fmt::format("{} '{}' is a directory, not a file", what, path));
   }
+  // A FIFO would block the read forever, a device would never end.
+  files::require_regular_input(what, path);
+}
+
+std::string read_input(const std::string& what, const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw IoError(fmt::format("{} '{}': cannot be opened for reading", what, path));
   std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
@@ -135,6 +140,9 @@ json zero_formula(double phi, int n, int stage, const std::string& precision) {
           {"adam_m", m}, {"adam_v", m}, {"total", p + g + ms + m + m}};
 }
 
+// What a step's val_loss holds in the page's data when the report wrote null for it.
+constexpr const char* kNonFinite = "non-finite";
+
 json steps_data(const json& steps, const std::string& where,
                 const std::function<void(const std::string&, const std::string&)>& bad) {
   json out = json::array();
@@ -152,7 +160,9 @@ json steps_data(const json& steps, const std::string& where,
       if (!(s["val_loss"].is_number() || s["val_loss"].is_null())) {
         bad(at + ".val_loss", "is not a number");
       }
-      val = s["val_loss"];
+      // The writer turns a non-finite loss into null; the page counts those as not drawn,
+      // unlike a step that was not evaluated at all.
+      val = s["val_loss"].is_null() ? json(kNonFinite) : s["val_loss"];
     }
     out.push_back(json::array({s["step"], s["loss"], val}));
   }
@@ -413,6 +423,19 @@ std::string fill(std::string_view page, const std::vector<std::pair<std::string,
 }
 
 int run_report(const Flags& f) {
+  // Before anything is read: every input can be read to its end, and the page never
+  // replaces a file it is made from.
+  std::vector<files::Named> inputs;
+  for (const auto& p : f.reports) {
+    check_input("report", p);
+    inputs.push_back({"report", p});
+  }
+  for (const auto& p : f.metrics) {
+    check_input("metrics", p);
+    inputs.push_back({"--metrics", p});
+  }
+  const files::Named out[] = {{"--out", f.out}};
+  files::check_distinct(inputs, out);
   json data;
   data["runs"] = json::array();
   data["metrics"] = json::array();
@@ -434,7 +457,7 @@ int run_report(const Flags& f) {
       fill(kReportPage, {{"TITLE", html_escape(json::parse(safe_title).get<std::string>())},
                          {"VERSION", html_escape(ZERODP_VERSION)},
                          {"DATA", script_json(data)}});
-  write_file_atomically(f.out, page);
+  files::write_output("--out", f.out, page);
   if (!f.quiet) {
     fmt::print(stderr, "zerodp report: {} run{}{} -> {} ({})\n", f.reports.size(),
                f.reports.size() == 1 ? "" : "s",

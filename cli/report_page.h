@@ -24,7 +24,11 @@ table { border-collapse: collapse; font-variant-numeric: tabular-nums; font-size
 th, td { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
 th { background: #f5f5f5; font-weight: 600; }
 th.l, td.l { text-align: left; }
-td.sha { font-family: ui-monospace, monospace; }
+/* Paths, labels and model names can be any length and hold no spaces: they break anywhere
+   rather than widen the table past the page. */
+td.l { white-space: normal; overflow-wrap: anywhere; min-width: 6em; }
+h1, p.meta, #errors { overflow-wrap: anywhere; }
+td.sha { font-family: ui-monospace, monospace; white-space: nowrap; overflow-wrap: normal; }
 span.key { display: inline-block; width: 10px; height: 10px; margin-right: 6px;
            border-radius: 2px; vertical-align: -1px; }
 figure { margin: 0; }
@@ -61,9 +65,10 @@ The page is self-contained: it draws its charts with its own script and loads no
 <svg class="chart" id="loss" width="960" height="380"></svg>
 <figcaption>The global batch's loss at every optimizer step (<code>steps[i].loss</code>), one
 colour per run; circles are validation losses (<code>steps[i].val_loss</code>, where
-<code>--eval-every</code> evaluated). Dashed lines are <code>--metrics</code> logs, drawn as
-logged (a run still in progress shows the steps written so far). Steps whose loss is not
-finite are left out. Runs that differ only in stage or rank count take the same steps, so
+<code>--eval-every</code> evaluated); the filled circle at a run's last step is the evaluation
+after it (<code>final.val_loss</code>). Dashed lines are <code>--metrics</code> logs, drawn as
+logged (a run still in progress shows the steps written so far). Losses that are not finite
+(<code>null</code> in the report) are left out, each marked by a red tick on the top edge. Runs that differ only in stage or rank count take the same steps, so
 their curves coincide: earlier runs are drawn wider, and the legend marks identical losses
 with "=".</figcaption>
 </figure>
@@ -174,7 +179,10 @@ cell for the categories.</p>
   }
   function ticks(lo, hi, n, step) {
     var s = step || niceStep(hi - lo, n), out = [];
-    for (var k = Math.ceil(lo / s - 1e-9); k * s <= hi + s * 1e-9; ++k) out.push(k * s);
+    // Bounded: where the step is below the values' precision, k * s would stop moving.
+    for (var k = Math.ceil(lo / s - 1e-9); k * s <= hi + s * 1e-9 && out.length < 50; ++k) {
+      out.push(k * s);
+    }
     return {step: s, values: out};
   }
   // Byte axes tick in whole units of the largest binary unit the maximum reaches.
@@ -216,8 +224,8 @@ cell for the categories.</p>
                           stroke: it.color, 'stroke-width': 2.5,
                           'stroke-dasharray': it.dash});
       } else if (it.kind === 'dot') {
-        svgEl(g, 'circle', {'class': 'swatch', cx: x + 11, cy: yy, r: 3.5, fill: '#fff',
-                            stroke: it.color, 'stroke-width': 1.5});
+        svgEl(g, 'circle', {'class': 'swatch', cx: x + 11, cy: yy, r: 3.5,
+                            fill: it.fill || '#fff', stroke: it.color, 'stroke-width': 1.5});
       } else if (it.kind === 'tick') {
         svgEl(g, 'line', {'class': 'swatch', x1: x + 2, x2: x + 20, y1: yy, y2: yy,
                           stroke: '#111', 'stroke-width': 2.5});
@@ -226,7 +234,9 @@ cell for the categories.</p>
                           fill: it.color, 'fill-opacity': it.opacity,
                           stroke: it.color});
       }
-      svgEl(g, 'text', {x: x + 28, y: yy + 4}, it.label);
+      // About 200 px of legend: 36 characters at 11 px.
+      var t = svgEl(g, 'text', {x: x + 28, y: yy + 4}, clip(it.label, 36));
+      if (it.label.length > 36) tip(t, it.label);
     });
   }
   function empty(svg, f, text) {
@@ -234,41 +244,110 @@ cell for the categories.</p>
                         'text-anchor': 'middle'}, text);
   }
 
+  // Where the report wrote null for a val_loss (not finite), the data holds this string.
+  var NON_FINITE = 'non-finite';
+
+  // Losses may be anything a double holds, up to +-1.8e308, where a span or its padding
+  // would overflow to infinity: huge ones are laid out scaled down by a power of ten (which
+  // keeps the ticks round). lo and hi are finite; returns the ticks and v -> pixel.
+  function lossAxis(lo, hi, top, bottom) {
+    var k = Math.max(Math.abs(lo), Math.abs(hi)) > 1e300 ? 1e-8 : 1;
+    var y0 = lo * k, y1 = hi * k;
+    // At least a billionth of the magnitude, so the ticks of nearly equal huge losses still
+    // step (an index past 2^53 would not).
+    var pad = Math.max((y1 - y0) * 0.06, Math.max(Math.abs(y0), Math.abs(y1)) * 1e-9) || 1;
+    y0 = Math.max(y0 - pad, -Number.MAX_VALUE * k);
+    y1 = Math.min(y1 + pad, Number.MAX_VALUE * k);
+    var t = ticks(y0, y1, 6), step = t.step / k, d = decimalsFor(step);
+    var label = function (v) {
+      if (v === 0) return '0';
+      if (Math.abs(v) < 1e6) return v.toFixed(d);
+      var digits = Math.ceil(Math.log10(Math.abs(v) / step)) + 1;
+      return Number(v.toPrecision(Math.min(17, Math.max(1, digits)))).toExponential();
+    };
+    return {
+      y: function (v) { return bottom - (v * k - y0) / (y1 - y0) * (bottom - top); },
+      ticks: t.values.filter(function (v) { return isFinite(v / k); })
+                     .map(function (v) { return {value: v / k, label: label(v / k)}; })
+    };
+  }
+
+  // A chart is a fixed width, so a long name is cut in the middle; the tooltip has it whole.
+  function clip(s, n) {
+    s = String(s);
+    if (s.length <= n) return s;
+    var head = Math.ceil((n - 1) / 2);
+    return s.slice(0, head) + '\u2026' + s.slice(s.length - (n - 1 - head));
+  }
+
   function drawLoss() {
     var svg = document.getElementById('loss');
     var series = [];
     data.runs.forEach(function (r, i) {
-      series.push({label: r.label, color: runColor(i), steps: r.steps});
+      series.push({label: r.label, color: runColor(i), steps: r.steps,
+                   finalVal: r.final_val_loss});
     });
     data.metrics.forEach(function (m, j) {
       series.push({label: m.label + ' (metrics)', color: runColor(data.runs.length + j),
                    steps: m.steps, dash: '7 4'});
     });
-    var xs = [], ys = [];
+    // Everything to draw, gathered first so the axes cover all of it: train losses, the
+    // validation points, and the steps whose loss is not finite (marked, not drawn).
+    var x0 = Infinity, x1 = -Infinity, lo = Infinity, hi = -Infinity;
+    var badLoss = 0, badVal = 0;
+    var seeX = function (v) { x0 = Math.min(x0, v); x1 = Math.max(x1, v); };
+    var seeY = function (v) { lo = Math.min(lo, v); hi = Math.max(hi, v); };
     series.forEach(function (s) {
+      s.pts = [];
+      s.vals = [];
+      s.bad = [];
+      var last = null;
       s.steps.forEach(function (p) {
-        if (finite(p[1])) { xs.push(p[0]); ys.push(p[1]); }
-        if (finite(p[2])) { xs.push(p[0]); ys.push(p[2]); }
+        seeX(p[0]);
+        if (last === null || p[0] > last[0]) last = p;
+        if (finite(p[1])) {
+          s.pts.push(p);
+          seeY(p[1]);
+        } else {
+          s.bad.push({step: p[0], what: 'loss'});
+          ++badLoss;
+        }
+        if (finite(p[2])) {
+          s.vals.push({step: p[0], loss: p[2]});
+          seeY(p[2]);
+        } else if (p[2] === NON_FINITE) {
+          s.bad.push({step: p[0], what: 'val_loss'});
+          ++badVal;
+        }
       });
+      // The evaluation after the last step is only in the report's final.val_loss: it
+      // belongs at the last step, unless that step already holds it.
+      if (finite(s.finalVal) && last !== null && last[2] !== s.finalVal) {
+        s.vals.push({step: last[0], loss: s.finalVal, final: true});
+        seeY(s.finalVal);
+      }
     });
-    var f = frame(svg, 960, 380 + Math.max(0, series.length - 14) * 18,
-                  {l: 66, r: 250, t: 14, b: 46});
+    var notes = [];
+    if (badLoss > 0) notes.push(badLoss + (badLoss === 1 ? ' step' : ' steps') +
+                                ' with a non-finite loss');
+    if (badVal > 0) notes.push(badVal + ' non-finite val_loss' + (badVal === 1 ? '' : 'es'));
+    var f = frame(svg, 960, 380 + Math.max(0, series.length - 14) * 18 + (notes.length ? 18 : 0),
+                  {l: 66, r: 250, t: 14, b: 46 + (notes.length ? 18 : 0)});
+    svg.setAttribute('data-plot', [f.l, f.t, f.r, f.b].join(' '));
+    if (notes.length) {
+      svgEl(svg, 'text', {'class': 'note', x: f.l, y: f.b + 56, fill: '#b42318'},
+            notes.join(' and ') + ': not drawn; red ticks on the top edge mark the steps');
+    }
     var drawn = 0;
-    if (xs.length === 0) {
+    if (!(x1 >= x0) || !(hi >= lo)) {
       empty(svg, f, 'no finite losses to draw');
       svg.setAttribute('data-drawn', 0);
       return;
     }
-    var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
     if (x1 === x0) { x0 -= 1; x1 += 1; }
-    var y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
-    var pad = (y1 - y0) * 0.06 || Math.abs(y0) * 0.05 || 1;
-    y0 -= pad; y1 += pad;
     var x = function (v) { return f.l + (v - x0) / (x1 - x0) * (f.r - f.l); };
-    var y = function (v) { return f.b - (v - y0) / (y1 - y0) * (f.b - f.t); };
-    var yt = ticks(y0, y1, 6), yd = decimalsFor(yt.step);
-    yAxis(svg, f, yt.values.map(function (v) { return {value: v, label: v.toFixed(yd)}; }), y,
-          'loss');
+    var ax = lossAxis(lo, hi, f.t, f.b), y = ax.y;
+    yAxis(svg, f, ax.ticks, y, 'loss');
     var xt = ticks(x0, x1, 8, Math.max(1, Math.round(niceStep(x1 - x0, 8))));
     var gx = svgEl(svg, 'g', {'class': 'axis x'});
     svgEl(gx, 'line', {x1: f.l, x2: f.r, y1: f.b, y2: f.b});
@@ -283,9 +362,9 @@ cell for the categories.</p>
     var key = function (s) {
       return JSON.stringify(s.steps.map(function (p) { return [p[0], p[1]]; }));
     };
-    var items = [];
+    var items = [], anyFinal = false;
     series.forEach(function (s, si) {
-      var pts = s.steps.filter(function (p) { return finite(p[1]); });
+      var pts = s.pts;
       var g = svgEl(svg, 'g', {'class': 'run'});
       var same = null;
       for (var j = 0; j < si && pts.length > 0; ++j) {
@@ -306,17 +385,26 @@ cell for the categories.</p>
         }
         ++drawn;
       }
-      s.steps.forEach(function (p) {
-        if (!finite(p[2])) return;
-        var c = svgEl(g, 'circle', {'class': 'val', cx: x(p[0]), cy: y(p[2]), r: 3.5,
-                                    fill: '#fff', stroke: s.color, 'stroke-width': 1.5});
-        tip(c, s.label + ': val_loss ' + p[2].toFixed(4) + ' at step ' + p[0]);
+      s.vals.forEach(function (v) {
+        var c = svgEl(g, 'circle', {'class': v.final ? 'val final' : 'val', cx: x(v.step),
+                                    cy: y(v.loss), r: 3.5, fill: v.final ? s.color : '#fff',
+                                    stroke: s.color, 'stroke-width': 1.5});
+        tip(c, s.label + ': ' + (v.final ? 'final val_loss ' : 'val_loss ') +
+               v.loss.toFixed(4) + (v.final ? ', after step ' : ' at step ') + v.step);
+        if (v.final) anyFinal = true;
+      });
+      s.bad.forEach(function (b) {
+        var m = svgEl(g, 'line', {'class': 'nonfinite', x1: x(b.step), x2: x(b.step), y1: f.t,
+                                  y2: f.t + 8, stroke: '#b42318', 'stroke-width': 2});
+        tip(m, s.label + ': ' + b.what + ' at step ' + b.step + ' is not finite');
       });
       items.push({kind: 'line', color: s.color, dash: s.dash,
                   label: s.label + (pts.length === 0 ? ' (no steps)'
                                     : same ? ' (= ' + same + ')' : '')});
     });
     items.push({kind: 'dot', color: '#555', label: 'val_loss'});
+    if (anyFinal) items.push({kind: 'dot', color: '#555', fill: '#555',
+                              label: 'final val_loss'});
     legend(svg, f.r + 18, f.t + 8, items);
     svg.setAttribute('data-drawn', drawn);
   }
@@ -341,7 +429,8 @@ cell for the categories.</p>
     var plotW = 0;
     groups.forEach(function (g) {
       g.barsW = g.bars.length * (bw + inner) - inner;
-      g.width = Math.max(g.barsW, 6.5 * Math.max(g.label.length, g.sub.length));
+      g.shown = clip(g.label, 40);
+      g.width = Math.max(g.barsW, 6.5 * Math.max(g.shown.length, g.sub.length));
       plotW += g.width + gap;
     });
     var f = frame(svg, Math.max(960, 76 + plotW + 250), opts.height,
@@ -393,8 +482,9 @@ cell for the categories.</p>
         xx += bw + inner;
       });
       var mid = gstart + g.width / 2;
-      svgEl(gx, 'text', {'class': 'title', x: mid, y: f.b + 32, 'text-anchor': 'middle',
-                         fill: g.color}, g.label);
+      var gt = svgEl(gx, 'text', {'class': 'title', x: mid, y: f.b + 32,
+                                  'text-anchor': 'middle', fill: g.color}, g.shown);
+      if (g.shown !== g.label) tip(gt, g.label);
       svgEl(gx, 'text', {x: mid, y: f.b + 47, 'text-anchor': 'middle'}, g.sub);
       gstart += g.width + gap;
     });

@@ -21,11 +21,13 @@
 #include "checkpoint/safetensors.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "models/generate.h"
 #include "models/gpt.h"
 #include "tensor/gemm.h"
 
 namespace zerodp::cli {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -128,8 +130,50 @@ FileConfig gpt_config_of(const st::Reader& r, int heads_flag) {
     throw InvalidArgument(fmt::format(
         "{}: the file does not say its head count (no zerodp metadata); give --heads N", file));
   }
+  // The metadata must say what the tensors say: every size below is allocated from it, so
+  // a field larger than the file (seq_len 10^9 with 32 rows of wpe) is refused here, before
+  // anything is built or allocated.
+  const auto agrees = [&](const char* key, int64_t value, const std::string& because) {
+    const auto v = get(key);
+    if (v && value != metadata_int(r, key, *v)) {
+      throw CorruptData(
+          fmt::format("{}: metadata {} is {}, but {}; the file is corrupt or was "
+                      "edited",
+                      file, key, *v, because));
+    }
+  };
+  const auto wte = tensor_dims("wte.weight", 2);
+  const auto wpe = tensor_dims("wpe.weight", 2);
+  agrees("vocab", wte[0],
+         fmt::format("tensor wte.weight has {} rows ([{}, {}])", wte[0], wte[0], wte[1]));
+  agrees("embd", wte[1],
+         fmt::format("tensor wte.weight has {} columns ([{}, {}])", wte[1], wte[0], wte[1]));
+  agrees("seq_len", wpe[0],
+         fmt::format("tensor wpe.weight has {} rows ([{}, {}])", wpe[0], wpe[0], wpe[1]));
+  std::set<std::string> blocks;
+  for (const st::TensorInfo& t : r.header().tensors) {
+    if (t.name.starts_with("h.")) blocks.insert(t.name.substr(2, t.name.find('.', 2) - 2));
+  }
+  agrees("layers", static_cast<int64_t>(blocks.size()),
+         fmt::format("the file holds {} blocks (h.N.*)", blocks.size()));
+  if (const auto h = get("heads"); h && (c.heads < 1 || c.embd % c.heads != 0)) {
+    throw CorruptData(fmt::format(
+        "{}: metadata heads is {}; it must divide embd {}; the file is corrupt or was edited", file,
+        *h, c.embd));
+  }
   for (const std::string& s : inferred) c.inferred += (c.inferred.empty() ? "" : ", ") + s;
   return c;
+}
+
+// Non-finite weights give non-finite logits for every context: refused at load, naming the
+// tensor, rather than at the first token.
+void check_finite(const LoadedGpt& g, const std::string& where) {
+  if (const auto bad = find_non_finite(g.config, g.weights)) {
+    throw CorruptData(fmt::format(
+        "{}: tensor {} holds {} at element {}; a model's weights must be finite (was it saved "
+        "from a run that diverged?)",
+        where, bad->tensor, bad->value, bad->element));
+  }
 }
 
 LoadedGpt load_export(const fs::path& path, int heads_flag) {
@@ -139,13 +183,13 @@ LoadedGpt load_export(const fs::path& path, int heads_flag) {
   g.config = c;
   const Model model = make_gpt(g.config);
   std::set<std::string> expected;
+  // Every tensor is found with its shape before anything is allocated: the buffers are then
+  // no larger than the file.
   for (const auto& unit : model) {
-    std::vector<float>& flat = g.weights.emplace_back(unit->numel());
     for (const TensorSpec& t : unit->tensors()) {
       expected.insert(t.name);
       // CorruptData naming the tensor, expected vs actual, when absent or of another shape.
-      const st::TensorInfo& info = r.expect(t.name, st::ElementType::kF32, t.shape);
-      r.read(info, 0, std::as_writable_bytes(std::span<float>(flat).subspan(t.offset, t.numel)));
+      (void)r.expect(t.name, st::ElementType::kF32, t.shape);
     }
   }
   // As load_state_dict(strict=True): a tensor the model has no place for means the shape
@@ -159,6 +203,14 @@ LoadedGpt load_export(const fs::path& path, int heads_flag) {
           g.config.vocab));
     }
   }
+  for (const auto& unit : model) {
+    std::vector<float>& flat = g.weights.emplace_back(unit->numel());
+    for (const TensorSpec& t : unit->tensors()) {
+      r.read(*r.find(t.name), 0,
+             std::as_writable_bytes(std::span<float>(flat).subspan(t.offset, t.numel)));
+    }
+  }
+  check_finite(g, path.string());
   // After the checks, so that a failure stays one line.
   if (!c.inferred.empty()) {
     fmt::print(stderr, "zerodp sample: {} has no zerodp metadata for {}; read from the tensors\n",
@@ -168,7 +220,7 @@ LoadedGpt load_export(const fs::path& path, int heads_flag) {
 }
 
 LoadedGpt load_checkpoint_directory(const fs::path& dir) {
-  checkpoint::ConsolidatedModel m = checkpoint::read_consolidated(dir);
+  checkpoint::ConsolidatedModel m = checkpoint::read_consolidated(dir, checkpoint_model_layout);
   if (m.kind != "gpt") {
     throw InvalidArgument(fmt::format("{} holds a {} model; zerodp sample generates with a gpt",
                                       dir.string(), m.kind));
@@ -187,6 +239,7 @@ LoadedGpt load_checkpoint_directory(const fs::path& dir) {
                        .seq_len = field("seq_len"),
                        .vocab = field("vocab")};
   g.weights = std::move(m.unit_weights);
+  check_finite(g, dir.string());
   return g;
 }
 
@@ -224,6 +277,8 @@ int run_sample(const Flags& f) {
   if (f.heads < 0) {
     throw InvalidArgument(fmt::format("--heads {} is invalid; use 1 or more", f.heads));
   }
+  // A FIFO would block the first read forever, a device never end.
+  if (!fs::is_directory(status)) files::require_regular_input("MODEL", path);
   const LoadedGpt g =
       fs::is_directory(status) ? load_checkpoint_directory(path) : load_export(path, f.heads);
   if (f.options.top_k > g.config.vocab) {

@@ -1,10 +1,14 @@
 // zerodp train: a data-parallel training run at any ZeRO stage, with a report.
 #include <unistd.h>
 
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 
 #include <fmt/core.h>
@@ -12,9 +16,11 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/units.h"
 #include "train/engine.h"
 #include "train/report.h"
+#include "train/stop.h"
 
 namespace zerodp::cli {
 namespace {
@@ -29,10 +35,53 @@ struct Flags {
   std::string link_bandwidth;
   std::string link_latency;
   std::string config_file;
+  // Parsed here rather than by CLI11, to refuse what it would wrap, clamp or round to inf
+  // and to quote the value as the user wrote it.
+  std::string seed = "1337";
+  std::string lr = "1e-3";
+  std::string clip = "1";
+  std::string weight_decay = "0.1";
+  std::string warmup = "auto";
   bool no_progress = false;
   std::vector<std::string> inject;
   bool ranks_given = false;
+  // Shape overrides the user gave: 0 in TrainConfig means "the preset's", so a given 0 must
+  // be told apart from none.
+  std::vector<std::pair<std::string, const CLI::Option*>> shape_options;
 };
+
+// The --config file named on the command line, if any (main() has already expanded it).
+std::string config_file_of(const Launch& args) {
+  for (int i = 1; i < args.argc; ++i) {
+    const std::string_view a = args.argv[i];
+    if (a == "--config" && i + 1 < args.argc) return args.argv[i + 1];
+    if (a.starts_with("--config=")) return std::string(a.substr(9));
+  }
+  return {};
+}
+
+// A finite number in [min, max] (max of fp32 by default: the engine holds these as float).
+double parse_number(const std::string& text, std::string_view flag, double min, bool min_open,
+                    std::string_view advice, double max = std::numeric_limits<float>::max()) {
+  double v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  const bool ok = ec == std::errc() && ptr == end && std::isfinite(v) &&
+                  (min_open ? v > min : v >= min) && v <= max;
+  if (!ok) throw InvalidArgument(fmt::format("{} {} is invalid; {}", flag, text, advice));
+  return v;
+}
+
+uint64_t parse_seed(const std::string& text) {
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || ptr != end || text.empty()) {
+    throw InvalidArgument(fmt::format(
+        "--seed {} is invalid; use a whole number from 0 to 18446744073709551615", text));
+  }
+  return v;
+}
 
 class Progress {
  public:
@@ -88,6 +137,31 @@ class Progress {
   int64_t done_ = 0;
 };
 
+// 128 + the signal for a run a signal stopped (also one that arrived after the last step:
+// the caller asked to stop and should learn that it did), 1 for --max-skips, else 0.
+int exit_code(const TrainResult& r) {
+  if (r.stopped && r.stopped->reason == EarlyStop::Reason::kMaxSkips) return kExitFailure;
+  if (r.stopped) return 128 + r.stopped->signal;
+  if (const int signal = stop_requested()) return 128 + signal;
+  return 0;
+}
+
+// What an early stop left behind, and how to go on.
+std::string stop_note(const TrainResult& r) {
+  const EarlyStop& stop = *r.stopped;
+  if (stop.reason == EarlyStop::Reason::kMaxSkips) return stop.message;
+  std::string note = fmt::format("interrupted by {} after step {} of {}", signal_name(stop.signal),
+                                 stop.after_step, r.config.steps);
+  const std::string& saved = r.steps.empty() ? std::string() : r.steps.back().checkpoint;
+  if (!saved.empty()) {
+    note += fmt::format("; checkpoint committed: {} (continue with --resume latest)", saved);
+  } else {
+    note += "; no checkpoint (pass --checkpoint-dir DIR to save on interrupt)";
+  }
+  if (!r.config.report_path.empty()) note += fmt::format("; report: {}", r.config.report_path);
+  return note;
+}
+
 int run_train(Flags& f, Launch args) {
   TrainConfig& c = f.cfg;
   const auto backend = parse_backend(f.backend);
@@ -131,24 +205,68 @@ int run_train(Flags& f, Launch args) {
   }
   c.progress = !f.no_progress;
   for (const std::string& text : f.inject) c.inject.push_back(parse_injection(text));
+  for (const auto& [flag, option] : f.shape_options) {
+    const int v = flag == "--layers"  ? c.layers
+                  : flag == "--heads" ? c.heads
+                  : flag == "--embd"  ? c.embd
+                                      : c.seq_len;
+    if (option->count() > 0 && v < 1) {
+      throw InvalidArgument(fmt::format(
+          "{} {} is invalid; use 1 or more (omit it for the --size preset's)", flag, v));
+    }
+  }
+  c.seed = parse_seed(f.seed);
+  c.lr = static_cast<float>(
+      parse_number(f.lr, "--lr", 0, true, "use a positive number, e.g. 1e-3 or 3e-4"));
+  c.clip = static_cast<float>(
+      parse_number(f.clip, "--clip", 0, false, "use 0 (off) or a positive norm, e.g. 1.0"));
+  c.weight_decay = static_cast<float>(parse_number(f.weight_decay, "--weight-decay", 0, false,
+                                                   "use 0 (none) or a positive number, e.g. 0.1"));
+  if (f.warmup == "auto") {
+    c.warmup = -1;
+  } else {
+    c.warmup = static_cast<int64_t>(parse_number(
+        f.warmup, "--warmup", 0, false,
+        "use auto (5% of --steps with cosine) or a whole number of steps, e.g. 100", 1e15));
+    if (std::to_string(c.warmup) != f.warmup) {
+      throw InvalidArgument(fmt::format(
+          "--warmup {} is invalid; use auto or a whole number of steps, e.g. 100", f.warmup));
+    }
+  }
+  c.config_file = config_file_of(args);
 
+  // A log, appended line by line as steps end, so it is written in place (through a link to
+  // its target) rather than replaced at the end; train() has checked it can be written.
   std::unique_ptr<std::ofstream> metrics;
   Progress progress(c.progress);
   StepCallback on_step = [&](const StepRecord& s, int64_t total) {
     if (!c.metrics_path.empty()) {
       if (!metrics) {
         metrics = std::make_unique<std::ofstream>(c.metrics_path, std::ios::trunc);
-        if (!*metrics) throw IoError(fmt::format("--metrics: cannot write '{}'", c.metrics_path));
       }
       *metrics << step_json(s).dump() << "\n";
       metrics->flush();
+      if (!*metrics) {
+        throw IoError(
+            fmt::format("--metrics: cannot write '{}': {}", c.metrics_path, std::strerror(errno)));
+      }
     }
     progress(s, total);
     if (!s.checkpoint.empty() && c.progress) {
       progress.note(fmt::format("step {}: checkpoint committed: {}", s.step, s.checkpoint));
     }
   };
-  const TrainResult r = train(c, args.argc, args.argv, on_step);
+  const StopOnSignals stop_on_signals;
+  TrainResult r;
+  try {
+    r = train(c, args.argc, args.argv, on_step);
+  } catch (const Interrupted& e) {
+    fmt::print(stderr, "zerodp: {}\n", e.what());
+    return 128 + e.signal();
+  }
+  const int code = exit_code(r);
+  // Under mpirun a process ending non-zero makes the launcher kill the others, which could
+  // cut rank 0 off while it writes the report; rank 0 alone carries the job's exit code.
   if (!r.is_reporter) return 0;
   fmt::print("{}\n", r.data_description);
   fmt::print("trained {} parameters for {} steps: stage {}, {} ranks ({}), {}\n", r.params,
@@ -166,11 +284,9 @@ int run_train(Flags& f, Launch args) {
       100 * r.mfu, r.flops_per_token, r.tokens_per_second, r.peak_flops / 1e9);
   fmt::print("{}", summary_table(r));
   fmt::print("{}", formula_table(r));
-  if (!c.report_path.empty()) {
-    write_file_atomically(c.report_path, report_json(r).dump(2) + "\n");
-    fmt::print("report: {}\n", c.report_path);
-  }
-  return 0;
+  if (!c.report_path.empty()) fmt::print("report: {}\n", c.report_path);
+  if (r.stopped) fmt::print(stderr, "zerodp: {}\n", stop_note(r));
+  return code;
 }
 
 }  // namespace
@@ -187,10 +303,13 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   model->add_option("--size", c.size, "GPT preset: tiny, small, medium, large")
       ->capture_default_str();
-  model->add_option("--layers", c.layers, "GPT blocks (overrides the preset)");
-  model->add_option("--heads", c.heads, "GPT attention heads (overrides the preset)");
-  model->add_option("--embd", c.embd, "GPT embedding width (overrides the preset)");
-  model->add_option("--seq-len", c.seq_len, "GPT context length (overrides the preset)");
+  f->shape_options = {
+      {"--layers", model->add_option("--layers", c.layers, "GPT blocks (overrides the preset)")},
+      {"--heads",
+       model->add_option("--heads", c.heads, "GPT attention heads (overrides the preset)")},
+      {"--embd", model->add_option("--embd", c.embd, "GPT embedding width (overrides the preset)")},
+      {"--seq-len",
+       model->add_option("--seq-len", c.seq_len, "GPT context length (overrides the preset)")}};
   model->add_option("--mlp-hidden", c.mlp_hidden, "MLP hidden width")->capture_default_str();
   model->add_option("--mlp-layers", c.mlp_layers, "MLP hidden layers")->capture_default_str();
   auto* data = app.add_option_group("Data");
@@ -235,14 +354,17 @@ Runner add_train(CLI::App& app) {
                   "Simulated per-step latency of each collective's ring, e.g. 20us");
   auto* opt = app.add_option_group("Optimization");
   opt->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
-  opt->add_option("--seed", c.seed, "Seed for init and data order")->capture_default_str();
-  opt->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
+  opt->add_option("--seed", f->seed, "Seed for init and data order (0..2^64-1)")
+      ->capture_default_str();
+  opt->add_option("--lr", f->lr, "Peak learning rate")->capture_default_str();
   opt->add_option("--schedule", c.schedule, "constant or cosine (with linear warmup)")
       ->capture_default_str();
-  opt->add_option("--warmup", c.warmup, "Warmup steps (default 5% of steps with cosine)");
-  opt->add_option("--clip", c.clip, "Clip the global gradient norm to this (0 = off)")
+  opt->add_option("--warmup", f->warmup,
+                  "Warmup steps, or auto: 5% of --steps with cosine, none with constant")
       ->capture_default_str();
-  opt->add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay")
+  opt->add_option("--clip", f->clip, "Clip the global gradient norm to this (0 = off)")
+      ->capture_default_str();
+  opt->add_option("--weight-decay", f->weight_decay, "AdamW decoupled weight decay")
       ->capture_default_str();
   opt->add_flag("--decay-all", c.decay_all,
                 "Decay norms and biases too (as the PyTorch peer does)");
@@ -270,7 +392,8 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   rel->add_option("--inject", f->inject,
                   "Inject a fault, for tests and demos: KIND@STEP[:RANK], KIND one of throw, "
-                  "hang, kill, nan, io, oom (repeatable)")
+                  "hang, kill, nan, io, oom, term (a stop request, as SIGTERM on that rank alone) "
+                  "(repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   auto* out = app.add_option_group("Output");
   out->add_option("--eval-every", c.eval_every,

@@ -1,20 +1,101 @@
 #include "checkpoint/consolidate.h"
 
 #include <algorithm>
-#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "checkpoint/safetensors.h"
 #include "checkpoint/store.h"
 #include "core/error.h"
+#include "core/files.h"
 
 namespace zerodp::checkpoint {
+namespace {
+
+// "gpt (embd 32, heads 2, layers 2, seq_len 32, vocab 256)": the model meta.json describes.
+std::string model_text(const Meta& m) {
+  std::vector<std::string> fields;
+  for (const auto& [k, v] : m.model_shape) fields.push_back(fmt::format("{} {}", k, v));
+  return fmt::format("{} ({})", m.model_kind, fmt::join(fields, ", "));
+}
+
+std::string tensor_text(const TensorMeta& t) {
+  return fmt::format("{} [{}] at offset {}", t.name, fmt::join(t.shape, ", "), t.offset);
+}
+
+// meta.json, checked before the Checkpoint reads it and before any shard is hashed: every
+// file it names must be a regular file, and its units must be the model's. Cheap next to
+// the checksums, so a wrong checkpoint fails in milliseconds whatever its size.
+void check_before_open(const std::filesystem::path& step, const ModelLayout& layout) {
+  const std::filesystem::path meta_path = step / "meta.json";
+  const std::string what = meta_path.string();
+  require_regular_file(meta_path, "checkpoint meta.json");
+  // The limit Checkpoint applies: a meta.json is a few hundred bytes a unit and a rank.
+  constexpr uint64_t kMaxMetaBytes = uint64_t{64} << 20;
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(meta_path, ec);
+  if (ec) return;  // missing: Checkpoint says so in its own words
+  if (size > kMaxMetaBytes) {
+    throw CorruptData(fmt::format("{}: {} bytes, over the {}-byte limit of a meta.json", what, size,
+                                  kMaxMetaBytes));
+  }
+  std::ifstream in(meta_path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in) throw IoError(fmt::format("cannot read {}", what));
+  const Meta meta = parse_meta(text.str(), what);
+  for (const FileMeta& f : meta.files) require_regular_file(step / f.name, "checkpoint shard");
+  if (layout) {
+    if (const auto expected = layout(meta, what)) check_model(meta, *expected, what);
+  }
+}
+
+}  // namespace
+
+void check_model(const Meta& m, const std::vector<UnitMeta>& expected, const std::string& what) {
+  if (m.units.size() != expected.size()) {
+    throw CorruptData(fmt::format(
+        "{}: field \"units\" lists {} units; the {} of field \"model\" has {} ({} .. {})", what,
+        m.units.size(), model_text(m), expected.size(),
+        expected.empty() ? "" : expected.front().name,
+        expected.empty() ? "" : expected.back().name));
+  }
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const UnitMeta& saved = m.units[i];
+    const UnitMeta& want = expected[i];
+    if (saved.name != want.name || saved.numel != want.numel ||
+        saved.tensors.size() != want.tensors.size()) {
+      throw CorruptData(fmt::format(
+          "{}: field \"units[{}]\" is \"{}\" with {} elements in {} tensors; the {} of field "
+          "\"model\" has \"{}\" with {} in {}",
+          what, i, saved.name, saved.numel, saved.tensors.size(), model_text(m), want.name,
+          want.numel, want.tensors.size()));
+    }
+    for (size_t k = 0; k < want.tensors.size(); ++k) {
+      if (!(saved.tensors[k] == want.tensors[k])) {
+        throw CorruptData(fmt::format(
+            "{}: field \"units[{}].tensors[{}]\" is {}; the {} of field \"model\" has {}", what, i,
+            k, tensor_text(saved.tensors[k]), model_text(m), tensor_text(want.tensors[k])));
+      }
+    }
+  }
+}
 
 ExportSummary export_fp32(const std::filesystem::path& dir, const std::filesystem::path& out,
-                          uint64_t chunk_elements) {
+                          uint64_t chunk_elements, const ModelLayout& layout) {
   if (chunk_elements == 0) throw InvalidArgument("export: chunk_elements must be at least 1");
-  const Checkpoint ckpt(resolve(dir, "checkpoint"));
+  const std::filesystem::path step = resolve(dir, "checkpoint");
+  // The step directory claims every file in it: an export over its own shard would destroy
+  // the checkpoint it reads.
+  const files::Named inputs[] = {{"checkpoint", step}};
+  const files::Named outputs[] = {{"--out", out}};
+  files::check_distinct(inputs, outputs);
+  check_before_open(step, layout);
+  const Checkpoint ckpt(step);
   const Meta& m = ckpt.meta();
   std::vector<safetensors::TensorDecl> decls;
   ExportSummary summary;
@@ -29,36 +110,42 @@ ExportSummary export_fp32(const std::filesystem::path& dir, const std::filesyste
   for (const auto& [k, v] : m.model_shape) metadata[k] = std::to_string(v);
   summary.tensors = decls.size();
 
-  const std::filesystem::path partial = out.string() + ".partial";
-  std::string sha;
-  {
-    safetensors::Writer w(partial, std::move(decls), metadata);
-    std::vector<float> buf;
-    for (size_t ui = 0; ui < m.units.size(); ++ui) {
-      for (const TensorMeta& t : m.units[ui].tensors) {
-        for (uint64_t done = 0; done < t.numel; done += chunk_elements) {
-          const uint64_t n = std::min(chunk_elements, t.numel - done);
-          buf.resize(n);
-          ckpt.read_master(ui, t.offset + done, buf);
-          w.write_values(std::span<const float>(buf));
-        }
+  // Declared before the writer, so the writer closes its file before an uncommitted output
+  // removes it.
+  files::Output output("--out", out);
+  // Write failures name the temporary beside the output; the user knows the flag.
+  const auto to_out = [&](auto&& step_of_writing) {
+    try {
+      step_of_writing();
+    } catch (const IoError& e) {
+      throw IoError(fmt::format("--out '{}': {}", out.string(), e.what()));
+    }
+  };
+  std::optional<safetensors::Writer> w;
+  to_out([&] { w.emplace(output.write_path(), std::move(decls), metadata); });
+  std::vector<float> buf;
+  for (size_t ui = 0; ui < m.units.size(); ++ui) {
+    for (const TensorMeta& t : m.units[ui].tensors) {
+      for (uint64_t done = 0; done < t.numel; done += chunk_elements) {
+        const uint64_t n = std::min(chunk_elements, t.numel - done);
+        buf.resize(n);
+        ckpt.read_master(ui, t.offset + done, buf);
+        to_out([&] { w->write_values(std::span<const float>(buf)); });
       }
     }
-    summary.buffer_bytes = buf.capacity() * sizeof(float);
-    sha = w.finish();
   }
-  if (std::rename(partial.c_str(), out.c_str()) != 0) {
-    throw IoError(fmt::format("export: cannot rename {} to {}", partial.string(), out.string()));
-  }
-  const std::filesystem::path parent = out.parent_path().empty() ? "." : out.parent_path();
-  fsync_path(parent);
-  summary.bytes = std::filesystem::file_size(out);
-  summary.sha256 = sha;
+  summary.buffer_bytes = buf.capacity() * sizeof(float);
+  to_out([&] { summary.sha256 = w->finish(); });
+  summary.bytes = w->file_bytes();
+  w.reset();
+  to_out([&] { output.commit(); });
   return summary;
 }
 
-ConsolidatedModel read_consolidated(const std::filesystem::path& dir) {
-  const Checkpoint ckpt(resolve(dir, "checkpoint"));
+ConsolidatedModel read_consolidated(const std::filesystem::path& dir, const ModelLayout& layout) {
+  const std::filesystem::path step = resolve(dir, "checkpoint");
+  check_before_open(step, layout);
+  const Checkpoint ckpt(step);
   const Meta& m = ckpt.meta();
   ConsolidatedModel model;
   model.kind = m.model_kind;

@@ -1,8 +1,12 @@
 #include "checkpoint/format.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -211,7 +215,32 @@ Meta parse_meta(std::string_view text, std::string_view what) {
         f.fail(tp, fmt::format("covers [{}, {}) past the unit's {} elements", t.offset,
                                t.offset + t.numel, u.numel));
       }
+      // Readers size their buffers by shape and copy by numel: the two must agree, or an
+      // export declares one size and streams another.
+      uint64_t product = 1;
+      for (const int64_t d : t.shape) {
+        const auto ud = static_cast<uint64_t>(d);
+        product = ud != 0 && product > u.numel / ud ? u.numel + 1 : product * ud;
+      }
+      if (product != t.numel) {
+        f.fail(tp + ".numel",
+               fmt::format("is {}, but shape [{}] holds {}", t.numel, fmt::join(t.shape, ", "),
+                           product > u.numel ? "more than the unit" : std::to_string(product)));
+      }
+      const uint64_t expected_offset =
+          u.tensors.empty() ? 0 : u.tensors.back().offset + u.tensors.back().numel;
+      if (t.offset != expected_offset) {
+        f.fail(tp + ".offset",
+               fmt::format("is {}; the tensors before it end at {} (a unit's tensors lie back to "
+                           "back)",
+                           t.offset, expected_offset));
+      }
       u.tensors.push_back(std::move(t));
+    }
+    const uint64_t covered =
+        u.tensors.empty() ? 0 : u.tensors.back().offset + u.tensors.back().numel;
+    if (covered != u.numel) {
+      f.fail(p + ".tensors", fmt::format("cover {} elements, the unit has {}", covered, u.numel));
     }
     m.units.push_back(std::move(u));
   }
@@ -270,6 +299,27 @@ Meta parse_meta(std::string_view text, std::string_view what) {
     }
   }
   return m;
+}
+
+void require_regular_file(const std::filesystem::path& path, std::string_view role) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;
+  if (S_ISREG(st.st_mode)) return;
+  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  std::string via;
+  std::error_code ec;
+  if (std::filesystem::is_symlink(path, ec)) {
+    via = fmt::format(" (a link to '{}')", std::filesystem::read_symlink(path, ec).string());
+  }
+  throw CorruptData(fmt::format(
+      "{} '{}' is {}{}; a checkpoint holds regular files only: restore it from a copy, or "
+      "resume from another checkpoint",
+      role, path.string(), kind, via));
 }
 
 }  // namespace zerodp::checkpoint

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -89,7 +90,15 @@ std::string tensor_name(std::string_view unit, std::string_view kind);  // "h.0"
 std::string to_json(const Meta& meta);
 // Throws CorruptData naming `what` (the file) and the field when the text is not a
 // meta.json of this format: bad JSON, a missing or mistyped field, partitions that do not
-// sum to their unit, a rank count that disagrees with the files.
+// sum to their unit, a rank count that disagrees with the files, or a unit whose tensors do
+// not describe it: a numel that is not its shape's product, or tensors that do not lie back
+// to back from offset 0 to the unit's numel (the layout every model's units have).
 Meta parse_meta(std::string_view text, std::string_view what);
+
+// Throws CorruptData unless the checkpoint file `path` (symlinks followed) is a regular
+// file: a FIFO would block its first read forever, a device (a link to /dev/zero) never
+// ends, a directory cannot be read. `role` names it ("checkpoint shard", "checkpoint
+// meta.json"). A path where nothing is is left to the caller, who knows what was expected.
+void require_regular_file(const std::filesystem::path& path, std::string_view role);
 
 }  // namespace zerodp::checkpoint

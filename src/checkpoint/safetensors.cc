@@ -559,6 +559,7 @@ struct Writer::Impl {
   std::vector<uint64_t> ends;  // data-section end offset of each tensor, in order
   uint64_t total = 0;          // data-section bytes
   uint64_t written = 0;        // of them
+  uint64_t file_bytes = 0;     // the whole file: length, header, data
   std::vector<std::byte> buffer;
   std::string failure;  // the IoError that left the file incomplete
   bool finished = false;
@@ -660,6 +661,7 @@ Writer::Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensor
                     "readers enforce; split the tensors over more files",
                     file, text.size(), kMaxHeaderBytes));
   }
+  impl->file_bytes = 8 + text.size() + impl->total;
   impl->names.reserve(tensors.size());
   for (TensorDecl& t : tensors) impl->names.push_back(std::move(t.name));
 
@@ -712,6 +714,8 @@ void Writer::write(std::span<const std::byte> bytes) {
   w.written += bytes.size();
 }
 
+uint64_t Writer::file_bytes() const { return impl_->file_bytes; }
+
 std::string Writer::finish() {
   Impl& w = *impl_;
   w.check_usable("finish()");
@@ -727,9 +731,11 @@ std::string Writer::finish() {
   try {
     w.flush();
     while (::fsync(w.fd) != 0) {
-      if (errno != EINTR) {
-        throw IoError(fmt::format("{}: fsync failed: {}", w.path.string(), std::strerror(errno)));
-      }
+      if (errno == EINTR) continue;
+      // A device or FIFO written in place (--out /dev/null) has nothing to make durable.
+      struct stat st {};
+      if (errno == EINVAL && ::fstat(w.fd, &st) == 0 && !S_ISREG(st.st_mode)) break;
+      throw IoError(fmt::format("{}: fsync failed: {}", w.path.string(), std::strerror(errno)));
     }
   } catch (const IoError& e) {
     w.failure = e.what();
@@ -750,7 +756,9 @@ std::string Writer::finish() {
 // Reader
 
 Reader::Reader(const std::filesystem::path& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking, so that opening a FIFO returns at once instead of waiting for a writer;
+  // it is refused below, and regular files ignore the flag.
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd_ < 0) {
     throw IoError(
         fmt::format("{}: cannot open for reading: {}", path.string(), std::strerror(errno)));
@@ -761,7 +769,14 @@ Reader::Reader(const std::filesystem::path& path) : path_(path) {
       throw IoError(fmt::format("{}: cannot stat: {}", path.string(), std::strerror(errno)));
     }
     if (!S_ISREG(st.st_mode)) {
-      throw IoError(fmt::format("{}: not a regular file", path.string()));
+      const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                         : S_ISFIFO(st.st_mode) ? "a FIFO"
+                         : S_ISCHR(st.st_mode)  ? "a character device"
+                         : S_ISBLK(st.st_mode)  ? "a block device"
+                                                : "not a regular file";
+      throw CorruptData(fmt::format(
+          "{}: is {}; a safetensors file is a regular file (its size bounds every offset)",
+          path.string(), kind));
     }
     file_size_ = static_cast<uint64_t>(st.st_size);
     std::vector<std::byte> prefix(std::min<uint64_t>(file_size_, 8));

@@ -90,7 +90,10 @@ class Writer {
   void write_values(std::span<const T> values) {
     write(std::as_bytes(values));
   }
-  // Returns the sha256 hex digest of the file as written.
+  // The file's size once complete: 8 + header + every tensor's bytes.
+  uint64_t file_bytes() const;
+  // Returns the sha256 hex digest of the file as written. A device or FIFO (written in
+  // place) is not fsynced: it has nothing to make durable.
   std::string finish();
 
  private:
@@ -100,7 +103,8 @@ class Writer {
 
 // Reads a file's header at open; tensors are read by element range with pread, so a reader
 // of a large file holds only what it asks for. Throws IoError (cannot open or read) or
-// CorruptData (see above).
+// CorruptData (see above, and for a path that is not a regular file: a FIFO is opened
+// without blocking and refused).
 class Reader {
  public:
   explicit Reader(const std::filesystem::path& path);

@@ -99,6 +99,7 @@ int clean_leftovers(const fs::path& root) {
   if (!fs::is_directory(root, ec)) return 0;
   // A crash while a step was being replaced: put the old copy back where `latest` looks.
   if (fs::exists(root / kLatest, ec)) {
+    require_regular_file(root / kLatest, "checkpoint latest");
     std::string name = read_text(root / kLatest);
     while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
     const fs::path aside = root / (std::string(kReplacedPrefix) + name);
@@ -170,6 +171,7 @@ std::optional<fs::path> find_latest(const fs::path& root) {
   const fs::path latest = root / kLatest;
   std::error_code ec;
   if (!fs::exists(latest, ec)) return std::nullopt;
+  require_regular_file(latest, "checkpoint latest");
   std::string name = read_text(latest);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
   if (!parse_step_dir(name)) {
@@ -216,6 +218,7 @@ Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
     throw CorruptData(fmt::format("{}: missing; {} is not a committed checkpoint",
                                   meta_path.string(), dir.string()));
   }
+  require_regular_file(meta_path, "checkpoint meta.json");
   // meta.json grows with units and ranks, a few hundred bytes each; anything near this is
   // not one, and reading it whole must not be the way to exhaust memory.
   constexpr uint64_t kMaxMetaBytes = uint64_t{64} << 20;
@@ -231,6 +234,7 @@ Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
       throw CorruptData(
           fmt::format("{}: missing (meta.json lists it, {} bytes)", p.string(), f.bytes));
     }
+    require_regular_file(p, "checkpoint shard");
     const uint64_t size = fs::file_size(p);
     if (size != f.bytes) {
       throw CorruptData(fmt::format("{}: {} bytes, meta.json says {} (truncated or replaced)",

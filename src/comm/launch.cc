@@ -1,6 +1,7 @@
 #include "comm/launch.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include <fmt/core.h>
@@ -19,9 +20,34 @@ std::optional<Backend> parse_backend(std::string_view name) {
 
 std::string_view backend_name(Backend b) { return b == Backend::kLocal ? "local" : "mpi"; }
 
+namespace {
+
+// Set by launchers in every process they start: OpenMPI, then MPICH/Hydra and PMIx.
+constexpr const char* kLauncherSizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
+
+}  // namespace
+
+void check_launch_environment(const LaunchOptions& options) {
+  if (options.backend != Backend::kLocal) return;
+  for (const char* name : kLauncherSizes) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    char* end = nullptr;
+    const long size = std::strtol(value, &end, 10);
+    if (end != value && size > 1) {
+      throw InvalidArgument(fmt::format(
+          "this process is one of {} started by an MPI launcher ({}={}), but --backend is "
+          "local: each process would train alone and overwrite the others' outputs; pass "
+          "--backend mpi",
+          size, name, value));
+    }
+  }
+}
+
 void launch(const LaunchOptions& options, int& argc, char**& argv,
             const std::function<void(Communicator&)>& fn) {
   if (options.backend == Backend::kLocal) {
+    check_launch_environment(options);
     if (options.ranks < 1) {
       throw InvalidArgument(fmt::format(
           "--ranks {} is invalid; the local backend needs 1 or more ranks", options.ranks));

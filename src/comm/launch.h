@@ -33,4 +33,9 @@ struct LaunchOptions {
 void launch(const LaunchOptions& options, int& argc, char**& argv,
             const std::function<void(Communicator&)>& fn);
 
+// Refuses (InvalidArgument) a local-backend run that an MPI launcher started as one of
+// several processes: each would train alone, on the same data, into the same outputs.
+// launch() checks it; callers with work to do before launching check it first.
+void check_launch_environment(const LaunchOptions& options);
+
 }  // namespace zerodp

@@ -6,10 +6,15 @@
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <fstream>
+#include <limits>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#include <sys/resource.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -278,25 +283,77 @@ Communicator& LocalWorld::comm(int rank) {
   return *comms_[rank];
 }
 
+namespace {
+
+uint64_t read_number(const char* path) {
+  std::ifstream in(path);
+  uint64_t v = 0;
+  return in >> v ? v : std::numeric_limits<uint64_t>::max();
+}
+
+// Threads this process may still start: the tightest of the kernel's limits (threads, pids,
+// memory maps at two per thread stack, the user's process limit) less what already runs
+// on the machine (the total in /proc/loadavg).
+uint64_t startable_threads() {
+  uint64_t limit = std::min({read_number("/proc/sys/kernel/threads-max"),
+                             read_number("/proc/sys/kernel/pid_max"),
+                             read_number("/proc/sys/vm/max_map_count") / 2});
+  rlimit nproc{};
+  if (::getrlimit(RLIMIT_NPROC, &nproc) == 0 && nproc.rlim_cur != RLIM_INFINITY) {
+    limit = std::min<uint64_t>(limit, nproc.rlim_cur);
+  }
+  std::ifstream in("/proc/loadavg");
+  double a = 0, b = 0, c = 0;
+  char sep = 0;
+  uint64_t running = 0, total = 0;
+  if (in >> a >> b >> c >> running >> sep >> total && total < limit) return limit - total;
+  return limit;
+}
+
+}  // namespace
+
+void check_startable_threads(int world_size) {
+  const uint64_t startable = startable_threads();
+  if (world_size > 0 && static_cast<uint64_t>(world_size) > startable) {
+    throw InvalidArgument(fmt::format(
+        "--ranks {} needs {} threads, but this machine lets the process start about {} more; "
+        "use fewer local ranks, or --backend mpi across machines",
+        world_size, world_size, startable));
+  }
+}
+
 void run_local(int world_size, const CommOptions& options,
                const std::function<void(Communicator&)>& fn) {
+  // Checked before the first thread starts: failing at the 30,000th would leave the
+  // others waiting for ranks that never come.
+  check_startable_threads(world_size);
   LocalWorld world(world_size, options);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world_size));
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([&, r] {
-      Communicator& comm = world.comm(r);
-      try {
-        fn(comm);
-      } catch (const std::exception& e) {
-        errors[r] = std::current_exception();
-        comm.abort(e.what());
-      } catch (...) {
-        errors[r] = std::current_exception();
-        comm.abort("unknown exception");
-      }
-    });
+    try {
+      threads.emplace_back([&, r] {
+        Communicator& comm = world.comm(r);
+        try {
+          fn(comm);
+        } catch (const std::exception& e) {
+          errors[r] = std::current_exception();
+          comm.abort(e.what());
+        } catch (...) {
+          errors[r] = std::current_exception();
+          comm.abort("unknown exception");
+        }
+      });
+    } catch (const std::system_error& e) {
+      // The machine refused a thread after all: the started ranks must not wait for it.
+      world.comm(0).abort(fmt::format("rank {} could not start: {}", r, e.what()));
+      for (auto& t : threads) t.join();
+      throw Error(
+          fmt::format("--ranks {}: the machine refused the thread of rank {} ({}); use "
+                      "fewer local ranks",
+                      world_size, r, e.what()));
+    }
   }
   for (auto& t : threads) t.join();
   // The root cause is the failure of the rank the abort record names; the others' errors

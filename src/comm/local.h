@@ -33,6 +33,11 @@ class LocalWorld {
   std::vector<std::unique_ptr<Communicator>> comms_;
 };
 
+// Throws InvalidArgument when the machine would refuse `world_size` more threads (kernel
+// thread, pid and memory-map limits, the user's process limit, less what already runs):
+// run_local checks it before starting any, callers with work to do first may check earlier.
+void check_startable_threads(int world_size);
+
 // Runs fn(rank's communicator) on `world_size` threads and joins them. If a rank throws,
 // the world is aborted so every other rank's collectives fail naming it, and once all
 // threads have ended the first failure (the root cause) is rethrown.

@@ -15,7 +15,10 @@
 #include <fmt/core.h>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/sha256.h"
+#include "core/sysinfo.h"
+#include "core/units.h"
 #include "data/gzip.h"
 
 extern char** environ;  // the child runs with our environment
@@ -223,6 +226,16 @@ std::filesystem::path default_cache_dir() {
 }
 
 std::vector<uint8_t> read_text_corpus(const std::filesystem::path& path) {
+  // Refused before reading: a FIFO would block, a device never end, and a corpus past the
+  // machine's memory would be read for minutes only to fail or swap.
+  const uint64_t size = files::require_regular_input("--data", path);
+  if (const auto available = available_memory(); available && size > *available) {
+    throw OutOfMemory(fmt::format(
+        "--data '{}' is {}, more than the {} of memory this machine has available to hold it; "
+        "use a smaller corpus or a machine with more memory",
+        path.string(), format_bytes(static_cast<double>(size)),
+        format_bytes(static_cast<double>(*available))));
+  }
   std::vector<uint8_t> bytes = read_file_bytes(path);
   if (bytes.empty()) {
     throw InvalidArgument(

@@ -63,6 +63,23 @@ Generator::Generator(const GptConfig& config, std::span<const std::vector<float>
   }
 }
 
+std::optional<NonFiniteWeight> find_non_finite(const GptConfig& config,
+                                               std::span<const std::vector<float>> weights) {
+  const Generator checked(config, weights);  // the same checks of the layout
+  const Model model = make_gpt(config);
+  for (size_t u = 0; u < model.size(); ++u) {
+    for (const TensorSpec& t : model[u]->tensors()) {
+      const auto values = std::span<const float>(weights[u]).subspan(t.offset, t.numel);
+      const auto bad =
+          std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+      if (bad != values.end()) {
+        return NonFiniteWeight{t.name, static_cast<size_t>(bad - values.begin()), *bad};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 std::vector<float> Generator::next_token_logits(std::span<const int32_t> context) {
   if (context.empty()) {
     throw InvalidArgument("next_token_logits: the context is empty; give at least one token");

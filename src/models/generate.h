@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -74,6 +75,19 @@ class Generator {
   int T_ = 0;
   std::vector<float> stream_a_, stream_b_, saved_, scratch_;
 };
+
+// Where weights laid out by make_gpt(config) first hold a NaN or an infinity: the tensor
+// (canonical name), the element within it and its value. A model with one non-finite weight
+// gives non-finite logits for every context, so a loader checks this once, up front, and
+// names the tensor instead of failing at the first token. Throws InvalidArgument as
+// Generator does for weights that do not match the config.
+struct NonFiniteWeight {
+  std::string tensor;
+  size_t element = 0;
+  float value = 0;
+};
+std::optional<NonFiniteWeight> find_non_finite(const GptConfig& config,
+                                               std::span<const std::vector<float>> weights);
 
 // One token from `logits` by the rules above, with `draw` the 64-bit random value (unused
 // when temperature is 0). Throws InvalidArgument for empty or non-finite logits, a negative

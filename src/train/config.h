@@ -39,7 +39,7 @@ AccumulatePolicy default_accumulate(int stage, int grad_accum);
 // A fault to inject (--inject KIND@STEP[:RANK]), for tests and demos of failure handling
 // (docs/reliability.md). Rank defaults to 0.
 struct Injection {
-  enum class Kind { kThrow, kHang, kKill, kNan, kIo, kOom };
+  enum class Kind { kThrow, kHang, kKill, kNan, kIo, kOom, kTerm };
   Kind kind = Kind::kThrow;
   int64_t step = 1;
   int rank = 0;
@@ -82,6 +82,9 @@ struct TrainConfig {
   std::string metrics_path;
   std::string report_path;
   std::string trace_path;  // Chrome trace-event JSON of every rank's spans; empty = off
+  // The --config file the options came from: an input no output may overwrite. Not part
+  // of the run's configuration (two ranks may read theirs from different places).
+  std::string config_file;
   bool progress = true;
   // Checkpoints (docs/checkpoint_format.md). A run with a checkpoint_dir saves every
   // checkpoint_every steps (0 = never in between) and always at its last step.

@@ -23,9 +23,12 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/store.h"
 #include "comm/communicator.h"
+#include "comm/local.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/partition.h"
 #include "core/sha256.h"
+#include "core/sysinfo.h"
 #include "core/units.h"
 #include "data/sampler.h"
 #include "data/source.h"
@@ -38,8 +41,10 @@
 #include "optim/lr_schedule.h"
 #include "tensor/gemm.h"
 #include "train/flat.h"
+#include "train/outputs.h"
 #include "train/plan.h"
 #include "train/report.h"
+#include "train/stop.h"
 #include "train/trace.h"
 
 namespace zerodp {
@@ -95,9 +100,8 @@ AccumulatePolicy default_accumulate(int stage, int grad_accum) {
 Injection parse_injection(std::string_view text) {
   const auto bad = [&](std::string_view why) {
     return InvalidArgument(fmt::format(
-        "--inject '{}': {}; use KIND@STEP[:RANK] with KIND throw, hang, kill, nan, io or oom, "
-        "e.g. "
-        "nan@3:1",
+        "--inject '{}': {}; use KIND@STEP[:RANK] with KIND throw, hang, kill, nan, io, oom or "
+        "term, e.g. nan@3:1",
         text, why));
   };
   const size_t at = text.find('@');
@@ -116,6 +120,8 @@ Injection parse_injection(std::string_view text) {
     inj.kind = Injection::Kind::kIo;
   } else if (kind == "oom") {
     inj.kind = Injection::Kind::kOom;
+  } else if (kind == "term") {
+    inj.kind = Injection::Kind::kTerm;
   } else {
     throw bad(fmt::format("unknown kind '{}'", kind));
   }
@@ -764,6 +770,8 @@ bool RankTrainer::update(double lr, double coef, int64_t adam_step) {
 
 StepRecord RankTrainer::step(int64_t step_index) {
   if (injected(Injection::Kind::kKill, step_index)) ::raise(SIGKILL);
+  // As SIGTERM arriving at this rank alone: the others learn of it in this step's exchange.
+  if (injected(Injection::Kind::kTerm, step_index)) request_stop(SIGTERM);
   if (injected(Injection::Kind::kThrow, step_index)) {
     throw Error(fmt::format("injected failure (--inject throw@{}:{})", step_index, comm_.rank()));
   }
@@ -821,7 +829,11 @@ StepRecord RankTrainer::step(int64_t step_index) {
     }
     sq += sum_squares(u.grads.data(), dtype_, first, u.own.count());
   }
-  const double partial[] = {sq, bad_unit, loss_sum / A};
+  // The stop request rides in the same exchange: ranks see a signal at different moments,
+  // and this makes all of them stop after the same step.
+  constexpr size_t kFields = 4;
+  const double partial[kFields] = {sq, bad_unit, loss_sum / A,
+                                   static_cast<double>(stop_requested())};
   std::vector<double> all;
   {
     const Tracer::Span span(tracer_, "verdict", "wait");
@@ -830,12 +842,14 @@ StepRecord RankTrainer::step(int64_t step_index) {
   // Summed in rank order, as sum_control() would.
   double totals[3] = {0, 0, 0};
   for (int r = 0; r < comm_.size(); ++r) {
-    for (size_t k = 0; k < 3; ++k) totals[k] += all[static_cast<size_t>(r) * 3 + k];
-    if (rec.bad_rank < 0 && all[static_cast<size_t>(r) * 3 + 1] > 0) {
+    const double* mine = &all[static_cast<size_t>(r) * kFields];
+    for (size_t k = 0; k < 3; ++k) totals[k] += mine[k];
+    if (rec.bad_rank < 0 && mine[1] > 0) {
       rec.bad_rank = r;
-      rec.bad_unit =
-          units_[static_cast<size_t>(all[static_cast<size_t>(r) * 3 + 1]) - 1].unit->name();
+      rec.bad_unit = units_[static_cast<size_t>(mine[1]) - 1].unit->name();
     }
+    const int signal = static_cast<int>(mine[3]);
+    if (signal > 0 && (rec.stop_signal == 0 || signal < rec.stop_signal)) rec.stop_signal = signal;
   }
   const bool overflow = totals[1] > 0 || !std::isfinite(totals[2]);
   rec.loss = totals[2] / comm_.size();
@@ -980,10 +994,16 @@ void RankTrainer::check_same_model(const checkpoint::Checkpoint& ckpt) const {
   const checkpoint::Meta& m = ckpt.meta();
   const std::string where = (ckpt.dir() / "meta.json").string();
   if (m.units.size() != units_.size()) {
-    throw CorruptData(fmt::format(
-        "{}: a checkpoint of another model: {} units there ({} {}), {} in this run ({} {})", where,
-        m.units.size(), m.model_kind, m.config.count("size") ? m.config.at("size") : "",
-        units_.size(), cfg_.model, cfg_.model == "gpt" ? cfg_.size : ""));
+    // "gpt small", or "mlp" alone: only the gpt has size presets.
+    const auto model = [](const std::string& kind, const std::string& size) {
+      return size.empty() ? kind : kind + " " + size;
+    };
+    const std::string saved_size =
+        m.model_kind == "gpt" && m.config.count("size") ? m.config.at("size") : "";
+    throw CorruptData(
+        fmt::format("{}: a checkpoint of another model: {} units there ({}), {} in this run ({})",
+                    where, m.units.size(), model(m.model_kind, saved_size), units_.size(),
+                    model(cfg_.model, cfg_.model == "gpt" ? cfg_.size : "")));
   }
   for (size_t i = 0; i < units_.size(); ++i) {
     const checkpoint::UnitMeta& saved = m.units[i];
@@ -1218,18 +1238,6 @@ double gemm_flops_per_core(GemmCompute compute) {
   return best;
 }
 
-// Bytes this machine can still give, from /proc/meminfo's MemAvailable; nullopt elsewhere.
-std::optional<uint64_t> available_memory() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return std::nullopt;
-}
-
 // Before anything is allocated: what every rank of this process will hold (the planner's
 // states and transients, the same bytes the ledger will count) against --memory-per-rank
 // and the machine's available memory. A run that cannot fit is refused with the stage or
@@ -1291,23 +1299,43 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
 }
 
 // Under MPI every process parses its own command line; ranks that disagree would hang or
-// compute garbage. The first collective compares a digest of the resolved options.
+// compute garbage. The first collective compares a digest of each resolved option, so a
+// mismatch names the option, not just that there is one.
 void check_same_config(const TrainConfig& cfg, Communicator& comm) {
   CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
-  const std::string digest = sha256_hex(config_json(cfg).dump());
-  // 48 bits of the digest: exact in a double.
-  const double mine = static_cast<double>(std::stoull(digest.substr(0, 12), nullptr, 16));
-  const std::vector<double> all = comm.gather_control(std::span<const double>(&mine, 1));
+  const nlohmann::json j = config_json(cfg);
+  // A fixed count, so ranks whose option sets differ (another --model) still meet in the
+  // same collective and learn which option differs.
+  constexpr size_t kSlots = 64;
+  std::vector<std::string> keys;
+  std::vector<double> mine(kSlots, 0.0);
+  for (const auto& [key, value] : j.items()) {
+    if (keys.size() == kSlots) throw Error("check_same_config: more options than slots");
+    // 48 bits of each option's digest: exact in a double.
+    mine[keys.size()] = static_cast<double>(
+        std::stoull(sha256_hex(key + "=" + value.dump()).substr(0, 12), nullptr, 16));
+    keys.push_back(key);
+  }
+  const std::vector<double> all = comm.gather_control(mine);
   std::vector<int> differ;
+  std::string first_key;
   for (int r = 1; r < comm.size(); ++r) {
-    if (all[static_cast<size_t>(r)] != all[0]) differ.push_back(r);
+    for (size_t k = 0; k < keys.size(); ++k) {
+      if (all[static_cast<size_t>(r) * kSlots + k] != all[k]) {
+        if (first_key.empty()) first_key = keys[k];
+        if (differ.empty() || differ.back() != r) differ.push_back(r);
+      }
+    }
   }
   if (!differ.empty()) {
+    std::string flag = first_key;
+    for (char& ch : flag) ch = ch == '_' ? '-' : ch;
     throw InvalidArgument(fmt::format(
-        "rank(s) {} run another configuration than rank 0 (config digest {:012x} vs {:012x}); "
+        "rank(s) {} run another configuration than rank 0: --{} differs (this rank has {}); "
         "give every rank the same flags and --config file",
-        fmt::join(differ, ", "), static_cast<uint64_t>(all[static_cast<size_t>(differ[0])]),
-        static_cast<uint64_t>(all[0])));
+        fmt::join(differ, ", "), flag,
+        j[first_key].is_number_float() ? fmt::format("{:g}", j[first_key].get<double>())
+                                       : j[first_key].dump()));
   }
 }
 
@@ -1384,13 +1412,35 @@ void resolve_config(TrainConfig& c) {
     throw InvalidArgument(
         fmt::format("--lr {} is invalid; use a positive number, e.g. 1e-3", c.lr));
   }
-  if (c.clip < 0)
+  if (!(c.clip >= 0) || !std::isfinite(c.clip))
     throw InvalidArgument(fmt::format("--clip {} is invalid; use 0 (off) or more", c.clip));
+  if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay)) {
+    throw InvalidArgument(
+        fmt::format("--weight-decay {} is invalid; use 0 (none) or a positive number, e.g. 0.1",
+                    c.weight_decay));
+  }
+  if (c.eval_every < 0) {
+    throw InvalidArgument(fmt::format(
+        "--eval-every {} is invalid; use 0 (at the end only) or a number of steps", c.eval_every));
+  }
+  if (c.eval_batches < 0) {
+    throw InvalidArgument(
+        fmt::format("--eval-batches {} is invalid; use 0 (none) or more", c.eval_batches));
+  }
+  if (c.checkpoint_dir.empty() && (c.checkpoint_every > 0 || c.keep > 0)) {
+    throw InvalidArgument(fmt::format("{} {} needs --checkpoint-dir DIR to save into",
+                                      c.checkpoint_every > 0 ? "--checkpoint-every" : "--keep",
+                                      c.checkpoint_every > 0 ? c.checkpoint_every : c.keep));
+  }
   if (c.schedule != "constant" && c.schedule != "cosine") {
     throw InvalidArgument(
         fmt::format("--schedule '{}' is unknown; use constant or cosine", c.schedule));
   }
-  if (c.warmup < 0) c.warmup = c.schedule == "cosine" ? c.steps / 20 : 0;
+  if (c.warmup < -1) {
+    throw InvalidArgument(fmt::format(
+        "--warmup {} is invalid; use auto or a whole number of steps, e.g. 100", c.warmup));
+  }
+  if (c.warmup == -1) c.warmup = c.schedule == "cosine" ? c.steps / 20 : 0;
   if (c.schedule == "cosine" && c.warmup >= c.steps) {
     throw InvalidArgument(fmt::format(
         "--warmup {} leaves no steps for the cosine decay of --steps {}; use fewer warmup steps",
@@ -1426,6 +1476,12 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
                   const ModelFactory& make_model) {
   TrainConfig cfg = config;
   resolve_config(cfg);
+  check_launch_environment(cfg.launch);
+  check_outputs(cfg);
+  const bool local = cfg.launch.backend == Backend::kLocal;
+  // Under MPI the rank-0 process takes it, below, once it knows it is rank 0.
+  std::optional<CheckpointDirLock> dir_lock;
+  if (local) dir_lock.emplace(cfg.checkpoint_dir);
   DataOptions dopt;
   dopt.source = cfg.data;
   dopt.task = cfg.model == "mlp" || cfg.model == "custom-images" ? TaskKind::kImageClassification
@@ -1474,6 +1530,17 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     }
   }
   const double per_core = gemm_flops_per_core(compute_for(cfg.precision));
+  // Local ranks are threads of this process: every one of them is checked here, once,
+  // before any thread starts (MPI processes each check themselves below).
+  if (local) {
+    check_startable_threads(cfg.launch.ranks);
+    preflight(cfg, data, make_model, cfg.launch.ranks, 0);
+  }
+  if (const int signal = stop_requested()) {
+    throw Interrupted(fmt::format("interrupted by {} before the first step; nothing was trained",
+                                  signal_name(signal)),
+                      signal);
+  }
 
   TrainResult result;
   std::mutex mu;
@@ -1482,8 +1549,9 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   std::vector<std::unique_ptr<Tracer>> tracers(
       cfg.launch.backend == Backend::kLocal ? static_cast<size_t>(cfg.launch.ranks) : 1);
   launch(cfg.launch, argc, argv, [&](Communicator& comm) {
-    // Every local rank checks the whole process, so all of them refuse together.
-    preflight(cfg, data, make_model, comm.size(), comm.rank());
+    if (!local) preflight(cfg, data, make_model, comm.size(), comm.rank());
+    std::optional<CheckpointDirLock> rank0_lock;
+    if (!local && comm.rank() == 0) rank0_lock.emplace(cfg.checkpoint_dir);
     Tracer* tracer = nullptr;
     if (!cfg.trace_path.empty()) {
       auto& slot = tracers[cfg.launch.backend == Backend::kLocal ? comm.rank() : 0];
@@ -1527,7 +1595,8 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     const int64_t last = cfg.stop_after > 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
     int64_t streak = 0;  // consecutive skipped steps
     StepRecord streak_start;
-    for (int64_t s = first; s <= last; ++s) {
+    std::optional<EarlyStop> stopped;
+    for (int64_t s = first; s <= last && !stopped; ++s) {
       StepRecord rec;
       try {
         {
@@ -1537,23 +1606,36 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
         if (rec.skipped) {
           if (streak++ == 0) streak_start = rec;
           if (cfg.max_skips > 0 && streak >= cfg.max_skips) {
-            throw Error(fmt::format(
-                "{} consecutive steps skipped for non-finite gradients or loss (--max-skips "
-                "{}); the first, step {}, had one in unit {} on rank {}; lower --lr, check the "
-                "data, or pass --max-skips 0 to never stop",
-                streak, cfg.max_skips, streak_start.step,
-                streak_start.bad_unit.empty() ? "(the loss)" : streak_start.bad_unit,
-                streak_start.bad_rank));
+            // Every rank took the same verdicts, so every rank stops here; the run's report
+            // is still written (the parameters are those of the last good step).
+            stopped = EarlyStop{
+                .reason = EarlyStop::Reason::kMaxSkips,
+                .after_step = s,
+                .message = fmt::format(
+                    "step {}: {} consecutive steps skipped for non-finite gradients or loss "
+                    "(--max-skips {}); the first, step {}, had one in unit {} on rank {}; lower "
+                    "--lr, check the data, or pass --max-skips 0 to never stop",
+                    s, streak, cfg.max_skips, streak_start.step,
+                    streak_start.bad_unit.empty() ? "(the loss)" : streak_start.bad_unit,
+                    streak_start.bad_rank)};
           }
         } else {
           streak = 0;
         }
-        if (cfg.eval_every > 0 && s % cfg.eval_every == 0 && s != cfg.steps) {
+        if (rec.stop_signal != 0 && !stopped && s < last) {
+          stopped = EarlyStop{.reason = EarlyStop::Reason::kSignal,
+                              .signal = rec.stop_signal,
+                              .after_step = s,
+                              .message = fmt::format("step {}: interrupted by {}", s,
+                                                     signal_name(rec.stop_signal))};
+        }
+        const bool interrupted = stopped && stopped->reason == EarlyStop::Reason::kSignal;
+        if (cfg.eval_every > 0 && s % cfg.eval_every == 0 && s != cfg.steps && !interrupted) {
           CommPhaseScope other(comm.ledger(), CommPhase::kOther);
           rec.val_loss = trainer.evaluate();
         }
         const bool due = cfg.checkpoint_every > 0 && s % cfg.checkpoint_every == 0;
-        if (!cfg.checkpoint_dir.empty() && (due || s == last)) {
+        if (!cfg.checkpoint_dir.empty() && (due || s == last || interrupted)) {
           save_checkpoint(trainer, comm, cfg, s);
           rec.checkpoint =
               checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(s)).string();
@@ -1576,7 +1658,10 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     const MemorySnapshot mem{trainer.ledger().current_table(), trainer.ledger().peak_table(),
                              trainer.ledger().peak_total(), gemm_bf16_copy_bytes()};
     CommPhaseScope other(comm.ledger(), CommPhase::kOther);
-    const double val = trainer.evaluate();
+    // An interrupted run ends as soon as it can: mpirun, for one, kills its processes
+    // shortly after forwarding the signal.
+    const bool interrupted = stopped && stopped->reason == EarlyStop::Reason::kSignal;
+    const double val = interrupted ? std::nan("") : trainer.evaluate();
     std::vector<float> kept;
     const std::string weights =
         trainer.weights_sha256(cfg.keep_final_weights && reporter ? &kept : nullptr);
@@ -1593,8 +1678,9 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
         write_trace(p, one);
       }
     }
-    if (!reporter) return;
     std::lock_guard lock(mu);
+    result.stopped = stopped;  // every rank's is the same, and every process needs it
+    if (!reporter) return;
     result.is_reporter = true;
     result.config = cfg;
     result.params = trainer.params();
@@ -1634,6 +1720,11 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     rusage usage{};
     if (getrusage(RUSAGE_SELF, &usage) == 0) {
       result.process_peak_rss_bytes = static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // KiB
+    }
+    // Written here, before MPI is finalized: under mpirun a job being stopped may not get
+    // past the finalize before the launcher's SIGKILL, and the report must not be lost.
+    if (!cfg.report_path.empty()) {
+      files::write_output("--report", cfg.report_path, report_json(result).dump(2) + "\n");
     }
   });
   if (!cfg.trace_path.empty() && cfg.launch.backend == Backend::kLocal) {

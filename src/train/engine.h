@@ -42,6 +42,18 @@ struct StepRecord {
   // gradient held one, and the first such unit of that rank.
   int bad_rank = -1;
   std::string bad_unit;
+  // A stop requested on any rank before this step's control exchange (train/stop.h): the
+  // lowest signal number among the ranks' requests, 0 when none. Every rank sees the same.
+  int stop_signal = 0;
+};
+
+// Why a run ended before its last step, with everything it had done saved and reported.
+struct EarlyStop {
+  enum class Reason { kSignal, kMaxSkips };
+  Reason reason = Reason::kSignal;
+  int signal = 0;          // kSignal: SIGINT or SIGTERM
+  int64_t after_step = 0;  // the last step taken
+  std::string message;     // one line for the user, led by the step
 };
 
 struct RankSummary {
@@ -84,6 +96,9 @@ struct TrainResult {
   std::vector<std::string> unit_names;
   std::vector<uint64_t> unit_numel;
   std::vector<float> final_weights;  // with config.keep_final_weights: canonical order
+  // Set when the run stopped early: a signal (train/stop.h) or --max-skips. The steps,
+  // checkpoint (a signal, with --checkpoint-dir) and summary are those of the steps taken.
+  std::optional<EarlyStop> stopped;
 };
 
 // Called on rank 0 after every step (progress, metrics); `total` is config.steps.
@@ -97,6 +112,10 @@ void resolve_config(TrainConfig& config);
 using ModelFactory = std::function<Model()>;
 
 // Runs the whole training on the configured backend. Under MPI every process calls it.
+// Outputs are checked before the first step (train/outputs.h); rank 0 writes the report
+// (config.report_path) and train() the trace. A stop requested while it
+// runs (train/stop.h) ends it after the step every rank agrees on, with a checkpoint when
+// checkpoint_dir is set; the result says so in `stopped`, as does --max-skips.
 // `make_model`, when given, replaces the model config.model names (which then only picks
 // the kind of data: "gpt"/"custom-text" for text, "mlp"/"custom-images" for images).
 TrainResult train(const TrainConfig& config, int& argc, char**& argv,

@@ -4,18 +4,40 @@
 
 #include <fmt/core.h>
 
-#include "core/partition.h"
+#include "core/error.h"
 #include "core/units.h"
 
 namespace zerodp {
+namespace {
+
+// The same refusals as Partition's, made once per call rather than once per unit.
+void check_rank(int world, int rank) {
+  if (world < 1) {
+    throw InvalidArgument(fmt::format("partition: world size {} is invalid; use 1 or more", world));
+  }
+  if (rank < 0 || rank >= world) {
+    throw InvalidArgument(
+        fmt::format("partition: rank {} is outside world of {} ranks", rank, world));
+  }
+}
+
+// Rank `rank`'s element count in Partition(numel, world), in closed form: building the
+// Partition costs O(world), which made every loop over ranks quadratic.
+uint64_t own_count(uint64_t numel, int world, int rank) {
+  const uint64_t n = static_cast<uint64_t>(world);
+  return numel / n + (static_cast<uint64_t>(rank) < numel % n ? 1 : 0);
+}
+
+}  // namespace
 
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                              Precision precision, int rank) {
+  check_rank(world, rank);
   const Sharding sh = Sharding::for_stage(stage);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
   StateBytes b;
   for (uint64_t numel : unit_numel) {
-    const uint64_t own = Partition(numel, world).count(rank);
+    const uint64_t own = own_count(numel, world, rank);
     const uint64_t opt = sh.optimizer_states ? own : numel;
     b.params += (sh.parameters ? own : numel) * w;
     b.grads += (sh.gradients ? own : numel) * w;
@@ -32,9 +54,28 @@ StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world
   return model_state_bytes(unit_numel, world, stage, precision, 0);
 }
 
+StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
+                                       Precision precision) {
+  check_rank(world, 0);
+  const Sharding sh = Sharding::for_stage(stage);
+  const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
+  const uint64_t n = static_cast<uint64_t>(world);
+  StateBytes b;
+  for (uint64_t numel : unit_numel) {
+    const uint64_t opt = sh.optimizer_states ? numel : n * numel;
+    b.params += (sh.parameters ? numel : n * numel) * w;
+    b.grads += (sh.gradients ? numel : n * numel) * w;
+    b.master += precision == Precision::kFP32 ? 0 : opt * 4;
+    b.adam_m += opt * 4;
+    b.adam_v += opt * 4;
+  }
+  return b;
+}
+
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
                               int rank) {
+  check_rank(world, rank);
   const Sharding sh = Sharding::for_stage(stage);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
   const uint64_t a = static_cast<uint64_t>(grad_accum);
@@ -42,7 +83,7 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
   const uint64_t peers = static_cast<uint64_t>(world - 1);
   CommBytes b;
   for (uint64_t numel : unit_numel) {
-    const uint64_t own = Partition(numel, world).count(rank);
+    const uint64_t own = own_count(numel, world, rank);
     const uint64_t rs = peers * own * w;    // from each peer, its copy of my range
     const uint64_t ag = (numel - own) * w;  // every range but mine
     if (!sh.optimizer_states && !sh.gradients) {
@@ -56,6 +97,7 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
 }
 
 TransientBytes transient_bytes(const Model& model, const TransientPlan& p, int rank) {
+  check_rank(p.world, rank);
   const Sharding sh = Sharding::for_stage(p.stage);
   const uint64_t w = p.precision == Precision::kFP32 ? 4 : 2;
   const BatchShape shape{.B = p.micro_batch, .T = p.seq_len};
@@ -63,7 +105,7 @@ TransientBytes transient_bytes(const Model& model, const TransientPlan& p, int r
   TransientBytes b;
   for (const auto& u : model) {
     max_numel = std::max<uint64_t>(max_numel, u->numel());
-    max_own = std::max<uint64_t>(max_own, Partition(u->numel(), p.world).count(rank));
+    max_own = std::max<uint64_t>(max_own, own_count(u->numel(), p.world, rank));
     max_in = std::max<uint64_t>(max_in, u->input_count(shape));
     max_scratch = std::max<uint64_t>(max_scratch, u->scratch_count(shape));
     max_saved = std::max<uint64_t>(max_saved, u->saved_count(shape));
@@ -94,6 +136,10 @@ std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Preci
     s += fmt::format(" stage {} {}{}", stage, format_bytes(static_cast<double>(need)),
                      need <= budget_bytes ? " (fits)" : "");
     s += stage < 3 ? "," : "";
+  }
+  if (max_model_state_bytes(unit_numel, world, 3, precision).total() <= budget_bytes) {
+    // Naming a rank count here would send the user after the wrong cause.
+    return s + "; the states fit, so it is the activations and buffers that do not";
   }
   int ranks = world;
   while (ranks < (1 << 20) &&

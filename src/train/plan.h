@@ -22,6 +22,9 @@ struct StateBytes {
   uint64_t total() const { return params + grads + master + adam_m + adam_v; }
 };
 
+// Every function below costs O(units) per call, whatever the world size, so a loop over
+// ranks stays linear in the ranks.
+
 // Rank `rank`'s persistent model states: params and grads in the run's precision (2 bytes,
 // or 4 at fp32), fp32 master (none at fp32) and Adam moments; each full or the rank's
 // partition range of every unit, as the stage's switches say.
@@ -30,6 +33,10 @@ StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, in
 // The largest over ranks (rank 0 holds the largest ranges).
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                                  Precision precision);
+// The sum over all `world` ranks of model_state_bytes, in closed form: the ranges of a unit
+// add up to the unit, so a sharded state sums to one copy and a replicated one to `world`.
+StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
+                                       Precision precision);
 
 // Bytes rank `rank` receives per training step, by collective (the comm ledger's
 // definitions), for A micro-batches under the accumulation policy: stage 0 all-reduces

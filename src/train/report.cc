@@ -1,6 +1,6 @@
 #include "train/report.h"
 
-#include "checkpoint/store.h"
+#include "core/files.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "train/plan.h"
+#include "train/stop.h"
 
 namespace zerodp {
 
@@ -50,8 +51,10 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["eval_batches"] = c.eval_batches;
   j["collective_timeout"] = c.launch.comm.timeout_seconds;
   j["check_collectives"] = c.launch.comm.check_collectives;
-  j["link_bandwidth"] = c.launch.comm.link_bandwidth;
-  j["link_latency"] = c.launch.comm.link_latency;
+  // null when no network is simulated: the flags take no zero, and a report is a --config.
+  const auto set = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(); };
+  j["link_bandwidth"] = set(c.launch.comm.link_bandwidth);
+  j["link_latency"] = set(c.launch.comm.link_latency);
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
   j["checkpoint_dir"] = c.checkpoint_dir;
   j["checkpoint_every"] = c.checkpoint_every;
@@ -109,6 +112,18 @@ nlohmann::json report_json(const TrainResult& r) {
   j["final"] = {{"loss", r.final_loss},
                 {"val_loss", r.val_loss ? nlohmann::json(*r.val_loss) : nlohmann::json()},
                 {"weights_sha256", r.weights_sha256}};
+  // An early stop is part of the record: a reader must not take a cut-short run for one
+  // that reached --steps.
+  if (r.stopped) {
+    const bool signal = r.stopped->reason == EarlyStop::Reason::kSignal;
+    j["stopped"] = {
+        {"reason", signal ? "signal" : "max_skips"},
+        {"signal", signal ? nlohmann::json(signal_name(r.stopped->signal)) : nlohmann::json()},
+        {"after_step", r.stopped->after_step},
+        {"message", r.stopped->message}};
+  } else {
+    j["stopped"] = nullptr;
+  }
   j["throughput"] = {{"tokens_per_second", r.tokens_per_second},
                      {"mfu", r.mfu},
                      {"flops_per_token", r.flops_per_token},
@@ -218,7 +233,7 @@ std::string formula_table(const TrainResult& r) {
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  checkpoint::write_file_atomically(path, text);
+  files::write_output("output", path, text);
 }
 
 }  // namespace zerodp

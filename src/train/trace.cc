@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/units.h"
 #include "train/report.h"
 
@@ -71,7 +72,7 @@ void write_trace(const std::filesystem::path& path, std::span<const Tracer* cons
     }
   }
   text += "\n]}\n";
-  write_file_atomically(path.string(), text);
+  files::write_output("--trace", path, text);
 }
 
 }  // namespace zerodp

@@ -1,5 +1,7 @@
 #include "checkpoint/safetensors.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -394,7 +396,27 @@ TEST(Safetensors, ReaderIoErrors) {
     EXPECT_NE(std::string(e.what()).find("absent.safetensors"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("No such file"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(Reader r(dir.path()), IoError);  // a directory
+}
+
+// A path that is not a regular file is corrupt data naming it, and a FIFO is refused at
+// once: a blocking open would wait for a writer forever.
+TEST(Safetensors, ReaderRefusesWhatIsNotARegularFile) {
+  TempDir dir;
+  const std::filesystem::path fifo = dir.path() / "fifo.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::filesystem::path zero = dir.path() / "zero.safetensors";
+  std::filesystem::create_symlink("/dev/zero", zero);
+  for (const auto& [path, kind] :
+       {std::pair{dir.path(), "is a directory"}, std::pair{fifo, "is a FIFO"},
+        std::pair{zero, "is a character device"}}) {
+    try {
+      Reader r(path);
+      ADD_FAILURE() << "expected CorruptData for " << path;
+    } catch (const CorruptData& e) {
+      EXPECT_NE(std::string(e.what()).find(path.string() + ": " + kind), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

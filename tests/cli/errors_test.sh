@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bad input is refused with exit code 2 and one line that names the value.
 set -uo pipefail
-zerodp=$1
+zerodp=$(realpath "$1")
 fail=0
 expect() {  # expect NEEDLE ARGS...: exit 2, one line on stderr containing NEEDLE
   local needle=$1
@@ -14,6 +14,19 @@ expect() {  # expect NEEDLE ARGS...: exit 2, one line on stderr containing NEEDL
     fail=1
   else
     echo "ok: zerodp $* -> $err"
+  fi
+}
+expect_code() {  # expect_code CODE NEEDLE ARGS...: exit CODE, stderr's last line contains NEEDLE
+  local want=$1 needle=$2
+  shift 2
+  local err code
+  err=$(timeout 20 "$zerodp" "$@" 2>&1 >/dev/null)
+  code=$?
+  if [[ $code -ne $want || "$(printf '%s\n' "$err" | tail -n 1)" != *"$needle"* ]]; then
+    echo "FAIL: zerodp $*: exit $code, stderr: $err (wanted exit $want and '$needle')"
+    fail=1
+  else
+    echo "ok: zerodp $* -> exit $code: $(printf '%s\n' "$err" | tail -n 1)"
   fi
 }
 expect "--stage 7" train --stage 7 --data synthetic
@@ -41,7 +54,7 @@ expect "--lr" train --lr fast --data synthetic
 expect "--clip -1" train --clip -1 --data synthetic
 expect "--warmup 10 leaves no steps" train --warmup 10 --steps 10 --data synthetic
 expect "embd 100 is not divisible by heads 3" train --embd 100 --heads 3 --data synthetic
-expect "layers is -2" train --layers -2 --data synthetic
+expect "--layers -2 is invalid" train --layers -2 --data synthetic
 expect "initial scale 3 is not a power of two" train --precision fp16 --initial-loss-scale 3 --data synthetic
 expect "--link-bandwidth" train --link-bandwidth quick --data synthetic
 expect "--link-latency" train --link-latency soonish --data synthetic
@@ -80,4 +93,10 @@ expect "report '$rdir' is a directory" report "$rdir" --out "$rdir/x.html"
 expect "'zerodp_version' is missing" report "$rdir/other.json" --out "$rdir/x.html"
 expect "a JSON array, not an object" report "$rdir/list.json" --out "$rdir/x.html"
 rm -rf "$rdir"
+# Each area's cases live in errors.d/ (sourced: `expect`, `expect_code`, $zerodp and
+# $fail are shared).
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+for cases in "$here"/errors.d/*.sh; do
+  [[ -f $cases ]] && source "$cases"
+done
 exit $fail

@@ -60,7 +60,7 @@ if [[ -n $mpirun ]]; then
   timeout 60 "$mpirun" -np 1 "$zerodp" "${cfg[@]}" --lr 1e-3 : -np 1 "$zerodp" "${cfg[@]}" \
     --lr 2e-3 >"$tmp/out" 2>&1
   rc=$?
-  if [[ $rc != 2 ]] || ! grep -q "rank(s) 1 run another configuration" "$tmp/out"; then
+  if [[ $rc != 2 ]] || ! grep -q "rank(s) 1 run another configuration than rank 0: --lr differs" "$tmp/out"; then
     echo "FAIL: mpi config mismatch: exit $rc:"; cat "$tmp/out"; fail=1
   else
     echo "ok: mpi config mismatch: exit 2 after $(($(date +%s) - start))s"

@@ -170,8 +170,15 @@ for a in lines:
     check(len(pts) == 5 and len({x for x, _ in pts}) == 5 and len({y for _, y in pts}) > 1,
           f"loss: {a.get('data-run')} has 5 points over 5 steps, not flat ({len(pts)})")
 vals = [a for t, a in p.inside.get("loss", []) if t == "circle" and "val" in a.get("class", "")]
-want_vals = sum("val_loss" in s for r in reports for s in r["steps"]) * 2  # the log repeats b
+# The evaluation after the last step is only in final.val_loss: drawn at the last step.
+want_final = sum(r["final"]["val_loss"] is not None and "val_loss" not in r["steps"][-1] for r in reports)
+want_vals = sum("val_loss" in s for r in reports for s in r["steps"]) * 2 + want_final  # the log repeats b
+check(want_final == 2, f"both runs evaluated once more after their last step ({want_final})")
 check(len(vals) == want_vals, f"loss: {want_vals} val_loss points ({len(vals)})")
+finals = [a for a in vals if "final" in a.get("class", "").split()]
+plot = [float(v) for v in p.svgs.get("loss", {}).get("data-plot", "0 0 0 0").split()]
+check(len(finals) == want_final and all(abs(float(a["cx"]) - plot[2]) < 0.01 for a in finals),
+      f"loss: the final val_loss is drawn at the last step, x={plot[2]} ({[a.get('cx') for a in finals]})")
 texts = [t for t, _ in p.inside.get("loss", []) if t == "text"]
 check(len(texts) >= 10, f"loss: axes have tick labels ({len(texts)} texts)")
 
@@ -230,6 +237,90 @@ check(len(est) == nranks, f"estimate table: {nranks} rows ({len(est)})")
 check(all(row[-1] == "exact" and row[6] == "1.0000" for row in est),
       "estimate table: measured = exact plan, ratio 1.0000 to the formula (2 ranks divide evenly)")
 
+sys.exit(1 if fail else 0)
+EOF
+
+# Pages a browser must still lay out: losses at the ends of the double range and not finite,
+# a validation loss far above the training curve, and strings too long for any column.
+render() {  # render PAGE: the DOM of PAGE in PAGE.dom, laid out in a window 1280 px wide
+  timeout 120 "$chromium" --headless --no-sandbox --disable-gpu --no-first-run \
+    --user-data-dir="$tmp/profile" --window-size=1280,1000 --dump-dom "file://$tmp/$1" \
+    >"$1.dom" 2>>chromium.log || bad "chromium could not render $1"
+}
+long=$(printf 'd%.0s' {1..120})/$(printf 'report-name-without-spaces-%.0s' {1..8})
+mkdir -p "$(dirname "$long")"
+python3 - a.json "$weird/b.json" "$long.json" <<'EOF' || fail=1
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+a["steps"][1]["loss"] = 1e308   # huge but finite: the axis must still scale
+a["steps"][2]["loss"] = -1.7e308
+a["steps"][3]["loss"] = None    # what the writer makes of a non-finite loss
+json.dump(a, open("extreme.json", "w"))
+vals = [s for s in b["steps"] if "val_loss" in s]
+vals[0]["val_loss"] = 1.7e308   # far above the training curve
+vals[1]["val_loss"] = None
+json.dump(b, open("above.json", "w"))
+a = json.load(open(sys.argv[1]))
+a["data"] = "/" + "data-directory/" * 30 + "corpus.bin"
+a["config"]["model"] = "model_" * 40
+json.dump(a, open(sys.argv[3], "w"))
+EOF
+"$zerodp" report extreme.json --out extreme.html --quiet || bad "report extreme.json failed"
+"$zerodp" report above.json --out above.html --quiet || bad "report above.json failed"
+"$zerodp" report "$long.json" a.json --out long.html --quiet || bad "report $long.json failed"
+# The width the browser laid the page out at, against the window's.
+sed 's|</body>|<script>document.body.setAttribute("data-widths", [document.documentElement.scrollWidth, window.innerWidth].join(" "));</script></body>|' \
+  long.html >long-measured.html
+for page in extreme.html above.html long-measured.html; do render "$page"; done
+
+python3 - <<'EOF' || fail=1
+import re, sys
+fail = []
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what)
+    if not ok:
+        fail.append(what)
+def loss_svg(page):
+    dom = open(page + ".dom", encoding="utf-8").read()
+    svg = re.search(r'<svg[^>]*id="loss".*?</svg>', dom, re.S)
+    check(svg is not None and 'data-rendered="ok"' in dom, f"{page}: rendered without errors")
+    svg = svg.group(0) if svg else ""
+    def attrs(tag):
+        return [dict(re.findall(r'([\w-]+)="([^"]*)"', t)) for t in re.findall(r"<%s\b[^>]*>" % tag, svg)]
+    head = (attrs("svg") or [{}])[0]
+    plot = [float(v) for v in head.get("data-plot", "nan nan nan nan").split()]
+    return svg, attrs, head, plot
+def inside(plot, x, y):
+    return plot[0] - 0.01 <= x <= plot[2] + 0.01 and plot[1] - 0.01 <= y <= plot[3] + 0.01
+
+svg, attrs, head, plot = loss_svg("extreme.html")
+lines = [a for a in attrs("polyline") if "series" in a.get("class", "")]
+pts = [tuple(map(float, q.split(","))) for a in lines for q in a.get("points", "").split()]
+check(head.get("data-drawn") == "1" and len(pts) == 4,
+      f"extreme: the curve is drawn with its 4 finite losses ({head.get('data-drawn')}, {len(pts)} points)")
+check(all(inside(plot, x, y) for x, y in pts), f"extreme: every point lies in the plot {plot}: {pts}")
+check(len({y for _, y in pts}) == 3, "extreme: 1e308, -1.7e308 and the ordinary losses at three heights")
+ticks = re.findall(r'<text x="[\d.]+" y="[\d.]+" text-anchor="end">([^<]*)</text>', svg)
+check(len(ticks) >= 3 and "1e+308" in ticks, f"extreme: the loss axis has ticks up to 1e+308 ({ticks})")
+marks = [a for a in attrs("line") if a.get("class") == "nonfinite"]
+check(len(marks) == 1, f"extreme: the step whose loss is not finite is marked ({len(marks)})")
+check(re.search(r'<text class="note"[^>]*>1 step with a non-finite loss', svg) is not None,
+      "extreme: a note says that a non-finite loss is not drawn")
+
+svg, attrs, head, plot = loss_svg("above.html")
+vals = [a for a in attrs("circle") if "val" in a.get("class", "").split()]
+check(len(vals) == 2, f"above: the finite val_loss and the final one are drawn ({len(vals)})")
+check(all(inside(plot, float(a["cx"]), float(a["cy"])) for a in vals),
+      f"above: every validation point lies in the plot {plot}: {[(a['cx'], a['cy']) for a in vals]}")
+check(any(float(a["cy"]) < plot[1] + 0.1 * (plot[3] - plot[1]) for a in vals),
+      "above: the val_loss of 1.7e308 is at the top of the plot")
+check(re.search(r'<text class="note"[^>]*>1 non-finite val_loss', svg) is not None,
+      "above: a note says that a non-finite val_loss is not drawn")
+
+dom = open("long-measured.html.dom", encoding="utf-8").read()
+w = re.search(r'data-widths="(\d+) (\d+)"', dom)
+check(w is not None and int(w.group(2)) >= 1000 and int(w.group(1)) <= int(w.group(2)),
+      f"long strings: the page is no wider than the window (page, window: {w.groups() if w else None})")
 sys.exit(1 if fail else 0)
 EOF
 

@@ -1,7 +1,9 @@
 #include "data/text.h"
 
+#include <sys/stat.h>
 #include <chrono>
 #include <cstdlib>
+
 #include <fstream>
 #include <string>
 
@@ -140,10 +142,20 @@ TEST(TextCorpus, ReadsAnyFile) {
   EXPECT_EQ(std::string(bytes.begin(), bytes.end()), "hello\n");
 }
 
-TEST(TextCorpus, MissingFileIsIoErrorNamingIt) {
+TEST(TextCorpus, AMissingFileIsRefusedNamingTheFlagAndIt) {
   const std::string what =
-      expect_throw<IoError>([&] { read_text_corpus("/nonexistent/corpus.txt"); });
-  EXPECT_NE(what.find("/nonexistent/corpus.txt"), std::string::npos) << what;
+      expect_throw<InvalidArgument>([&] { read_text_corpus("/nonexistent/corpus.txt"); });
+  EXPECT_NE(what.find("--data '/nonexistent/corpus.txt'"), std::string::npos) << what;
+}
+
+// Neither is read: a FIFO would block the first read, a directory cannot be.
+TEST(TextCorpus, WhatIsNotARegularFileIsRefusedBeforeReading) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo((dir.path() / "fifo").c_str(), 0600), 0);
+  for (const auto& p : {dir.path() / "fifo", dir.path()}) {
+    const std::string what = expect_throw<InvalidArgument>([&] { read_text_corpus(p); });
+    EXPECT_NE(what.find("give a regular file"), std::string::npos) << what;
+  }
 }
 
 TEST(TextCorpus, EmptyFileIsInvalidArgument) {

@@ -325,5 +325,33 @@ TEST(PickTokenErrors, NonFiniteLogitsAndBadArguments) {
             std::string::npos);
 }
 
+// The first non-finite weight in model order, by tensor name and element; none in finite
+// weights. A loader refuses such a model up front instead of at the first token's logits.
+TEST(FindNonFinite, NamesTheFirstTensorAndElementInModelOrder) {
+  Buffers w = test_weights();
+  EXPECT_FALSE(find_non_finite(kConfig, w).has_value());
+  const Model model = make_gpt(kConfig);
+  const auto offset_of = [&](size_t unit, std::string_view name) {
+    for (const TensorSpec& t : model[unit]->tensors()) {
+      if (t.name == name) return t.offset;
+    }
+    ADD_FAILURE() << "no tensor " << name;
+    return size_t{0};
+  };
+  w[2][offset_of(2, "h.1.mlp.c_fc.weight") + 5] = INFINITY;
+  w[1][offset_of(1, "h.0.attn.c_proj.bias") + 3] = NAN;
+  const auto bad = find_non_finite(kConfig, w);
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->tensor, "h.0.attn.c_proj.bias");
+  EXPECT_EQ(bad->element, 3u);
+  EXPECT_TRUE(std::isnan(bad->value));
+  w[1][offset_of(1, "h.0.attn.c_proj.bias") + 3] = 0.0f;
+  const auto inf = find_non_finite(kConfig, w);
+  ASSERT_TRUE(inf.has_value());
+  EXPECT_EQ(inf->tensor, "h.1.mlp.c_fc.weight");
+  EXPECT_EQ(inf->element, 5u);
+  EXPECT_TRUE(std::isinf(inf->value));
+}
+
 }  // namespace
 }  // namespace zerodp

@@ -3,6 +3,7 @@
 // rank without touching a weight; a failed checkpoint write commits nothing.
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <string>
 
@@ -13,6 +14,7 @@
 #include "checkpoint_testing.h"
 #include "core/error.h"
 #include "temp_dir.h"
+#include "train/stop.h"
 #include "train_testing.h"
 
 namespace zerodp {
@@ -132,10 +134,76 @@ TEST(NonFinite, MaxSkipsStopsNamingTheFirstUnitAndRank) {
   c.steps = 8;
   c.max_skips = 2;
   c.inject = {parse_injection("nan@3:1"), parse_injection("nan@4:0")};
-  const auto [what, seconds] = fails<Error>(c);
+  // A stop, not a failure: the run returns what it did, so its report can still be written.
+  const TrainResult r = run(c);
+  ASSERT_TRUE(r.stopped.has_value());
+  EXPECT_EQ(r.stopped->reason, EarlyStop::Reason::kMaxSkips);
+  EXPECT_EQ(r.stopped->after_step, 4);
+  EXPECT_EQ(r.steps.size(), 4u);
+  const std::string& what = r.stopped->message;
   EXPECT_NE(what.find("2 consecutive steps skipped"), std::string::npos) << what;
   EXPECT_NE(what.find("step 3, had one in unit head on rank 1"), std::string::npos) << what;
-  EXPECT_NE(what.find("step 4"), std::string::npos) << "the stop's own step: " << what;
+  EXPECT_EQ(what.rfind("step 4: ", 0), 0u) << "led by the stop's own step: " << what;
+}
+
+// A stop request that reaches one rank only (as a signal under MPI does) stops every rank
+// after the same step, with a checkpoint there; the continuation is the run that never
+// stopped, bit for bit.
+TEST(Stop, ARequestOnOneRankStopsEveryRankAfterTheSameStepAndSaves) {
+  for (const int stage : {0, 3}) {
+    SCOPED_TRACE(fmt::format("stage {}", stage));
+    TempDir tmp;
+    TrainConfig whole = tiny_config(3, stage);
+    whole.steps = 7;
+    const TrainResult reference = run(whole);
+    ASSERT_FALSE(reference.stopped.has_value());
+
+    TrainConfig c = whole;
+    c.checkpoint_dir = tmp.path().string();
+    c.inject = {parse_injection("term@3:2")};
+    const TrainResult r = run(c);
+    clear_stop_request();
+    ASSERT_TRUE(r.stopped.has_value());
+    EXPECT_EQ(r.stopped->reason, EarlyStop::Reason::kSignal);
+    EXPECT_EQ(r.stopped->signal, SIGTERM);
+    EXPECT_EQ(r.stopped->after_step, 3);
+    ASSERT_EQ(r.steps.size(), 3u);
+    EXPECT_EQ(r.steps[2].stop_signal, SIGTERM);
+    EXPECT_EQ(r.steps[2].checkpoint, (tmp.path() / "step_00000003").string());
+    EXPECT_FALSE(r.val_loss.has_value()) << "an interrupted run skips the final evaluation";
+    EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000003");
+
+    TrainConfig rest = whole;
+    rest.checkpoint_dir = tmp.path().string();
+    rest.resume = "latest";
+    const TrainResult continued = run(rest);
+    EXPECT_EQ(continued.weights_sha256, reference.weights_sha256);
+    EXPECT_EQ(continued.steps.back().loss, reference.steps.back().loss);
+  }
+}
+
+TEST(Stop, ARequestBeforeTheFirstStepTrainsNothing) {
+  request_stop(SIGINT);
+  TrainConfig c = tiny_config(2, 1);
+  c.steps = 3;
+  try {
+    (void)run(c);
+    ADD_FAILURE() << "the run trained";
+  } catch (const Interrupted& e) {
+    EXPECT_EQ(e.signal(), SIGINT);
+    EXPECT_NE(std::string(e.what()).find("interrupted by SIGINT before the first step"),
+              std::string::npos)
+        << e.what();
+  }
+  clear_stop_request();
+}
+
+TEST(Stop, TheFirstRequestWins) {
+  request_stop(SIGTERM);
+  request_stop(SIGINT);
+  EXPECT_EQ(stop_requested(), SIGTERM);
+  clear_stop_request();
+  EXPECT_EQ(stop_requested(), 0);
 }
 
 TEST(NonFinite, SkipsApartDoNotAddUp) {

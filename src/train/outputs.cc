@@ -1,0 +1,75 @@
+#include "train/outputs.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace zerodp {
+namespace {
+
+bool is_builtin_data(const std::string& data) {
+  return data == "kjv" || data == "fashion-mnist" || data == "synthetic";
+}
+
+}  // namespace
+
+void check_outputs(const TrainConfig& cfg, std::span<const files::Named> extra_inputs) {
+  std::vector<files::Named> inputs(extra_inputs.begin(), extra_inputs.end());
+  if (!cfg.data.empty() && !is_builtin_data(cfg.data)) inputs.push_back({"--data", cfg.data});
+  if (!cfg.resume.empty() && cfg.resume != "latest") inputs.push_back({"--resume", cfg.resume});
+  if (!cfg.config_file.empty()) inputs.push_back({"--config", cfg.config_file});
+  std::vector<files::Named> outputs;
+  if (!cfg.report_path.empty()) outputs.push_back({"--report", cfg.report_path});
+  if (!cfg.metrics_path.empty()) outputs.push_back({"--metrics", cfg.metrics_path});
+  if (!cfg.trace_path.empty()) outputs.push_back({"--trace", cfg.trace_path});
+  files::check_distinct(inputs, outputs);
+  for (const files::Named& out : outputs) files::probe_output(out.what, out.path);
+  if (!cfg.checkpoint_dir.empty()) files::probe_directory("--checkpoint-dir", cfg.checkpoint_dir);
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::filesystem::path& dir) {
+  if (dir.empty()) return;
+  const std::filesystem::path path = dir / ".lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw IoError(fmt::format("--checkpoint-dir {}: cannot open its lock file {}: {}", dir.string(),
+                              path.string(), std::strerror(errno)));
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    char holder[256] = {};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (e != EWOULDBLOCK) {
+      throw IoError(fmt::format("--checkpoint-dir {}: cannot lock {}: {}", dir.string(),
+                                path.string(), std::strerror(e)));
+    }
+    std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "another process";
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    throw InvalidArgument(fmt::format(
+        "--checkpoint-dir {} is in use by another zerodp run ({}); wait for it to end or "
+        "choose another directory",
+        dir.string(), who));
+  }
+  char host[256] = {};
+  (void)::gethostname(host, sizeof host - 1);
+  const std::string me = fmt::format("pid {} on {}\n", ::getpid(), host);
+  // Best effort: the lock itself is what protects the directory; the text names its holder.
+  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+}  // namespace zerodp

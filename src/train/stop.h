@@ -1,0 +1,49 @@
+// Stopping a run early and cleanly: a stop is requested from anywhere (a signal handler, a
+// test), every rank learns of it in the step's control exchange, and all of them stop after
+// the same step, save and report. docs/reliability.md, "Interrupts and outputs".
+#pragma once
+
+#include <csignal>
+#include <string>
+
+#include "core/error.h"
+
+namespace zerodp {
+
+// A stop requested before anything could be done to save (the first step not yet taken).
+class Interrupted : public Error {
+ public:
+  Interrupted(const std::string& what, int signal) : Error(what), signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
+// Async-signal-safe: one lock-free atomic store, so a handler may call it. The first
+// request wins; later ones do not overwrite it.
+void request_stop(int signal);
+// The signal of the pending request, 0 when none.
+int stop_requested();
+// Forgets a request (tests run several trainings in one process).
+void clear_stop_request();
+
+// SIGINT and SIGTERM request a stop; a second one ends the process at once with 128 +
+// signal, for a user who does not want to wait for the step. Restores the previous
+// handlers when it goes out of scope.
+class StopOnSignals {
+ public:
+  StopOnSignals();
+  ~StopOnSignals();
+  StopOnSignals(const StopOnSignals&) = delete;
+  StopOnSignals& operator=(const StopOnSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+// "SIGINT", "SIGTERM", or "signal N".
+std::string signal_name(int signal);
+
+}  // namespace zerodp

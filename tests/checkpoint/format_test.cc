@@ -1,0 +1,142 @@
+// meta.json's units must describe themselves consistently (numel, offsets, coverage), a
+// model's layout is compared field by field, and checkpoint files must be regular files:
+// each refusal is CorruptData naming the file and the field.
+#include "checkpoint/format.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/consolidate.h"
+#include "core/error.h"
+#include "temp_dir.h"
+
+namespace zerodp::checkpoint {
+namespace {
+
+using zerodp::testing::TempDir;
+using Json = nlohmann::ordered_json;
+
+// One rank, one unit "u" of two tensors back to back: a (2, 3) at 0 and b (4) at 6.
+Meta small_meta() {
+  Meta m;
+  m.zerodp_version = "test";
+  m.world_size = 1;
+  m.precision = "fp32";
+  m.model_kind = "toy";
+  m.model_shape = {{"width", 3}};
+  m.units = {UnitMeta{.name = "u",
+                      .numel = 10,
+                      .tensors = {{"a", {2, 3}, 0, 6}, {"b", {4}, 6, 4}},
+                      .counts = {10}}};
+  m.rank_seeds = {1};
+  m.files = {FileMeta{rank_file_name(0), 100, std::string(64, '0')}};
+  return m;
+}
+
+// The CorruptData message parse_meta gives after `edit` changes the JSON, or "" when none.
+std::string refusal(const std::function<void(Json&)>& edit) {
+  Json j = Json::parse(to_json(small_meta()));
+  edit(j);
+  try {
+    parse_meta(j.dump(), "ck/meta.json");
+  } catch (const CorruptData& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ParseMeta, AcceptsUnitsWhoseTensorsLieBackToBack) {
+  EXPECT_EQ(refusal([](Json&) {}), "");
+  EXPECT_EQ(parse_meta(to_json(small_meta()), "m").units, small_meta().units);
+}
+
+TEST(ParseMeta, RefusesANumelThatIsNotItsShapesProduct) {
+  // A swapped numel made export declare one size and stream another.
+  const std::string e = refusal([](Json& j) { j["units"][0]["tensors"][0]["numel"] = 5; });
+  EXPECT_NE(e.find("ck/meta.json: field \"units[0].tensors[0].numel\" is 5, but shape [2, 3] "
+                   "holds 6"),
+            std::string::npos)
+      << e;
+  const std::string s = refusal([](Json& j) { j["units"][0]["tensors"][1]["shape"] = {5}; });
+  EXPECT_NE(s.find("field \"units[0].tensors[1].numel\" is 4, but shape [5] holds 5"),
+            std::string::npos)
+      << s;
+  // A product past 2^64 is not wrapped into agreement.
+  const std::string big = refusal([](Json& j) {
+    j["units"][0]["tensors"][1]["shape"] = {uint64_t{1} << 62, 4};
+  });
+  EXPECT_NE(big.find("holds more than the unit"), std::string::npos) << big;
+}
+
+TEST(ParseMeta, RefusesTensorsWithGapsOrThatLeaveTheUnitUncovered) {
+  const std::string gap = refusal([](Json& j) { j["units"][0]["tensors"][1]["offset"] = 5; });
+  EXPECT_NE(gap.find("field \"units[0].tensors[1].offset\" is 5; the tensors before it end at 6"),
+            std::string::npos)
+      << gap;
+  const std::string short_unit = refusal([](Json& j) { j["units"][0]["tensors"].erase(1); });
+  EXPECT_NE(short_unit.find("field \"units[0].tensors\" cover 6 elements, the unit has 10"),
+            std::string::npos)
+      << short_unit;
+}
+
+TEST(CheckModel, NamesTheFirstFieldThatDiffersFromTheModel) {
+  const Meta m = small_meta();
+  std::vector<UnitMeta> expected = m.units;
+  EXPECT_NO_THROW(check_model(m, expected, "ck/meta.json"));
+  expected[0].tensors[0].shape = {3, 2};
+  try {
+    check_model(m, expected, "ck/meta.json");
+    ADD_FAILURE() << "expected CorruptData";
+  } catch (const CorruptData& e) {
+    EXPECT_NE(std::string(e.what()).find("ck/meta.json: field \"units[0].tensors[0]\" is a [2, 3] "
+                                         "at offset 0; the toy (width 3) of field \"model\" has "
+                                         "a [3, 2]"),
+              std::string::npos)
+        << e.what();
+  }
+  expected.push_back(expected[0]);
+  try {
+    check_model(m, expected, "ck/meta.json");
+    ADD_FAILURE() << "expected CorruptData";
+  } catch (const CorruptData& e) {
+    EXPECT_NE(std::string(e.what()).find("field \"units\" lists 1 units"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(RequireRegularFile, RefusesFifosDirectoriesAndDevicesNamingTheRole) {
+  TempDir dir;
+  const auto fifo = dir.path() / "rank_00000.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto zero = dir.path() / "rank_00001.safetensors";
+  std::filesystem::create_symlink("/dev/zero", zero);
+  const auto sub = dir.path() / "meta.json";
+  std::filesystem::create_directory(sub);
+  const auto regular = dir.path() / "regular";
+  std::ofstream(regular) << "x";
+  for (const auto& [path, text] :
+       {std::pair{fifo, "checkpoint shard '" + fifo.string() + "' is a FIFO"},
+        std::pair{zero, "checkpoint shard '" + zero.string() +
+                            "' is a character device (a link to '/dev/zero')"},
+        std::pair{sub, "checkpoint shard '" + sub.string() + "' is a directory"}}) {
+    try {
+      require_regular_file(path, "checkpoint shard");
+      ADD_FAILURE() << "expected CorruptData for " << path;
+    } catch (const CorruptData& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(require_regular_file(regular, "checkpoint shard"));
+  // Absent: the caller reports it in its own words.
+  EXPECT_NO_THROW(require_regular_file(dir.path() / "absent", "checkpoint shard"));
+}
+
+}  // namespace
+}  // namespace zerodp::checkpoint

@@ -1,0 +1,45 @@
+# estimate and bench-comm: numbers that mean nothing are refused before any work, and sizes
+# are checked against the machine before they are allocated. Sourced by errors_test.sh.
+
+# A parameter count is a whole number; a flag train bounds is bounded here too.
+expect "--params '1.5'" estimate --params 1.5
+expect "--params '12abc'" estimate --params 12abc
+expect "--prefetch 100 is invalid; use 0..8" estimate --params 7.5e9 --prefetch 100
+expect "--prefetch -1" estimate --params 7.5e9 --prefetch -1
+expect "--stage '3.5'" estimate --params 7.5e9 --stage 3.5
+expect "--flops 'inf'" estimate --layers 2 --heads 2 --embd 8 --seq-len 8 --flops inf
+expect "--flops '1e9x'" estimate --layers 2 --heads 2 --embd 8 --seq-len 8 --flops 1e9x
+expect "--memory-per-rank 0" estimate --params 7.5e9 --memory-per-rank 0
+expect "not both" estimate --params 7.5e9 --heads 4
+expect "past 2^64" estimate --params 1e15 --ranks 1000000
+# A bad rank count later in the list is refused before the first row is printed.
+out=$(timeout 20 "$zerodp" estimate --params 100 --ranks 4,0 2>/dev/null)
+if [[ $? -ne 2 || -n "$out" ]]; then
+  echo "FAIL: zerodp estimate --ranks 4,0 printed rows before refusing: $out"
+  fail=1
+else
+  echo "ok: zerodp estimate --params 100 --ranks 4,0 -> exit 2, nothing on stdout"
+fi
+
+# A million ranks: the per-rank work is closed form, not a loop over every rank per rank.
+out=$(timeout 20 "$zerodp" estimate --params 7.5e9 --ranks 1000000 2>&1)
+if [[ $? -ne 0 || "$out" != *"1000000     3"* ]]; then
+  echo "FAIL: zerodp estimate --params 7.5e9 --ranks 1000000 (20 s limit): $out"
+  fail=1
+else
+  echo "ok: zerodp estimate --params 7.5e9 --ranks 1000000 within 20 s"
+fi
+
+bench=(bench-comm --ops broadcast --dtypes f32 --min-bytes 4 --max-bytes 16)
+expect "--seconds-per-row nan is invalid" "${bench[@]}" --seconds-per-row nan
+expect "--seconds-per-row inf is invalid" "${bench[@]}" --seconds-per-row inf
+expect "--seconds-per-row 0 is invalid" "${bench[@]}" --seconds-per-row 0
+expect "--seconds-per-row -1 is invalid" "${bench[@]}" --seconds-per-row -1
+expect "--collective-timeout inf is invalid" "${bench[@]}" --collective-timeout inf
+expect "--collective-timeout nan is invalid" "${bench[@]}" --collective-timeout nan
+expect "--min-bytes 2 is invalid" bench-comm --min-bytes 2
+expect "--min-bytes 100GiB is more than --max-bytes 256MiB" bench-comm --min-bytes 100GiB
+# Sizes past the machine's memory: exit 1 (OutOfMemory, as train's preflight), named, no
+# bad_alloc. 100 TiB exceeds any machine this runs on.
+expect_code 1 "--max-bytes 100TiB: the largest row needs" bench-comm --min-bytes 100TiB --max-bytes 100TiB
+expect_code 1 "4000 rank(s) x 2 buffers" bench-comm --ranks 4000 --min-bytes 1GiB --max-bytes 1GiB

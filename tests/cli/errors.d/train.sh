@@ -1,0 +1,108 @@
+# zerodp train: flags, inputs and outputs, all refused before the first step (issue 16).
+tt=$(mktemp -d)
+tiny=(--size tiny --data synthetic --steps 2 --no-progress)
+
+# Numbers that were wrapped, clamped, rounded to inf or silently meant "the preset".
+expect "--clip nan is invalid" train --clip nan --data synthetic
+expect "--seed -1 is invalid" train --seed -1 --data synthetic
+expect "--seed 18446744073709551616 is invalid" train --seed 18446744073709551616 --data synthetic
+expect "--warmup -5 is invalid; use auto" train --warmup -5 --data synthetic
+expect "--eval-batches -1 is invalid" train --eval-batches -1 --data synthetic
+expect "--eval-every -1 is invalid" train --eval-every -1 --data synthetic
+expect "--layers 0 is invalid" train --layers 0 --data synthetic
+expect "--heads 0 is invalid" train --heads 0 --data synthetic
+expect "--embd 0 is invalid" train --embd 0 --data synthetic
+expect "--seq-len 0 is invalid" train --seq-len 0 --data synthetic
+expect "--checkpoint-every 5 needs --checkpoint-dir" train --checkpoint-every 5 --data synthetic
+expect "--keep 2 needs --checkpoint-dir" train --keep 2 --data synthetic
+expect "--lr 1e308 is invalid" train --lr 1e308 --data synthetic
+# Before the first collective: no "rank 1 of 2" in front of it.
+expect "zerodp: --weight-decay -1 is invalid" train --weight-decay -1 --data synthetic --ranks 2
+
+# --config: what it may hold, and what it may be.
+echo '{"ranks": true}' >"$tt/bool.json"
+expect "key 'ranks' is true, but --ranks takes a value" train --config "$tt/bool.json"
+echo '{"stagee": 3}' >"$tt/unknown.json"
+expect "--config '$tt/unknown.json': key 'stagee' is not an option of zerodp train" \
+  train --config "$tt/unknown.json"
+expect "--config '$tt' is a directory" train --config "$tt"
+mkfifo "$tt/fifo"
+expect "--config '$tt/fifo' is a FIFO" train --config "$tt/fifo"
+expect "--data '$tt' is a directory" train --data "$tt"
+# A corpus larger than the memory available is refused before it is read (sparse: no disk).
+avail_kib=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
+truncate -s "$((avail_kib * 2))K" "$tt/huge.txt"
+expect_code 1 "--data '$tt/huge.txt' is" train --data "$tt/huge.txt" --steps 1
+rm -f "$tt/huge.txt"
+
+# Outputs that would destroy an input or each other.
+head -c 20000 /dev/urandom | base64 >"$tt/corpus.txt"
+cp "$tt/corpus.txt" "$tt/corpus.bak"
+expect "--report '$tt/corpus.txt' would overwrite --data" \
+  train --size tiny --data "$tt/corpus.txt" --report "$tt/corpus.txt"
+cmp -s "$tt/corpus.txt" "$tt/corpus.bak" || { echo "FAIL: --data was changed"; fail=1; }
+expect "--report '$tt/x.json' and --metrics '$tt/x.json' are the same file" \
+  train "${tiny[@]}" --report "$tt/x.json" --metrics "$tt/x.json"
+echo '{"stage": 1}' >"$tt/cfg.json"
+expect "--trace '$tt/cfg.json' would overwrite --config" \
+  train "${tiny[@]}" --config "$tt/cfg.json" --trace "$tt/cfg.json"
+ln -s corpus.txt "$tt/link.txt"
+expect "would overwrite --data" train --size tiny --data "$tt/corpus.txt" --metrics "$tt/link.txt"
+
+# Output locations that cannot be written fail before the first step, naming the flag.
+expect "--report '/nonexistent/r.json': its directory '/nonexistent' does not exist" \
+  train "${tiny[@]}" --report /nonexistent/r.json
+expect "--trace '/nonexistent/t.json'" train "${tiny[@]}" --trace /nonexistent/t.json
+expect "--metrics '$tt' is a directory" train "${tiny[@]}" --metrics "$tt"
+expect_code 1 "--checkpoint-dir: cannot create the directory '/proc/self/ck'" \
+  train "${tiny[@]}" --checkpoint-dir /proc/self/ck
+
+# A link stays a link; the report goes to its target.
+echo old >"$tt/target.json"
+ln -s target.json "$tt/report-link.json"
+if "$zerodp" train "${tiny[@]}" --report "$tt/report-link.json" >/dev/null 2>&1 &&
+  [[ -L "$tt/report-link.json" ]] && grep -q zerodp_version "$tt/target.json"; then
+  echo "ok: --report through a symlink wrote its target and kept the link"
+else
+  echo "FAIL: --report through a symlink"; ls -l "$tt"; fail=1
+fi
+
+# mpirun without --backend mpi: every process would train alone into the same outputs.
+OMPI_COMM_WORLD_SIZE=2 expect "one of 2 started by an MPI launcher (OMPI_COMM_WORLD_SIZE=2)" \
+  train "${tiny[@]}"
+
+# Too many local ranks: refused at once, before any thread starts.
+expect_code 1 "past its --memory-per-rank budget" train --size tiny --data synthetic --ranks 2000 \
+  --memory-per-rank 1MiB
+expect_code 2 "--ranks 100000 needs 100000 threads" train --size tiny --data synthetic \
+  --ranks 100000 --micro-batch 1 --seq-len 8
+
+# Two runs on one --checkpoint-dir: the second is refused naming the first.
+"$zerodp" train --size tiny --data synthetic --steps 1000000 --checkpoint-dir "$tt/ck" \
+  --no-progress >/dev/null 2>&1 &
+holder=$!
+for _ in $(seq 100); do [[ -s "$tt/ck/.lock" ]] && break; sleep 0.1; done
+expect "is in use by another zerodp run (pid $holder on" \
+  train "${tiny[@]}" --checkpoint-dir "$tt/ck" --resume latest
+kill -TERM "$holder"
+wait "$holder"
+rm -rf "$tt"
+
+# A checkpoint of another model is named as such, the mlp without a dangling size.
+tm=$(mktemp -d)
+"$zerodp" train --model mlp --data synthetic --steps 1 --checkpoint-dir "$tm/ck" --no-progress \
+  >/dev/null 2>&1
+expect_code 3 "units there (mlp), " train --size tiny --data synthetic --steps 2 --resume "$tm/ck"
+
+# A run's report is a --config: the run it describes again, bit for bit.
+"$zerodp" train --size tiny --data synthetic --steps 3 --ranks 2 --stage 2 --seed 7 \
+  --no-progress --report "$tm/r1.json" >/dev/null 2>&1
+if "$zerodp" train --config "$tm/r1.json" --no-progress --report "$tm/r2.json" >/dev/null 2>"$tm/err" &&
+  [[ -n $(grep -o '"weights_sha256": "[0-9a-f]*"' "$tm/r1.json") ]] &&
+  [[ $(grep -o '"weights_sha256": "[0-9a-f]*"' "$tm/r1.json") == \
+    $(grep -o '"weights_sha256": "[0-9a-f]*"' "$tm/r2.json") ]]; then
+  echo "ok: train --config REPORT reran the run to the same weights"
+else
+  echo "FAIL: train --config REPORT: $(cat "$tm/err")"; fail=1
+fi
+rm -rf "$tm"

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# SIGINT / SIGTERM during `zerodp train`: every rank finishes its step, the checkpoint and
+# the report are written (the report says it was interrupted), and the exit code is
+# 128 + the signal; a second signal exits at once. Local and under mpirun, where the signal
+# reaches one rank only. Prints the time from the signal to the exit.
+set -uo pipefail
+zerodp=$(realpath "$1")
+mpirun=${2:-}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+failed() { echo "FAIL: $*"; fail=1; }
+now() { date +%s.%N; }
+# Waits until FILE holds at least N lines (a run's --metrics: steps done), up to 60 s.
+wait_lines() {
+  for _ in $(seq 600); do
+    [[ -f $1 && $(wc -l <"$1") -ge $2 ]] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+json() { /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$3"; }
+common=(--size tiny --data synthetic --schedule constant --warmup 0 --no-progress)
+
+# 1. SIGTERM, local ranks: checkpoint, report, exit 143; the continuation is the run that
+#    never stopped, bit for bit (a constant schedule does not depend on --steps).
+d=$tmp/local
+mkdir -p "$d"
+"$zerodp" train "${common[@]}" --ranks 3 --stage 3 --steps 1000000 --checkpoint-dir "$d/ck" \
+  --report "$d/r.json" --metrics "$d/m.jsonl" >"$d/out" 2>"$d/err" &
+pid=$!
+wait_lines "$d/m.jsonl" 5 || failed "local: no steps after 60 s"
+t0=$(now)
+kill -TERM $pid
+wait $pid
+rc=$?
+took=$(echo "$(now) - $t0" | bc)
+k=$(json "$d/r.json" "d['stopped']['after_step']" "$d/r.json" 2>/dev/null || echo none)
+if [[ $rc -ne 143 ]] || ! grep -q "interrupted by SIGTERM after step $k of 1000000; checkpoint committed" "$d/err" ||
+  [[ $(cat "$d/ck/latest" 2>/dev/null) != "$(printf 'step_%08d' "$k")" ]] ||
+  [[ $(json "$d/r.json" "d['stopped']['reason']" "$d/r.json") != signal ]]; then
+  failed "local SIGTERM: exit $rc, stopped after '$k', latest $(cat "$d/ck/latest" 2>/dev/null)"
+  cat "$d/err"
+else
+  echo "ok: local SIGTERM (3 ranks, stage 3): exit 143 after ${took}s, checkpoint and report at step $k"
+fi
+if [[ $k =~ ^[0-9]+$ ]]; then
+  n=$((k + 3))
+  ref=$("$zerodp" train "${common[@]}" --ranks 3 --stage 3 --steps $n 2>/dev/null | grep -o 'weights sha256 [0-9a-f]*')
+  cont=$("$zerodp" train "${common[@]}" --ranks 3 --stage 3 --steps $n --checkpoint-dir "$d/ck" \
+    --resume latest 2>/dev/null | grep -o 'weights sha256 [0-9a-f]*')
+  if [[ -z $ref || $ref != "$cont" ]]; then
+    failed "continuation after SIGTERM: '$cont', the uninterrupted run: '$ref'"
+  else
+    echo "ok: continued from step $k to $n: $cont, as the run that never stopped"
+  fi
+fi
+
+# 2. SIGINT without --checkpoint-dir: exit 130, the report still written and marked.
+d=$tmp/int
+mkdir -p "$d"
+"$zerodp" train "${common[@]}" --ranks 2 --steps 1000000 --report "$d/r.json" \
+  --metrics "$d/m.jsonl" >/dev/null 2>"$d/err" &
+pid=$!
+wait_lines "$d/m.jsonl" 3
+kill -INT $pid
+wait $pid
+rc=$?
+if [[ $rc -ne 130 ]] || ! grep -q "no checkpoint (pass --checkpoint-dir" "$d/err" ||
+  [[ $(json "$d/r.json" "d['stopped']['signal']" "$d/r.json") != SIGINT ]]; then
+  failed "local SIGINT: exit $rc"; cat "$d/err"
+else
+  echo "ok: local SIGINT: exit 130, report marked SIGINT"
+fi
+
+# 3. A second signal ends the process at once, even inside a long step (a rank hangs).
+d=$tmp/twice
+mkdir -p "$d"
+"$zerodp" train "${common[@]}" --ranks 2 --steps 100 --collective-timeout 60 --inject hang@3 \
+  --checkpoint-dir "$d/ck" --metrics "$d/m.jsonl" >/dev/null 2>"$d/err" &
+pid=$!
+wait_lines "$d/m.jsonl" 2
+sleep 0.5
+kill -TERM $pid
+sleep 0.5
+t0=$(now)
+kill -TERM $pid
+wait $pid
+rc=$?
+took=$(echo "$(now) - $t0" | bc)
+if [[ $rc -ne 143 ]] || ! grep -q "second signal, exiting now" "$d/err" || [[ -d $d/ck/step_00000003 ]] ||
+  (($(echo "$took > 5" | bc))); then
+  failed "second SIGTERM: exit $rc after ${took}s"; cat "$d/err"
+else
+  echo "ok: second SIGTERM inside a hung step: exit 143 after ${took}s, nothing saved"
+fi
+
+# 4. --max-skips stops the run, and the report is still written.
+d=$tmp/skips
+mkdir -p "$d"
+"$zerodp" train "${common[@]}" --ranks 2 --steps 20 --inject nan@3:1 --max-skips 1 \
+  --report "$d/r.json" >/dev/null 2>"$d/err"
+rc=$?
+if [[ $rc -ne 1 ]] || [[ $(json "$d/r.json" "d['stopped']['reason']" "$d/r.json" 2>/dev/null) != max_skips ]] ||
+  ! grep -q "1 consecutive steps skipped" "$d/err"; then
+  failed "--max-skips: exit $rc, report: $(cat "$d/r.json" 2>/dev/null | head -c 200)"; cat "$d/err"
+else
+  echo "ok: --max-skips 1: exit 1, report written and marked max_skips"
+fi
+
+# 5. Under mpirun: SIGTERM to one rank's process only. The other rank learns of it in the
+#    step's control exchange; both stop after the same step and commit one checkpoint.
+if [[ -n $mpirun ]]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  d=$tmp/mpi
+  mkdir -p "$d"
+  "$mpirun" -np 2 --oversubscribe "$zerodp" train "${common[@]}" --backend mpi --stage 2 \
+    --steps 1000000 --checkpoint-dir "$d/ck" --report "$d/r.json" --metrics "$d/m.jsonl" \
+    >"$d/out" 2>"$d/err" &
+  job=$!
+  wait_lines "$d/m.jsonl" 5 || failed "mpi: no steps after 60 s"
+  ranks=($(pgrep -P $job -x zerodp))
+  t0=$(now)
+  kill -TERM "${ranks[1]:-${ranks[0]}}"
+  wait $job
+  rc=$?
+  took=$(echo "$(now) - $t0" | bc)
+  k=$(json "$d/r.json" "d['stopped']['after_step']" "$d/r.json" 2>/dev/null || echo none)
+  if [[ $rc -ne 143 ]] || [[ ${#ranks[@]} -ne 2 ]] ||
+    [[ $(cat "$d/ck/latest" 2>/dev/null) != "$(printf 'step_%08d' "$k")" ]] ||
+    ! grep -q "interrupted by SIGTERM after step $k" "$d/err"; then
+    failed "mpi SIGTERM to one rank: exit $rc, ${#ranks[@]} rank pids, stopped after '$k'"
+    cat "$d/err"
+  else
+    echo "ok: mpirun -np 2, SIGTERM to rank pid ${ranks[1]} only: exit 143 after ${took}s, both ranks stopped after step $k"
+  fi
+
+  # SIGTERM to mpirun itself: OpenMPI sends SIGCONT, waits odls_base_sigkill_timeout
+  # seconds, sends SIGTERM, waits as long again, then SIGKILL. The ranks have that long to
+  # finish the step, save and report.
+  d=$tmp/mpirun
+  mkdir -p "$d"
+  "$mpirun" -np 2 --oversubscribe --mca odls_base_sigkill_timeout 3 "$zerodp" train \
+    "${common[@]}" --backend mpi --steps 1000000 --checkpoint-dir "$d/ck" --report "$d/r.json" \
+    --metrics "$d/m.jsonl" >"$d/out" 2>"$d/err" &
+  job=$!
+  wait_lines "$d/m.jsonl" 5 || failed "mpirun: no steps after 60 s"
+  t0=$(now)
+  kill -TERM $job
+  wait $job
+  rc=$?
+  took=$(echo "$(now) - $t0" | bc)
+  k=$(json "$d/r.json" "d['stopped']['after_step']" "$d/r.json" 2>/dev/null || echo none)
+  if [[ $(cat "$d/ck/latest" 2>/dev/null) != "$(printf 'step_%08d' "$k")" ]]; then
+    failed "SIGTERM to mpirun (sigkill timeout 3 s): exit $rc, stopped after '$k'"; cat "$d/err"
+  else
+    echo "ok: SIGTERM to mpirun, --mca odls_base_sigkill_timeout 3: checkpoint and report at step $k, mpirun exit $rc after ${took}s"
+  fi
+fi
+exit $fail
