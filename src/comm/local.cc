@@ -356,8 +356,19 @@ void run_local(int world_size, const CommOptions& options,
     }
   }
   for (auto& t : threads) t.join();
-  // The root cause is the failure of the rank the abort record names; the others' errors
-  // are consequences.
+  // A timeout is best told by the rank that waited: the rank it names did not fail, it
+  // was late, and its own error only repeats the abort record.
+  for (const auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const CommTimeout&) {
+      throw;
+    } catch (...) {
+    }
+  }
+  // Otherwise the root cause is the failure of the rank the abort record names; the others'
+  // errors are consequences.
   const int culprit = world.failed_rank();
   if (culprit >= 0 && errors[culprit]) std::rethrow_exception(errors[culprit]);
   for (const auto& e : errors) {

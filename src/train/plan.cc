@@ -137,10 +137,16 @@ std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Preci
                      need <= budget_bytes ? " (fits)" : "");
     s += stage < 3 ? "," : "";
   }
-  if (max_model_state_bytes(unit_numel, world, 3, precision).total() <= budget_bytes) {
-    // Naming a rank count here would send the user after the wrong cause.
-    return s + "; the states fit, so it is the activations and buffers that do not";
-  }
+  const auto fits = [&](int stage, int ranks) {
+    return max_model_state_bytes(unit_numel, ranks, stage, precision).total() <= budget_bytes;
+  };
+  const std::string tail =
+      " (activations and buffers come on top; zerodp never changes stage by itself)";
+  // Naming a rank count when the states already fit would send the user after the wrong
+  // cause.
+  if (fits(0, world))
+    return s + "; every stage's states fit, so it is the activations and buffers that do not";
+  if (fits(3, world)) return s + "; use a stage marked (fits)" + tail;
   int ranks = world;
   while (ranks < (1 << 20) &&
          max_model_state_bytes(unit_numel, ranks, 3, precision).total() > budget_bytes) {
@@ -161,7 +167,7 @@ std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Preci
   } else {
     s += "; no rank count makes the states fit";
   }
-  return s + " (activations and buffers come on top; zerodp never changes stage by itself)";
+  return s + tail;
 }
 
 }  // namespace zerodp

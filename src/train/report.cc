@@ -1,6 +1,5 @@
 #include "train/report.h"
 
-#include "core/files.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -230,10 +229,6 @@ std::string formula_table(const TrainResult& r) {
                        per_step == static_cast<double>(cplan.total()) ? "exact" : "DIFF");
   }
   return out;
-}
-
-void write_file_atomically(const std::string& path, const std::string& text) {
-  files::write_output("output", path, text);
 }
 
 }  // namespace zerodp

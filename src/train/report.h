@@ -20,8 +20,4 @@ std::string summary_table(const TrainResult& r);
 // Per rank: model-state bytes and comm bytes per step, measured next to the formula.
 std::string formula_table(const TrainResult& r);
 
-// Writes `text` to `path` through a temporary file, fsync and a rename, so a reader never
-// sees half a report (checkpoint::write_file_atomically). Throws IoError naming the path.
-void write_file_atomically(const std::string& path, const std::string& text);
-
 }  // namespace zerodp

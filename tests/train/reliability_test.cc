@@ -93,6 +93,9 @@ TEST(Faults, AHungRankIsNamedWithTheCollectiveAtTheTimeout) {
   EXPECT_NE(what.find("timed out after 2 s"), std::string::npos) << what;
   EXPECT_NE(what.find("waiting for rank(s) 1"), std::string::npos) << what;
   EXPECT_NE(what.find("#"), std::string::npos) << "no sequence number: " << what;
+  // Told by a rank that waited, not as if the late rank had failed of itself.
+  EXPECT_EQ(what.find("rank 1 failed"), std::string::npos) << what;
+  EXPECT_EQ(what.rfind("rank 1 of 3", 0), std::string::npos) << what;
   // The hung rank sleeps one second past the timeout before it notices.
   EXPECT_GE(seconds, 2.0);
   EXPECT_LT(seconds, 6.0);

@@ -71,6 +71,10 @@ fi
 OMPI_COMM_WORLD_SIZE=2 expect "one of 2 started by an MPI launcher (OMPI_COMM_WORLD_SIZE=2)" \
   train "${tiny[@]}"
 
+# When every stage's states fit, the advice names the activations, not a rank count.
+expect_code 1 "every stage's states fit, so it is the activations and buffers that do not" \
+  train --size tiny --data synthetic --ranks 4 --memory-per-rank 1MiB
+
 # Too many local ranks: refused at once, before any thread starts.
 expect_code 1 "past its --memory-per-rank budget" train --size tiny --data synthetic --ranks 2000 \
   --memory-per-rank 1MiB
