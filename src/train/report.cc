@@ -1,6 +1,5 @@
 #include "train/report.h"
 
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
