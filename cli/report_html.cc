@@ -22,7 +22,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/units.h"
-#include "report_page.h"
+#include "report_page.h"  // generated from report/page.{html,css,js} (cli/CMakeLists.txt)
 
 namespace zerodp::cli {
 namespace {

@@ -279,9 +279,11 @@ int run_train(Flags& f, Launch args) {
              r.final_loss, r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
              r.tokens_per_second, r.weights_sha256.substr(0, 16));
   fmt::print(
-      "MFU {:.1f}%: {:.3g} FLOPs/token x {:.0f} tokens/s over a {:.1f} GFLOP/s fp32 GEMM "
+      "MFU {:.1f}%: {:.3g} FLOPs/token x {:.0f} tokens/s over a {:.1f} GFLOP/s {} GEMM "
       "peak (calibrated at start-up)\n",
-      100 * r.mfu, r.flops_per_token, r.tokens_per_second, r.peak_flops / 1e9);
+      100 * r.mfu, r.flops_per_token, r.tokens_per_second, r.peak_flops / 1e9,
+      // The products' precision: bf16 runs multiply in bf16, fp16 runs in fp32.
+      r.config.precision == Precision::kBF16 ? "bf16" : "fp32");
   fmt::print("{}", summary_table(r));
   fmt::print("{}", formula_table(r));
   if (!c.report_path.empty()) fmt::print("report: {}\n", c.report_path);

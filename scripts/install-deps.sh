@@ -16,6 +16,8 @@ packages=(
   python3
   chromium
 )
+# cli.report_script parses the report page's script with node: any node on PATH will do.
+if ! command -v node >/dev/null; then packages+=(nodejs); fi
 if [[ "${1:-}" == "--peer" ]]; then
   packages+=(python3-torch python3-numpy)
 fi

@@ -1,5 +1,5 @@
-// The `gpt` model: nanoGPT-style, the model of shared/peers/torch/train_ref.py (build_model),
-// as an ordered list of units:
+// The `gpt` model: nanoGPT's GPT with a byte vocabulary and an untied head, the model the
+// PyTorch peer builds (docs/interop.md), as an ordered list of units:
 //
 //   "embedding"  wte.weight (V, C), wpe.weight (seq_len, C)           -> x (B, T, C)
 //   "h.{i}"      pre-LN block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))

@@ -7,7 +7,7 @@
 // BLAS conventions: beta == 0 means C is only written (NaN or garbage in C is ignored);
 // K == 0 or alpha == 0 means C = beta * C without reading A or B.
 //
-// Determinism (the design brief: no result depends on the thread count or on buffer
+// Determinism (zerodp's contract: no result depends on the thread count or on buffer
 // addresses). dnnl_sgemm's own OpenMP threading does not give that: with more threads it
 // may split K across threads and sum the partial products (measured on oneDNN 2.6.3: 82 of
 // 388 random shapes change bits between 1 and 2..16 threads, e.g. NT 1024x512x1024 and most

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/launch.h"
 
 namespace zerodp {
@@ -104,5 +106,12 @@ struct TrainConfig {
   // Return the consolidated fp32 weights in TrainResult (tools and tests; costs 4Φ on rank 0).
   bool keep_final_weights = false;
 };
+
+// Resolves size presets and defaults in place; throws InvalidArgument naming bad values.
+void resolve_config(TrainConfig& config);
+
+// Every resolved option, keyed by its flag name with '_' for '-' (the report's "config";
+// a --config file may be one). Options left unset (no simulated link) are null.
+nlohmann::json config_json(const TrainConfig& c);
 
 }  // namespace zerodp

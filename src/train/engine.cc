@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -44,46 +45,11 @@
 #include "train/outputs.h"
 #include "train/plan.h"
 #include "train/report.h"
+#include "train/setup.h"
 #include "train/stop.h"
 #include "train/trace.h"
 
 namespace zerodp {
-
-Sharding Sharding::for_stage(int stage) {
-  if (stage < 0 || stage > 3) {
-    throw InvalidArgument(fmt::format("--stage {} is not a ZeRO stage; use 0, 1, 2 or 3", stage));
-  }
-  return {.optimizer_states = stage >= 1, .gradients = stage >= 2, .parameters = stage >= 3};
-}
-
-std::optional<Precision> parse_precision(std::string_view name) {
-  if (name == "bf16") return Precision::kBF16;
-  if (name == "fp16") return Precision::kFP16;
-  if (name == "fp32") return Precision::kFP32;
-  return std::nullopt;
-}
-
-std::string_view precision_name(Precision p) {
-  switch (p) {
-    case Precision::kBF16:
-      return "bf16";
-    case Precision::kFP16:
-      return "fp16";
-    case Precision::kFP32:
-      return "fp32";
-  }
-  return "unknown";
-}
-
-std::optional<AccumulatePolicy> parse_accumulate(std::string_view name) {
-  if (name == "local") return AccumulatePolicy::kLocal;
-  if (name == "reduce") return AccumulatePolicy::kReduce;
-  return std::nullopt;
-}
-
-std::string_view accumulate_name(AccumulatePolicy p) {
-  return p == AccumulatePolicy::kLocal ? "local" : "reduce";
-}
 
 // bf16 runs multiply in bf16 (operands rounded, fp32 sums), as PyTorch's autocast does;
 // fp16 runs keep fp32 products: fp16 operands would overflow where bf16's range does not.
@@ -93,59 +59,23 @@ GemmCompute compute_for(Precision p) {
 }
 }  // namespace
 
-AccumulatePolicy default_accumulate(int stage, int grad_accum) {
-  return stage >= 2 || grad_accum == 1 ? AccumulatePolicy::kReduce : AccumulatePolicy::kLocal;
-}
-
-Injection parse_injection(std::string_view text) {
-  const auto bad = [&](std::string_view why) {
-    return InvalidArgument(fmt::format(
-        "--inject '{}': {}; use KIND@STEP[:RANK] with KIND throw, hang, kill, nan, io, oom or "
-        "term, e.g. nan@3:1",
-        text, why));
-  };
-  const size_t at = text.find('@');
-  if (at == std::string_view::npos) throw bad("no @STEP");
-  const std::string_view kind = text.substr(0, at);
-  Injection inj;
-  if (kind == "throw") {
-    inj.kind = Injection::Kind::kThrow;
-  } else if (kind == "hang") {
-    inj.kind = Injection::Kind::kHang;
-  } else if (kind == "kill") {
-    inj.kind = Injection::Kind::kKill;
-  } else if (kind == "nan") {
-    inj.kind = Injection::Kind::kNan;
-  } else if (kind == "io") {
-    inj.kind = Injection::Kind::kIo;
-  } else if (kind == "oom") {
-    inj.kind = Injection::Kind::kOom;
-  } else if (kind == "term") {
-    inj.kind = Injection::Kind::kTerm;
-  } else {
-    throw bad(fmt::format("unknown kind '{}'", kind));
-  }
-  const std::string_view rest = text.substr(at + 1);
-  const size_t colon = rest.find(':');
-  const auto number = [&](std::string_view digits, std::string_view what) {
-    int64_t v = 0;
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-    if (ec != std::errc() || end != digits.data() + digits.size() || digits.empty() || v < 0) {
-      throw bad(fmt::format("{} '{}' is not a non-negative integer", what, digits));
-    }
-    return v;
-  };
-  inj.step = number(rest.substr(0, colon), "STEP");
-  if (inj.step < 1) throw bad("STEP counts from 1");
-  if (colon != std::string_view::npos) {
-    inj.rank = static_cast<int>(number(rest.substr(colon + 1), "RANK"));
-  }
-  return inj;
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Ranks sharing this machine's cores: every rank on the local backend; under MPI the
+// launcher's count of this host's processes (OpenMPI, MPICH/Hydra), else the whole world.
+int ranks_on_this_host(const Communicator& comm, Backend backend) {
+  if (backend == Backend::kMpi) {
+    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+      if (const char* v = std::getenv(name)) {
+        const int n = std::atoi(v);
+        if (n >= 1 && n <= comm.size()) return n;
+      }
+    }
+  }
+  return comm.size();
+}
 
 DType param_dtype(Precision p) {
   switch (p) {
@@ -157,18 +87,6 @@ DType param_dtype(Precision p) {
       return DType::kF32;
   }
   return DType::kF32;
-}
-
-Model build_model(const TrainConfig& c) {
-  if (c.model == "gpt") {
-    return make_gpt(
-        GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd, .seq_len = c.seq_len});
-  }
-  if (c.model == "mlp") {
-    return make_mlp(MlpConfig{.hidden = c.mlp_hidden, .hidden_layers = c.mlp_layers});
-  }
-  throw InvalidArgument(
-      fmt::format("model '{}' is built by the caller: pass a ModelFactory to train()", c.model));
 }
 
 // Byte buffer of `count` elements of `dtype`, charged to one ledger category.
@@ -225,7 +143,7 @@ class RankTrainer {
         ledger_(comm.rank(), config.memory_per_rank),
         model_(make_model ? make_model() : build_model(config)),
         data_(data) {
-    const int n = comm.size();
+    const int n = ranks_on_this_host(comm, config.launch.backend);
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     set_gemm_threads(std::max(1, static_cast<int>(cores) / n));
     set_gemm_compute(compute_for(config.precision));
@@ -1210,135 +1128,6 @@ void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig
   }
 }
 
-// One core's GEMM rate through the same gemm() training uses, in the compute the run's
-// products use: a 512^3 product, single threaded, repeated for about 0.1 s, the best of the
-// runs. Measured once per process and compute.
-double gemm_flops_per_core(GemmCompute compute) {
-  static std::mutex mu;
-  static std::map<GemmCompute, double> rates;
-  std::lock_guard lock(mu);
-  if (const auto it = rates.find(compute); it != rates.end()) return it->second;
-  constexpr size_t n = 512;
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
-  const int saved = gemm_threads();
-  const GemmCompute saved_compute = gemm_compute();
-  set_gemm_threads(1);
-  set_gemm_compute(compute);
-  double best = 0;
-  const auto stop = Clock::now() + std::chrono::milliseconds(100);
-  for (int i = 0; i < 3 || Clock::now() < stop; ++i) {
-    const auto t0 = Clock::now();
-    gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
-  }
-  set_gemm_threads(saved);
-  set_gemm_compute(saved_compute);
-  rates[compute] = best;
-  return best;
-}
-
-// Before anything is allocated: what every rank of this process will hold (the planner's
-// states and transients, the same bytes the ledger will count) against --memory-per-rank
-// and the machine's available memory. A run that cannot fit is refused with the stage or
-// rank count that would, instead of failing halfway through allocation or swapping.
-void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactory& make_model,
-               int world, int my_rank) {
-  // The data's own limits first: they say more precisely what is wrong with a micro-batch.
-  (void)DistributedSampler(SamplerOptions{.dataset_size = dataset_size(data.train),
-                                          .world_size = world,
-                                          .micro_batch = cfg.micro_batch,
-                                          .grad_accum = cfg.grad_accum,
-                                          .seed = cfg.seed});
-  const Model model = make_model ? make_model() : build_model(cfg);
-  std::vector<uint64_t> numel;
-  for (const auto& u : model) numel.push_back(u->numel());
-  const bool text = std::holds_alternative<TokenDataset>(data.train);
-  const auto* images = std::get_if<ImageDataset>(&data.train);
-  const bool local = cfg.launch.backend == Backend::kLocal;
-  const TransientPlan plan{
-      .world = world,
-      .stage = cfg.stage,
-      .precision = cfg.precision,
-      .policy = cfg.accumulate,
-      .prefetch = cfg.prefetch,
-      .checkpoint_activations = cfg.checkpoint_activations,
-      .micro_batch = cfg.micro_batch,
-      .seq_len = text ? cfg.seq_len : 1,
-      .text = text,
-      .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0};
-  uint64_t process = 0, worst = 0;
-  int worst_rank = my_rank;
-  for (int r = local ? 0 : my_rank; r < (local ? world : my_rank + 1); ++r) {
-    const uint64_t need = model_state_bytes(numel, world, cfg.stage, cfg.precision, r).total() +
-                          transient_bytes(model, plan, r).total();
-    process += need;
-    if (need > worst) {
-      worst = need;
-      worst_rank = r;
-    }
-  }
-  if (cfg.memory_per_rank && worst > *cfg.memory_per_rank) {
-    throw OutOfMemory(fmt::format(
-        "rank {} would need {} (model states, activations and buffers), past its "
-        "--memory-per-rank budget of {}; {}; or try --checkpoint-activations or a smaller "
-        "--micro-batch",
-        worst_rank, format_bytes(static_cast<double>(worst)),
-        format_bytes(static_cast<double>(*cfg.memory_per_rank)),
-        budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank)));
-  }
-  const auto available = available_memory();
-  if (available && process > *available) {
-    throw OutOfMemory(fmt::format(
-        "this process's {} rank(s) need {} together, but the machine has {} available; use a "
-        "higher --stage, fewer local --ranks (or MPI across machines), --checkpoint-activations "
-        "or a smaller --micro-batch",
-        local ? world : 1, format_bytes(static_cast<double>(process)),
-        format_bytes(static_cast<double>(*available))));
-  }
-}
-
-// Under MPI every process parses its own command line; ranks that disagree would hang or
-// compute garbage. The first collective compares a digest of each resolved option, so a
-// mismatch names the option, not just that there is one.
-void check_same_config(const TrainConfig& cfg, Communicator& comm) {
-  CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
-  const nlohmann::json j = config_json(cfg);
-  // A fixed count, so ranks whose option sets differ (another --model) still meet in the
-  // same collective and learn which option differs.
-  constexpr size_t kSlots = 64;
-  std::vector<std::string> keys;
-  std::vector<double> mine(kSlots, 0.0);
-  for (const auto& [key, value] : j.items()) {
-    if (keys.size() == kSlots) throw Error("check_same_config: more options than slots");
-    // 48 bits of each option's digest: exact in a double.
-    mine[keys.size()] = static_cast<double>(
-        std::stoull(sha256_hex(key + "=" + value.dump()).substr(0, 12), nullptr, 16));
-    keys.push_back(key);
-  }
-  const std::vector<double> all = comm.gather_control(mine);
-  std::vector<int> differ;
-  std::string first_key;
-  for (int r = 1; r < comm.size(); ++r) {
-    for (size_t k = 0; k < keys.size(); ++k) {
-      if (all[static_cast<size_t>(r) * kSlots + k] != all[k]) {
-        if (first_key.empty()) first_key = keys[k];
-        if (differ.empty() || differ.back() != r) differ.push_back(r);
-      }
-    }
-  }
-  if (!differ.empty()) {
-    std::string flag = first_key;
-    for (char& ch : flag) ch = ch == '_' ? '-' : ch;
-    throw InvalidArgument(fmt::format(
-        "rank(s) {} run another configuration than rank 0: --{} differs (this rank has {}); "
-        "give every rank the same flags and --config file",
-        fmt::join(differ, ", "), flag,
-        j[first_key].is_number_float() ? fmt::format("{:g}", j[first_key].get<double>())
-                                       : j[first_key].dump()));
-  }
-}
-
 // The error in flight again, of the same type, its message led by the training step (and
 // the rank: under MPI the launcher adds it), so every report of a failure says where and
 // when it happened.
@@ -1369,108 +1158,6 @@ void check_same_config(const TrainConfig& cfg, Communicator& comm) {
 }
 
 }  // namespace
-
-void resolve_config(TrainConfig& c) {
-  const bool custom = c.model == "custom-text" || c.model == "custom-images";
-  if (c.model != "gpt" && c.model != "mlp" && !custom) {
-    throw InvalidArgument(fmt::format("--model '{}' is unknown; use gpt or mlp", c.model));
-  }
-  if (c.model == "custom-text" && c.seq_len < 1) {
-    throw InvalidArgument("model custom-text needs seq_len set to the model's sequence length");
-  }
-  if (c.model == "gpt") {
-    std::string known;
-    bool found = false;
-    for (const GptPreset& p : gpt_presets()) {
-      known += fmt::format("{}{}", known.empty() ? "" : ", ", p.name);
-      found = found || p.name == c.size;
-    }
-    if (!found) throw InvalidArgument(fmt::format("--size '{}' is unknown; use {}", c.size, known));
-    const GptPreset& preset = gpt_preset(c.size);
-    if (c.layers == 0) c.layers = preset.config.layers;
-    if (c.heads == 0) c.heads = preset.config.heads;
-    if (c.embd == 0) c.embd = preset.config.embd;
-    if (c.seq_len == 0) c.seq_len = preset.config.seq_len;
-    if (c.micro_batch == 0) c.micro_batch = preset.micro_batch;
-    validate(GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd, .seq_len = c.seq_len});
-  } else if (c.micro_batch == 0) {
-    c.micro_batch = 64;
-  }
-  (void)Sharding::for_stage(c.stage);
-  if (c.micro_batch < 1) {
-    throw InvalidArgument(fmt::format("--micro-batch {} is invalid; use 1 or more", c.micro_batch));
-  }
-  if (c.grad_accum < 1) {
-    throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", c.grad_accum));
-  }
-  if (c.steps < 1)
-    throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
-  if (c.prefetch < 0 || c.prefetch > 8) {
-    throw InvalidArgument(fmt::format("--prefetch {} is invalid; use 0..8", c.prefetch));
-  }
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
-    throw InvalidArgument(
-        fmt::format("--lr {} is invalid; use a positive number, e.g. 1e-3", c.lr));
-  }
-  if (!(c.clip >= 0) || !std::isfinite(c.clip))
-    throw InvalidArgument(fmt::format("--clip {} is invalid; use 0 (off) or more", c.clip));
-  if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay)) {
-    throw InvalidArgument(
-        fmt::format("--weight-decay {} is invalid; use 0 (none) or a positive number, e.g. 0.1",
-                    c.weight_decay));
-  }
-  if (c.eval_every < 0) {
-    throw InvalidArgument(fmt::format(
-        "--eval-every {} is invalid; use 0 (at the end only) or a number of steps", c.eval_every));
-  }
-  if (c.eval_batches < 0) {
-    throw InvalidArgument(
-        fmt::format("--eval-batches {} is invalid; use 0 (none) or more", c.eval_batches));
-  }
-  if (c.checkpoint_dir.empty() && (c.checkpoint_every > 0 || c.keep > 0)) {
-    throw InvalidArgument(fmt::format("{} {} needs --checkpoint-dir DIR to save into",
-                                      c.checkpoint_every > 0 ? "--checkpoint-every" : "--keep",
-                                      c.checkpoint_every > 0 ? c.checkpoint_every : c.keep));
-  }
-  if (c.schedule != "constant" && c.schedule != "cosine") {
-    throw InvalidArgument(
-        fmt::format("--schedule '{}' is unknown; use constant or cosine", c.schedule));
-  }
-  if (c.warmup < -1) {
-    throw InvalidArgument(fmt::format(
-        "--warmup {} is invalid; use auto or a whole number of steps, e.g. 100", c.warmup));
-  }
-  if (c.warmup == -1) c.warmup = c.schedule == "cosine" ? c.steps / 20 : 0;
-  if (c.schedule == "cosine" && c.warmup >= c.steps) {
-    throw InvalidArgument(fmt::format(
-        "--warmup {} leaves no steps for the cosine decay of --steps {}; use fewer warmup steps",
-        c.warmup, c.steps));
-  }
-  if (c.stop_after < 0) {
-    throw InvalidArgument(
-        fmt::format("--stop-after {} is invalid; use 0 (run to --steps) or a step", c.stop_after));
-  }
-  if (c.checkpoint_every < 0) {
-    throw InvalidArgument(
-        fmt::format("--checkpoint-every {} is invalid; use 0 or more steps", c.checkpoint_every));
-  }
-  if (c.max_skips < 0) {
-    throw InvalidArgument(
-        fmt::format("--max-skips {} is invalid; use 0 (never stop) or more", c.max_skips));
-  }
-  for (const Injection& i : c.inject) {
-    if (c.launch.backend == Backend::kLocal && i.rank >= c.launch.ranks) {
-      throw InvalidArgument(
-          fmt::format("--inject at rank {}: the run has ranks 0..{}", i.rank, c.launch.ranks - 1));
-    }
-  }
-  if (c.keep < 0) {
-    throw InvalidArgument(fmt::format("--keep {} is invalid; use 0 (keep all) or more", c.keep));
-  }
-  if (c.launch.backend == Backend::kLocal && c.launch.ranks < 1) {
-    throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", c.launch.ranks));
-  }
-}
 
 TrainResult train(const TrainConfig& config, int& argc, char**& argv, const StepCallback& on_step,
                   const ModelFactory& make_model) {
@@ -1588,9 +1275,13 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     std::vector<StepRecord> steps;
     // The cores this run's GEMMs occupy: every rank's threads, at most the machine's cores
     // when the ranks share one process.
+    // The cores this run's GEMMs occupy: on each host, its ranks' threads, at most the
+    // host's cores (ranks past the cores share them and add nothing to the peak).
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    double used = static_cast<double>(comm.size()) * gemm_threads();
-    if (cfg.launch.backend == Backend::kLocal) used = std::min(used, static_cast<double>(cores));
+    const int local_ranks = ranks_on_this_host(comm, cfg.launch.backend);
+    const double hosts = std::ceil(static_cast<double>(comm.size()) / local_ranks);
+    const double used = hosts * std::min(static_cast<double>(local_ranks) * gemm_threads(),
+                                         static_cast<double>(cores));
     const double peak = per_core * used;
     const int64_t last = cfg.stop_after > 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
     int64_t streak = 0;  // consecutive skipped steps
@@ -1716,6 +1407,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     result.tokens_per_second = total > 0 ? static_cast<double>(tokens) / total : 0;
     result.flops_per_token = flops_per_token;
     result.peak_flops = peak;
+    result.peak_cores = used;
     result.mfu = peak > 0 ? flops_per_token * result.tokens_per_second / peak : 0;
     rusage usage{};
     if (getrusage(RUSAGE_SELF, &usage) == 0) {

@@ -88,6 +88,7 @@ struct TrainResult {
   // --precision bf16, else fp32) timed at start-up, x the cores the ranks' GEMM threads occupy.
   double flops_per_token = 0;
   double peak_flops = 0;
+  double peak_cores = 0;  // the cores in the peak: per host, its ranks' GEMM threads, capped
   double mfu = 0;
   double step_seconds_median = 0;
   // getrusage's peak resident set of this process at the end of the run: every rank thread
@@ -103,9 +104,6 @@ struct TrainResult {
 
 // Called on rank 0 after every step (progress, metrics); `total` is config.steps.
 using StepCallback = std::function<void(const StepRecord&, int64_t total)>;
-
-// Resolves size presets and defaults in place; throws InvalidArgument naming bad values.
-void resolve_config(TrainConfig& config);
 
 // Builds a model of the caller's own: called once per rank. The model must consume the
 // configured data (tokens of config.seq_len for text, pixel rows for images).

@@ -13,57 +13,6 @@
 
 namespace zerodp {
 
-nlohmann::json config_json(const TrainConfig& c) {
-  nlohmann::json j;
-  j["model"] = c.model;
-  if (c.model == "gpt") {
-    j["size"] = c.size;
-    j["layers"] = c.layers;
-    j["heads"] = c.heads;
-    j["embd"] = c.embd;
-    j["seq_len"] = c.seq_len;
-  } else {
-    j["mlp_hidden"] = c.mlp_hidden;
-    j["mlp_layers"] = c.mlp_layers;
-  }
-  j["data"] = c.data;
-  j["ranks"] = c.launch.ranks;
-  j["backend"] = std::string(backend_name(c.launch.backend));
-  j["stage"] = c.stage;
-  j["precision"] = std::string(precision_name(c.precision));
-  j["micro_batch"] = c.micro_batch;
-  j["grad_accum"] = c.grad_accum;
-  j["accumulate"] = std::string(accumulate_name(c.accumulate));
-  j["prefetch"] = c.prefetch;
-  j["checkpoint_activations"] = c.checkpoint_activations;
-  j["steps"] = c.steps;
-  j["seed"] = c.seed;
-  j["lr"] = c.lr;
-  j["schedule"] = c.schedule;
-  j["warmup"] = c.warmup;
-  j["min_lr_ratio"] = c.min_lr_ratio;
-  j["clip"] = c.clip;
-  j["weight_decay"] = c.weight_decay;
-  j["decay_all"] = c.decay_all;
-  j["eval_every"] = c.eval_every;
-  j["eval_batches"] = c.eval_batches;
-  j["collective_timeout"] = c.launch.comm.timeout_seconds;
-  j["check_collectives"] = c.launch.comm.check_collectives;
-  // null when no network is simulated: the flags take no zero, and a report is a --config.
-  const auto set = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(); };
-  j["link_bandwidth"] = set(c.launch.comm.link_bandwidth);
-  j["link_latency"] = set(c.launch.comm.link_latency);
-  j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
-  j["checkpoint_dir"] = c.checkpoint_dir;
-  j["checkpoint_every"] = c.checkpoint_every;
-  j["keep"] = c.keep;
-  j["resume"] = c.resume;
-  j["stop_after"] = c.stop_after;
-  j["trace"] = c.trace_path;
-  j["max_skips"] = c.max_skips;
-  return j;
-}
-
 nlohmann::json step_json(const StepRecord& s) {
   nlohmann::json j;
   j["step"] = s.step;
@@ -126,6 +75,7 @@ nlohmann::json report_json(const TrainResult& r) {
                      {"mfu", r.mfu},
                      {"flops_per_token", r.flops_per_token},
                      {"peak_flops", r.peak_flops},
+                     {"peak_cores", r.peak_cores},
                      {"step_seconds_median", r.step_seconds_median}};
   j["process"] = {{"peak_rss_bytes", r.process_peak_rss_bytes}};
   j["units"] = nlohmann::json::array();

@@ -11,7 +11,6 @@ namespace zerodp {
 
 inline constexpr const char* kZerodpVersion = "0.1.0";
 
-nlohmann::json config_json(const TrainConfig& c);
 nlohmann::json step_json(const StepRecord& s);
 nlohmann::json report_json(const TrainResult& r);
 

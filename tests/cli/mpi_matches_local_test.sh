@@ -26,6 +26,10 @@ assert [s["loss"] for s in a["steps"]] == [s["loss"] for s in b["steps"]], "loss
 assert [r["samples_sha256"] for r in a["ranks"]] == [r["samples_sha256"] for r in b["ranks"]]
 assert [r["comm"] for r in a["ranks"]] == [r["comm"] for r in b["ranks"]], "comm ledgers differ"
 assert [r["model_state_bytes"] for r in a["ranks"]] == [r["model_state_bytes"] for r in b["ranks"]]
+# The MFU peak counts the cores the ranks share, on either backend: never more than the host's.
+import os
+for r in (a, b):
+    assert r["throughput"]["peak_cores"] <= os.cpu_count(), r["throughput"]
 PY
   then
     echo "FAIL: N=$n stage $stage $precision: mpi and local reports differ"
@@ -34,4 +38,9 @@ PY
     echo "ok: N=$n stage $stage $precision: same weights, losses, samples, comm, memory"
   fi
 done
+# The MFU line names the precision whose GEMM peak it divides by.
+"$zerodp" "${common[@]}" --precision bf16 | grep -q "GFLOP/s bf16 GEMM peak" ||
+  { echo "FAIL: a bf16 run's MFU line does not name the bf16 peak"; fail=1; }
+"$zerodp" "${common[@]}" --precision fp16 | grep -q "GFLOP/s fp32 GEMM peak" ||
+  { echo "FAIL: an fp16 run's MFU line does not name the fp32 peak"; fail=1; }
 exit $fail

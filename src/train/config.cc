@@ -1,0 +1,254 @@
+// Parsing and resolving TrainConfig, and its JSON form (the report's "config", the
+// cross-rank comparison, a --config file). config.h is the contract.
+#include "train/config.h"
+
+#include <charconv>
+#include <cmath>
+
+#include <fmt/core.h>
+
+#include "core/error.h"
+#include "models/gpt.h"
+
+namespace zerodp {
+
+Sharding Sharding::for_stage(int stage) {
+  if (stage < 0 || stage > 3) {
+    throw InvalidArgument(fmt::format("--stage {} is not a ZeRO stage; use 0, 1, 2 or 3", stage));
+  }
+  return {.optimizer_states = stage >= 1, .gradients = stage >= 2, .parameters = stage >= 3};
+}
+
+std::optional<Precision> parse_precision(std::string_view name) {
+  if (name == "bf16") return Precision::kBF16;
+  if (name == "fp16") return Precision::kFP16;
+  if (name == "fp32") return Precision::kFP32;
+  return std::nullopt;
+}
+
+std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::kBF16:
+      return "bf16";
+    case Precision::kFP16:
+      return "fp16";
+    case Precision::kFP32:
+      return "fp32";
+  }
+  return "unknown";
+}
+
+std::optional<AccumulatePolicy> parse_accumulate(std::string_view name) {
+  if (name == "local") return AccumulatePolicy::kLocal;
+  if (name == "reduce") return AccumulatePolicy::kReduce;
+  return std::nullopt;
+}
+
+std::string_view accumulate_name(AccumulatePolicy p) {
+  return p == AccumulatePolicy::kLocal ? "local" : "reduce";
+}
+
+AccumulatePolicy default_accumulate(int stage, int grad_accum) {
+  return stage >= 2 || grad_accum == 1 ? AccumulatePolicy::kReduce : AccumulatePolicy::kLocal;
+}
+
+Injection parse_injection(std::string_view text) {
+  const auto bad = [&](std::string_view why) {
+    return InvalidArgument(fmt::format(
+        "--inject '{}': {}; use KIND@STEP[:RANK] with KIND throw, hang, kill, nan, io, oom or "
+        "term, e.g. nan@3:1",
+        text, why));
+  };
+  const size_t at = text.find('@');
+  if (at == std::string_view::npos) throw bad("no @STEP");
+  const std::string_view kind = text.substr(0, at);
+  Injection inj;
+  if (kind == "throw") {
+    inj.kind = Injection::Kind::kThrow;
+  } else if (kind == "hang") {
+    inj.kind = Injection::Kind::kHang;
+  } else if (kind == "kill") {
+    inj.kind = Injection::Kind::kKill;
+  } else if (kind == "nan") {
+    inj.kind = Injection::Kind::kNan;
+  } else if (kind == "io") {
+    inj.kind = Injection::Kind::kIo;
+  } else if (kind == "oom") {
+    inj.kind = Injection::Kind::kOom;
+  } else if (kind == "term") {
+    inj.kind = Injection::Kind::kTerm;
+  } else {
+    throw bad(fmt::format("unknown kind '{}'", kind));
+  }
+  const std::string_view rest = text.substr(at + 1);
+  const size_t colon = rest.find(':');
+  const auto number = [&](std::string_view digits, std::string_view what) {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+    if (ec != std::errc() || end != digits.data() + digits.size() || digits.empty() || v < 0) {
+      throw bad(fmt::format("{} '{}' is not a non-negative integer", what, digits));
+    }
+    return v;
+  };
+  inj.step = number(rest.substr(0, colon), "STEP");
+  if (inj.step < 1) throw bad("STEP counts from 1");
+  if (colon != std::string_view::npos) {
+    inj.rank = static_cast<int>(number(rest.substr(colon + 1), "RANK"));
+  }
+  return inj;
+}
+
+void resolve_config(TrainConfig& c) {
+  const bool custom = c.model == "custom-text" || c.model == "custom-images";
+  if (c.model != "gpt" && c.model != "mlp" && !custom) {
+    throw InvalidArgument(fmt::format("--model '{}' is unknown; use gpt or mlp", c.model));
+  }
+  if (c.model == "custom-text" && c.seq_len < 1) {
+    throw InvalidArgument("model custom-text needs seq_len set to the model's sequence length");
+  }
+  if (c.model == "gpt") {
+    std::string known;
+    bool found = false;
+    for (const GptPreset& p : gpt_presets()) {
+      known += fmt::format("{}{}", known.empty() ? "" : ", ", p.name);
+      found = found || p.name == c.size;
+    }
+    if (!found) throw InvalidArgument(fmt::format("--size '{}' is unknown; use {}", c.size, known));
+    const GptPreset& preset = gpt_preset(c.size);
+    if (c.layers == 0) c.layers = preset.config.layers;
+    if (c.heads == 0) c.heads = preset.config.heads;
+    if (c.embd == 0) c.embd = preset.config.embd;
+    if (c.seq_len == 0) c.seq_len = preset.config.seq_len;
+    if (c.micro_batch == 0) c.micro_batch = preset.micro_batch;
+    validate(GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd, .seq_len = c.seq_len});
+  } else if (c.micro_batch == 0) {
+    c.micro_batch = 64;
+  }
+  (void)Sharding::for_stage(c.stage);
+  if (c.micro_batch < 1) {
+    throw InvalidArgument(fmt::format("--micro-batch {} is invalid; use 1 or more", c.micro_batch));
+  }
+  if (c.grad_accum < 1) {
+    throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", c.grad_accum));
+  }
+  if (c.steps < 1)
+    throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
+  if (c.prefetch < 0 || c.prefetch > 8) {
+    throw InvalidArgument(fmt::format("--prefetch {} is invalid; use 0..8", c.prefetch));
+  }
+  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
+    throw InvalidArgument(
+        fmt::format("--lr {} is invalid; use a positive number, e.g. 1e-3", c.lr));
+  }
+  if (!(c.clip >= 0) || !std::isfinite(c.clip))
+    throw InvalidArgument(fmt::format("--clip {} is invalid; use 0 (off) or more", c.clip));
+  if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay)) {
+    throw InvalidArgument(
+        fmt::format("--weight-decay {} is invalid; use 0 (none) or a positive number, e.g. 0.1",
+                    c.weight_decay));
+  }
+  if (c.eval_every < 0) {
+    throw InvalidArgument(fmt::format(
+        "--eval-every {} is invalid; use 0 (at the end only) or a number of steps", c.eval_every));
+  }
+  if (c.eval_batches < 0) {
+    throw InvalidArgument(
+        fmt::format("--eval-batches {} is invalid; use 0 (none) or more", c.eval_batches));
+  }
+  if (c.checkpoint_dir.empty() && (c.checkpoint_every > 0 || c.keep > 0)) {
+    throw InvalidArgument(fmt::format("{} {} needs --checkpoint-dir DIR to save into",
+                                      c.checkpoint_every > 0 ? "--checkpoint-every" : "--keep",
+                                      c.checkpoint_every > 0 ? c.checkpoint_every : c.keep));
+  }
+  if (c.schedule != "constant" && c.schedule != "cosine") {
+    throw InvalidArgument(
+        fmt::format("--schedule '{}' is unknown; use constant or cosine", c.schedule));
+  }
+  if (c.warmup < -1) {
+    throw InvalidArgument(fmt::format(
+        "--warmup {} is invalid; use auto or a whole number of steps, e.g. 100", c.warmup));
+  }
+  if (c.warmup == -1) c.warmup = c.schedule == "cosine" ? c.steps / 20 : 0;
+  if (c.schedule == "cosine" && c.warmup >= c.steps) {
+    throw InvalidArgument(fmt::format(
+        "--warmup {} leaves no steps for the cosine decay of --steps {}; use fewer warmup steps",
+        c.warmup, c.steps));
+  }
+  if (c.stop_after < 0) {
+    throw InvalidArgument(
+        fmt::format("--stop-after {} is invalid; use 0 (run to --steps) or a step", c.stop_after));
+  }
+  if (c.checkpoint_every < 0) {
+    throw InvalidArgument(
+        fmt::format("--checkpoint-every {} is invalid; use 0 or more steps", c.checkpoint_every));
+  }
+  if (c.max_skips < 0) {
+    throw InvalidArgument(
+        fmt::format("--max-skips {} is invalid; use 0 (never stop) or more", c.max_skips));
+  }
+  for (const Injection& i : c.inject) {
+    if (c.launch.backend == Backend::kLocal && i.rank >= c.launch.ranks) {
+      throw InvalidArgument(
+          fmt::format("--inject at rank {}: the run has ranks 0..{}", i.rank, c.launch.ranks - 1));
+    }
+  }
+  if (c.keep < 0) {
+    throw InvalidArgument(fmt::format("--keep {} is invalid; use 0 (keep all) or more", c.keep));
+  }
+  if (c.launch.backend == Backend::kLocal && c.launch.ranks < 1) {
+    throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", c.launch.ranks));
+  }
+}
+
+nlohmann::json config_json(const TrainConfig& c) {
+  nlohmann::json j;
+  j["model"] = c.model;
+  if (c.model == "gpt") {
+    j["size"] = c.size;
+    j["layers"] = c.layers;
+    j["heads"] = c.heads;
+    j["embd"] = c.embd;
+    j["seq_len"] = c.seq_len;
+  } else {
+    j["mlp_hidden"] = c.mlp_hidden;
+    j["mlp_layers"] = c.mlp_layers;
+  }
+  j["data"] = c.data;
+  j["ranks"] = c.launch.ranks;
+  j["backend"] = std::string(backend_name(c.launch.backend));
+  j["stage"] = c.stage;
+  j["precision"] = std::string(precision_name(c.precision));
+  j["micro_batch"] = c.micro_batch;
+  j["grad_accum"] = c.grad_accum;
+  j["accumulate"] = std::string(accumulate_name(c.accumulate));
+  j["prefetch"] = c.prefetch;
+  j["checkpoint_activations"] = c.checkpoint_activations;
+  j["steps"] = c.steps;
+  j["seed"] = c.seed;
+  j["lr"] = c.lr;
+  j["schedule"] = c.schedule;
+  j["warmup"] = c.warmup;
+  j["min_lr_ratio"] = c.min_lr_ratio;
+  j["clip"] = c.clip;
+  j["weight_decay"] = c.weight_decay;
+  j["decay_all"] = c.decay_all;
+  j["eval_every"] = c.eval_every;
+  j["eval_batches"] = c.eval_batches;
+  j["collective_timeout"] = c.launch.comm.timeout_seconds;
+  j["check_collectives"] = c.launch.comm.check_collectives;
+  // null when no network is simulated: the flags take no zero, and a report is a --config.
+  const auto set = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(); };
+  j["link_bandwidth"] = set(c.launch.comm.link_bandwidth);
+  j["link_latency"] = set(c.launch.comm.link_latency);
+  j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
+  j["checkpoint_dir"] = c.checkpoint_dir;
+  j["checkpoint_every"] = c.checkpoint_every;
+  j["keep"] = c.keep;
+  j["resume"] = c.resume;
+  j["stop_after"] = c.stop_after;
+  j["trace"] = c.trace_path;
+  j["max_skips"] = c.max_skips;
+  return j;
+}
+
+}  // namespace zerodp

@@ -1,0 +1,164 @@
+#include "train/setup.h"
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "core/sha256.h"
+#include "core/sysinfo.h"
+#include "core/units.h"
+#include "data/sampler.h"
+#include "models/gpt.h"
+#include "models/mlp.h"
+#include "train/plan.h"
+
+namespace zerodp {
+namespace {
+using Clock = std::chrono::steady_clock;
+}  // namespace
+
+Model build_model(const TrainConfig& c) {
+  if (c.model == "gpt") {
+    return make_gpt(
+        GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd, .seq_len = c.seq_len});
+  }
+  if (c.model == "mlp") {
+    return make_mlp(MlpConfig{.hidden = c.mlp_hidden, .hidden_layers = c.mlp_layers});
+  }
+  throw InvalidArgument(
+      fmt::format("model '{}' is built by the caller: pass a ModelFactory to train()", c.model));
+}
+
+double gemm_flops_per_core(GemmCompute compute) {
+  static std::mutex mu;
+  static std::map<GemmCompute, double> rates;
+  std::lock_guard lock(mu);
+  if (const auto it = rates.find(compute); it != rates.end()) return it->second;
+  constexpr size_t n = 512;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  const int saved = gemm_threads();
+  const GemmCompute saved_compute = gemm_compute();
+  set_gemm_threads(1);
+  set_gemm_compute(compute);
+  double best = 0;
+  const auto stop = Clock::now() + std::chrono::milliseconds(100);
+  for (int i = 0; i < 3 || Clock::now() < stop; ++i) {
+    const auto t0 = Clock::now();
+    gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
+  }
+  set_gemm_threads(saved);
+  set_gemm_compute(saved_compute);
+  rates[compute] = best;
+  return best;
+}
+
+// Before anything is allocated: what every rank of this process will hold (the planner's
+// states and transients, the same bytes the ledger will count) against --memory-per-rank
+// and the machine's available memory. A run that cannot fit is refused with the stage or
+// rank count that would, instead of failing halfway through allocation or swapping.
+void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactory& make_model,
+               int world, int my_rank) {
+  // The data's own limits first: they say more precisely what is wrong with a micro-batch.
+  (void)DistributedSampler(SamplerOptions{.dataset_size = dataset_size(data.train),
+                                          .world_size = world,
+                                          .micro_batch = cfg.micro_batch,
+                                          .grad_accum = cfg.grad_accum,
+                                          .seed = cfg.seed});
+  const Model model = make_model ? make_model() : build_model(cfg);
+  std::vector<uint64_t> numel;
+  for (const auto& u : model) numel.push_back(u->numel());
+  const bool text = std::holds_alternative<TokenDataset>(data.train);
+  const auto* images = std::get_if<ImageDataset>(&data.train);
+  const bool local = cfg.launch.backend == Backend::kLocal;
+  const TransientPlan plan{
+      .world = world,
+      .stage = cfg.stage,
+      .precision = cfg.precision,
+      .policy = cfg.accumulate,
+      .prefetch = cfg.prefetch,
+      .checkpoint_activations = cfg.checkpoint_activations,
+      .micro_batch = cfg.micro_batch,
+      .seq_len = text ? cfg.seq_len : 1,
+      .text = text,
+      .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0};
+  uint64_t process = 0, worst = 0;
+  int worst_rank = my_rank;
+  for (int r = local ? 0 : my_rank; r < (local ? world : my_rank + 1); ++r) {
+    const uint64_t need = model_state_bytes(numel, world, cfg.stage, cfg.precision, r).total() +
+                          transient_bytes(model, plan, r).total();
+    process += need;
+    if (need > worst) {
+      worst = need;
+      worst_rank = r;
+    }
+  }
+  if (cfg.memory_per_rank && worst > *cfg.memory_per_rank) {
+    throw OutOfMemory(fmt::format(
+        "rank {} would need {} (model states, activations and buffers), past its "
+        "--memory-per-rank budget of {}; {}; or try --checkpoint-activations or a smaller "
+        "--micro-batch",
+        worst_rank, format_bytes(static_cast<double>(worst)),
+        format_bytes(static_cast<double>(*cfg.memory_per_rank)),
+        budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank)));
+  }
+  const auto available = available_memory();
+  if (available && process > *available) {
+    throw OutOfMemory(fmt::format(
+        "this process's {} rank(s) need {} together, but the machine has {} available; use a "
+        "higher --stage, fewer local --ranks (or MPI across machines), --checkpoint-activations "
+        "or a smaller --micro-batch",
+        local ? world : 1, format_bytes(static_cast<double>(process)),
+        format_bytes(static_cast<double>(*available))));
+  }
+}
+
+// Under MPI every process parses its own command line; ranks that disagree would hang or
+// compute garbage. The first collective compares a digest of each resolved option, so a
+// mismatch names the option, not just that there is one.
+void check_same_config(const TrainConfig& cfg, Communicator& comm) {
+  CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
+  const nlohmann::json j = config_json(cfg);
+  // A fixed count, so ranks whose option sets differ (another --model) still meet in the
+  // same collective and learn which option differs.
+  constexpr size_t kSlots = 64;
+  std::vector<std::string> keys;
+  std::vector<double> mine(kSlots, 0.0);
+  for (const auto& [key, value] : j.items()) {
+    if (keys.size() == kSlots) throw Error("check_same_config: more options than slots");
+    // 48 bits of each option's digest: exact in a double.
+    mine[keys.size()] = static_cast<double>(
+        std::stoull(sha256_hex(key + "=" + value.dump()).substr(0, 12), nullptr, 16));
+    keys.push_back(key);
+  }
+  const std::vector<double> all = comm.gather_control(mine);
+  std::vector<int> differ;
+  std::string first_key;
+  for (int r = 1; r < comm.size(); ++r) {
+    for (size_t k = 0; k < keys.size(); ++k) {
+      if (all[static_cast<size_t>(r) * kSlots + k] != all[k]) {
+        if (first_key.empty()) first_key = keys[k];
+        if (differ.empty() || differ.back() != r) differ.push_back(r);
+      }
+    }
+  }
+  if (!differ.empty()) {
+    std::string flag = first_key;
+    for (char& ch : flag) ch = ch == '_' ? '-' : ch;
+    throw InvalidArgument(fmt::format(
+        "rank(s) {} run another configuration than rank 0: --{} differs (this rank has {}); "
+        "give every rank the same flags and --config file",
+        fmt::join(differ, ", "), flag,
+        j[first_key].is_number_float() ? fmt::format("{:g}", j[first_key].get<double>())
+                                       : j[first_key].dump()));
+  }
+}
+
+}  // namespace zerodp
