@@ -10,15 +10,16 @@
 #include "comm/communicator.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/version.h"
 
 int main(int argc, char** argv) {
   using namespace zerodp;
-  CLI::App app{"zerodp " ZERODP_VERSION
-               ": data-parallel training with ZeRO stages 0-3, measured.\n"
-               "Every stage's memory and communication is counted per rank and reported.",
+  CLI::App app{"zerodp " + std::string(zerodp_version()) +
+                   ": data-parallel training with ZeRO stages 0-3, measured.\n"
+                   "Every stage's memory and communication is counted per rank and reported.",
                "zerodp"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "zerodp " ZERODP_VERSION);
+  app.set_version_flag("--version", "zerodp " + std::string(zerodp_version()));
   app.footer(
       "Examples:\n"
       "  zerodp train --ranks 4 --stage 3 --steps 200 --report run.json\n"
@@ -75,15 +76,9 @@ int main(int argc, char** argv) {
     for (const auto& [sub, run] : runners) {
       if (sub->parsed()) return run(cli::Launch{argc, argv});
     }
-  } catch (const InvalidArgument& e) {
-    fmt::print(stderr, "zerodp: {}\n", e.what());
-    return cli::kExitUsage;
-  } catch (const CorruptData& e) {
-    fmt::print(stderr, "zerodp: {}\n", e.what());
-    return cli::kExitCorrupt;
   } catch (const std::exception& e) {
     fmt::print(stderr, "zerodp: {}\n", e.what());
-    return cli::kExitFailure;
+    return cli::exit_code_for(e);
   }
   return cli::kExitUsage;
 }

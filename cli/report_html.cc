@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/units.h"
+#include "core/version.h"
 #include "report_page.h"  // generated from report/page.{html,css,js} (cli/CMakeLists.txt)
 
 namespace zerodp::cli {
@@ -455,7 +456,7 @@ int run_report(const Flags& f) {
   const std::string safe_title = json(title).dump(-1, ' ', false, json::error_handler_t::replace);
   const std::string page =
       fill(kReportPage, {{"TITLE", html_escape(json::parse(safe_title).get<std::string>())},
-                         {"VERSION", html_escape(ZERODP_VERSION)},
+                         {"VERSION", html_escape(zerodp_version())},
                          {"DATA", script_json(data)}});
   files::write_output("--out", f.out, page);
   if (!f.quiet) {

@@ -31,6 +31,7 @@
 #include "core/sha256.h"
 #include "core/sysinfo.h"
 #include "core/units.h"
+#include "core/version.h"
 #include "data/sampler.h"
 #include "data/source.h"
 #include "models/gpt.h"
@@ -836,7 +837,7 @@ std::string RankTrainer::weights_sha256(std::vector<float>* keep) {
 
 checkpoint::Meta RankTrainer::describe(int64_t step) const {
   checkpoint::Meta m;
-  m.zerodp_version = kZerodpVersion;
+  m.zerodp_version = zerodp_version();
   m.step = static_cast<uint64_t>(step);
   m.world_size = comm_.size();
   m.stage = cfg_.stage;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "core/version.h"
 #include "train/plan.h"
 #include "train/stop.h"
 
@@ -45,7 +46,7 @@ nlohmann::json comm_json(const CommLedger::Table& t) {
 
 nlohmann::json report_json(const TrainResult& r) {
   nlohmann::json j;
-  j["zerodp_version"] = kZerodpVersion;
+  j["zerodp_version"] = zerodp_version();
   j["config"] = config_json(r.config);
   j["params"] = r.params;
   j["world_size"] = r.world_size;

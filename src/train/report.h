@@ -9,8 +9,6 @@
 
 namespace zerodp {
 
-inline constexpr const char* kZerodpVersion = "0.1.0";
-
 nlohmann::json step_json(const StepRecord& s);
 nlohmann::json report_json(const TrainResult& r);
 
