@@ -78,8 +78,8 @@ expect_code 1 "every stage's states fit, so it is the activations and buffers th
 # Too many local ranks: refused at once, before any thread starts.
 expect_code 1 "past its --memory-per-rank budget" train --size tiny --data synthetic --ranks 2000 \
   --memory-per-rank 1MiB
-expect_code 2 "--ranks 100000 needs 100000 threads" train --size tiny --data synthetic \
-  --ranks 100000 --micro-batch 1 --seq-len 8
+expect_code 2 "--ranks 10000000 needs 10000000 threads" train --size tiny --data synthetic \
+  --ranks 10000000 --micro-batch 1 --seq-len 8
 
 # Two runs on one --checkpoint-dir: the second is refused naming the first.
 "$zerodp" train --size tiny --data synthetic --steps 1000000 --checkpoint-dir "$tt/ck" \
