@@ -219,8 +219,13 @@ json run_data(const json& root, const std::string& file) {
   run["mfu"] = mfu ? json(*mfu) : json();
 
   const json& steps = R.array(root, "", "steps");
-  run["steps"] =
-      steps_data(steps, "steps", [&](const std::string& k, const std::string& w) { R.bad(k, w); });
+  const auto bad = [&](const std::string& k, const std::string& w) { R.bad(k, w); };
+  // A continuation's curve starts at step 1: the steps its checkpoint carried ("history",
+  // absent from reports of earlier versions), then its own. The step count and the comm
+  // per step stay this run's, the steps its ledgers measured.
+  run["steps"] = root.contains("history") ? steps_data(R.array(root, "", "history"), "history", bad)
+                                          : json::array();
+  for (json& p : steps_data(steps, "steps", bad)) run["steps"].push_back(std::move(p));
   run["step_count"] = steps.size();
 
   // The plan is newer than the report format; older reports simply lack it.

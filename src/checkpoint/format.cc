@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cmath>
 #include <limits>
 
 #include <fmt/format.h>
@@ -288,8 +289,14 @@ Meta parse_meta(std::string_view text, std::string_view what) {
     if (file.sha256.size() != 64) f.fail(p + ".sha256", "is not 64 hex digits");
     m.files.push_back(std::move(file));
   }
-  if (m.files.size() != static_cast<size_t>(m.world_size)) {
+  // The rank files, then the history (absent from checkpoints of earlier versions).
+  const auto ranks = static_cast<size_t>(m.world_size);
+  if (m.files.size() != ranks && m.files.size() != ranks + 1) {
     f.fail("files", fmt::format("lists {} files for world_size {}", m.files.size(), m.world_size));
+  }
+  if (m.files.size() == ranks + 1 && m.files.back().name != kHistoryFile) {
+    f.fail(fmt::format("files[{}].name", ranks),
+           fmt::format("is \"{}\", expected \"{}\"", m.files.back().name, kHistoryFile));
   }
   for (int r = 0; r < m.world_size; ++r) {
     if (m.files[static_cast<size_t>(r)].name != rank_file_name(r)) {
@@ -299,6 +306,81 @@ Meta parse_meta(std::string_view text, std::string_view what) {
     }
   }
   return m;
+}
+
+namespace {
+
+Json finite_or_null(double x) { return std::isfinite(x) ? Json(x) : Json(); }
+
+}  // namespace
+
+std::string history_to_jsonl(const std::vector<StepHistory>& steps) {
+  std::string out;
+  for (const StepHistory& s : steps) {
+    Json j;
+    j["step"] = s.step;
+    j["loss"] = finite_or_null(s.loss);
+    j["lr"] = finite_or_null(s.lr);
+    j["grad_norm"] = finite_or_null(s.grad_norm);
+    j["grad_norm_clipped"] = finite_or_null(s.grad_norm_clipped);
+    j["loss_scale"] = s.loss_scale ? finite_or_null(*s.loss_scale) : Json();
+    j["skipped"] = s.skipped;
+    j["tokens"] = s.tokens;
+    if (s.val_loss) j["val_loss"] = finite_or_null(*s.val_loss);
+    out += j.dump();
+    out += '\n';
+  }
+  return out;
+}
+
+std::vector<StepHistory> parse_history(std::string_view text, std::string_view what,
+                                       uint64_t last_step) {
+  std::vector<StepHistory> out;
+  size_t line = 0;
+  for (size_t at = 0; at < text.size();) {
+    const size_t nl = text.find('\n', at);
+    if (nl == std::string_view::npos) {
+      throw CorruptData(fmt::format("{}: line {} has no newline (truncated)", what, line + 1));
+    }
+    const std::string_view one = text.substr(at, nl - at);
+    at = nl + 1;
+    ++line;
+    const std::string where = fmt::format("{} line {}", what, line);
+    Json j;
+    try {
+      j = Json::parse(one);
+    } catch (const Json::exception& e) {
+      throw CorruptData(fmt::format("{}: not JSON: {}", where, e.what()));
+    }
+    if (!j.is_object()) throw CorruptData(fmt::format("{}: is not a JSON object", where));
+    const Fields f(where);
+    // null stands for a non-finite value (JSON has none).
+    const auto number = [&](std::string_view key) {
+      const Json& v = f.at(j, "", key);
+      return v.is_null() ? std::nan("") : f.get<double>(j, "", key);
+    };
+    StepHistory s;
+    s.step = f.get<int64_t>(j, "", "step");
+    s.loss = number("loss");
+    s.lr = number("lr");
+    s.grad_norm = number("grad_norm");
+    s.grad_norm_clipped = number("grad_norm_clipped");
+    if (!f.at(j, "", "loss_scale").is_null()) s.loss_scale = number("loss_scale");
+    s.skipped = f.get<bool>(j, "", "skipped");
+    s.tokens = f.get<uint64_t>(j, "", "tokens");
+    if (j.contains("val_loss")) s.val_loss = number("val_loss");
+    const int64_t expected = out.empty() ? 1 : out.back().step + 1;
+    if (out.empty() ? s.step < 1 : s.step != expected) {
+      f.fail("step", fmt::format("is {}, expected {}", s.step,
+                                 out.empty() ? "1 or more" : std::to_string(expected)));
+    }
+    out.push_back(s);
+  }
+  if (!out.empty() && static_cast<uint64_t>(out.back().step) != last_step) {
+    throw CorruptData(fmt::format("{}: ends at step {}, the checkpoint is at step {}", what,
+                                  out.back().step, last_step));
+  }
+  return out;
 }
 
 void require_regular_file(const std::filesystem::path& path, std::string_view role) {

@@ -7,7 +7,8 @@
 // holds everything but still saves only its own range, so no byte is written twice and a
 // checkpoint has one layout at every stage: stage and N change how it is read, not what it
 // holds. meta.json records what a continuation needs beyond the tensors and a sha256 per
-// file, and is written last: a directory with a valid meta.json is complete.
+// file, and is written last: a directory with a valid meta.json is complete. Beside the
+// shards, history.jsonl keeps the steps that led here (what a report shows, not state).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,9 @@
 namespace zerodp::checkpoint {
 
 inline constexpr std::string_view kFormat = "zerodp-checkpoint-1";
+// The loss history beside the shards, written by rank 0 and listed in meta.json's files
+// after the rank files. Checkpoints of earlier versions have none.
+inline constexpr std::string_view kHistoryFile = "history.jsonl";
 
 struct TensorMeta {
   std::string name;
@@ -48,6 +52,20 @@ struct ScalerMeta {
   double scale = 0;
   int64_t clean_steps = 0;
   int32_t hysteresis_left = 1;
+};
+
+// One optimizer step as the history keeps it: only what is a pure function of the training
+// (never wall time or MFU), so a checkpoint's bytes stay one.
+struct StepHistory {
+  int64_t step = 0;  // 1-based
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double grad_norm_clipped = 0;
+  std::optional<double> loss_scale;  // fp16 only
+  bool skipped = false;
+  uint64_t tokens = 0;
+  std::optional<double> val_loss;  // when evaluated after this step
 };
 
 struct Meta {
@@ -78,7 +96,9 @@ struct Meta {
   // pure functions of (seed, ...), so each rank's entry records the seed and the counter
   // (the data position) they are keyed by.
   std::vector<uint64_t> rank_seeds;
+  // The rank files in rank order, then kHistoryFile when the checkpoint has a history.
   std::vector<FileMeta> files;
+  bool has_history() const { return files.size() > static_cast<size_t>(world_size); }
 };
 
 std::string step_dir_name(uint64_t step);  // "step_00000012"
@@ -94,6 +114,15 @@ std::string to_json(const Meta& meta);
 // not describe it: a numel that is not its shape's product, or tensors that do not lie back
 // to back from offset 0 to the unit's numel (the layout every model's units have).
 Meta parse_meta(std::string_view text, std::string_view what);
+
+// history.jsonl text: one JSON object per line, per step in order (step, loss, lr,
+// grad_norm, grad_norm_clipped, loss_scale, skipped, tokens, and val_loss when evaluated).
+// A non-finite number is written null and read back as NaN.
+std::string history_to_jsonl(const std::vector<StepHistory>& steps);
+// Throws CorruptData naming `what` and the line unless every line is such an object and the
+// steps are consecutive, ending at `last_step` (the checkpoint's step) when there are any.
+std::vector<StepHistory> parse_history(std::string_view text, std::string_view what,
+                                       uint64_t last_step);
 
 // Throws CorruptData unless the checkpoint file `path` (symlinks followed) is a regular
 // file: a FIFO would block its first read forever, a device (a link to /dev/zero) never

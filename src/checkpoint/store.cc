@@ -135,6 +135,12 @@ std::vector<fs::path> list_checkpoints(const fs::path& root) {
   return out;
 }
 
+FileMeta write_history(const fs::path& temp, const std::vector<StepHistory>& steps) {
+  const std::string text = history_to_jsonl(steps);
+  write_file_atomically(temp / kHistoryFile, text);
+  return {std::string(kHistoryFile), text.size(), sha256_hex(text)};
+}
+
 void commit(const fs::path& root, const fs::path& temp, const Meta& meta, int keep) {
   write_file_atomically(temp / "meta.json", to_json(meta));
   failpoint("meta-written", 0);
@@ -234,7 +240,7 @@ Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
       throw CorruptData(
           fmt::format("{}: missing (meta.json lists it, {} bytes)", p.string(), f.bytes));
     }
-    require_regular_file(p, "checkpoint shard");
+    require_regular_file(p, f.name == kHistoryFile ? "checkpoint history" : "checkpoint shard");
     const uint64_t size = fs::file_size(p);
     if (size != f.bytes) {
       throw CorruptData(fmt::format("{}: {} bytes, meta.json says {} (truncated or replaced)",
@@ -247,6 +253,10 @@ Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
                       "of another checkpoint)",
                       p.string(), sha, f.sha256));
     }
+  }
+  if (meta_.has_history()) {
+    const fs::path p = dir / kHistoryFile;
+    history_ = parse_history(read_text(p), p.string(), meta_.step);
   }
   const std::string params_type = meta_.precision == "bf16"   ? "BF16"
                                   : meta_.precision == "fp16" ? "F16"

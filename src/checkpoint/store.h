@@ -1,12 +1,14 @@
 // The checkpoint directory and its commit protocol; reading a checkpoint's shards back.
 //
-//   DIR/step_00000012/meta.json, rank_00000.safetensors, ...   a committed checkpoint
+//   DIR/step_00000012/meta.json, rank_00000.safetensors, ..., history.jsonl
+//                                                               a committed checkpoint
 //   DIR/latest                                                  "step_00000012\n"
 //   DIR/.tmp.step_00000012/                                     being written
 //
 // Commit (the engine drives it; every rank takes part):
 //   1. rank 0 creates the temporary directory; the ranks meet;
-//   2. every rank writes and fsyncs its shard file there and reports its sha256;
+//   2. every rank writes and fsyncs its shard file there (rank 0 the history too) and
+//      reports its sha256;
 //   3. the ranks agree that every write succeeded (else all fail, nothing is committed);
 //   4. rank 0 writes meta.json (with the checksums) and fsyncs it and the directory,
 //      renames the directory into place, fsyncs DIR, then replaces `latest` by rename and
@@ -45,6 +47,9 @@ fs::path step_dir(const fs::path& root, uint64_t step);  // root/step_...
 // Removes temporaries (".tmp.*", "latest.tmp") a crashed run left in root.
 // Returns how many it removed.
 int clean_leftovers(const fs::path& root);
+// Rank 0's part of step 2: the loss history into `temp` (kHistoryFile, fsynced), returned
+// as the entry meta.json lists with its size and sha256.
+FileMeta write_history(const fs::path& temp, const std::vector<StepHistory>& steps);
 // Step 4 above, for rank 0: meta.json into `temp`, then rename into place, `latest`, prune.
 // `keep` = 0 keeps every checkpoint.
 void commit(const fs::path& root, const fs::path& temp, const Meta& meta, int keep);
@@ -84,6 +89,9 @@ class Checkpoint {
   size_t unit_index(std::string_view name) const;
   // Whether the files hold "<unit>.master" (16-bit checkpoints) or only params (fp32).
   bool has_master() const { return meta_.precision != "fp32"; }
+  // The steps that led here, from kHistoryFile (verified and parsed when opened); empty for
+  // a checkpoint of an earlier version, which has none.
+  const std::vector<StepHistory>& history() const { return history_; }
 
   // Elements [first, first + count) of a unit's flat `kind` ("params", "master", "adam_m",
   // "adam_v") as saved, read from the rank files whose ranges overlap it: resharding is
@@ -97,6 +105,7 @@ class Checkpoint {
   fs::path dir_;
   Meta meta_;
   std::vector<safetensors::Reader> files_;
+  std::vector<StepHistory> history_;
   std::vector<std::vector<uint64_t>> starts_;  // [unit][rank]: first element rank r saved
 };
 

@@ -1052,11 +1052,39 @@ RankSummary unpack_summary(std::span<const double> v, int rank) {
   return s;
 }
 
+// A step as a checkpoint's history keeps it: what the training determines, no timings.
+checkpoint::StepHistory history_of(const StepRecord& r) {
+  return {.step = r.step,
+          .loss = r.loss,
+          .lr = r.lr,
+          .grad_norm = r.grad_norm,
+          .grad_norm_clipped = r.grad_norm_clipped,
+          .loss_scale = r.loss_scale,
+          .skipped = r.skipped,
+          .tokens = r.tokens,
+          .val_loss = r.val_loss};
+}
+
+StepRecord record_of(const checkpoint::StepHistory& h) {
+  StepRecord r;
+  r.step = h.step;
+  r.loss = h.loss;
+  r.lr = h.lr;
+  r.grad_norm = h.grad_norm;
+  r.grad_norm_clipped = h.grad_norm_clipped;
+  r.loss_scale = h.loss_scale;
+  r.skipped = h.skipped;
+  r.tokens = h.tokens;
+  r.val_loss = h.val_loss;
+  return r;
+}
+
 // One checkpoint, every rank taking part (the protocol of checkpoint/store.h). Nothing is
 // committed unless every rank's shard is durable; a failure on any rank fails all of them
 // with the same verdict, so no rank goes on while another thinks the save was lost.
-void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig& cfg,
-                     int64_t step) {
+// `history` (read on rank 0 only) holds the steps up to `step` that the checkpoint carries.
+void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig& cfg, int64_t step,
+                     const std::vector<checkpoint::StepHistory>& history) {
   namespace ck = checkpoint;
   CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
   const Tracer::Span span(trainer.tracer(), "checkpoint", "checkpoint");
@@ -1079,6 +1107,7 @@ void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig
   }
   std::string sha;
   uint64_t bytes = 0;
+  ck::FileMeta history_file;
   const std::filesystem::path file = temp / ck::rank_file_name(rank);
   try {
     if (trainer.injected(Injection::Kind::kIo, step)) {
@@ -1087,6 +1116,7 @@ void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig
     }
     sha = trainer.write_shard(file);
     bytes = std::filesystem::file_size(file);
+    if (rank == 0) history_file = ck::write_history(temp, history);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -1110,6 +1140,7 @@ void save_checkpoint(RankTrainer& trainer, Communicator& comm, const TrainConfig
     for (int i = 0; i < 32; ++i) hex += fmt::format("{:02x}", static_cast<int>(v[2 + i]));
     meta.files.push_back({ck::rank_file_name(r), static_cast<uint64_t>(v[1]), hex});
   }
+  if (rank == 0) meta.files.push_back(history_file);  // rank 0 alone commits
   if (!failed.empty()) {
     throw IoError(
         fmt::format("checkpoint at step {} not committed: rank(s) {} could not write "
@@ -1255,6 +1286,9 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     RankTrainer trainer(cfg, comm, data, make_model);
     trainer.set_tracer(tracer);
     int64_t first = 1;
+    // The steps every checkpoint of this run carries (rank 0 writes them): the loaded
+    // checkpoint's, then this run's, so a report after any number of resumes has them all.
+    std::vector<checkpoint::StepHistory> carried;
     if (from) {
       trainer.check_same_model(*from);
       const int64_t saved = static_cast<int64_t>(from->meta().step);
@@ -1265,6 +1299,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
             resume_from.string(), saved, cfg.steps, saved));
       }
       trainer.load(*from);
+      if (comm.rank() == 0) carried = from->history();
       first = saved + 1;
       from.reset();
     }
@@ -1273,6 +1308,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       checkpoint::clean_leftovers(cfg.checkpoint_dir);
     }
     const bool reporter = comm.rank() == 0;
+    const size_t earlier = carried.size();
     std::vector<StepRecord> steps;
     // The cores this run's GEMMs occupy: every rank's threads, at most the machine's cores
     // when the ranks share one process.
@@ -1326,9 +1362,10 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
           CommPhaseScope other(comm.ledger(), CommPhase::kOther);
           rec.val_loss = trainer.evaluate();
         }
+        if (reporter) carried.push_back(history_of(rec));
         const bool due = cfg.checkpoint_every > 0 && s % cfg.checkpoint_every == 0;
         if (!cfg.checkpoint_dir.empty() && (due || s == last || interrupted)) {
-          save_checkpoint(trainer, comm, cfg, s);
+          save_checkpoint(trainer, comm, cfg, s, carried);
           rec.checkpoint =
               checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(s)).string();
         }
@@ -1344,7 +1381,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     // A continuation with nothing left to train re-saves where it stands: how a checkpoint
     // is resharded to another rank count or stage.
     if (first > last && !cfg.checkpoint_dir.empty()) {
-      save_checkpoint(trainer, comm, cfg, first - 1);
+      save_checkpoint(trainer, comm, cfg, first - 1, carried);
     }
     // Memory as training left it; the evaluation and hash below are not training.
     const MemorySnapshot mem{trainer.ledger().current_table(), trainer.ledger().peak_table(),
@@ -1380,6 +1417,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     result.backend = std::string(comm.backend_name());
     result.data_description = data.description;
     result.steps = steps;
+    for (size_t i = 0; i < earlier; ++i) result.history.push_back(record_of(carried[i]));
     result.final_loss = steps.empty() ? std::nan("") : steps.back().loss;
     result.resumed_from = resume_from.string();
     result.first_step = first;

@@ -76,6 +76,10 @@ struct TrainResult {
   std::string backend;
   std::string data_description;
   std::vector<StepRecord> steps;  // the steps this run took: first_step..config.steps
+  // On a continuation, the steps before first_step as the checkpoint's history carried them:
+  // the fields the training determines only (seconds 0, no mfu, no checkpoint). Empty for a
+  // fresh run, and for a checkpoint of an earlier version, which has no history.
+  std::vector<StepRecord> history;
   int64_t first_step = 1;
   std::string resumed_from;  // the checkpoint directory continued from, or empty
   double final_loss = 0;

@@ -55,6 +55,15 @@ nlohmann::json report_json(const TrainResult& r) {
   j["precision"] = std::string(precision_name(r.config.precision));
   j["data"] = r.data_description;
   j["resumed_from"] = r.resumed_from.empty() ? nlohmann::json() : nlohmann::json(r.resumed_from);
+  // The steps before this run, from the checkpoint: only what the training determines, so
+  // no timing or MFU (those of "steps" and "throughput" are this run's alone).
+  j["history"] = nlohmann::json::array();
+  for (const auto& s : r.history) {
+    nlohmann::json h = step_json(s);
+    h.erase("seconds");
+    h.erase("mfu");
+    j["history"].push_back(std::move(h));
+  }
   j["steps"] = nlohmann::json::array();
   for (const auto& s : r.steps) j["steps"].push_back(step_json(s));
   j["final"] = {{"loss", r.final_loss},

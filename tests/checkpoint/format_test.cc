@@ -5,10 +5,13 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -50,6 +53,79 @@ std::string refusal(const std::function<void(Json&)>& edit) {
     return e.what();
   }
   return "";
+}
+
+TEST(ParseMeta, TakesAHistoryFileAfterTheRankFilesAndNothingElse) {
+  EXPECT_FALSE(parse_meta(to_json(small_meta()), "m").has_history());
+  Meta m = small_meta();
+  m.files.push_back(FileMeta{std::string(kHistoryFile), 10, std::string(64, '0')});
+  EXPECT_TRUE(parse_meta(to_json(m), "m").has_history());
+  const std::string e = refusal([](Json& j) {
+    j["files"].push_back({{"name", "extra.bin"}, {"bytes", 1}, {"sha256", std::string(64, '0')}});
+  });
+  EXPECT_NE(e.find("files[1].name"), std::string::npos) << e;
+  EXPECT_NE(e.find("history.jsonl"), std::string::npos) << e;
+}
+
+TEST(History, RoundTripsEveryFieldAndNonFiniteNumbersAsNaN) {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<StepHistory> steps{{.step = 4,
+                                  .loss = 5.25,
+                                  .lr = 1e-3,
+                                  .grad_norm = 1.5,
+                                  .grad_norm_clipped = 1,
+                                  .loss_scale = 65536.0,
+                                  .skipped = false,
+                                  .tokens = 512,
+                                  .val_loss = 5.5},
+                                 {.step = 5,
+                                  .loss = 0.1 + 0.2,
+                                  .lr = 9e-4,
+                                  .grad_norm = inf,
+                                  .grad_norm_clipped = inf,
+                                  .loss_scale = 32768.0,
+                                  .skipped = true,
+                                  .tokens = 512,
+                                  .val_loss = std::nullopt}};
+  const std::vector<StepHistory> back = parse_history(history_to_jsonl(steps), "h", 5);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].step, 4);
+  EXPECT_EQ(back[0].loss, 5.25);
+  EXPECT_EQ(back[0].loss_scale, 65536.0);
+  EXPECT_EQ(back[0].val_loss, 5.5);
+  EXPECT_EQ(back[1].loss, 0.1 + 0.2);  // every bit of a double
+  EXPECT_TRUE(std::isnan(back[1].grad_norm));
+  EXPECT_TRUE(back[1].skipped);
+  EXPECT_EQ(back[1].tokens, 512u);
+  EXPECT_FALSE(back[1].val_loss.has_value());
+  EXPECT_TRUE(parse_history("", "h", 7).empty());
+}
+
+TEST(History, RefusesGapsAnEndElsewhereThanTheCheckpointAndBadLines) {
+  const auto refused = [](const std::string& text, uint64_t last) {
+    try {
+      parse_history(text, "ck/history.jsonl", last);
+    } catch (const CorruptData& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  std::vector<StepHistory> steps(3);
+  for (int i = 0; i < 3; ++i) steps[static_cast<size_t>(i)].step = i + 1;
+  const std::string text = history_to_jsonl(steps);
+  EXPECT_EQ(refused(text, 3), "");
+  EXPECT_NE(refused(text, 4).find("ends at step 3, the checkpoint is at step 4"),
+            std::string::npos);
+  steps[2].step = 4;
+  EXPECT_NE(refused(history_to_jsonl(steps), 4).find("line 3: field \"step\" is 4, expected 3"),
+            std::string::npos)
+      << refused(history_to_jsonl(steps), 4);
+  EXPECT_NE(refused(text.substr(0, text.size() - 1), 3).find("line 3 has no newline"),
+            std::string::npos);
+  EXPECT_NE(refused("{\"step\": 1}\n", 1).find("line 1: field \"loss\" is missing"),
+            std::string::npos)
+      << refused("{\"step\": 1}\n", 1);
+  EXPECT_NE(refused("[1]\n", 1).find("line 1: is not a JSON object"), std::string::npos);
 }
 
 TEST(ParseMeta, AcceptsUnitsWhoseTensorsLieBackToBack) {

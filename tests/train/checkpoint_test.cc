@@ -9,6 +9,7 @@
 
 #include <fmt/core.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/consolidate.h"
 #include "checkpoint/store.h"
@@ -16,6 +17,7 @@
 #include "core/error.h"
 #include "core/sha256.h"
 #include "temp_dir.h"
+#include "train/report.h"
 #include "train_testing.h"
 
 namespace zerodp {
@@ -103,6 +105,96 @@ TEST(ResumeAt, AStopAfterTimeSliceContinuesAsTheFullRun) {
   const TrainResult rest = run(c);
   EXPECT_EQ(losses(rest), tail(losses(full), 4));
   EXPECT_EQ(rest.weights_sha256, full.weights_sha256);
+}
+
+// --- the loss history ---------------------------------------------------------------
+
+// What a checkpoint's history keeps of a step: everything but timings and paths.
+std::vector<std::string> history_fields(const std::vector<StepRecord>& steps) {
+  std::vector<std::string> v;
+  for (const auto& s : steps) {
+    v.push_back(fmt::format("{} {} {} {} {} {} {} {} {}", s.step, s.loss, s.lr, s.grad_norm,
+                            s.grad_norm_clipped, s.loss_scale.value_or(-1), s.skipped, s.tokens,
+                            s.val_loss.value_or(-1)));
+  }
+  return v;
+}
+
+std::vector<StepRecord> joined(const TrainResult& r) {
+  std::vector<StepRecord> v = r.history;
+  v.insert(v.end(), r.steps.begin(), r.steps.end());
+  return v;
+}
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(History, AContinuationReportsEveryStepOfTheRunThatNeverStopped) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 1, Precision::kFP16);  // fp16: the loss scale is kept too
+  c.steps = 6;
+  c.eval_every = 2;
+  c.checkpoint_dir = (tmp.path() / "full").string();
+  c.checkpoint_every = 3;
+  const TrainResult full = run(c);
+  EXPECT_TRUE(full.history.empty());
+  TrainConfig r = c;
+  r.checkpoint_dir = (tmp.path() / "cont").string();
+  r.resume = (tmp.path() / "full" / "step_00000003").string();
+  const TrainResult cont = run(r);
+  ASSERT_EQ(cont.steps.size(), 3u);  // this run's steps alone, as the summary counts them
+  EXPECT_EQ(cont.first_step, 4);
+  ASSERT_EQ(cont.history.size(), 3u);
+  EXPECT_EQ(history_fields(joined(cont)), history_fields(full.steps));
+  for (const auto& h : cont.history) {
+    EXPECT_EQ(h.seconds, 0);
+    EXPECT_FALSE(h.mfu.has_value());
+  }
+  // Timings never reach a checkpoint: the continuation's history file is the full run's.
+  const fs::path tail = fs::path("step_00000006") / checkpoint::kHistoryFile;
+  EXPECT_EQ(read_all(tmp.path() / "cont" / tail), read_all(tmp.path() / "full" / tail));
+  EXPECT_EQ(cont.weights_sha256, full.weights_sha256);
+  // The report lists them apart from this run's steps, which alone have timings.
+  const nlohmann::json report = report_json(cont);
+  ASSERT_EQ(report["history"].size(), 3u);
+  EXPECT_EQ(report["history"][0]["step"], 1);
+  EXPECT_EQ(report["history"][1]["val_loss"], *full.steps[1].val_loss);
+  EXPECT_FALSE(report["history"][0].contains("seconds"));
+  EXPECT_FALSE(report["history"][0].contains("mfu"));
+  ASSERT_EQ(report["steps"].size(), 3u);
+  EXPECT_EQ(report["steps"][0]["step"], 4);
+}
+
+TEST(History, ACheckpointWithoutOneResumesAndItsHistoryStartsThere) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 2);
+  c.steps = 6;
+  c.checkpoint_dir = (tmp.path() / "full").string();
+  c.checkpoint_every = 3;
+  const TrainResult full = run(c);
+  // A checkpoint as an earlier version wrote it: no history file, none listed.
+  const fs::path at3 = tmp.path() / "full" / "step_00000003";
+  nlohmann::ordered_json meta = nlohmann::ordered_json::parse(read_all(at3 / "meta.json"));
+  ASSERT_EQ(meta["files"].back()["name"], std::string(checkpoint::kHistoryFile));
+  meta["files"].erase(meta["files"].size() - 1);
+  std::ofstream(at3 / "meta.json") << meta.dump(2) << "\n";
+  fs::remove(at3 / checkpoint::kHistoryFile);
+  TrainConfig r = c;
+  r.checkpoint_dir = (tmp.path() / "cont").string();
+  r.resume = at3.string();
+  const TrainResult cont = run(r);
+  EXPECT_TRUE(cont.history.empty());
+  EXPECT_EQ(losses(cont), tail(losses(full), 3));
+  EXPECT_EQ(cont.weights_sha256, full.weights_sha256);
+  // From there on the history is carried: steps 4..6, and a continuation of it reports them.
+  r.resume = "latest";
+  r.steps = 7;
+  const TrainResult next = run(r);
+  ASSERT_EQ(next.history.size(), 3u);
+  EXPECT_EQ(next.history.front().step, 4);
+  EXPECT_EQ(history_fields(next.history), history_fields(cont.steps));
 }
 
 // A small text file whose epoch is a few steps long, so saves fall on its boundary.
@@ -379,6 +471,16 @@ TEST_F(Corruption, AFlippedByteFailsTheChecksum) {
   io.close();
   const std::string e = refused(resume_config());
   EXPECT_NE(e.find("rank_00000.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find("sha256"), std::string::npos) << e;
+}
+
+TEST_F(Corruption, ADamagedHistoryIsNamed) {
+  const fs::path f = step(4) / checkpoint::kHistoryFile;
+  std::string text = read_all(f);
+  text.replace(text.find("\"step\":2"), 8, "\"step\":7");  // same size
+  std::ofstream(f, std::ios::binary) << text;
+  const std::string e = refused(resume_config());
+  EXPECT_NE(e.find("history.jsonl"), std::string::npos) << e;
   EXPECT_NE(e.find("sha256"), std::string::npos) << e;
 }
 
