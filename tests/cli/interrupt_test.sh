@@ -48,11 +48,30 @@ if [[ $k =~ ^[0-9]+$ ]]; then
   n=$((k + 3))
   ref=$("$zerodp" train "${common[@]}" --ranks 3 --stage 3 --steps $n 2>/dev/null | grep -o 'weights sha256 [0-9a-f]*')
   cont=$("$zerodp" train "${common[@]}" --ranks 3 --stage 3 --steps $n --checkpoint-dir "$d/ck" \
-    --resume latest 2>/dev/null | grep -o 'weights sha256 [0-9a-f]*')
+    --resume latest --report "$d/cont.json" 2>/dev/null | grep -o 'weights sha256 [0-9a-f]*')
   if [[ -z $ref || $ref != "$cont" ]]; then
     failed "continuation after SIGTERM: '$cont', the uninterrupted run: '$ref'"
   else
     echo "ok: continued from step $k to $n: $cont, as the run that never stopped"
+  fi
+  # The continuation's report and page carry every step from 1, its own counted apart.
+  "$zerodp" report "$d/cont.json" --out "$d/cont.html" 2>/dev/null
+  if /usr/bin/python3 - "$d/cont.json" "$d/cont.html" "$k" "$n" <<'PY'
+import json, re, sys
+report = json.load(open(sys.argv[1]))
+k, n = int(sys.argv[3]), int(sys.argv[4])
+assert [s["step"] for s in report["history"]] == list(range(1, k + 1)), report["history"][:3]
+assert [s["step"] for s in report["steps"]] == list(range(k + 1, n + 1))
+page = open(sys.argv[2]).read()
+data = json.loads(re.search(r'id="zerodp-data">(.*?)</script>', page, re.S).group(1))
+run = data["runs"][0]  # each step is [step, loss, val_loss]
+assert [s[0] for s in run["steps"]] == list(range(1, n + 1)), run["steps"][:3]
+assert run["step_count"] == n - k
+PY
+  then
+    echo "ok: the continuation's report and page hold steps 1..$n (history 1..$k)"
+  else
+    failed "the continuation's report or page lost the steps before $k"
   fi
 fi
 
