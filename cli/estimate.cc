@@ -186,14 +186,12 @@ int run_estimate(const Flags& f) {
   if (!f.link_latency.empty()) latency = parse_seconds(f.link_latency, "--link-latency");
   std::optional<Model> built;
   if (gpt) built = make_gpt(*gpt);
-  // Training FLOPs per token: 6 per parameter (forward + backward) plus attention's
-  // 12 x layers x T x C (PaLM's accounting); recomputing forward adds a third of it.
+  // Recomputing forward under --checkpoint-activations adds a third of the model FLOPs.
   const auto flops_per_step = [&](int n) {
     if (!gpt) return 0.0;
     double phi = 0;
     for (uint64_t u : units) phi += static_cast<double>(u);
-    const double per_token =
-        6 * phi + 12.0 * gpt->layers * gpt->seq_len * static_cast<double>(gpt->embd);
+    const double per_token = training_flops_per_token(phi, gpt->layers, gpt->seq_len, gpt->embd);
     const double tokens = static_cast<double>(f.micro_batch) * gpt->seq_len * f.grad_accum;
     (void)n;
     return per_token * tokens * (f.checkpoint_activations ? 4.0 / 3.0 : 1.0);

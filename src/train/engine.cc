@@ -1243,10 +1243,9 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     const Model m = make_model ? make_model() : build_model(cfg);
     double phi = 0;
     for (const auto& u : m) phi += static_cast<double>(u->numel());
-    flops_per_token = 6 * phi;
-    if (cfg.model == "gpt") {
-      flops_per_token += 12.0 * cfg.layers * cfg.seq_len * static_cast<double>(cfg.embd);
-    }
+    flops_per_token = cfg.model == "gpt"
+                          ? training_flops_per_token(phi, cfg.layers, cfg.seq_len, cfg.embd)
+                          : training_flops_per_token(phi);
   }
   const double per_core = gemm_flops_per_core(compute_for(cfg.precision));
   // Local ranks are threads of this process: every one of them is checked here, once,

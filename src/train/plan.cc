@@ -170,4 +170,8 @@ std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Preci
   return s + tail;
 }
 
+double training_flops_per_token(double params, int layers, int seq_len, int embd) {
+  return 6 * params + 12.0 * layers * seq_len * static_cast<double>(embd);
+}
+
 }  // namespace zerodp

@@ -87,4 +87,10 @@ TransientBytes transient_bytes(const Model& model, const TransientPlan& plan, in
 std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,
                           uint64_t budget_bytes);
 
+// Training FLOPs per token, the one definition MFU and the step-time estimate share: 6 per
+// parameter (forward and backward) plus, for a transformer, attention's 12 x layers x T x C
+// (the PaLM accounting; pass layers 0 for a model without attention). Recomputation under
+// activation checkpointing is not counted.
+double training_flops_per_token(double params, int layers = 0, int seq_len = 0, int embd = 0);
+
 }  // namespace zerodp
