@@ -258,10 +258,7 @@ double memcpy_bandwidth(int threads) {
 }
 
 int run_bench(const Config& cfg, Launch args) {
-  const auto backend = parse_backend(cfg.backend);
-  if (!backend) {
-    throw InvalidArgument(fmt::format("--backend '{}' is unknown; use local or mpi", cfg.backend));
-  }
+  const Backend backend = parse_backend_flag(cfg.backend);
   std::vector<OpInfo> ops;
   for (const auto& name : cfg.ops) {
     auto it = std::find_if(std::begin(kOps), std::end(kOps),
@@ -309,12 +306,12 @@ int run_bench(const Config& cfg, Launch args) {
   const std::vector<uint64_t> sizes =
       row_sizes(min_bytes, max_bytes, static_cast<uint64_t>(cfg.factor));
   // launch() refuses --ranks below 1 after this.
-  check_memory(cfg, sizes.back(), *backend == Backend::kLocal ? std::max(cfg.ranks, 1) : 1);
+  check_memory(cfg, sizes.back(), backend == Backend::kLocal ? std::max(cfg.ranks, 1) : 1);
 
   LaunchOptions opts;
-  opts.backend = *backend;
+  opts.backend = backend;
   // Under mpirun the job's size is the world unless --ranks was given to check it.
-  opts.ranks = *backend == Backend::kMpi && !cfg.ranks_given ? 0 : cfg.ranks;
+  opts.ranks = backend == Backend::kMpi && !cfg.ranks_given ? 0 : cfg.ranks;
   opts.comm.timeout_seconds = cfg.timeout;
 
   uint64_t total_wrong = 0;

@@ -114,11 +114,7 @@ int run_estimate(const Flags& f) {
         fmt::format("GPT {} layers, {} heads, embd {}, seq {}, vocab {}: {} parameters in {} units",
                     g.layers, g.heads, g.embd, g.seq_len, g.vocab, phi, units.size());
   }
-  const auto precision = parse_precision(f.precision);
-  if (!precision) {
-    throw InvalidArgument(
-        fmt::format("--precision '{}' is unknown; use bf16, fp16 or fp32", f.precision));
-  }
+  const Precision precision = parse_precision_flag(f.precision);
   std::vector<int> stages;
   if (f.stage == "all") {
     stages = {0, 1, 2, 3};
@@ -157,11 +153,7 @@ int run_estimate(const Flags& f) {
   }
   std::optional<AccumulatePolicy> accumulate;
   if (!f.accumulate.empty()) {
-    accumulate = parse_accumulate(f.accumulate);
-    if (!accumulate) {
-      throw InvalidArgument(
-          fmt::format("--accumulate '{}' is unknown; use local or reduce", f.accumulate));
-    }
+    accumulate = parse_accumulate_flag(f.accumulate);
   }
 
   if (f.micro_batch < 1) {
@@ -200,7 +192,7 @@ int run_estimate(const Flags& f) {
   nlohmann::json rows = nlohmann::json::array();
   if (!f.json) {
     fmt::print("{}\n{}; model states and comm per step per rank (rank 0, the largest)\n", model,
-               precision_name(*precision));
+               precision_name(precision));
     if (gpt) {
       fmt::print(
           "activations for micro-batch {} x {} tokens{}; peak/rank = states + activations "
@@ -224,15 +216,15 @@ int run_estimate(const Flags& f) {
     std::optional<int> cheapest;
     for (int stage : stages) {
       const AccumulatePolicy policy = accumulate.value_or(default_accumulate(stage, f.grad_accum));
-      const StateBytes s = max_model_state_bytes(units, n, stage, *precision);
-      const uint64_t all = all_ranks_model_state_bytes(units, n, stage, *precision).total();
-      const CommBytes c = comm_bytes_per_step(units, n, stage, *precision, f.grad_accum, policy, 0);
+      const StateBytes s = max_model_state_bytes(units, n, stage, precision);
+      const uint64_t all = all_ranks_model_state_bytes(units, n, stage, precision).total();
+      const CommBytes c = comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy, 0);
       std::optional<TransientBytes> t;
       if (built) {
         t = transient_bytes(*built,
                             TransientPlan{.world = n,
                                           .stage = stage,
-                                          .precision = *precision,
+                                          .precision = precision,
                                           .policy = policy,
                                           .prefetch = f.prefetch,
                                           .checkpoint_activations = f.checkpoint_activations,
@@ -272,7 +264,7 @@ int run_estimate(const Flags& f) {
         rows.push_back(
             {{"ranks", n},
              {"stage", stage},
-             {"precision", std::string(precision_name(*precision))},
+             {"precision", std::string(precision_name(precision))},
              {"accumulate", std::string(accumulate_name(policy))},
              {"model_state_bytes",
               {{"params", s.params},
@@ -323,21 +315,21 @@ int run_estimate(const Flags& f) {
                          "and buffers come on top)",
                    gb(*budget));
       } else {
-        std::string why = budget_advice(units, n, *precision, *budget);
+        std::string why = budget_advice(units, n, precision, *budget);
         if (built) {
           // What the activations would need with less of them kept, at stage 3.
           const auto at_stage3 = [&](bool ckpt, int b) {
             const auto tb = transient_bytes(*built,
                                             TransientPlan{.world = n,
                                                           .stage = 3,
-                                                          .precision = *precision,
+                                                          .precision = precision,
                                                           .policy = AccumulatePolicy::kReduce,
                                                           .prefetch = f.prefetch,
                                                           .checkpoint_activations = ckpt,
                                                           .micro_batch = b,
                                                           .seq_len = gpt->seq_len},
                                             0);
-            return max_model_state_bytes(units, n, 3, *precision).total() + tb.total();
+            return max_model_state_bytes(units, n, 3, precision).total() + tb.total();
           };
           const uint64_t ck = at_stage3(true, f.micro_batch);
           const uint64_t small = at_stage3(f.checkpoint_activations, 1);

@@ -164,29 +164,17 @@ std::string stop_note(const TrainResult& r) {
 
 int run_train(Flags& f, Launch args) {
   TrainConfig& c = f.cfg;
-  const auto backend = parse_backend(f.backend);
-  if (!backend)
-    throw InvalidArgument(fmt::format("--backend '{}' is unknown; use local or mpi", f.backend));
-  c.launch.backend = *backend;
+  const Backend backend = parse_backend_flag(f.backend);
+  c.launch.backend = backend;
   c.launch.mpi_exit_code = exit_code_for;
   // Under mpirun the job's size is the world, unless --ranks was given to check it.
-  if (*backend == Backend::kMpi && !f.ranks_given) c.launch.ranks = 0;
-  const auto precision = parse_precision(f.precision);
-  if (!precision) {
-    throw InvalidArgument(
-        fmt::format("--precision '{}' is unknown; use bf16, fp16 or fp32", f.precision));
-  }
-  c.precision = *precision;
+  if (backend == Backend::kMpi && !f.ranks_given) c.launch.ranks = 0;
+  c.precision = parse_precision_flag(f.precision);
   (void)Sharding::for_stage(c.stage);
   if (f.accumulate.empty()) {
     c.accumulate = default_accumulate(c.stage, c.grad_accum);
   } else {
-    const auto acc = parse_accumulate(f.accumulate);
-    if (!acc) {
-      throw InvalidArgument(
-          fmt::format("--accumulate '{}' is unknown; use local or reduce", f.accumulate));
-    }
-    c.accumulate = *acc;
+    c.accumulate = parse_accumulate_flag(f.accumulate);
   }
   c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout");
   if (!(c.launch.comm.timeout_seconds > 0)) {

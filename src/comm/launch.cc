@@ -18,6 +18,11 @@ std::optional<Backend> parse_backend(std::string_view name) {
   return std::nullopt;
 }
 
+Backend parse_backend_flag(std::string_view text, std::string_view flag) {
+  if (const auto b = parse_backend(text)) return *b;
+  throw InvalidArgument(fmt::format("{} '{}' is unknown; use local or mpi", flag, text));
+}
+
 std::string_view backend_name(Backend b) { return b == Backend::kLocal ? "local" : "mpi"; }
 
 namespace {

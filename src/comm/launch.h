@@ -20,6 +20,9 @@ namespace zerodp {
 
 enum class Backend { kLocal, kMpi };
 std::optional<Backend> parse_backend(std::string_view name);
+// The same for a flag's value: throws InvalidArgument "--backend 'tcp' is unknown; use local
+// or mpi".
+Backend parse_backend_flag(std::string_view text, std::string_view flag = "--backend");
 std::string_view backend_name(Backend b);
 
 struct LaunchOptions {

@@ -26,6 +26,11 @@ std::optional<Precision> parse_precision(std::string_view name) {
   return std::nullopt;
 }
 
+Precision parse_precision_flag(std::string_view text, std::string_view flag) {
+  if (const auto p = parse_precision(text)) return *p;
+  throw InvalidArgument(fmt::format("{} '{}' is unknown; use bf16, fp16 or fp32", flag, text));
+}
+
 std::string_view precision_name(Precision p) {
   switch (p) {
     case Precision::kBF16:
@@ -42,6 +47,11 @@ std::optional<AccumulatePolicy> parse_accumulate(std::string_view name) {
   if (name == "local") return AccumulatePolicy::kLocal;
   if (name == "reduce") return AccumulatePolicy::kReduce;
   return std::nullopt;
+}
+
+AccumulatePolicy parse_accumulate_flag(std::string_view text, std::string_view flag) {
+  if (const auto p = parse_accumulate(text)) return *p;
+  throw InvalidArgument(fmt::format("{} '{}' is unknown; use local or reduce", flag, text));
 }
 
 std::string_view accumulate_name(AccumulatePolicy p) {

@@ -24,6 +24,9 @@ struct Sharding {
 
 enum class Precision { kBF16, kFP16, kFP32 };
 std::optional<Precision> parse_precision(std::string_view name);
+// The same for a flag's value: throws InvalidArgument with the standard message, e.g.
+// "--precision 'fp8' is unknown; use bf16, fp16 or fp32".
+Precision parse_precision_flag(std::string_view text, std::string_view flag = "--precision");
 std::string_view precision_name(Precision p);
 
 // When micro-batch gradients meet the collective (docs/architecture.md, "Accumulation"):
@@ -31,6 +34,8 @@ std::string_view precision_name(Precision p);
 //   kReduce: reduce every micro-batch into the rank's shard (least memory)
 enum class AccumulatePolicy { kLocal, kReduce };
 std::optional<AccumulatePolicy> parse_accumulate(std::string_view name);
+AccumulatePolicy parse_accumulate_flag(std::string_view text,
+                                       std::string_view flag = "--accumulate");
 std::string_view accumulate_name(AccumulatePolicy p);
 // The policy when --accumulate is not given: reduce at stages 2-3 (they keep no full gradient
 // buffer) and whenever a step has one micro-batch, where both policies reduce the same
