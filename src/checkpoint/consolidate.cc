@@ -1,9 +1,7 @@
 #include "checkpoint/consolidate.h"
 
 #include <algorithm>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -27,28 +25,12 @@ std::string tensor_text(const TensorMeta& t) {
   return fmt::format("{} [{}] at offset {}", t.name, fmt::join(t.shape, ", "), t.offset);
 }
 
-// meta.json, checked before the Checkpoint reads it and before any shard is hashed: every
-// file it names must be a regular file, and its units must be the model's. Cheap next to
-// the checksums, so a wrong checkpoint fails in milliseconds whatever its size.
+// meta.json's units checked against the model it names before any shard is hashed (the
+// Checkpoint then checks each file): cheap next to the checksums, so a wrong checkpoint
+// fails in milliseconds whatever its size.
 void check_before_open(const std::filesystem::path& step, const ModelLayout& layout) {
-  const std::filesystem::path meta_path = step / "meta.json";
-  const std::string what = meta_path.string();
-  require_regular_file(meta_path, "checkpoint meta.json");
-  // The limit Checkpoint applies: a meta.json is a few hundred bytes a unit and a rank.
-  constexpr uint64_t kMaxMetaBytes = uint64_t{64} << 20;
-  std::error_code ec;
-  const uint64_t size = std::filesystem::file_size(meta_path, ec);
-  if (ec) return;  // missing: Checkpoint says so in its own words
-  if (size > kMaxMetaBytes) {
-    throw CorruptData(fmt::format("{}: {} bytes, over the {}-byte limit of a meta.json", what, size,
-                                  kMaxMetaBytes));
-  }
-  std::ifstream in(meta_path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in) throw IoError(fmt::format("cannot read {}", what));
-  const Meta meta = parse_meta(text.str(), what);
-  for (const FileMeta& f : meta.files) require_regular_file(step / f.name, "checkpoint shard");
+  const std::string what = (step / "meta.json").string();
+  const Meta meta = read_meta(step);
   if (layout) {
     if (const auto expected = layout(meta, what)) check_model(meta, *expected, what);
   }

@@ -217,7 +217,7 @@ void failpoint(std::string_view boundary, int rank) {
 
 // --- reading --------------------------------------------------------------------------
 
-Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
+Meta read_meta(const fs::path& dir) {
   const fs::path meta_path = dir / "meta.json";
   std::error_code ec;
   if (!fs::exists(meta_path, ec)) {
@@ -232,7 +232,12 @@ Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
     throw CorruptData(fmt::format("{}: {} bytes, over the {}-byte limit of a meta.json",
                                   meta_path.string(), size, kMaxMetaBytes));
   }
-  meta_ = parse_meta(read_text(meta_path), meta_path.string());
+  return parse_meta(read_text(meta_path), meta_path.string());
+}
+
+Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
+  std::error_code ec;
+  meta_ = read_meta(dir);
   // Checksums first: nothing is parsed from a file whose bytes are not the ones committed.
   for (const FileMeta& f : meta_.files) {
     const fs::path p = dir / f.name;

@@ -72,6 +72,11 @@ void failpoint(std::string_view boundary, int rank);
 
 // --- reading --------------------------------------------------------------------------
 
+// A step directory's meta.json, read and parsed with no shard touched: CorruptData when it
+// is missing, not a regular file, past 64 MiB or malformed. Checkpoint starts with it;
+// callers that check a checkpoint's model before hashing its shards use it alone.
+Meta read_meta(const fs::path& dir);
+
 // A committed checkpoint opened for reading. Opening verifies everything before anyone
 // uses a byte: meta.json parses, every file listed exists with its size and sha256, and
 // each rank file holds exactly the tensors the meta describes with the right dtype and
