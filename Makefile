@@ -65,9 +65,9 @@ sanitize: asan tsan
 # size.
 FUZZ := build/fuzz
 FUZZ_SOURCES := fuzz/safetensors_fuzz.cc src/checkpoint/safetensors.cc \
-  src/checkpoint/format.cc src/core/error.cc src/core/sha256.cc
+  src/checkpoint/format.cc src/core/error.cc src/core/files.cc src/core/sha256.cc
 $(FUZZ)/safetensors_fuzz: $(FUZZ_SOURCES) src/checkpoint/safetensors.h \
-  src/checkpoint/format.h src/core/error.h \
+  src/checkpoint/format.h src/core/error.h src/core/files.h \
   src/core/sha256.h src/tensor/dtype.h
 	@mkdir -p $(FUZZ)
 	clang++ -std=c++20 -O1 -g -Wall -Wextra -fsanitize=fuzzer,address,undefined \

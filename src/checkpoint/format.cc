@@ -1,7 +1,5 @@
 #include "checkpoint/format.h"
 
-#include <sys/stat.h>
-
 #include <cerrno>
 #include <cmath>
 #include <limits>
@@ -11,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace zerodp::checkpoint {
 
@@ -384,15 +383,8 @@ std::vector<StepHistory> parse_history(std::string_view text, std::string_view w
 }
 
 void require_regular_file(const std::filesystem::path& path, std::string_view role) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return;
-  if (S_ISREG(st.st_mode)) return;
-  const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
-                     : S_ISFIFO(st.st_mode) ? "a FIFO"
-                     : S_ISCHR(st.st_mode)  ? "a character device"
-                     : S_ISBLK(st.st_mode)  ? "a block device"
-                     : S_ISSOCK(st.st_mode) ? "a socket"
-                                            : "not a regular file";
+  const auto kind = files::non_regular_kind(path);
+  if (!kind) return;
   std::string via;
   std::error_code ec;
   if (std::filesystem::is_symlink(path, ec)) {
@@ -401,7 +393,7 @@ void require_regular_file(const std::filesystem::path& path, std::string_view ro
   throw CorruptData(fmt::format(
       "{} '{}' is {}{}; a checkpoint holds regular files only: restore it from a copy, or "
       "resume from another checkpoint",
-      role, path.string(), kind, via));
+      role, path.string(), *kind, via));
 }
 
 }  // namespace zerodp::checkpoint

@@ -88,6 +88,12 @@ std::string temp_name(const fs::path& target) {
 
 }  // namespace
 
+std::optional<std::string_view> non_regular_kind(const fs::path& path) {
+  const auto st = stat_of(path);
+  if (!st || S_ISREG(st->st_mode)) return std::nullopt;
+  return kind_of(st->st_mode);
+}
+
 uint64_t require_regular_input(std::string_view what, const fs::path& path) {
   const auto st = stat_of(path);
   if (!st) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -21,6 +22,10 @@ namespace fs = std::filesystem;
 // read forever and a device would never end, so both are refused before anything opens
 // them. Returns the file's size.
 uint64_t require_regular_input(std::string_view what, const fs::path& path);
+
+// What stands at `path` (links followed) when it exists and is not a regular file: "a
+// directory", "a FIFO", "a character device", ...; nullopt for a regular file or nothing.
+std::optional<std::string_view> non_regular_kind(const fs::path& path);
 
 // One path the user named, and the flag or role it was named by.
 struct Named {
