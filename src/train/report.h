@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/engine.h"
+#include "train/result.h"
 
 namespace zerodp {
 

@@ -1,0 +1,98 @@
+// What a run produces, apart from its files: one record per step, how it ended, each
+// rank's memory and communication summary, and the result train() returns. The report
+// (train/report.h) reads these without knowing the engine that filled them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/ledger.h"
+#include "memory/ledger.h"
+#include "train/config.h"
+
+namespace zerodp {
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based
+  double loss = 0;   // mean over ranks and micro-batches of the micro-batch mean loss
+  double lr = 0;
+  double grad_norm = 0;          // global norm of the averaged gradient, before clipping
+  double grad_norm_clipped = 0;  // after clipping
+  std::optional<double> loss_scale;
+  bool skipped = false;
+  uint64_t tokens = 0;             // processed by all ranks and micro-batches
+  double seconds = 0;              // wall time
+  std::optional<double> val_loss;  // when evaluated after this step
+  std::string checkpoint;          // the checkpoint committed after this step, if any
+  std::optional<double> mfu;       // model FLOPs / (seconds x the calibrated GEMM peak)
+  // When skipped for a non-finite value: the first rank (in rank order) whose owned
+  // gradient held one, and the first such unit of that rank.
+  int bad_rank = -1;
+  std::string bad_unit;
+  // A stop requested on any rank before this step's control exchange (train/stop.h): the
+  // lowest signal number among the ranks' requests, 0 when none. Every rank sees the same.
+  int stop_signal = 0;
+};
+
+// Why a run ended before its last step, with everything it had done saved and reported.
+struct EarlyStop {
+  enum class Reason { kSignal, kMaxSkips };
+  Reason reason = Reason::kSignal;
+  int signal = 0;          // kSignal: SIGINT or SIGTERM
+  int64_t after_step = 0;  // the last step taken
+  std::string message;     // one line for the user, led by the step
+};
+
+struct RankSummary {
+  int rank = 0;
+  MemoryLedger::Table model_state{};  // current bytes at the end (steady state)
+  MemoryLedger::Table peak{};
+  uint64_t peak_total = 0;
+  // Outside the ledger: the rank thread's kept bf16 operand copies (tensor/gemm.h), 0 in fp32.
+  uint64_t gemm_bf16_copy_bytes = 0;
+  CommLedger::Table comm_train{};
+  CommLedger::Table comm_other{};
+  std::string samples_sha256;
+};
+
+struct TrainResult {
+  bool is_reporter = false;  // false on MPI ranks other than 0: the rest is unset there
+  TrainConfig config;
+  uint64_t params = 0;
+  int world_size = 0;
+  std::string backend;
+  std::string data_description;
+  std::vector<StepRecord> steps;  // the steps this run took: first_step..config.steps
+  // On a continuation, the steps before first_step as the checkpoint's history carried them:
+  // the fields the training determines only (seconds 0, no mfu, no checkpoint). Empty for a
+  // fresh run, and for a checkpoint of an earlier version, which has no history.
+  std::vector<StepRecord> history;
+  int64_t first_step = 1;
+  std::string resumed_from;  // the checkpoint directory continued from, or empty
+  double final_loss = 0;
+  std::optional<double> val_loss;
+  std::string weights_sha256;
+  std::vector<RankSummary> ranks;
+  double tokens_per_second = 0;
+  // MFU: model FLOPs per token (6 per parameter plus attention's 12 x layers x T x C for the
+  // gpt) x tokens/s / the peak: a single-threaded GEMM in the run's compute (bf16 for
+  // --precision bf16, else fp32) timed at start-up, x the cores the ranks' GEMM threads occupy.
+  double flops_per_token = 0;
+  double peak_flops = 0;
+  double peak_cores = 0;  // the cores in the peak: per host, its ranks' GEMM threads, capped
+  double mfu = 0;
+  double step_seconds_median = 0;
+  // getrusage's peak resident set of this process at the end of the run: every rank thread
+  // on the local backend, this rank alone under MPI (on rank 0, the reporter's own).
+  uint64_t process_peak_rss_bytes = 0;
+  std::vector<std::string> unit_names;
+  std::vector<uint64_t> unit_numel;
+  std::vector<float> final_weights;  // with config.keep_final_weights: canonical order
+  // Set when the run stopped early: a signal (train/stop.h) or --max-skips. The steps,
+  // checkpoint (a signal, with --checkpoint-dir) and summary are those of the steps taken.
+  std::optional<EarlyStop> stopped;
+};
+
+}  // namespace zerodp
