@@ -24,6 +24,8 @@
 #include "core/units.h"
 #include "core/version.h"
 #include "report_page.h"  // generated from report/page.{html,css,js} (cli/CMakeLists.txt)
+#include "train/config.h"
+#include "train/plan.h"
 
 namespace zerodp::cli {
 namespace {
@@ -128,17 +130,12 @@ class Report {
   std::string file_;
 };
 
-// Per-rank model-state bytes of the ZeRO paper's formula: Φ/N unrounded, so the page can
+// Per-rank model-state bytes of the ZeRO paper's formula (train/plan.h), so the page can
 // show how far the exact partitions are from it.
 json zero_formula(double phi, int n, int stage, const std::string& precision) {
-  const double width = precision == "fp32" ? 4 : 2;
-  const double master = precision == "fp32" ? 0 : 4;  // at fp32 the params are the master
-  const double N = n;
-  const auto shard = [&](double bytes, bool sharded) { return sharded ? bytes / N : bytes; };
-  const double p = shard(width * phi, stage >= 3), g = shard(width * phi, stage >= 2),
-               ms = shard(master * phi, stage >= 1), m = shard(4 * phi, stage >= 1);
-  return {{"params", p}, {"grads", g},  {"master", ms},
-          {"adam_m", m}, {"adam_v", m}, {"total", p + g + ms + m + m}};
+  const PaperStateBytes b = paper_model_state_bytes(phi, n, stage, *parse_precision(precision));
+  return {{"params", b.params}, {"grads", b.grads},   {"master", b.master},
+          {"adam_m", b.adam_m}, {"adam_v", b.adam_v}, {"total", b.total()}};
 }
 
 // What a step's val_loss holds in the page's data when the report wrote null for it.

@@ -72,6 +72,21 @@ StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int
   return b;
 }
 
+PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precision precision) {
+  check_rank(world, 0);
+  const Sharding sh = Sharding::for_stage(stage);
+  const double w = precision == Precision::kFP32 ? 4 : 2;
+  const double n = world;
+  const auto per_rank = [n](double bytes, bool sharded) { return sharded ? bytes / n : bytes; };
+  PaperStateBytes b;
+  b.params = per_rank(w * phi, sh.parameters);
+  b.grads = per_rank(w * phi, sh.gradients);
+  b.master = precision == Precision::kFP32 ? 0 : per_rank(4 * phi, sh.optimizer_states);
+  b.adam_m = per_rank(4 * phi, sh.optimizer_states);
+  b.adam_v = b.adam_m;
+  return b;
+}
+
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
                               int rank) {

@@ -38,6 +38,15 @@ StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world
 StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                                        Precision precision);
 
+// The ZeRO paper's per-rank model-state bytes: every sharded state Φ/N, unrounded (real
+// partitions are whole elements, which model_state_bytes counts). What the report sets the
+// measured bytes against.
+struct PaperStateBytes {
+  double params = 0, grads = 0, master = 0, adam_m = 0, adam_v = 0;
+  double total() const { return params + grads + master + adam_m + adam_v; }
+};
+PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precision precision);
+
 // Bytes rank `rank` receives per training step, by collective (the comm ledger's
 // definitions), for A micro-batches under the accumulation policy: stage 0 all-reduces
 // each unit A_red times; stages 1-2 reduce-scatter A_red times and all-gather once; stage 3
