@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "train/stage_plan.h"
 
 namespace zerodp {
 namespace {
@@ -33,14 +34,14 @@ uint64_t own_count(uint64_t numel, int world, int rank) {
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                              Precision precision, int rank) {
   check_rank(world, rank);
-  const Sharding sh = Sharding::for_stage(stage);
+  const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
   StateBytes b;
   for (uint64_t numel : unit_numel) {
     const uint64_t own = own_count(numel, world, rank);
-    const uint64_t opt = sh.optimizer_states ? own : numel;
-    b.params += (sh.parameters ? own : numel) * w;
-    b.grads += (sh.gradients ? own : numel) * w;
+    const uint64_t opt = StagePlan::count(sp.optimizer, own, numel);
+    b.params += StagePlan::count(sp.params, own, numel) * w;
+    b.grads += StagePlan::count(sp.grads, own, numel) * w;
     b.master += precision == Precision::kFP32 ? 0 : opt * 4;
     b.adam_m += opt * 4;
     b.adam_v += opt * 4;
@@ -57,14 +58,16 @@ StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world
 StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                                        Precision precision) {
   check_rank(world, 0);
-  const Sharding sh = Sharding::for_stage(stage);
+  const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
   const uint64_t n = static_cast<uint64_t>(world);
   StateBytes b;
   for (uint64_t numel : unit_numel) {
-    const uint64_t opt = sh.optimizer_states ? numel : n * numel;
-    b.params += (sh.parameters ? numel : n * numel) * w;
-    b.grads += (sh.gradients ? numel : n * numel) * w;
+    // A sharded state's ranges add up to one copy; a replicated one is held by every rank.
+    const auto total = [&](StagePlan::Extent e) { return StagePlan::count(e, numel, n * numel); };
+    const uint64_t opt = total(sp.optimizer);
+    b.params += total(sp.params) * w;
+    b.grads += total(sp.grads) * w;
     b.master += precision == Precision::kFP32 ? 0 : opt * 4;
     b.adam_m += opt * 4;
     b.adam_v += opt * 4;
@@ -74,15 +77,17 @@ StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int
 
 PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precision precision) {
   check_rank(world, 0);
-  const Sharding sh = Sharding::for_stage(stage);
+  const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce);
   const double w = precision == Precision::kFP32 ? 4 : 2;
   const double n = world;
-  const auto per_rank = [n](double bytes, bool sharded) { return sharded ? bytes / n : bytes; };
+  const auto per_rank = [n](double bytes, StagePlan::Extent e) {
+    return e == StagePlan::Extent::kOwn ? bytes / n : bytes;
+  };
   PaperStateBytes b;
-  b.params = per_rank(w * phi, sh.parameters);
-  b.grads = per_rank(w * phi, sh.gradients);
-  b.master = precision == Precision::kFP32 ? 0 : per_rank(4 * phi, sh.optimizer_states);
-  b.adam_m = per_rank(4 * phi, sh.optimizer_states);
+  b.params = per_rank(w * phi, sp.params);
+  b.grads = per_rank(w * phi, sp.grads);
+  b.master = precision == Precision::kFP32 ? 0 : per_rank(4 * phi, sp.optimizer);
+  b.adam_m = per_rank(4 * phi, sp.optimizer);
   b.adam_v = b.adam_m;
   return b;
 }
@@ -91,55 +96,85 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                               Precision precision, int grad_accum, AccumulatePolicy policy,
                               int rank) {
   check_rank(world, rank);
-  const Sharding sh = Sharding::for_stage(stage);
+  const StagePlan sp = StagePlan::make(stage, policy);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
   const uint64_t a = static_cast<uint64_t>(grad_accum);
-  const uint64_t a_red = policy == AccumulatePolicy::kReduce ? a : 1;
+  // Reductions per step: one per micro-batch, or one at the boundary.
+  const uint64_t reductions = sp.micro_batch_reduce != StagePlan::Reduce::kNone ? a : 1;
+  const StagePlan::Reduce reduce = sp.micro_batch_reduce != StagePlan::Reduce::kNone
+                                       ? sp.micro_batch_reduce
+                                       : sp.boundary_reduce;
+  // Gathers per step: before every forward and backward, or once after the update.
+  const uint64_t gathers = sp.gather_before_compute ? 2 * a : sp.gather_after_update ? 1 : 0;
   const uint64_t peers = static_cast<uint64_t>(world - 1);
   CommBytes b;
   for (uint64_t numel : unit_numel) {
     const uint64_t own = own_count(numel, world, rank);
     const uint64_t rs = peers * own * w;    // from each peer, its copy of my range
     const uint64_t ag = (numel - own) * w;  // every range but mine
-    if (!sh.optimizer_states && !sh.gradients) {
-      b.all_reduce += a_red * (rs + ag);
+    if (reduce == StagePlan::Reduce::kAllReduce) {
+      b.all_reduce += reductions * (rs + ag);
     } else {
-      b.reduce_scatter += a_red * rs;
-      b.all_gather += (sh.parameters ? 2 * a : 1) * ag;
+      b.reduce_scatter += reductions * rs;
     }
+    b.all_gather += gathers * ag;
   }
   return b;
 }
 
-TransientBytes transient_bytes(const Model& model, const TransientPlan& p, int rank) {
+TransientLayout transient_layout(const Model& model, const TransientPlan& p, int rank) {
   check_rank(p.world, rank);
-  const Sharding sh = Sharding::for_stage(p.stage);
-  const uint64_t w = p.precision == Precision::kFP32 ? 4 : 2;
+  const StagePlan sp = StagePlan::make(p.stage, p.policy);
   const BatchShape shape{.B = p.micro_batch, .T = p.seq_len};
-  uint64_t max_numel = 0, max_own = 0, max_in = 0, max_scratch = 0, max_saved = 0, all_numel = 0;
-  TransientBytes b;
+  TransientLayout l;
+  uint64_t max_numel = 0, max_own = 0, max_saved = 0;
   for (const auto& u : model) {
     max_numel = std::max<uint64_t>(max_numel, u->numel());
     max_own = std::max<uint64_t>(max_own, own_count(u->numel(), p.world, rank));
-    max_in = std::max<uint64_t>(max_in, u->input_count(shape));
-    max_scratch = std::max<uint64_t>(max_scratch, u->scratch_count(shape));
     max_saved = std::max<uint64_t>(max_saved, u->saved_count(shape));
-    all_numel += u->numel();
-    b.activations += 4 * u->input_count(shape);
-    if (!p.checkpoint_activations) b.activations += 4 * u->saved_count(shape);
+    l.input_grads = std::max<uint64_t>(l.input_grads, u->input_count(shape));
+    l.scratch = std::max<uint64_t>(l.scratch, u->scratch_count(shape));
+    l.stream.push_back(u->input_count(shape));
+    if (!p.checkpoint_activations) l.saved.push_back(u->saved_count(shape));
+    if (sp.accumulate_full) l.accum_full.push_back(u->numel());
   }
-  if (p.checkpoint_activations) b.activations += 4 * max_saved;
-  b.activations += 4 * model.back()->output_count(shape);
+  // Checkpointing keeps only each unit's input; one buffer serves every recompute.
+  if (p.checkpoint_activations) l.saved.push_back(max_saved);
+  l.stream.push_back(model.back()->output_count(shape));  // the head's: the loss
   const uint64_t rows = static_cast<uint64_t>(p.micro_batch) * static_cast<uint64_t>(p.seq_len);
-  b.activations += 4 * rows * (p.text ? 2 : 1) + 4 * p.features_per_sample * rows;
-  b.workspace =
-      4 * (max_numel * (p.precision == Precision::kFP32 ? 1 : 2) + 2 * max_in + max_scratch);
-  if (sh.parameters) b.gathered = static_cast<uint64_t>(1 + p.prefetch) * max_numel * w;
-  if (sh.gradients && p.policy == AccumulatePolicy::kLocal) b.grad_buckets = all_numel * w;
-  if (p.policy == AccumulatePolicy::kReduce) {
-    b.grad_buckets = 2 * max_numel * w;
-    if (sh.optimizer_states || sh.gradients) b.comm_buffers = 2 * max_own * w;
+  l.tokens = p.text ? rows : 0;
+  l.targets = rows;
+  l.features = p.features_per_sample * rows;
+  const bool fp32 = p.precision == Precision::kFP32;
+  l.widened_weights = fp32 ? 0 : max_numel;
+  l.weight_grads = max_numel;
+  l.dtype_bytes = fp32 ? 4 : 2;
+  if (sp.gather_before_compute) {
+    l.gathered_slots = 1 + p.prefetch;
+    l.gathered = max_numel;
   }
+  if (sp.micro_batch_reduce != StagePlan::Reduce::kNone) {
+    // Two buckets: one reduces while the next unit's backward fills the other.
+    l.buckets = 2;
+    l.bucket = max_numel;
+    if (sp.micro_batch_reduce == StagePlan::Reduce::kReduceScatter) l.reduced = max_own;
+  }
+  return l;
+}
+
+TransientBytes transient_bytes(const TransientLayout& l) {
+  const auto sum = [](const std::vector<uint64_t>& v) {
+    uint64_t s = 0;
+    for (uint64_t x : v) s += x;
+    return s;
+  };
+  TransientBytes b;
+  b.activations = 4 * (sum(l.stream) + sum(l.saved) + l.tokens + l.targets + l.features);
+  b.workspace = 4 * (l.widened_weights + l.weight_grads + 2 * l.input_grads + l.scratch);
+  b.gathered = static_cast<uint64_t>(l.gathered_slots) * l.gathered * l.dtype_bytes;
+  b.grad_buckets =
+      (sum(l.accum_full) + static_cast<uint64_t>(l.buckets) * l.bucket) * l.dtype_bytes;
+  b.comm_buffers = static_cast<uint64_t>(l.buckets) * l.reduced * l.dtype_bytes;
   return b;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "models/unit.h"
 #include "train/config.h"
@@ -61,22 +62,9 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                               Precision precision, int grad_accum, AccumulatePolicy policy,
                               int rank);
 
-// What a rank allocates besides its model states, by ledger category, exactly as the
-// engine allocates it (tests compare with the ledger's peaks): the activations (the stream
-// between units, what each unit saves for backward, or one recompute buffer with
-// activation checkpointing, and the micro-batch's tokens and targets), the workspace
-// (widened weights, their gradient, the gradient flowing back, scratch), stage 3's gathered
-// units (1 + prefetch), the gradient buckets and the reduced shards in flight.
-struct TransientBytes {
-  uint64_t activations = 0;
-  uint64_t workspace = 0;
-  uint64_t gathered = 0;
-  uint64_t grad_buckets = 0;
-  uint64_t comm_buffers = 0;
-  uint64_t total() const {
-    return activations + workspace + gathered + grad_buckets + comm_buffers;
-  }
-};
+// What a rank allocates besides its model states, as the buffers the engine allocates:
+// the one description both the engine (train/rank_trainer.cc allocates from it) and the
+// planner (transient_bytes sums it) read, so the two cannot drift. Counts are elements.
 struct TransientPlan {
   int world = 1;
   int stage = 0;
@@ -89,7 +77,51 @@ struct TransientPlan {
   bool text = true;  // token inputs (else features_per_sample floats per sample)
   uint64_t features_per_sample = 0;
 };
-TransientBytes transient_bytes(const Model& model, const TransientPlan& plan, int rank);
+struct TransientLayout {
+  // Activations, fp32 unless said: the stream between units (unit u's input, then the
+  // head's output: units + 1 entries), what each unit saves for its backward (or one
+  // recompute buffer with activation checkpointing), the micro-batch's inputs.
+  std::vector<uint64_t> stream;
+  std::vector<uint64_t> saved;
+  uint64_t tokens = 0;   // int32; 0 for images
+  uint64_t targets = 0;  // int32
+  uint64_t features = 0;
+  // Workspace, fp32: the widened weights (none at fp32, whose resident weights are read in
+  // place), their gradient, the gradient flowing back (two, alternating), scratch. Each
+  // sized for the largest unit.
+  uint64_t widened_weights = 0;
+  uint64_t weight_grads = 0;
+  uint64_t input_grads = 0;  // each of the two
+  uint64_t scratch = 0;
+  // In the parameters' dtype (dtype_bytes each): stage 3's gathered units (1 + prefetch
+  // slots of the largest unit), --accumulate local's full-size sums when gradients are
+  // sharded (one per unit), --accumulate reduce's two buckets and, when the reduction is a
+  // reduce-scatter, their reduced own ranges.
+  uint64_t dtype_bytes = 2;
+  int gathered_slots = 0;
+  uint64_t gathered = 0;
+  std::vector<uint64_t> accum_full;
+  int buckets = 0;
+  uint64_t bucket = 0;
+  uint64_t reduced = 0;  // per bucket; 0 when buckets are all-reduced in place
+};
+TransientLayout transient_layout(const Model& model, const TransientPlan& plan, int rank);
+
+// The layout's bytes by ledger category (tests compare them with the ledger's peaks).
+struct TransientBytes {
+  uint64_t activations = 0;
+  uint64_t workspace = 0;
+  uint64_t gathered = 0;
+  uint64_t grad_buckets = 0;
+  uint64_t comm_buffers = 0;
+  uint64_t total() const {
+    return activations + workspace + gathered + grad_buckets + comm_buffers;
+  }
+};
+TransientBytes transient_bytes(const TransientLayout& layout);
+inline TransientBytes transient_bytes(const Model& model, const TransientPlan& plan, int rank) {
+  return transient_bytes(transient_layout(model, plan, rank));
+}
 
 // One sentence for a budget error: the model-state bytes per rank of every stage at this N,
 // and the fewest ranks with which stage 3's states fit the budget.
