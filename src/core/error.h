@@ -55,4 +55,9 @@ class CommTimeout : public CommError {
   using CommError::CommError;
 };
 
+// Inside a catch block: throws the exception in flight again as the same type of this file,
+// its message led by `context` (e.g. "rank 1 of 4, step 7"), so a failure reported far from
+// where it happened still says where; any other exception becomes an Error.
+[[noreturn]] void rethrow_with_context(const std::string& context);
+
 }  // namespace zerodp

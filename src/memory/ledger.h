@@ -43,8 +43,10 @@ class MemoryLedger {
  public:
   using Table = std::array<uint64_t, kNumMemCategories>;
 
-  explicit MemoryLedger(int rank = 0, std::optional<uint64_t> budget_bytes = std::nullopt)
-      : rank_(rank), budget_(budget_bytes) {}
+  // `advice`: as set_advice.
+  explicit MemoryLedger(int rank = 0, std::optional<uint64_t> budget_bytes = std::nullopt,
+                        std::string advice = {})
+      : rank_(rank), budget_(budget_bytes), advice_(std::move(advice)) {}
   MemoryLedger(const MemoryLedger&) = delete;
   MemoryLedger& operator=(const MemoryLedger&) = delete;
 

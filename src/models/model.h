@@ -7,12 +7,17 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <span>
 #include <vector>
 
 #include "models/unit.h"
 
 namespace zerodp {
+
+// Builds a model of the caller's own: called once per rank by the engine, which then
+// needs nothing else of it (train/engine.h says what data it must consume).
+using ModelFactory = std::function<Model()>;
 
 // Sum of the units' numel (Φ).
 size_t parameter_count(const Model& model);

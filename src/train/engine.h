@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "models/unit.h"
+#include "models/model.h"
 #include "train/config.h"
 #include "train/result.h"
 
@@ -27,17 +27,15 @@ namespace zerodp {
 // Called on rank 0 after every step (progress, metrics); `total` is config.steps.
 using StepCallback = std::function<void(const StepRecord&, int64_t total)>;
 
-// Builds a model of the caller's own: called once per rank. The model must consume the
-// configured data (tokens of config.seq_len for text, pixel rows for images).
-using ModelFactory = std::function<Model()>;
-
 // Runs the whole training on the configured backend. Under MPI every process calls it.
 // Outputs are checked before the first step (train/outputs.h); rank 0 writes the report
 // (config.report_path) and train() the trace. A stop requested while it
 // runs (train/stop.h) ends it after the step every rank agrees on, with a checkpoint when
 // checkpoint_dir is set; the result says so in `stopped`, as does --max-skips.
-// `make_model`, when given, replaces the model config.model names (which then only picks
-// the kind of data: "gpt"/"custom-text" for text, "mlp"/"custom-images" for images).
+// `make_model`, when given, replaces the model config.model names; it is called once per
+// rank and its model must consume the configured data (tokens of config.seq_len for text,
+// pixel rows for images). config.model then only picks the kind of data: "gpt" or "custom-text" for
+// text, "mlp" or "custom-images" for images.
 TrainResult train(const TrainConfig& config, int& argc, char**& argv,
                   const StepCallback& on_step = {}, const ModelFactory& make_model = {});
 

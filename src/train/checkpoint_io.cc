@@ -1,0 +1,294 @@
+// checkpoint_io.h is the contract.
+#include "train/checkpoint_io.h"
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include "checkpoint/safetensors.h"
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/version.h"
+#include "train/flat.h"
+#include "train/trace.h"
+
+namespace zerodp {
+
+checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
+  const TrainConfig& cfg = trainer.config();
+  const int world = trainer.comm().size();
+  checkpoint::Meta m;
+  m.zerodp_version = zerodp_version();
+  m.step = static_cast<uint64_t>(step);
+  m.world_size = world;
+  m.stage = cfg.stage;
+  m.precision = std::string(precision_name(cfg.precision));
+  m.model_kind = cfg.model;
+  if (cfg.model == "gpt") {
+    m.model_shape = {{"layers", cfg.layers},
+                     {"heads", cfg.heads},
+                     {"embd", cfg.embd},
+                     {"seq_len", cfg.seq_len},
+                     {"vocab", 256}};
+  } else if (cfg.model == "mlp") {
+    m.model_shape = {{"hidden", cfg.mlp_hidden}, {"hidden_layers", cfg.mlp_layers}};
+  }
+  for (const UnitState& u : trainer.state().units()) {
+    checkpoint::UnitMeta um;
+    um.name = u.unit->name();
+    um.numel = u.numel;
+    for (const TensorSpec& t : u.unit->tensors()) {
+      um.tensors.push_back({t.name, t.shape, t.offset, t.numel});
+    }
+    for (int r = 0; r < world; ++r) um.counts.push_back(u.part.count(r));
+    m.units.push_back(std::move(um));
+  }
+  const nlohmann::json config = config_json(cfg);
+  for (const auto& [k, v] : config.items()) {
+    m.config[k] = v.is_string() ? v.get<std::string>() : v.dump();
+  }
+  const OptimizerCounters c = trainer.optimizer().counters();
+  m.adam_step = c.adam_step;
+  m.lr_next = trainer.optimizer().lr_at(step + 1);
+  if (c.scaler) {
+    m.loss_scaler =
+        checkpoint::ScalerMeta{c.scaler->scale, c.scaler->clean_steps, c.scaler->hysteresis_left};
+  }
+  const DistributedSampler& sampler = trainer.sampler();
+  m.data_epoch = sampler.position().epoch;
+  m.data_step = sampler.position().step;
+  m.samples_per_step = sampler.samples_per_step();
+  m.dataset_size = sampler.options().dataset_size;
+  m.seed = cfg.seed;
+  m.rank_seeds.assign(static_cast<size_t>(world), cfg.seed);
+  return m;
+}
+
+std::string write_shard(const ShardedState& state, const std::filesystem::path& file) {
+  using checkpoint::tensor_name;
+  namespace st = safetensors;
+  const bool fp32 = state.fp32();
+  const DType dtype = state.dtype();
+  std::vector<st::TensorDecl> decls;
+  for (const UnitState& u : state.units()) {
+    const std::vector<int64_t> shape{static_cast<int64_t>(u.own.count())};
+    decls.push_back({tensor_name(u.unit->name(), "params"), st::element_type_of(dtype), shape});
+    if (!fp32)
+      decls.push_back({tensor_name(u.unit->name(), "master"), st::ElementType::kF32, shape});
+    decls.push_back({tensor_name(u.unit->name(), "adam_m"), st::ElementType::kF32, shape});
+    decls.push_back({tensor_name(u.unit->name(), "adam_v"), st::ElementType::kF32, shape});
+  }
+  st::Writer w(file, std::move(decls), {{"format", std::string(checkpoint::kFormat)}});
+  const size_t psize = dtype_size(dtype);
+  for (const UnitState& u : state.units()) {
+    const size_t n = u.own.count();
+    w.write(std::span(static_cast<const std::byte*>(u.params.data()) + u.params_own * psize,
+                      n * psize));
+    if (!fp32) w.write_values(u.master.span().subspan(u.opt_own, n));
+    w.write_values(u.adam_m.span().subspan(u.opt_own, n));
+    w.write_values(u.adam_v.span().subspan(u.opt_own, n));
+  }
+  return w.finish();
+}
+
+void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
+  const TrainConfig& cfg = trainer.config();
+  const std::vector<UnitState>& units = trainer.state().units();
+  const checkpoint::Meta& m = ckpt.meta();
+  const std::string where = (ckpt.dir() / "meta.json").string();
+  if (m.units.size() != units.size()) {
+    // "gpt small", or "mlp" alone: only the gpt has size presets.
+    const auto model = [](const std::string& kind, const std::string& size) {
+      return size.empty() ? kind : kind + " " + size;
+    };
+    const std::string saved_size =
+        m.model_kind == "gpt" && m.config.count("size") ? m.config.at("size") : "";
+    throw CorruptData(
+        fmt::format("{}: a checkpoint of another model: {} units there ({}), {} in this run ({})",
+                    where, m.units.size(), model(m.model_kind, saved_size), units.size(),
+                    model(cfg.model, cfg.model == "gpt" ? cfg.size : "")));
+  }
+  for (size_t i = 0; i < units.size(); ++i) {
+    const checkpoint::UnitMeta& saved = m.units[i];
+    const Unit& mine = *units[i].unit;
+    if (saved.name != mine.name() || saved.numel != mine.numel() ||
+        saved.tensors.size() != mine.tensors().size()) {
+      throw CorruptData(fmt::format(
+          "{}: a checkpoint of another model: unit {} is \"{}\" with {} elements there, \"{}\" "
+          "with {} in this run",
+          where, i, saved.name, saved.numel, mine.name(), mine.numel()));
+    }
+    for (size_t k = 0; k < saved.tensors.size(); ++k) {
+      const TensorSpec& t = mine.tensors()[k];
+      const checkpoint::TensorMeta expected{t.name, t.shape, t.offset, t.numel};
+      if (!(saved.tensors[k] == expected)) {
+        throw CorruptData(fmt::format(
+            "{}: a checkpoint of another model: tensor {} of unit {} is {} {} there, {} {} here",
+            where, k, mine.name(), saved.tensors[k].name, fmt::join(saved.tensors[k].shape, "x"),
+            t.name, fmt::join(t.shape, "x")));
+      }
+    }
+  }
+}
+
+void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
+  ShardedState& state = trainer.state();
+  DistributedSampler& sampler = trainer.sampler();
+  const checkpoint::Meta& m = ckpt.meta();
+  const bool fp32 = state.fp32();
+  const DType dtype = state.dtype();
+  const auto saved_dtype = parse_precision(m.precision);
+  std::vector<float> tmp;
+  for (size_t i = 0; i < state.units().size(); ++i) {
+    UnitState& u = state.units()[i];
+    // The 16-bit params are the rounded master; read them as saved when the dtype agrees
+    // (the same bits the saving run computed with), else round the master here.
+    const Range held = u.held;
+    if (saved_dtype && param_dtype(*saved_dtype) == dtype) {
+      ckpt.read(
+          i, "params", held.begin,
+          std::span(static_cast<std::byte*>(u.params.data()), held.count() * dtype_size(dtype)));
+    } else {
+      tmp.resize(held.count());
+      ckpt.read_master(i, held.begin, tmp);
+      narrow(tmp, u.params.data(), dtype, 0);
+    }
+    const size_t n = u.opt_range.count();
+    if (!fp32) ckpt.read_master(i, u.opt_range.begin, u.master.span());
+    ckpt.read(i, "adam_m", u.opt_range.begin, std::as_writable_bytes(u.adam_m.span().first(n)));
+    ckpt.read(i, "adam_v", u.opt_range.begin, std::as_writable_bytes(u.adam_v.span().first(n)));
+  }
+  OptimizerCounters counters{.adam_step = m.adam_step, .scaler = std::nullopt};
+  if (m.loss_scaler) {
+    counters.scaler = LossScalerState{.scale = static_cast<float>(m.loss_scaler->scale),
+                                      .clean_steps = m.loss_scaler->clean_steps,
+                                      .hysteresis_left = m.loss_scaler->hysteresis_left};
+  }
+  try {
+    trainer.optimizer().restore(counters);
+  } catch (const InvalidArgument& e) {
+    throw CorruptData(
+        fmt::format("{}: loss_scaler: {}", (ckpt.dir() / "meta.json").string(), e.what()));
+  }
+  // The data cursor. With the same samples per step it is exact; otherwise the epoch's
+  // samples consumed so far are kept and the step rounds up, so no sample of the epoch is
+  // seen twice (the order is the same: it depends on the seed and the epoch only).
+  const uint64_t k = sampler.samples_per_step();
+  SamplerPosition pos{m.data_epoch, m.data_step};
+  if (m.dataset_size != sampler.options().dataset_size) {
+    throw InvalidArgument(fmt::format(
+        "{}: saved with a training set of {} samples, this run's has {}; use the same --data "
+        "and sequence length",
+        ckpt.dir().string(), m.dataset_size, sampler.options().dataset_size));
+  }
+  if (m.samples_per_step != k) {
+    const uint64_t consumed = m.data_step * m.samples_per_step;
+    pos.step = (consumed + k - 1) / k;
+  }
+  if (pos.step >= sampler.steps_per_epoch()) pos = {pos.epoch + 1, 0};
+  sampler.set_position(pos);
+}
+
+// A step as a checkpoint's history keeps it: what the training determines, no timings.
+checkpoint::StepHistory history_of(const StepRecord& r) {
+  return {.step = r.step,
+          .loss = r.loss,
+          .lr = r.lr,
+          .grad_norm = r.grad_norm,
+          .grad_norm_clipped = r.grad_norm_clipped,
+          .loss_scale = r.loss_scale,
+          .skipped = r.skipped,
+          .tokens = r.tokens,
+          .val_loss = r.val_loss};
+}
+
+StepRecord record_of(const checkpoint::StepHistory& h) {
+  StepRecord r;
+  r.step = h.step;
+  r.loss = h.loss;
+  r.lr = h.lr;
+  r.grad_norm = h.grad_norm;
+  r.grad_norm_clipped = h.grad_norm_clipped;
+  r.loss_scale = h.loss_scale;
+  r.skipped = h.skipped;
+  r.tokens = h.tokens;
+  r.val_loss = h.val_loss;
+  return r;
+}
+
+void save_checkpoint(RankTrainer& trainer, int64_t step,
+                     const std::vector<checkpoint::StepHistory>& history) {
+  Communicator& comm = trainer.comm();
+  const TrainConfig& cfg = trainer.config();
+  namespace ck = checkpoint;
+  CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
+  const Tracer::Span span(trainer.tracer(), "checkpoint", "checkpoint");
+  const std::filesystem::path root = cfg.checkpoint_dir;
+  const std::filesystem::path temp = ck::temp_dir(root, static_cast<uint64_t>(step));
+  const int rank = comm.rank();
+  std::string error;
+  if (rank == 0) {
+    try {
+      std::filesystem::remove_all(temp);
+      std::filesystem::create_directories(temp);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
+    if (rank == 0) throw IoError(fmt::format("checkpoint at step {}: {}", step, error));
+    throw IoError(
+        fmt::format("checkpoint at step {}: rank 0 could not create {}", step, temp.string()));
+  }
+  std::string sha;
+  uint64_t bytes = 0;
+  ck::FileMeta history_file;
+  const std::filesystem::path file = temp / ck::rank_file_name(rank);
+  try {
+    trainer.faults().shard_write(step, file);
+    sha = write_shard(trainer.state(), file);
+    bytes = std::filesystem::file_size(file);
+    if (rank == 0) history_file = ck::write_history(temp, history);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ck::failpoint("shard-written", rank);
+  // Agreement: every rank's verdict, size and digest.
+  std::vector<double> mine{error.empty() ? 1.0 : 0.0, static_cast<double>(bytes)};
+  for (size_t i = 0; i < 64 && !sha.empty(); i += 2) {
+    mine.push_back(std::stoi(sha.substr(i, 2), nullptr, 16));
+  }
+  mine.resize(2 + 32, 0.0);
+  const std::vector<double> all = comm.gather_control(mine);
+  std::vector<int> failed;
+  ck::Meta meta = describe_checkpoint(trainer, step);
+  for (int r = 0; r < comm.size(); ++r) {
+    const double* v = all.data() + static_cast<size_t>(r) * mine.size();
+    if (v[0] != 1.0) {
+      failed.push_back(r);
+      continue;
+    }
+    std::string hex;
+    for (int i = 0; i < 32; ++i) hex += fmt::format("{:02x}", static_cast<int>(v[2 + i]));
+    meta.files.push_back({ck::rank_file_name(r), static_cast<uint64_t>(v[1]), hex});
+  }
+  if (rank == 0) meta.files.push_back(history_file);  // rank 0 alone commits
+  if (!failed.empty()) {
+    throw IoError(
+        fmt::format("checkpoint at step {} not committed: rank(s) {} could not write "
+                    "their shard{}{}",
+                    step, fmt::join(failed, ", "), error.empty() ? "" : ": ", error));
+  }
+  if (rank == 0) {
+    try {
+      ck::commit(root, temp, meta, cfg.keep);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
+    throw IoError(fmt::format("checkpoint at step {} not committed: {}", step,
+                              rank == 0 ? error : "rank 0 failed to commit it"));
+  }
+}
+
+}  // namespace zerodp

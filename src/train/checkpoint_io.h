@@ -1,0 +1,41 @@
+// A rank's part in checkpoints: its states written as one shard, read back by ranges from
+// whichever shards hold them (any rank count, stage or precision), and the save protocol
+// every rank takes part in. checkpoint/store.h has the protocol, docs/checkpoint_format.md
+// the format.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "checkpoint/format.h"
+#include "checkpoint/store.h"
+#include "train/rank_trainer.h"
+#include "train/result.h"
+
+namespace zerodp {
+
+// Everything meta.json says of this run after `step` steps, but the file checksums.
+checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step);
+// Writes this rank's own ranges into `file`; returns its sha256.
+std::string write_shard(const ShardedState& state, const std::filesystem::path& file);
+// CorruptData unless the checkpoint holds this model's units and tensors.
+void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
+// Replaces every state, the optimizer's counters and the data cursor with the checkpoint's.
+// The caller verified the checkpoint.
+void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
+
+// One checkpoint after `step`, every rank taking part. Nothing is committed unless every
+// rank's shard is durable; a failure on any rank fails all of them with the same verdict,
+// so no rank goes on while another thinks the save was lost. `history` (read on rank 0
+// only) holds the steps up to `step` that the checkpoint carries.
+void save_checkpoint(RankTrainer& trainer, int64_t step,
+                     const std::vector<checkpoint::StepHistory>& history);
+
+// A step as a checkpoint's history keeps it (what the training determines, no timings),
+// and back.
+checkpoint::StepHistory history_of(const StepRecord& r);
+StepRecord record_of(const checkpoint::StepHistory& h);
+
+}  // namespace zerodp

@@ -1,0 +1,65 @@
+// The gradient reducer: where each unit's micro-batch gradient goes, and how the ranks'
+// gradients become the averaged gradient each rank's optimizer reads. The seam for other
+// reduction orders and quantized collectives.
+//
+// Under --accumulate reduce every micro-batch's gradient is rounded into a bucket as the
+// backward produces it and reduced asynchronously (the stage plan says all-reduce or
+// reduce-scatter), at most two buckets in flight; each result is added to the grads buffer
+// when it arrives. Under --accumulate local the micro-batches are summed on the rank (into
+// grads, or a full-size sum when grads holds only the own range) and reduced once at the
+// step's boundary. Either way, after finish_step() the grads buffer holds the averaged
+// gradient of every range the rank's optimizer reads, summed in a fixed order.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <span>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "train/plan.h"
+#include "train/sharded_state.h"
+
+namespace zerodp {
+
+class GradientReducer {
+ public:
+  // Allocates the layout's buckets, reduced shards and full-size sums on `ledger`. `chunk`
+  // is fp32 widening space the caller owns (no allocation inside a step). `grad_accum`: the
+  // micro-batches per step.
+  GradientReducer(ShardedState& state, const TransientLayout& layout, int grad_accum,
+                  Communicator& comm, MemoryLedger& ledger, std::span<float> chunk);
+
+  // Zeroes what the step's gradients accumulate into.
+  void begin_step();
+  // Unit `ui`'s gradient of one micro-batch (fp32, already scaled by 1/A and the loss scale).
+  void add(size_t ui, std::span<const float> dw);
+  // The micro-batch's backward is done: every reduction it started has landed.
+  void finish_micro_batch() { finish_pending(true); }
+  // The step's last micro-batch is done: --accumulate local's one reduction.
+  void finish_step();
+
+ private:
+  struct Pending {
+    size_t unit = 0;
+    Work work;
+    int slot = 0;
+  };
+  void finish_pending(bool all);
+  void add_widened(const void* from, size_t count, void* grads, size_t first);
+  void copy_reduced(const void* from, size_t count, void* grads, size_t first);
+
+  ShardedState& state_;
+  const StagePlan& plan_;
+  int grad_accum_;
+  Communicator& comm_;
+  std::span<float> chunk_;
+  std::vector<Flat> accum_full_;  // per unit, when the plan accumulates full-size sums
+  std::vector<Flat> buckets_;
+  std::vector<Flat> reduced_;
+  std::deque<Pending> pending_;
+  int next_bucket_ = 0;
+  std::vector<Work> works_;  // the boundary's collectives in flight; capacity kept
+};
+
+}  // namespace zerodp

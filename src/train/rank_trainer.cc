@@ -1,0 +1,322 @@
+// rank_trainer.h is the contract.
+#include "train/rank_trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <thread>
+
+#include "train/flat.h"
+#include "train/gather_queue.h"
+#include "train/setup.h"
+#include "train/stop.h"
+
+namespace zerodp {
+
+GemmCompute compute_for(Precision p) {
+  return p == Precision::kBF16 ? GemmCompute::kBF16 : GemmCompute::kFP32;
+}
+
+int ranks_on_this_host(const Communicator& comm, Backend backend) {
+  if (backend == Backend::kMpi) {
+    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+      if (const char* v = std::getenv(name)) {
+        const int n = std::atoi(v);
+        if (n >= 1 && n <= comm.size()) return n;
+      }
+    }
+  }
+  return comm.size();
+}
+
+TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world) {
+  const bool text = std::holds_alternative<TokenDataset>(data.train);
+  const auto* images = std::get_if<ImageDataset>(&data.train);
+  return TransientPlan{
+      .world = world,
+      .stage = cfg.stage,
+      .precision = cfg.precision,
+      .policy = cfg.accumulate,
+      .prefetch = cfg.prefetch,
+      .checkpoint_activations = cfg.checkpoint_activations,
+      .micro_batch = cfg.micro_batch,
+      .seq_len = text ? cfg.seq_len : 1,
+      .text = text,
+      .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0};
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string budget_advice_for(const TrainConfig& cfg, const Model& model, int world) {
+  if (!cfg.memory_per_rank) return {};
+  std::vector<uint64_t> numel;
+  for (const auto& u : model) numel.push_back(u->numel());
+  return budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank);
+}
+
+// Native bf16 products read 16-bit weights from their stored copy (weights_for).
+bool products_read_bf16(Precision p) {
+  return p == Precision::kBF16 && compute_for(p) == GemmCompute::kBF16 && gemm_bf16_native();
+}
+
+}  // namespace
+
+RankTrainer::Buffers::Buffers(MemoryLedger& ledger, const TransientLayout& l, DType param_dtype) {
+  constexpr MemCategory kAct = MemCategory::kActivations;
+  constexpr MemCategory kWork = MemCategory::kWorkspace;
+  for (uint64_t n : l.stream) stream.emplace_back(ledger, kAct, n);
+  for (uint64_t n : l.saved) saved.emplace_back(ledger, kAct, n);
+  tokens = Buffer<int32_t>(ledger, kAct, l.tokens);
+  targets = Buffer<int32_t>(ledger, kAct, l.targets);
+  features = Buffer<float>(ledger, kAct, l.features);
+  if (l.widened_weights > 0) w32 = Buffer<float>(ledger, kWork, l.widened_weights);
+  dw32 = Buffer<float>(ledger, kWork, l.weight_grads);
+  dx_a = Buffer<float>(ledger, kWork, l.input_grads);
+  dx_b = Buffer<float>(ledger, kWork, l.input_grads);
+  scratch = Buffer<float>(ledger, kWork, l.scratch);
+  for (int k = 0; k < l.gathered_slots; ++k) {
+    gathered.emplace_back(ledger, MemCategory::kGathered, param_dtype, l.gathered);
+  }
+}
+
+RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataSplits& data,
+                         const ModelFactory& make_model)
+    : cfg_(cfg),
+      comm_(comm),
+      compute_(compute_for(cfg.precision)),
+      model_(make_model ? make_model() : build_model(cfg)),
+      ledger_(comm.rank(), cfg.memory_per_rank, budget_advice_for(cfg, model_, comm.size())),
+      data_(data),
+      shape_{.B = cfg.micro_batch,
+             .T = std::holds_alternative<TokenDataset>(data.train) ? cfg.seq_len : 1},
+      layout_(transient_layout(model_, transient_plan(cfg, data, comm.size()), comm.rank())),
+      sampler_(SamplerOptions{.dataset_size = dataset_size(data.train),
+                              .world_size = comm.size(),
+                              .micro_batch = cfg.micro_batch,
+                              .grad_accum = cfg.grad_accum,
+                              .seed = cfg.seed}),
+      state_(model_, StagePlan::make(cfg.stage, cfg.accumulate), cfg.precision,
+             products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed, comm.size(), comm.rank(),
+             ledger_),
+      buf_(ledger_, layout_, state_.dtype()),
+      reducer_(state_, layout_, cfg.grad_accum, comm, ledger_, chunk_),
+      optimizer_(cfg, state_, comm, chunk_),
+      faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
+  // Rank threads that each ask for all cores oversubscribe them.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  set_gemm_threads(
+      std::max(1, static_cast<int>(cores) / ranks_on_this_host(comm, cfg.launch.backend)));
+  set_gemm_compute(compute_);
+}
+
+std::span<float> RankTrainer::saved_for(size_t ui) {
+  if (!cfg_.checkpoint_activations) return buf_.saved[ui].span();
+  return buf_.saved[0].span().first(model_[ui]->saved_count(shape_));
+}
+
+// fp32 weights of unit ui for compute. Stage 3: gathered into `slot` first (the caller has
+// issued and waited for the gather). Under bf16 products the product-operand tensors are not
+// widened: the caller's Bf16Operands scope makes the products read stored_bf16 instead.
+std::span<const float> RankTrainer::weights_for(size_t ui, int slot) {
+  UnitState& u = state_.units()[ui];
+  const void* src =
+      state_.plan().gather_before_compute ? buf_.gathered[slot].data() : u.params.data();
+  if (state_.fp32()) return {static_cast<const float*>(src), u.numel};
+  const std::span<float> w = buf_.w32.span().first(u.numel);
+  for (const Range& r : u.widen) widen(src, state_.dtype(), r.begin, w.subspan(r.begin, r.count()));
+  return w;
+}
+
+std::span<const BFloat16> RankTrainer::stored_bf16(size_t ui, int slot) const {
+  if (state_.dtype() != DType::kBF16) return {};
+  const UnitState& u = state_.units()[ui];
+  const void* src =
+      state_.plan().gather_before_compute ? buf_.gathered[slot].data() : u.params.data();
+  return {static_cast<const BFloat16*>(src), u.numel};
+}
+
+void RankTrainer::load_micro_batch(int64_t micro) {
+  const auto idx = sampler_.rank_samples(sampler_.position(), micro, comm_.rank());
+  sha256_update_u64_le(samples_hash_, idx);
+  fill_micro_batch(data_.train, idx);
+}
+
+// Samples `idx` of `dataset` into the micro-batch buffers, and mb_ pointing at them.
+void RankTrainer::fill_micro_batch(const Dataset& dataset, std::span<const uint64_t> idx) {
+  const float scale = mb_.loss_grad_scale;
+  mb_ = MicroBatch{};
+  mb_.shape = shape_;
+  mb_.loss_grad_scale = scale;
+  if (const auto* text = std::get_if<TokenDataset>(&dataset)) {
+    text->fill(idx, buf_.tokens.span(), buf_.targets.span());
+    mb_.tokens = buf_.tokens.span();
+  } else {
+    std::get<ImageDataset>(dataset).fill(idx, buf_.features.span(), buf_.targets.span());
+    mb_.features = buf_.features.span();
+  }
+  mb_.targets = buf_.targets.span();
+}
+
+double RankTrainer::forward() {
+  const size_t U = model_.size();
+  std::optional<GatherQueue> gathers;
+  if (state_.plan().gather_before_compute) {
+    std::vector<size_t> order(U);
+    for (size_t i = 0; i < U; ++i) order[i] = i;
+    gathers.emplace(comm_, state_.units(), buf_.gathered, order);
+  }
+  for (size_t i = 0; i < U; ++i) {
+    const int slot = gathers ? gathers->acquire(i) : 0;
+    const Tracer::Span span(tracer_, tracer_ ? "forward " + model_[i]->name() : "");
+    const auto w = weights_for(i, slot);
+    const Bf16Operands w16(w, stored_bf16(i, slot));  // bf16 products read the stored weights
+    model_[i]->forward(w, buf_.stream[i].span(), buf_.stream[i + 1].span(), saved_for(i),
+                       buf_.scratch.span(), mb_);
+    if (gathers) gathers->release(i);
+  }
+  return buf_.stream[U][0];
+}
+
+void RankTrainer::backward() {
+  const size_t U = model_.size();
+  std::optional<GatherQueue> gathers;
+  if (state_.plan().gather_before_compute) {
+    std::vector<size_t> order(U);
+    for (size_t i = 0; i < U; ++i) order[i] = U - 1 - i;
+    gathers.emplace(comm_, state_.units(), buf_.gathered, order);
+  }
+  std::span<float> dout;  // the head starts from mb.loss_grad_scale
+  Buffer<float>* din_buf = &buf_.dx_a;
+  for (size_t k = 0; k < U; ++k) {
+    const size_t i = U - 1 - k;
+    Unit& unit = *model_[i];
+    const int slot = gathers ? gathers->acquire(k) : 0;
+    std::optional<Tracer::Span> span;
+    if (tracer_) span.emplace(tracer_, "backward " + unit.name());
+    const auto w = weights_for(i, slot);
+    const Bf16Operands w16(w, stored_bf16(i, slot));
+    std::span<float> dw = buf_.dw32.span().first(unit.numel());
+    std::fill(dw.begin(), dw.end(), 0.0f);
+    std::span<float> din = din_buf->span().first(unit.input_count(shape_));
+    std::fill(din.begin(), din.end(), 0.0f);
+    // Checkpointing: recompute the unit's forward (same weights, same bits) to refill what
+    // its backward needs. The head ran last, so its saved state is still in place; the
+    // unit's output buffer is the input of a unit whose backward is already done.
+    if (cfg_.checkpoint_activations && i + 1 < U) {
+      unit.forward(w, buf_.stream[i].span(), buf_.stream[i + 1].span(), saved_for(i),
+                   buf_.scratch.span(), mb_);
+    }
+    unit.backward(w, buf_.stream[i].span(), saved_for(i), dout, dw, din, buf_.scratch.span(), mb_);
+    span.reset();
+    if (gathers) gathers->release(k);
+    reducer_.add(i, dw);
+    dout = din;
+    din_buf = din_buf == &buf_.dx_a ? &buf_.dx_b : &buf_.dx_a;
+  }
+  reducer_.finish_micro_batch();
+}
+
+StepRecord RankTrainer::step(int64_t step_index) {
+  faults_.step_start(step_index);
+  const auto t0 = Clock::now();
+  CommPhaseScope phase(comm_.ledger(), CommPhase::kTrain);
+  StepRecord rec;
+  rec.step = step_index;
+  const int A = cfg_.grad_accum;
+  const double scale = optimizer_.loss_scale();
+  mb_.loss_grad_scale = static_cast<float>(scale / A);
+  reducer_.begin_step();
+  double loss_sum = 0;
+  for (int a = 0; a < A; ++a) {
+    load_micro_batch(a);
+    loss_sum += forward();
+    backward();
+  }
+  {
+    const Tracer::Span span(tracer_, "boundary reduce", "wait");
+    reducer_.finish_step();
+  }
+  faults_.gradients_reduced(step_index, state_);
+
+  // The control exchange: each rank's sum of squares, the first unit (index + 1) whose owned
+  // gradient is not finite (so a stop can name it), its loss, and its stop request. The
+  // request rides here because ranks see a signal at different moments, and this makes all
+  // of them stop after the same step.
+  const OwnGradients own = optimizer_.inspect();
+  constexpr size_t kFields = 4;
+  const double partial[kFields] = {own.sum_squares, static_cast<double>(own.first_bad_unit),
+                                   loss_sum / A, static_cast<double>(stop_requested())};
+  std::vector<double> all;
+  {
+    const Tracer::Span span(tracer_, "verdict", "wait");
+    all = comm_.gather_control(partial);
+  }
+  // Summed in rank order, as sum_control() would.
+  double totals[3] = {0, 0, 0};
+  for (int r = 0; r < comm_.size(); ++r) {
+    const double* mine = &all[static_cast<size_t>(r) * kFields];
+    for (size_t k = 0; k < 3; ++k) totals[k] += mine[k];
+    if (rec.bad_rank < 0 && mine[1] > 0) {
+      rec.bad_rank = r;
+      rec.bad_unit = model_[static_cast<size_t>(mine[1]) - 1]->name();
+    }
+    const int signal = static_cast<int>(mine[3]);
+    if (signal > 0 && (rec.stop_signal == 0 || signal < rec.stop_signal)) rec.stop_signal = signal;
+  }
+  rec.loss = totals[2] / comm_.size();
+  const bool overflow = totals[1] > 0 || !std::isfinite(totals[2]);
+  std::optional<Tracer::Span> span;
+  if (!overflow) span.emplace(tracer_, "optimizer");
+  const UpdateOutcome out = optimizer_.apply(step_index, totals[0], overflow);
+  span.reset();
+  rec.lr = out.lr;
+  rec.grad_norm = out.grad_norm;
+  rec.grad_norm_clipped = out.grad_norm_clipped;
+  rec.loss_scale = out.loss_scale;
+  rec.skipped = out.skipped;
+  sampler_.advance();
+  rec.tokens = static_cast<uint64_t>(shape_.B) * static_cast<uint64_t>(shape_.T) *
+               static_cast<uint64_t>(A) * static_cast<uint64_t>(comm_.size());
+  rec.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return rec;
+}
+
+double RankTrainer::evaluate() {
+  const uint64_t size = dataset_size(data_.validation);
+  const uint64_t b = static_cast<uint64_t>(shape_.B);
+  const uint64_t n = static_cast<uint64_t>(comm_.size());
+  const uint64_t batches =
+      std::min<uint64_t>(static_cast<uint64_t>(cfg_.eval_batches), size / (b * n));
+  double sum = 0;
+  std::vector<uint64_t> idx(b);
+  for (uint64_t k = 0; k < batches; ++k) {
+    for (uint64_t j = 0; j < b; ++j) idx[j] = (k * n + static_cast<uint64_t>(comm_.rank())) * b + j;
+    fill_micro_batch(data_.validation, idx);
+    sum += forward();
+  }
+  const double total = comm_.sum_control(sum);
+  return batches == 0 ? std::nan("") : total / static_cast<double>(batches * n);
+}
+
+std::string RankTrainer::weights_sha256(std::vector<float>* keep) {
+  Sha256 hash;
+  for (const UnitState& u : state_.units()) {
+    // The gradient workspace is free after training and holds the largest unit.
+    std::span<float> full = buf_.dw32.span().first(u.numel);
+    const std::span<const float> mine = u.master_values();
+    if (state_.plan().optimizer == StagePlan::Extent::kOwn) {
+      comm_.all_gather(mine.first(u.own.count()), full, u.part);
+    } else {
+      std::copy(mine.begin(), mine.end(), full.begin());
+    }
+    // Little-endian on every platform zerodp builds for (x86-64, aarch64).
+    hash.update(full.data(), full.size_bytes());
+    if (keep != nullptr) keep->insert(keep->end(), full.begin(), full.end());
+  }
+  return hash.hex_digest();
+}
+
+}  // namespace zerodp

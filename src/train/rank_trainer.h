@@ -1,0 +1,139 @@
+// One rank's training: the one step loop that serves every ZeRO stage, assembled from the
+// parts that do the work.
+//
+//   ShardedState     (sharded_state.h)   the model states this rank holds, and their offsets
+//   StagePlan        (stage_plan.h)      what the stage makes the loop do
+//   GatherQueue      (gather_queue.h)    stage 3's parameter gathers ahead of compute
+//   GradientReducer  (grad_reducer.h)    micro-batch gradients to the averaged gradient
+//   OptimizerStep    (optimizer_step.h)  clipping, loss scaling, AdamW, rounding back, gathers
+//   FaultPlan        (fault_plan.h)      --inject's hook points
+//
+// One step: A micro-batches of forward and backward over the units (each unit's weights
+// widened to fp32, or read from the stored bf16 copy by bf16 products), gradients handed to
+// the reducer as each unit's backward produces them; then one control exchange in which the
+// ranks agree on the norm, on whether any gradient or loss was non-finite, and on a stop
+// request; then the optimizer step. Every rank runs the same sequence of collectives.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/sha256.h"
+#include "data/sampler.h"
+#include "data/source.h"
+#include "memory/ledger.h"
+#include "models/model.h"
+#include "tensor/gemm.h"
+#include "train/config.h"
+#include "train/fault_plan.h"
+#include "train/grad_reducer.h"
+#include "train/optimizer_step.h"
+#include "train/plan.h"
+#include "train/result.h"
+#include "train/sharded_state.h"
+#include "train/trace.h"
+
+namespace zerodp {
+
+// What the products of a --precision multiply in: bf16 runs multiply in bf16 (operands
+// rounded, fp32 sums), as PyTorch's autocast does; fp16 runs keep fp32 products, since
+// fp16 operands would overflow where bf16's range does not.
+GemmCompute compute_for(Precision p);
+
+// Ranks sharing this machine's cores: every rank on the local backend; under MPI the
+// launcher's count of this host's processes (OpenMPI, MPICH/Hydra), else the whole world.
+int ranks_on_this_host(const Communicator& comm, Backend backend);
+
+// The transient buffers a rank of `cfg` allocates on data `data`, for the planner and the
+// engine alike.
+TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world);
+
+class RankTrainer {
+ public:
+  // Builds the model (make_model, or the one cfg names), allocates and initializes this
+  // rank's states and buffers on its ledger. `cfg` and `data` must outlive the trainer.
+  RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataSplits& data,
+              const ModelFactory& make_model);
+
+  StepRecord step(int64_t step_index);
+  // Mean loss over up to cfg.eval_batches validation micro-batches per rank, the ranks'
+  // slices disjoint; forward only. NaN when the validation set is too small for one.
+  double evaluate();
+  // sha256 of the consolidated fp32 master weights, units and tensors in canonical order;
+  // with `keep`, the weights too (collective: every rank calls it).
+  std::string weights_sha256(std::vector<float>* keep);
+
+  const TrainConfig& config() const { return cfg_; }
+  Communicator& comm() { return comm_; }
+  const Communicator& comm() const { return comm_; }
+  const Model& model() const { return model_; }
+  uint64_t params() const { return state_.params(); }
+  MemoryLedger& ledger() { return ledger_; }
+  std::string samples_sha256() const { return samples_hash_.hex_digest(); }
+  ShardedState& state() { return state_; }
+  const ShardedState& state() const { return state_; }
+  OptimizerStep& optimizer() { return optimizer_; }
+  const OptimizerStep& optimizer() const { return optimizer_; }
+  DistributedSampler& sampler() { return sampler_; }
+  const DistributedSampler& sampler() const { return sampler_; }
+  const FaultPlan& faults() const { return faults_; }
+  void set_tracer(Tracer* t) { tracer_ = t; }
+  Tracer* tracer() const { return tracer_; }
+
+ private:
+  void load_micro_batch(int64_t micro);
+  void fill_micro_batch(const Dataset& dataset, std::span<const uint64_t> idx);
+  std::span<const float> weights_for(size_t ui, int slot);
+  // The same weights as stored in bf16 (what weights_for widened), or empty.
+  std::span<const BFloat16> stored_bf16(size_t ui, int slot) const;
+  std::span<float> saved_for(size_t ui);
+  double forward();
+  void backward();
+
+  // What a rank allocates besides its states and the reducer's buffers, from the layout the
+  // planner also reads (train/plan.h), in the layout's order.
+  struct Buffers {
+    Buffers(MemoryLedger& ledger, const TransientLayout& layout, DType param_dtype);
+    // Activations: the stream between units (stream[u] is unit u's input), what each unit
+    // saves for its backward (one recompute buffer with activation checkpointing), the
+    // micro-batch's inputs.
+    std::vector<Buffer<float>> stream;
+    std::vector<Buffer<float>> saved;
+    Buffer<int32_t> tokens, targets;
+    Buffer<float> features;
+    // Workspace: weights widened to fp32, their gradient, the gradient flowing backward
+    // (two, alternating), scratch.
+    Buffer<float> w32, dw32, dx_a, dx_b, scratch;
+    // Stage 3: gathered unit parameters.
+    std::vector<Flat> gathered;
+  };
+
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+  GemmCompute compute_;
+  Model model_;
+  MemoryLedger ledger_;
+  const DataSplits& data_;
+  BatchShape shape_;
+  TransientLayout layout_;
+  DistributedSampler sampler_;
+  ShardedState state_;
+  Buffers buf_;
+  // Widening space for gradients on their way to the grads buffer and the optimizer: a fixed
+  // 64 KiB, allocated with the trainer, so a step allocates nothing for them (outside the
+  // ledger: part of the fixed RSS overhead docs/performance.md states).
+  std::vector<float> chunk_ = std::vector<float>(16384);
+  GradientReducer reducer_;
+  OptimizerStep optimizer_;
+  FaultPlan faults_;
+  Sha256 samples_hash_;
+  MicroBatch mb_;
+  Tracer* tracer_ = nullptr;  // --trace: null when off
+};
+
+}  // namespace zerodp

@@ -1,0 +1,114 @@
+// sharded_state.h is the contract.
+#include "train/sharded_state.h"
+
+#include <algorithm>
+
+#include "models/init.h"
+#include "train/flat.h"
+
+namespace zerodp {
+
+DType param_dtype(Precision p) {
+  switch (p) {
+    case Precision::kBF16:
+      return DType::kBF16;
+    case Precision::kFP16:
+      return DType::kF16;
+    case Precision::kFP32:
+      return DType::kF32;
+  }
+  return DType::kF32;
+}
+
+std::span<float> UnitState::master_values() {
+  if (params.dtype == DType::kF32) {
+    return {static_cast<float*>(params.data()) + params_opt, opt_range.count()};
+  }
+  return master.span();
+}
+
+std::span<const float> UnitState::master_values() const {
+  return const_cast<UnitState*>(this)->master_values();
+}
+
+namespace {
+
+// Every rank initializes exactly the ranges it holds, from the pure init function, so the
+// starting model is the same for every N and stage and no rank materializes what it does
+// not keep. `held` covers the optimizer range (all of the unit below stage 3; at stage 3
+// held == own == the optimizer range).
+void initialize(UnitState& u, uint64_t seed) {
+  std::vector<float> tmp;
+  constexpr size_t kChunk = 1 << 16;
+  for (size_t b = u.held.begin; b < u.held.end; b += kChunk) {
+    const size_t e = std::min(u.held.end, b + kChunk);
+    tmp.resize(e - b);
+    initialize_range(seed, *u.unit, b, e, tmp);
+    narrow(tmp, u.params.data(), u.params.dtype, b - u.held.begin);
+    if (!u.master.empty() && b < u.opt_range.end && e > u.opt_range.begin) {
+      const size_t ob = std::max(b, u.opt_range.begin);
+      const size_t oe = std::min(e, u.opt_range.end);
+      std::copy(tmp.begin() + static_cast<std::ptrdiff_t>(ob - b),
+                tmp.begin() + static_cast<std::ptrdiff_t>(oe - b),
+                u.master.data() + (ob - u.opt_range.begin));
+    }
+  }
+}
+
+}  // namespace
+
+ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision precision,
+                           bool products_read_bf16, bool decay_all, uint64_t seed, int world,
+                           int rank, MemoryLedger& ledger)
+    : plan_(plan), dtype_(param_dtype(precision)) {
+  using E = StagePlan;
+  units_.resize(model.size());
+  for (size_t i = 0; i < model.size(); ++i) {
+    UnitState& u = units_[i];
+    u.unit = model[i].get();
+    u.numel = u.unit->numel();
+    max_numel_ = std::max(max_numel_, u.numel);
+    u.part = Partition(u.numel, world);
+    u.own = u.part.range(rank);
+    u.held = E::held(plan.params, u.own, u.numel);
+    u.opt_range = E::held(plan.optimizer, u.own, u.numel);
+    u.params_own = E::offset(plan.params, u.own, u.own.begin);
+    u.params_opt = E::offset(plan.params, u.own, u.opt_range.begin);
+    u.grads_own = E::offset(plan.grads, u.own, u.own.begin);
+    u.grads_opt = E::offset(plan.grads, u.own, u.opt_range.begin);
+    u.opt_own = u.own.begin - u.opt_range.begin;
+    u.params = Flat(ledger, MemCategory::kParams, dtype_, u.held.count());
+    u.grads =
+        Flat(ledger, MemCategory::kGrads, dtype_, E::held(plan.grads, u.own, u.numel).count());
+    const size_t opt = u.opt_range.count();
+    if (!fp32()) u.master = Buffer<float>(ledger, MemCategory::kMaster, opt);
+    u.adam_m = Buffer<float>(ledger, MemCategory::kAdamM, opt);
+    u.adam_v = Buffer<float>(ledger, MemCategory::kAdamV, opt);
+    for (const TensorSpec& t : u.unit->tensors()) {
+      if (products_read_bf16 && t.use == TensorUse::kProductOperand) continue;
+      if (!u.widen.empty() && u.widen.back().end == t.offset) {
+        u.widen.back().end += t.numel;
+      } else {
+        u.widen.push_back({t.offset, t.offset + t.numel});
+      }
+    }
+    // Decay policy as data: one segment per tensor overlapping the optimizer range.
+    for (const TensorSpec& t : u.unit->tensors()) {
+      const size_t b = std::max(t.offset, u.opt_range.begin);
+      const size_t e = std::min(t.offset + t.numel, u.opt_range.end);
+      if (b < e) {
+        u.decay.push_back(
+            {b - u.opt_range.begin, e - u.opt_range.begin, decay_all || t.weight_decay});
+      }
+    }
+    initialize(u, seed);
+  }
+}
+
+uint64_t ShardedState::params() const {
+  uint64_t p = 0;
+  for (const auto& u : units_) p += u.numel;
+  return p;
+}
+
+}  // namespace zerodp

@@ -1,0 +1,108 @@
+// A rank's model states: for every unit of the model, the buffers the stage plan says this
+// rank holds, allocated on its memory ledger and initialized from the pure init function.
+//
+// Per unit (Φ_u elements, own range c_u of its partition):
+//   params  the run's dtype (bf16, fp16; fp32 at --precision fp32)   Φ_u, or c_u at stage 3
+//   grads   the same dtype                                            Φ_u, or c_u at stages 2-3
+//   master  fp32 (none at fp32: the params are the master)            Φ_u, or c_u at stages 1-3
+//   adam_m, adam_v  fp32                                              as master
+// Every offset the step needs ("where does my own range start in this buffer") is computed
+// here once, when the buffers are allocated, and read from UnitState.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "core/partition.h"
+#include "memory/ledger.h"
+#include "models/unit.h"
+#include "tensor/dtype.h"
+#include "train/config.h"
+#include "train/stage_plan.h"
+
+namespace zerodp {
+
+DType param_dtype(Precision p);
+
+// A byte buffer of `count` elements of a dtype known at run time, charged to one ledger
+// category.
+struct Flat {
+  Buffer<std::byte> bytes;
+  DType dtype = DType::kF32;
+  size_t count = 0;
+  Flat() = default;
+  Flat(MemoryLedger& ledger, MemCategory c, DType t, size_t n)
+      : bytes(ledger, c, n * dtype_size(t)), dtype(t), count(n) {}
+  void* data() { return bytes.data(); }
+  const void* data() const { return bytes.data(); }
+  void* at(size_t i) { return bytes.data() + i * dtype_size(dtype); }
+  const void* at(size_t i) const { return bytes.data() + i * dtype_size(dtype); }
+  MutableBuffer buffer() { return {bytes.data(), count, dtype}; }
+  MutableBuffer range(size_t first, size_t n) { return {at(first), n, dtype}; }
+  void zero() {
+    if (count) std::memset(bytes.data(), 0, bytes.size());
+  }
+};
+
+// A segment of the optimizer range with one weight-decay setting.
+struct DecaySegment {
+  size_t begin = 0;  // relative to the optimizer range
+  size_t end = 0;
+  bool decay = true;
+};
+
+struct UnitState {
+  Unit* unit = nullptr;
+  size_t numel = 0;
+  Partition part;
+  Range own;             // this rank's range of the unit's flat buffer
+  Range held;            // what `params` holds: own, or all of the unit
+  Range opt_range;       // what this rank's optimizer updates: own, or all of the unit
+  Flat params;           // the held range
+  Flat grads;            // all of the unit, or the own range
+  Buffer<float> master;  // the optimizer range; empty at fp32, which updates `params`
+  Buffer<float> adam_m;
+  Buffer<float> adam_v;
+  // Where ranges start inside the buffers (element offsets).
+  size_t params_own = 0;  // own range in params
+  size_t params_opt = 0;  // optimizer range in params (the fp32 master)
+  size_t grads_own = 0;   // own range in grads
+  size_t grads_opt = 0;   // optimizer range in grads
+  size_t opt_own = 0;     // own range in master / adam_m / adam_v
+  std::vector<DecaySegment> decay;
+  // What the forward widens to fp32: the whole buffer, or under bf16 products only the
+  // tensors read other than as product operands (TensorUse), adjacent ones merged.
+  std::vector<Range> widen;
+
+  // The fp32 values the optimizer updates: master, or the params themselves at fp32.
+  std::span<float> master_values();
+  std::span<const float> master_values() const;
+};
+
+class ShardedState {
+ public:
+  // Allocates and initializes rank `rank`'s states for `model` (which must outlive this),
+  // as `plan` says, on `ledger`. `products_read_bf16`: the forward's products read 16-bit
+  // weights from their stored copy, so product operands need no widening.
+  ShardedState(const Model& model, const StagePlan& plan, Precision precision,
+               bool products_read_bf16, bool decay_all, uint64_t seed, int world, int rank,
+               MemoryLedger& ledger);
+
+  std::vector<UnitState>& units() { return units_; }
+  const std::vector<UnitState>& units() const { return units_; }
+  const StagePlan& plan() const { return plan_; }
+  DType dtype() const { return dtype_; }
+  bool fp32() const { return dtype_ == DType::kF32; }
+  size_t max_numel() const { return max_numel_; }
+  uint64_t params() const;
+
+ private:
+  StagePlan plan_;
+  DType dtype_;
+  size_t max_numel_ = 0;
+  std::vector<UnitState> units_;
+};
+
+}  // namespace zerodp
