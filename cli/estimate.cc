@@ -18,6 +18,7 @@
 #include "models/gpt.h"
 #include "models/unit.h"
 #include "train/plan.h"
+#include "train/stage_plan.h"
 
 namespace zerodp::cli {
 namespace {
@@ -239,7 +240,8 @@ int run_estimate(const Flags& f) {
         st.compute = flops_per_step(n) / *flops;
         const double U = static_cast<double>(units.size());
         const double A = f.grad_accum;
-        const bool during_backward = policy == AccumulatePolicy::kReduce;
+        const StagePlan sp = StagePlan::make(stage, policy);
+        const bool during_backward = sp.micro_batch_reduce != StagePlan::Reduce::kNone;
         const double a_red = during_backward ? A : 1;
         const auto cost = [&](uint64_t bytes, double ring_steps) {
           double sec = 0;
@@ -248,12 +250,14 @@ int run_estimate(const Flags& f) {
           return sec;
         };
         const double peers = n - 1;
-        const double reduce = stage == 0 ? cost(c.all_reduce, U * a_red * 2 * peers)
-                                         : cost(c.reduce_scatter, U * a_red * peers);
+        const StagePlan::Reduce kind = during_backward ? sp.micro_batch_reduce : sp.boundary_reduce;
+        const double reduce = kind == StagePlan::Reduce::kAllReduce
+                                  ? cost(c.all_reduce, U * a_red * 2 * peers)
+                                  : cost(c.reduce_scatter, U * a_red * peers);
         (during_backward ? st.comm_overlap : st.comm_serial) += reduce;
-        if (stage == 3) {
+        if (sp.gather_before_compute) {
           st.comm_overlap += cost(c.all_gather, U * 2 * A * peers);
-        } else if (stage >= 1) {
+        } else if (sp.gather_after_update) {
           st.comm_serial += cost(c.all_gather, U * peers);
         }
         time = st;

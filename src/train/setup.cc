@@ -1,5 +1,7 @@
 #include "train/setup.h"
 
+#include "train/rank_trainer.h"
+
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -17,6 +19,7 @@
 #include "models/gpt.h"
 #include "models/mlp.h"
 #include "train/plan.h"
+#include "train/rank_trainer.h"
 
 namespace zerodp {
 namespace {
@@ -75,20 +78,8 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
   const Model model = make_model ? make_model() : build_model(cfg);
   std::vector<uint64_t> numel;
   for (const auto& u : model) numel.push_back(u->numel());
-  const bool text = std::holds_alternative<TokenDataset>(data.train);
-  const auto* images = std::get_if<ImageDataset>(&data.train);
   const bool local = cfg.launch.backend == Backend::kLocal;
-  const TransientPlan plan{
-      .world = world,
-      .stage = cfg.stage,
-      .precision = cfg.precision,
-      .policy = cfg.accumulate,
-      .prefetch = cfg.prefetch,
-      .checkpoint_activations = cfg.checkpoint_activations,
-      .micro_batch = cfg.micro_batch,
-      .seq_len = text ? cfg.seq_len : 1,
-      .text = text,
-      .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0};
+  const TransientPlan plan = transient_plan(cfg, data, world);
   uint64_t process = 0, worst = 0;
   int worst_rank = my_rank;
   for (int r = local ? 0 : my_rank; r < (local ? world : my_rank + 1); ++r) {
