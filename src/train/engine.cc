@@ -54,6 +54,8 @@ namespace zerodp {
 
 // bf16 runs multiply in bf16 (operands rounded, fp32 sums), as PyTorch's autocast does;
 // fp16 runs keep fp32 products: fp16 operands would overflow where bf16's range does not.
+// The run's one decision of what products multiply in; it reaches every gemm() through the
+// UnitWeights that forward() and backward() hand each unit.
 namespace {
 GemmCompute compute_for(Precision p) {
   return p == Precision::kBF16 ? GemmCompute::kBF16 : GemmCompute::kFP32;
@@ -147,7 +149,6 @@ class RankTrainer {
     const int n = ranks_on_this_host(comm, config.launch.backend);
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     set_gemm_threads(std::max(1, static_cast<int>(cores) / n));
-    set_gemm_compute(compute_for(config.precision));
 
     shape_ = BatchShape{.B = cfg_.micro_batch,
                         .T = std::holds_alternative<TokenDataset>(data.train) ? cfg_.seq_len : 1};
@@ -415,7 +416,7 @@ void RankTrainer::allocate_transients() {
 
 // fp32 weights of unit ui for compute. Stage 3: gathered into `slot` first (the caller has
 // issued and waited for the gather). Under bf16 products the product-operand tensors are not
-// widened: the caller's Bf16Operands scope makes the products read stored_bf16 instead.
+// widened: the products read stored_bf16 instead (Unit::forward/backward's Bf16Operands scope).
 std::span<const float> RankTrainer::weights_for(size_t ui, int slot) {
   UnitState& u = units_[ui];
   const void* src = u.params.data();
@@ -498,8 +499,9 @@ double RankTrainer::forward() {
   for (size_t i = 0; i < U; ++i) {
     const int slot = gathers ? gathers->acquire(i) : 0;
     const Tracer::Span span(tracer_, tracer_ ? "forward " + units_[i].unit->name() : "");
-    const auto w = weights_for(i, slot);
-    const Bf16Operands w16(w, stored_bf16(i, slot));  // bf16 products read the stored weights
+    const UnitWeights w{.values = weights_for(i, slot),
+                        .stored_bf16 = stored_bf16(i, slot),
+                        .compute = compute_for(cfg_.precision)};
     units_[i].unit->forward(w, stream_[i].span(), stream_[i + 1].span(), saved_for(i),
                             scratch_.span(), mb_);
     if (gathers) gathers->release(i);
@@ -523,8 +525,9 @@ void RankTrainer::backward() {
     const int slot = gathers ? gathers->acquire(k) : 0;
     std::optional<Tracer::Span> span;
     if (tracer_) span.emplace(tracer_, "backward " + u.unit->name());
-    const auto w = weights_for(i, slot);
-    const Bf16Operands w16(w, stored_bf16(i, slot));
+    const UnitWeights w{.values = weights_for(i, slot),
+                        .stored_bf16 = stored_bf16(i, slot),
+                        .compute = compute_for(cfg_.precision)};
     std::span<float> dw = dw32_.span().first(u.numel);
     std::fill(dw.begin(), dw.end(), 0.0f);
     std::span<float> din = din_buf->span().first(u.unit->input_count(shape_));
