@@ -41,19 +41,13 @@ double attention_flops(const Shape& s) {
   return static_cast<double>(s.B * s.NH) * 2.0 * 2.0 * pairs * hs;
 }
 
-struct ComputeScope {
-  explicit ComputeScope(GemmCompute c) { set_gemm_compute(c); }
-  ~ComputeScope() { set_gemm_compute(GemmCompute::kFP32); }
-};
-
 void BM_AttentionForward(benchmark::State& state, Shape s, GemmCompute compute) {
   const AttentionDims d{.B = s.B, .T = s.T, .C = s.C, .NH = s.NH};
   const auto qkv = normal_vector(s.B * s.T * 3 * s.C, 1);
   std::vector<float> out(s.B * s.T * s.C), saved(attention_saved_count(d)),
       scratch(attention_scratch_count(d));
-  const ComputeScope scope(compute);
   for (auto _ : state) {
-    attention_forward(out, saved, scratch, qkv, d);
+    attention_forward(out, saved, scratch, qkv, d, compute);
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["GFLOP/s"] =
@@ -67,10 +61,9 @@ void BM_AttentionBackward(benchmark::State& state, Shape s, GemmCompute compute)
   const auto dout = normal_vector(s.B * s.T * s.C, 2);
   std::vector<float> out(s.B * s.T * s.C), saved(attention_saved_count(d)),
       scratch(attention_scratch_count(d)), dqkv(qkv.size());
-  const ComputeScope scope(compute);
-  attention_forward(out, saved, scratch, qkv, d);
+  attention_forward(out, saved, scratch, qkv, d, compute);
   for (auto _ : state) {
-    attention_backward(dqkv, scratch, dout, qkv, saved, d);
+    attention_backward(dqkv, scratch, dout, qkv, saved, d, compute);
     benchmark::DoNotOptimize(dqkv.data());
   }
   state.counters["GFLOP/s"] =
@@ -156,7 +149,7 @@ void BM_LinearBackward(benchmark::State& state, Shape s) {
              dout = normal_vector(rows * OC, 12);
   std::vector<float> din(rows * C), dw(OC * C), db(OC);
   for (auto _ : state) {
-    linear_backward(din, dw, db, dout, in, w, rows, C, OC);
+    linear_backward(din, dw, db, dout, in, w, rows, C, OC, GemmCompute::kFP32);
     benchmark::DoNotOptimize(dw.data());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(
@@ -171,7 +164,7 @@ void BM_HeadScores(benchmark::State& state, Shape s) {
   const auto q = normal_vector(keys * ld, 13);
   std::vector<float> tile(rows * keys);
   for (auto _ : state) {
-    gemm(Transpose::kNo, Transpose::kYes, rows, keys, hs, 1.0f, q, ld,
+    gemm(GemmCompute::kFP32, Transpose::kNo, Transpose::kYes, rows, keys, hs, 1.0f, q, ld,
          std::span<const float>(q).subspan(s.C), ld, 0.0f, tile, keys);
     benchmark::DoNotOptimize(tile.data());
   }

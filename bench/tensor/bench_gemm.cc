@@ -75,19 +75,19 @@ struct Operands {
   }
 };
 
-// kZerodpBf16: zerodp's gemm with bf16 compute (set_gemm_compute), rounding included; its
+// kZerodpBf16: zerodp's gemm with bf16 compute (GemmCompute::kBF16), rounding included; its
 // max_abs_diff is against the fp32 product.
 enum class Impl { kZerodp, kZerodpBf16, kDnnlNative, kOpenBlas };
 
 void call(Impl impl, const Shape& s, Operands& o) {
   switch (impl) {
     case Impl::kZerodp:
-      gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, o.a, o.lda, o.b, o.ldb, 0.0f, o.c, s.N);
+      gemm(GemmCompute::kFP32, s.ta, s.tb, s.M, s.N, s.K, 1.0f, o.a, o.lda, o.b, o.ldb, 0.0f, o.c,
+           s.N);
       break;
     case Impl::kZerodpBf16:
-      set_gemm_compute(GemmCompute::kBF16);
-      gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, o.a, o.lda, o.b, o.ldb, 0.0f, o.c, s.N);
-      set_gemm_compute(GemmCompute::kFP32);
+      gemm(GemmCompute::kBF16, s.ta, s.tb, s.M, s.N, s.K, 1.0f, o.a, o.lda, o.b, o.ldb, 0.0f, o.c,
+           s.N);
       break;
     case Impl::kDnnlNative:
       dnnl_sgemm(s.ta == kT ? 'T' : 'N', s.tb == kT ? 'T' : 'N', static_cast<dnnl_dim_t>(s.M),

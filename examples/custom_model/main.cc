@@ -1,7 +1,9 @@
 // Defines a small classifier from zerodp's layers as two units and trains it with the
 // engine at ZeRO stage 3 on 4 local ranks. Each unit owns one flat parameter buffer; its
 // tensors are views into it, so the engine can shard, gather and update it without knowing
-// what the layers are.
+// what the layers are. A unit implements do_forward/do_backward: Unit::forward/backward
+// check every buffer's length against the counts below before calling them, and pass the
+// GemmCompute the run chose, which the unit hands to each layer that multiplies.
 #include <cstdio>
 
 #include "models/unit.h"
@@ -11,6 +13,7 @@
 namespace {
 
 using zerodp::BatchShape;
+using zerodp::GemmCompute;
 using zerodp::InitKind;
 using zerodp::MicroBatch;
 
@@ -30,22 +33,24 @@ class Hidden : public zerodp::Unit {
   size_t saved_count(const BatchShape& s) const override { return rows(s) * kHidden; }
   size_t scratch_count(const BatchShape& s) const override { return rows(s) * kHidden; }
 
-  void forward(std::span<const float> w, std::span<const float>, std::span<float> out,
-               std::span<float> saved, std::span<float>, const MicroBatch& mb) override {
+  void do_forward(std::span<const float> w, GemmCompute compute, std::span<const float>,
+                  std::span<float> out, std::span<float> saved, std::span<float>,
+                  const MicroBatch& mb) override {
     const size_t n = rows(mb.shape);
     zerodp::linear_forward(saved, mb.features, w.first(kHidden * kPixels),
-                           w.subspan(kHidden * kPixels, kHidden), n, kPixels, kHidden);
+                           w.subspan(kHidden * kPixels, kHidden), n, kPixels, kHidden, compute);
     zerodp::gelu_forward(out, saved);
   }
-  void backward(std::span<const float> w, std::span<const float>, std::span<const float> saved,
-                std::span<const float> dout, std::span<float> dw, std::span<float>,
-                std::span<float> scratch, const MicroBatch& mb) override {
+  void do_backward(std::span<const float> w, GemmCompute compute, std::span<const float>,
+                   std::span<const float> saved, std::span<const float> dout, std::span<float> dw,
+                   std::span<float>, std::span<float> scratch, const MicroBatch& mb) override {
     const size_t n = rows(mb.shape);
     std::span<float> dpre = scratch.first(n * kHidden);
     std::fill(dpre.begin(), dpre.end(), 0.0f);
     zerodp::gelu_backward(dpre, saved, dout);
     zerodp::linear_backward({}, dw.first(kHidden * kPixels), dw.subspan(kHidden * kPixels, kHidden),
-                            dpre, mb.features, w.first(kHidden * kPixels), n, kPixels, kHidden);
+                            dpre, mb.features, w.first(kHidden * kPixels), n, kPixels, kHidden,
+                            compute);
   }
 };
 
@@ -61,16 +66,17 @@ class Head : public zerodp::Unit {
   size_t saved_count(const BatchShape& s) const override { return rows(s) * kClasses; }
   size_t scratch_count(const BatchShape& s) const override { return rows(s) * kClasses; }
 
-  void forward(std::span<const float> w, std::span<const float> in, std::span<float> out,
-               std::span<float> saved, std::span<float>, const MicroBatch& mb) override {
+  void do_forward(std::span<const float> w, GemmCompute compute, std::span<const float> in,
+                  std::span<float> out, std::span<float> saved, std::span<float>,
+                  const MicroBatch& mb) override {
     const size_t n = rows(mb.shape);
     zerodp::linear_forward(saved, in, w.first(kClasses * kHidden),
-                           w.subspan(kClasses * kHidden, kClasses), n, kHidden, kClasses);
+                           w.subspan(kClasses * kHidden, kClasses), n, kHidden, kClasses, compute);
     out[0] = zerodp::cross_entropy_forward_backward({}, saved, mb.targets, n, kClasses);
   }
-  void backward(std::span<const float> w, std::span<const float> in, std::span<const float> saved,
-                std::span<const float>, std::span<float> dw, std::span<float> din,
-                std::span<float> scratch, const MicroBatch& mb) override {
+  void do_backward(std::span<const float> w, GemmCompute compute, std::span<const float> in,
+                   std::span<const float> saved, std::span<const float>, std::span<float> dw,
+                   std::span<float> din, std::span<float> scratch, const MicroBatch& mb) override {
     const size_t n = rows(mb.shape);
     std::span<float> dlogits = scratch.first(n * kClasses);
     std::fill(dlogits.begin(), dlogits.end(), 0.0f);
@@ -78,7 +84,7 @@ class Head : public zerodp::Unit {
                                                  mb.loss_grad_scale);
     zerodp::linear_backward(din, dw.first(kClasses * kHidden),
                             dw.subspan(kClasses * kHidden, kClasses), dlogits, in,
-                            w.first(kClasses * kHidden), n, kHidden, kClasses);
+                            w.first(kClasses * kHidden), n, kHidden, kClasses, compute);
   }
 };
 

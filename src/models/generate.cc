@@ -115,9 +115,11 @@ std::vector<float> Generator::next_token_logits(std::span<const int32_t> context
   mb.shape = shape;
   mb.tokens = window;
 
-  model_.front()->forward(weights_.front(), {}, stream_a_, {}, {}, mb);
+  // Sampling multiplies in fp32.
+  const auto weights_of = [&](size_t u) { return UnitWeights::fp32(weights_[u]); };
+  model_.front()->forward(weights_of(0), {}, stream_a_, {}, {}, mb);
   for (size_t u = 1; u + 1 < model_.size(); ++u) {
-    model_[u]->forward(weights_[u], stream_a_, stream_b_,
+    model_[u]->forward(weights_of(u), stream_a_, stream_b_,
                        std::span<float>(saved_).first(model_[u]->saved_count(shape)), scratch_, mb);
     std::swap(stream_a_, stream_b_);
   }
@@ -132,7 +134,8 @@ std::vector<float> Generator::next_token_logits(std::span<const int32_t> context
   layernorm_forward(lnf, std::span<float>(&mean, 1), std::span<float>(&rstd, 1), last,
                     tensor_view(head, w_head, "ln_f.weight"),
                     tensor_view(head, w_head, "ln_f.bias"), 1, C);
-  linear_forward(logits, lnf, tensor_view(head, w_head, "lm_head.weight"), {}, 1, C, V);
+  linear_forward(logits, lnf, tensor_view(head, w_head, "lm_head.weight"), {}, 1, C, V,
+                 GemmCompute::kFP32);
   return logits;
 }
 

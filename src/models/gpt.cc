@@ -70,29 +70,23 @@ class EmbeddingUnit final : public GptUnit {
   size_t saved_count(const BatchShape&) const override { return 0; }
   size_t scratch_count(const BatchShape&) const override { return 0; }
 
-  void forward(std::span<const float> w, std::span<const float> in, std::span<float> out,
-               std::span<float>, std::span<float>, const MicroBatch& mb) override {
+ private:
+  void do_forward(std::span<const float> w, GemmCompute, std::span<const float>,
+                  std::span<float> out, std::span<float>, std::span<float>,
+                  const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("forward", s);
-    check_exact("forward", "w", w, numel(), s);
-    check_exact("forward", "in", in, 0, s);
-    check_exact("forward", "out", out, output_count(s), s);
     encoder_forward(out, mb.tokens, wte_.of(w), wpe_.of(w), s.B, s.T, C_, V_);
   }
 
-  void backward(std::span<const float> w, std::span<const float>, std::span<const float>,
-                std::span<const float> dout, std::span<float> dw, std::span<float> din,
-                std::span<float>, const MicroBatch& mb) override {
+  void do_backward(std::span<const float>, GemmCompute, std::span<const float>,
+                   std::span<const float>, std::span<const float> dout, std::span<float> dw,
+                   std::span<float>, std::span<float>, const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("backward", s);
-    check_exact("backward", "w", w, numel(), s);
-    check_exact("backward", "dout", dout, output_count(s), s);
-    check_exact("backward", "dw", dw, numel(), s);
-    check_exact("backward", "din", din, 0, s);
     encoder_backward(wte_.of(dw), wpe_.of(dw), dout, mb.tokens, s.B, s.T, C_, V_);
   }
 
- private:
   Slot wte_, wpe_;
 };
 
@@ -164,20 +158,17 @@ class BlockUnit final : public GptUnit {
     return BlockSaved<float>::count(rows_of(s), C_, dims(s));
   }
   // Forward: the branch output before the residual add (rows, C), then attention's workspace.
-  // Backward: see backward().
+  // Backward: see do_backward().
   size_t scratch_count(const BatchShape& s) const override {
     return rows_of(s) * 9 * C_ + attention_scratch_count(dims(s));
   }
 
-  void forward(std::span<const float> w, std::span<const float> in, std::span<float> out,
-               std::span<float> saved, std::span<float> scratch, const MicroBatch& mb) override {
+ private:
+  void do_forward(std::span<const float> w, GemmCompute compute, std::span<const float> in,
+                  std::span<float> out, std::span<float> saved, std::span<float> scratch,
+                  const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("forward", s);
-    check_exact("forward", "w", w, numel(), s);
-    check_exact("forward", "in", in, input_count(s), s);
-    check_exact("forward", "out", out, output_count(s), s);
-    check_exact("forward", "saved", saved, saved_count(s), s);
-    check_at_least("forward", "scratch", scratch, scratch_count(s), s);
     const size_t rows = rows_of(s), C = C_;
     const AttentionDims d = dims(s);
     const auto k = BlockSaved<float>::carve(saved, rows, C, d);
@@ -186,33 +177,26 @@ class BlockUnit final : public GptUnit {
 
     // x = in + c_proj(attention(c_attn(ln_1(in))))
     layernorm_forward(k.ln1, k.ln1_mean, k.ln1_rstd, in, ln1_w_.of(w), ln1_b_.of(w), rows, C);
-    linear_forward(k.qkv, k.ln1, attn_w_.of(w), attn_b_.of(w), rows, C, 3 * C);
-    attention_forward(k.atty, k.att, att_scratch, k.qkv, d);
-    linear_forward(branch, k.atty, attnproj_w_.of(w), attnproj_b_.of(w), rows, C, C);
+    linear_forward(k.qkv, k.ln1, attn_w_.of(w), attn_b_.of(w), rows, C, 3 * C, compute);
+    attention_forward(k.atty, k.att, att_scratch, k.qkv, d, compute);
+    linear_forward(branch, k.atty, attnproj_w_.of(w), attnproj_b_.of(w), rows, C, C, compute);
     residual_forward(k.res2, in, branch);
     // out = x + c_proj(gelu(c_fc(ln_2(x))))
     layernorm_forward(k.ln2, k.ln2_mean, k.ln2_rstd, k.res2, ln2_w_.of(w), ln2_b_.of(w), rows, C);
-    linear_forward(k.fch, k.ln2, fc_w_.of(w), fc_b_.of(w), rows, C, 4 * C);
+    linear_forward(k.fch, k.ln2, fc_w_.of(w), fc_b_.of(w), rows, C, 4 * C, compute);
     gelu_forward(k.fch_gelu, k.fch);
-    linear_forward(branch, k.fch_gelu, fcproj_w_.of(w), fcproj_b_.of(w), rows, 4 * C, C);
+    linear_forward(branch, k.fch_gelu, fcproj_w_.of(w), fcproj_b_.of(w), rows, 4 * C, C, compute);
     residual_forward(out, k.res2, branch);
   }
 
   // Scratch: dres2 (rows, C) lives throughout; two (rows, 4C) regions hold the MLP's
   // gradients and are reused for the attention branch once those are consumed; then the
   // attention layer's own workspace.
-  void backward(std::span<const float> w, std::span<const float> in, std::span<const float> saved,
-                std::span<const float> dout, std::span<float> dw, std::span<float> din,
-                std::span<float> scratch, const MicroBatch& mb) override {
+  void do_backward(std::span<const float> w, GemmCompute compute, std::span<const float> in,
+                   std::span<const float> saved, std::span<const float> dout, std::span<float> dw,
+                   std::span<float> din, std::span<float> scratch, const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("backward", s);
-    check_exact("backward", "w", w, numel(), s);
-    check_exact("backward", "in", in, input_count(s), s);
-    check_exact("backward", "saved", saved, saved_count(s), s);
-    check_exact("backward", "dout", dout, output_count(s), s);
-    check_exact("backward", "dw", dw, numel(), s);
-    check_exact("backward", "din", din, input_count(s), s);
-    check_at_least("backward", "scratch", scratch, scratch_count(s), s);
     const size_t rows = rows_of(s), C = C_;
     const AttentionDims d = dims(s);
     const auto k = BlockSaved<const float>::carve(saved, rows, C, d);
@@ -226,12 +210,12 @@ class BlockUnit final : public GptUnit {
     std::copy(dout.begin(), dout.end(), dres2.begin());
     const auto dfch_gelu = region_a;  // (rows, 4C)
     linear_backward(dfch_gelu, fcproj_w_.of(dw), fcproj_b_.of(dw), dout, k.fch_gelu,
-                    fcproj_w_.of(w), rows, 4 * C, C, InputGrad::kOverwrite);
+                    fcproj_w_.of(w), rows, 4 * C, C, compute, InputGrad::kOverwrite);
     const auto dfch = region_b;  // (rows, 4C)
     gelu_backward(dfch, k.fch, dfch_gelu, InputGrad::kOverwrite);
     const auto dln2 = region_a.first(rows * C);  // dfch_gelu is consumed
     linear_backward(dln2, fc_w_.of(dw), fc_b_.of(dw), dfch, k.ln2, fc_w_.of(w), rows, C, 4 * C,
-                    InputGrad::kOverwrite);
+                    compute, InputGrad::kOverwrite);
     layernorm_backward(dres2, ln2_w_.of(dw), ln2_b_.of(dw), dln2, k.res2, ln2_w_.of(w), k.ln2_mean,
                        k.ln2_rstd, rows, C);
 
@@ -239,18 +223,17 @@ class BlockUnit final : public GptUnit {
     for (size_t i = 0; i < din.size(); ++i) din[i] += dres2[i];
     const auto datty = region_b.first(rows * C);  // dfch is consumed
     linear_backward(datty, attnproj_w_.of(dw), attnproj_b_.of(dw), dres2, k.atty, attnproj_w_.of(w),
-                    rows, C, C, InputGrad::kOverwrite);
+                    rows, C, C, compute, InputGrad::kOverwrite);
     const auto dqkv = region_b.subspan(rows * C, rows * 3 * C);
     zero(dqkv);
-    attention_backward(dqkv, att_scratch, datty, k.qkv, k.att, d);
+    attention_backward(dqkv, att_scratch, datty, k.qkv, k.att, d, compute);
     const auto dln1 = region_a.first(rows * C);  // dln2 is consumed
     linear_backward(dln1, attn_w_.of(dw), attn_b_.of(dw), dqkv, k.ln1, attn_w_.of(w), rows, C,
-                    3 * C, InputGrad::kOverwrite);
+                    3 * C, compute, InputGrad::kOverwrite);
     layernorm_backward(din, ln1_w_.of(dw), ln1_b_.of(dw), dln1, in, ln1_w_.of(w), k.ln1_mean,
                        k.ln1_rstd, rows, C);
   }
 
- private:
   AttentionDims dims(const BatchShape& s) const {
     return AttentionDims{
         .B = static_cast<size_t>(s.B), .T = static_cast<size_t>(s.T), .C = C_, .NH = NH_};
@@ -296,32 +279,24 @@ class HeadUnit final : public GptUnit {
   // Backward: dlogits (rows, V) and dlnf (rows, C).
   size_t scratch_count(const BatchShape& s) const override { return rows_of(s) * (V_ + C_); }
 
-  void forward(std::span<const float> w, std::span<const float> in, std::span<float> out,
-               std::span<float> saved, std::span<float>, const MicroBatch& mb) override {
+ private:
+  void do_forward(std::span<const float> w, GemmCompute compute, std::span<const float> in,
+                  std::span<float> out, std::span<float> saved, std::span<float>,
+                  const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("forward", s);
-    check_exact("forward", "w", w, numel(), s);
-    check_exact("forward", "in", in, input_count(s), s);
-    check_exact("forward", "out", out, 1, s);
-    check_exact("forward", "saved", saved, saved_count(s), s);
     const size_t rows = rows_of(s);
     const auto k = HeadSaved<float>::carve(saved, rows, C_, V_);
     layernorm_forward(k.lnf, k.lnf_mean, k.lnf_rstd, in, lnf_w_.of(w), lnf_b_.of(w), rows, C_);
-    linear_forward(k.logits, k.lnf, lm_w_.of(w), {}, rows, C_, V_);
+    linear_forward(k.logits, k.lnf, lm_w_.of(w), {}, rows, C_, V_, compute);
     out[0] = cross_entropy_forward_backward({}, k.logits, mb.targets, rows, V_);
   }
 
-  void backward(std::span<const float> w, std::span<const float> in, std::span<const float> saved,
-                std::span<const float>, std::span<float> dw, std::span<float> din,
-                std::span<float> scratch, const MicroBatch& mb) override {
+  void do_backward(std::span<const float> w, GemmCompute compute, std::span<const float> in,
+                   std::span<const float> saved, std::span<const float>, std::span<float> dw,
+                   std::span<float> din, std::span<float> scratch, const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("backward", s);
-    check_exact("backward", "w", w, numel(), s);
-    check_exact("backward", "in", in, input_count(s), s);
-    check_exact("backward", "saved", saved, saved_count(s), s);
-    check_exact("backward", "dw", dw, numel(), s);
-    check_exact("backward", "din", din, input_count(s), s);
-    check_at_least("backward", "scratch", scratch, scratch_count(s), s);
     const size_t rows = rows_of(s);
     const auto k = HeadSaved<const float>::carve(saved, rows, C_, V_);
     Carver<float> c(scratch);
@@ -331,13 +306,12 @@ class HeadUnit final : public GptUnit {
     // The loss is recomputed from the saved logits (one exp pass), and its gradient seeded
     // with loss_grad_scale.
     cross_entropy_forward_backward(dlogits, k.logits, mb.targets, rows, V_, mb.loss_grad_scale);
-    linear_backward(dlnf, lm_w_.of(dw), {}, dlogits, k.lnf, lm_w_.of(w), rows, C_, V_,
+    linear_backward(dlnf, lm_w_.of(dw), {}, dlogits, k.lnf, lm_w_.of(w), rows, C_, V_, compute,
                     InputGrad::kOverwrite);
     layernorm_backward(din, lnf_w_.of(dw), lnf_b_.of(dw), dlnf, in, lnf_w_.of(w), k.lnf_mean,
                        k.lnf_rstd, rows, C_);
   }
 
- private:
   Slot lnf_w_, lnf_b_, lm_w_;
 };
 

@@ -46,13 +46,13 @@ class MlpUnit : public ParamUnit {
     }
   }
 
-  // The layer's input: mb.features for the first unit, `in` otherwise.
+  // The layer's input: mb.features for the first unit (not an activation, so not covered by
+  // Unit's length contract), `in` otherwise.
   std::span<const float> layer_input(std::string_view fn, std::span<const float> in,
                                      const MicroBatch& mb) const {
-    const BatchShape& s = mb.shape;
-    check_exact(fn, "in", in, input_count(s), s);
     if (!reads_features_) return in;
-    check_exact(fn, "mb.features", mb.features, batch(s) * in_, s);
+    const BatchShape& s = mb.shape;
+    check_exact(fn, "mb.features", mb.features.size(), batch(s) * in_, s);
     return mb.features;
   }
 
@@ -78,34 +78,28 @@ class HiddenUnit final : public MlpUnit {
   // Backward: d(pre-activation) (B, out).
   size_t scratch_count(const BatchShape& s) const override { return batch(s) * out_; }
 
-  void forward(std::span<const float> w, std::span<const float> in, std::span<float> out,
-               std::span<float> saved, std::span<float>, const MicroBatch& mb) override {
+ private:
+  void do_forward(std::span<const float> w, GemmCompute compute, std::span<const float> in,
+                  std::span<float> out, std::span<float> saved, std::span<float>,
+                  const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("forward", s);
-    check_exact("forward", "w", w, numel(), s);
-    check_exact("forward", "out", out, output_count(s), s);
-    check_exact("forward", "saved", saved, saved_count(s), s);
     const auto x = layer_input("forward", in, mb);
-    linear_forward(saved, x, weight_.of(w), bias_.of(w), batch(s), in_, out_);
+    linear_forward(saved, x, weight_.of(w), bias_.of(w), batch(s), in_, out_, compute);
     gelu_forward(out, saved);
   }
 
-  void backward(std::span<const float> w, std::span<const float> in, std::span<const float> saved,
-                std::span<const float> dout, std::span<float> dw, std::span<float> din,
-                std::span<float> scratch, const MicroBatch& mb) override {
+  void do_backward(std::span<const float> w, GemmCompute compute, std::span<const float> in,
+                   std::span<const float> saved, std::span<const float> dout, std::span<float> dw,
+                   std::span<float> din, std::span<float> scratch, const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("backward", s);
-    check_exact("backward", "w", w, numel(), s);
-    check_exact("backward", "saved", saved, saved_count(s), s);
-    check_exact("backward", "dout", dout, output_count(s), s);
-    check_exact("backward", "dw", dw, numel(), s);
-    check_exact("backward", "din", din, input_count(s), s);
-    check_at_least("backward", "scratch", scratch, scratch_count(s), s);
     const auto x = layer_input("backward", in, mb);
     const auto dpre = scratch.first(batch(s) * out_);
     std::fill(dpre.begin(), dpre.end(), 0.0f);
     gelu_backward(dpre, saved, dout);
-    linear_backward(din, weight_.of(dw), bias_.of(dw), dpre, x, weight_.of(w), batch(s), in_, out_);
+    linear_backward(din, weight_.of(dw), bias_.of(dw), dpre, x, weight_.of(w), batch(s), in_, out_,
+                    compute);
   }
 };
 
@@ -120,34 +114,28 @@ class ClassifierHead final : public MlpUnit {
   // Backward: d(logits) (B, classes).
   size_t scratch_count(const BatchShape& s) const override { return batch(s) * out_; }
 
-  void forward(std::span<const float> w, std::span<const float> in, std::span<float> out,
-               std::span<float> saved, std::span<float>, const MicroBatch& mb) override {
+ private:
+  void do_forward(std::span<const float> w, GemmCompute compute, std::span<const float> in,
+                  std::span<float> out, std::span<float> saved, std::span<float>,
+                  const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("forward", s);
-    check_exact("forward", "w", w, numel(), s);
-    check_exact("forward", "out", out, 1, s);
-    check_exact("forward", "saved", saved, saved_count(s), s);
     const auto x = layer_input("forward", in, mb);
-    linear_forward(saved, x, weight_.of(w), bias_.of(w), batch(s), in_, out_);
+    linear_forward(saved, x, weight_.of(w), bias_.of(w), batch(s), in_, out_, compute);
     out[0] = cross_entropy_forward_backward({}, saved, mb.targets, batch(s), out_);
   }
 
-  void backward(std::span<const float> w, std::span<const float> in, std::span<const float> saved,
-                std::span<const float>, std::span<float> dw, std::span<float> din,
-                std::span<float> scratch, const MicroBatch& mb) override {
+  void do_backward(std::span<const float> w, GemmCompute compute, std::span<const float> in,
+                   std::span<const float> saved, std::span<const float>, std::span<float> dw,
+                   std::span<float> din, std::span<float> scratch, const MicroBatch& mb) override {
     const BatchShape& s = mb.shape;
     check_batch("backward", s);
-    check_exact("backward", "w", w, numel(), s);
-    check_exact("backward", "saved", saved, saved_count(s), s);
-    check_exact("backward", "dw", dw, numel(), s);
-    check_exact("backward", "din", din, input_count(s), s);
-    check_at_least("backward", "scratch", scratch, scratch_count(s), s);
     const auto x = layer_input("backward", in, mb);
     const auto dlogits = scratch.first(batch(s) * out_);
     std::fill(dlogits.begin(), dlogits.end(), 0.0f);
     cross_entropy_forward_backward(dlogits, saved, mb.targets, batch(s), out_, mb.loss_grad_scale);
     linear_backward(din, weight_.of(dw), bias_.of(dw), dlogits, x, weight_.of(w), batch(s), in_,
-                    out_);
+                    out_, compute);
   }
 };
 

@@ -52,8 +52,10 @@ float model_loss_and_grads(const Model& model, std::span<const std::vector<float
   const auto input_of = [&](size_t u) -> std::span<const float> {
     return u == 0 ? std::span<const float>() : std::span<const float>(acts[u - 1]);
   };
+  // The reference multiplies in fp32, whatever precision a run it checks trains in.
+  const auto weights_of = [&](size_t u) { return UnitWeights::fp32(weights[u]); };
   for (size_t u = 0; u < n; ++u) {
-    model[u]->forward(weights[u], input_of(u), acts[u], saved[u], scratch, mb);
+    model[u]->forward(weights_of(u), input_of(u), acts[u], saved[u], scratch, mb);
   }
   const float loss = acts.back()[0];
   if (!backward) return loss;
@@ -63,7 +65,7 @@ float model_loss_and_grads(const Model& model, std::span<const std::vector<float
   for (size_t u = 0; u < n; ++u) dacts[u].assign(model[u]->output_count(s), 0.0f);
   for (size_t u = n; u-- > 0;) {
     std::span<float> din = u == 0 ? std::span<float>() : std::span<float>(dacts[u - 1]);
-    model[u]->backward(weights[u], input_of(u), saved[u], dacts[u], grads[u], din, scratch, mb);
+    model[u]->backward(weights_of(u), input_of(u), saved[u], dacts[u], grads[u], din, scratch, mb);
   }
   return loss;
 }

@@ -1,16 +1,13 @@
 // Helpers shared by the model files (private to models/): a Unit base that hands out views
-// of its tensors, a bump allocator over saved/scratch buffers, and span-length checks.
+// of its tensors, and a bump allocator over saved/scratch buffers. (Buffer lengths are
+// Unit::forward/backward's to check, models/unit.h.)
 #pragma once
 
 #include <cstddef>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
-#include <fmt/format.h>
-
-#include "core/error.h"
 #include "models/unit.h"
 
 namespace zerodp::models_detail {
@@ -34,26 +31,6 @@ class ParamUnit : public Unit {
     add_tensor(std::move(name), std::move(shape), init, init_std, weight_decay, use);
     return Slot{tensors().back().offset, tensors().back().numel};
   }
-
-  // Throws InvalidArgument unless `buffer` holds exactly `expected` elements.
-  template <typename T>
-  void check_exact(std::string_view fn, std::string_view what, std::span<T> buffer, size_t expected,
-                   const BatchShape& s) const {
-    if (buffer.size() != expected) {
-      throw InvalidArgument(fmt::format("unit {} {}: {} holds {} elements; (B={}, T={}) needs {}",
-                                        name(), fn, what, buffer.size(), s.B, s.T, expected));
-    }
-  }
-  // As check_exact, but a longer buffer is accepted (the engine may share one workspace).
-  template <typename T>
-  void check_at_least(std::string_view fn, std::string_view what, std::span<T> buffer,
-                      size_t expected, const BatchShape& s) const {
-    if (buffer.size() < expected) {
-      throw InvalidArgument(
-          fmt::format("unit {} {}: {} holds {} elements; (B={}, T={}) needs at least {}", name(),
-                      fn, what, buffer.size(), s.B, s.T, expected));
-    }
-  }
 };
 
 // Cuts consecutive pieces off the front of a buffer: the layout of saved and scratch is the
@@ -63,7 +40,7 @@ class Carver {
  public:
   explicit Carver(std::span<T> buffer) : rest_(buffer) {}
   std::span<T> take(size_t count) {
-    std::span<T> piece = rest_.first(count);  // callers checked the total length
+    std::span<T> piece = rest_.first(count);  // Unit::forward/backward checked the total
     rest_ = rest_.subspan(count);
     return piece;
   }

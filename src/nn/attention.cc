@@ -83,9 +83,9 @@ ZERODP_NN_CLONES void softmax_backward_row(float* g, const float* p, size_t n) {
 // passes the saved ones, which its recomputed scores reproduce.
 void probabilities(std::span<float> tile, std::span<const float> q, std::span<const float> k,
                    size_t ld_qkv, size_t r0, size_t rows, size_t keys, size_t hs, float scale,
-                   const float* stats, float* fill) {
-  gemm(Transpose::kNo, Transpose::kYes, rows, keys, hs, scale, q.subspan(r0 * ld_qkv), ld_qkv, k,
-       ld_qkv, 0.0f, tile, keys);
+                   const float* stats, float* fill, GemmCompute compute) {
+  gemm(compute, Transpose::kNo, Transpose::kYes, rows, keys, hs, scale, q.subspan(r0 * ld_qkv),
+       ld_qkv, k, ld_qkv, 0.0f, tile, keys);
   for (size_t i = 0; i < rows; ++i) {
     float* row = tile.data() + i * keys;
     const size_t valid = r0 + i + 1;
@@ -107,7 +107,7 @@ size_t attention_saved_count(const AttentionDims& d) { return d.B * d.NH * d.T *
 size_t attention_scratch_count(const AttentionDims& d) { return 2 * block_rows(d) * d.T; }
 
 void attention_forward(std::span<float> out, std::span<float> saved, std::span<float> scratch,
-                       std::span<const float> qkv, const AttentionDims& d) {
+                       std::span<const float> qkv, const AttentionDims& d, GemmCompute compute) {
   check_dims("attention_forward", d);
   const std::string shape = shape_of(d);
   check_count("attention_forward", "out", out, d.B * d.T * d.C, shape);
@@ -121,7 +121,8 @@ void attention_forward(std::span<float> out, std::span<float> saved, std::span<f
   const size_t ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t R = block_rows(d);
-  const Bf16Operands qkv16(qkv);  // each block reads the keys and values of all earlier ones
+  // Each block reads the keys and values of all earlier ones.
+  const Bf16Operands qkv16(compute, qkv);
   for (size_t b = 0; b < d.B; ++b) {
     for (size_t h = 0; h < d.NH; ++h) {
       const auto q = qkv.subspan(qkv_offset(d, b, h));  // (T, hs), row stride 3C
@@ -133,9 +134,10 @@ void attention_forward(std::span<float> out, std::span<float> saved, std::span<f
         const size_t rows = std::min(R, T - r0);
         const size_t keys = r0 + rows;
         const auto p = scratch.first(rows * keys);
-        probabilities(p, q, k, ld, r0, rows, keys, hs, scale, stats + 2 * r0, stats + 2 * r0);
+        probabilities(p, q, k, ld, r0, rows, keys, hs, scale, stats + 2 * r0, stats + 2 * r0,
+                      compute);
         // out rows (rows, hs) = p (rows, keys) @ v (keys, hs)
-        gemm(Transpose::kNo, Transpose::kNo, rows, hs, keys, 1.0f, p, keys, v, ld, 0.0f,
+        gemm(compute, Transpose::kNo, Transpose::kNo, rows, hs, keys, 1.0f, p, keys, v, ld, 0.0f,
              o.subspan(r0 * C), C);
       }
     }
@@ -144,7 +146,7 @@ void attention_forward(std::span<float> out, std::span<float> saved, std::span<f
 
 void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::span<const float> dout, std::span<const float> qkv,
-                        std::span<const float> saved, const AttentionDims& d) {
+                        std::span<const float> saved, const AttentionDims& d, GemmCompute compute) {
   check_dims("attention_backward", d);
   const std::string shape = shape_of(d);
   check_count("attention_backward", "dqkv", dqkv, d.B * d.T * 3 * d.C, shape);
@@ -160,8 +162,8 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t R = block_rows(d);
   // q, k, v and dout each feed several products.
-  const Bf16Operands qkv16(qkv);
-  const Bf16Operands dout16(dout);
+  const Bf16Operands qkv16(compute, qkv);
+  const Bf16Operands dout16(compute, dout);
   for (size_t b = 0; b < d.B; ++b) {
     for (size_t h = 0; h < d.NH; ++h) {
       const auto q = qkv.subspan(qkv_offset(d, b, h));  // (T, hs), row stride 3C
@@ -177,14 +179,14 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
         const size_t keys = r0 + rows;
         const auto p = scratch.first(rows * keys);
         const auto g = scratch.subspan(R * T, rows * keys);
-        probabilities(p, q, k, ld, r0, rows, keys, hs, scale, stats + 2 * r0, nullptr);
+        probabilities(p, q, k, ld, r0, rows, keys, hs, scale, stats + 2 * r0, nullptr, compute);
         const auto dout_rows = dout_bh.subspan(r0 * C);
         // g (rows, keys) = dout rows (rows, hs) @ v^T
-        gemm(Transpose::kNo, Transpose::kYes, rows, keys, hs, 1.0f, dout_rows, C, v, ld, 0.0f, g,
-             keys);
+        gemm(compute, Transpose::kNo, Transpose::kYes, rows, keys, hs, 1.0f, dout_rows, C, v, ld,
+             0.0f, g, keys);
         // dv (keys, hs) += p^T (keys, rows) @ dout rows (rows, hs)
-        gemm(Transpose::kYes, Transpose::kNo, keys, hs, rows, 1.0f, p, keys, dout_rows, C, 1.0f, dv,
-             ld);
+        gemm(compute, Transpose::kYes, Transpose::kNo, keys, hs, rows, 1.0f, p, keys, dout_rows, C,
+             1.0f, dv, ld);
         // d(scores) over keys 0..t of row t; 0 for later keys, whose probabilities were 0.
         for (size_t i = 0; i < rows; ++i) {
           float* gi = g.data() + i * keys;
@@ -192,12 +194,12 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
           softmax_backward_row(gi, p.data() + i * keys, valid);
           std::fill(gi + valid, gi + keys, 0.0f);
         }
-        const Bf16Operands g16(g);  // read by both products below
+        const Bf16Operands g16(compute, g);  // read by both products below
         // scores = scale q k^T: dq rows += scale g @ k, dk (keys) += scale g^T @ q rows
-        gemm(Transpose::kNo, Transpose::kNo, rows, hs, keys, scale, g, keys, k, ld, 1.0f,
+        gemm(compute, Transpose::kNo, Transpose::kNo, rows, hs, keys, scale, g, keys, k, ld, 1.0f,
              dq.subspan(r0 * ld), ld);
-        gemm(Transpose::kYes, Transpose::kNo, keys, hs, rows, scale, g, keys, q.subspan(r0 * ld),
-             ld, 1.0f, dk, ld);
+        gemm(compute, Transpose::kYes, Transpose::kNo, keys, hs, rows, scale, g, keys,
+             q.subspan(r0 * ld), ld, 1.0f, dk, ld);
       }
     }
   }

@@ -10,6 +10,8 @@
 // and backward recomputes the probabilities a block of query rows at a time. Scratch holds
 // two (block rows, T) tiles; no (T, T) matrix is ever formed once T exceeds a block (64 rows).
 //
+// The products multiply in `compute` (tensor/gemm.h), the caller's choice.
+//
 // Conventions as in layers.h: forward writes, backward adds (+=) into dqkv; results depend
 // only on the inputs and the shape. A future position never changes an earlier output: its
 // probability is exactly 0, so even its bits do not reach the sums.
@@ -17,6 +19,8 @@
 
 #include <cstddef>
 #include <span>
+
+#include "tensor/gemm.h"
 
 namespace zerodp {
 
@@ -36,13 +40,13 @@ void attention_forward(std::span<float> out,        // (B, T, C)
                        std::span<float> saved,      // (attention_saved_count(d))
                        std::span<float> scratch,    // (attention_scratch_count(d))
                        std::span<const float> qkv,  // (B, T, 3*C)
-                       const AttentionDims& d);
+                       const AttentionDims& d, GemmCompute compute);
 
 void attention_backward(std::span<float> dqkv,         // (B, T, 3*C) +=
                         std::span<float> scratch,      // (attention_scratch_count(d))
                         std::span<const float> dout,   // (B, T, C)
                         std::span<const float> qkv,    // (B, T, 3*C), as given to forward
                         std::span<const float> saved,  // (attention_saved_count(d)) from forward
-                        const AttentionDims& d);
+                        const AttentionDims& d, GemmCompute compute);
 
 }  // namespace zerodp

@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <span>
 
+#include "tensor/gemm.h"
+
 namespace zerodp {
 
 // What a backward does with its input gradient (dinp): add into it, the convention, or
@@ -34,12 +36,14 @@ namespace zerodp {
 enum class InputGrad : bool { kAdd = false, kOverwrite = true };
 
 // ---- Linear: out = inp @ weight^T + bias (PyTorch nn.Linear layout) ----
+// The products multiply in `compute` (tensor/gemm.h), the caller's choice: a unit passes the
+// one it was given with its weights.
 
 void linear_forward(std::span<float> out,           // (rows, OC)
                     std::span<const float> inp,     // (rows, C)
                     std::span<const float> weight,  // (OC, C)
                     std::span<const float> bias,    // (OC), or empty for no bias
-                    size_t rows, size_t C, size_t OC);
+                    size_t rows, size_t C, size_t OC, GemmCompute compute);
 
 // dinp may be empty when the input needs no gradient (data), dbias must be empty exactly
 // when the layer has no bias.
@@ -49,7 +53,8 @@ void linear_backward(std::span<float> dinp,          // (rows, C) += (or = ), or
                      std::span<const float> dout,    // (rows, OC)
                      std::span<const float> inp,     // (rows, C)
                      std::span<const float> weight,  // (OC, C)
-                     size_t rows, size_t C, size_t OC, InputGrad dinp_mode = InputGrad::kAdd);
+                     size_t rows, size_t C, size_t OC, GemmCompute compute,
+                     InputGrad dinp_mode = InputGrad::kAdd);
 
 // ---- Encoder: token embedding + learned position embedding ----
 // out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]. Tokens outside [0, V) throw

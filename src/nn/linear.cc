@@ -14,7 +14,8 @@ using nn_detail::check_count;
 using nn_detail::check_optional_count;
 
 void linear_forward(std::span<float> out, std::span<const float> inp, std::span<const float> weight,
-                    std::span<const float> bias, size_t rows, size_t C, size_t OC) {
+                    std::span<const float> bias, size_t rows, size_t C, size_t OC,
+                    GemmCompute compute) {
   const std::string shape = fmt::format("(rows={}, C={}, OC={})", rows, C, OC);
   check_count("linear_forward", "out", out, rows * OC, shape);
   check_count("linear_forward", "inp", inp, rows * C, shape);
@@ -22,13 +23,14 @@ void linear_forward(std::span<float> out, std::span<const float> inp, std::span<
   check_optional_count("linear_forward", "bias", bias, OC, shape);
   // out (rows, OC) = inp (rows, C) @ weight^T (C, OC) + bias, the bias added inside the
   // product's tiles (tensor/gemm.h).
-  gemm(Transpose::kNo, Transpose::kYes, rows, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias);
+  gemm(compute, Transpose::kNo, Transpose::kYes, rows, OC, C, 1.0f, inp, C, weight, C, 0.0f, out,
+       OC, bias);
 }
 
 void linear_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                      std::span<const float> dout, std::span<const float> inp,
                      std::span<const float> weight, size_t rows, size_t C, size_t OC,
-                     InputGrad dinp_mode) {
+                     GemmCompute compute, InputGrad dinp_mode) {
   const std::string shape = fmt::format("(rows={}, C={}, OC={})", rows, C, OC);
   check_optional_count("linear_backward", "dinp", dinp, rows * C, shape);
   check_count("linear_backward", "dweight", dweight, OC * C, shape);
@@ -37,14 +39,16 @@ void linear_backward(std::span<float> dinp, std::span<float> dweight, std::span<
   check_count("linear_backward", "inp", inp, rows * C, shape);
   check_count("linear_backward", "weight", weight, OC * C, shape);
   // Both products read dout: with bf16 compute, round it once.
-  const Bf16Operands dout16(dinp.empty() ? std::span<const float>() : dout);
+  const Bf16Operands dout16(compute, dinp.empty() ? std::span<const float>() : dout);
   // dinp (rows, C) += (or =) dout (rows, OC) @ weight (OC, C)
   if (!dinp.empty()) {
     const float beta = dinp_mode == InputGrad::kAdd ? 1.0f : 0.0f;
-    gemm(Transpose::kNo, Transpose::kNo, rows, C, OC, 1.0f, dout, OC, weight, C, beta, dinp, C);
+    gemm(compute, Transpose::kNo, Transpose::kNo, rows, C, OC, 1.0f, dout, OC, weight, C, beta,
+         dinp, C);
   }
   // dweight (OC, C) += dout^T (OC, rows) @ inp (rows, C)
-  gemm(Transpose::kYes, Transpose::kNo, OC, C, rows, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  gemm(compute, Transpose::kYes, Transpose::kNo, OC, C, rows, 1.0f, dout, OC, inp, C, 1.0f, dweight,
+       C);
   // dbias (OC) += sum over rows of dout, row by row: vectorizes across OC, fixed order.
   if (!dbias.empty()) {
     for (size_t r = 0; r < rows; ++r) {

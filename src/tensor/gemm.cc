@@ -321,7 +321,6 @@ class TilePool {
 };
 
 thread_local int t_gemm_threads = 1;
-thread_local GemmCompute t_gemm_compute = GemmCompute::kFP32;
 
 // A stored (rows, cols) matrix with row stride ld, rounded to bf16 row by row (tensor/dtype's
 // rounding, vectorized) into `out` with row stride cols.
@@ -420,9 +419,9 @@ void throw_dnnl(dnnl_status_t s, size_t M, size_t N, size_t K) {
 
 }  // namespace
 
-void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, float alpha,
-          std::span<const float> a, size_t lda, std::span<const float> b, size_t ldb, float beta,
-          std::span<float> c, size_t ldc, std::span<const float> bias) {
+void gemm(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K,
+          float alpha, std::span<const float> a, size_t lda, std::span<const float> b, size_t ldb,
+          float beta, std::span<float> c, size_t ldc, std::span<const float> bias) {
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;
   const char* a_shape = ta ? "A^T: K x M" : "M x K";
@@ -493,7 +492,7 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
   std::vector<BFloat16>& b16 = t_round_b16;
   std::vector<float>& a32 = t_round_a32;
   std::vector<float>& b32 = t_round_b32;
-  if (t_gemm_compute == GemmCompute::kBF16) {
+  if (compute == GemmCompute::kBF16) {
     const size_t a_rows = ta ? K : M, a_cols = ta ? M : K;
     const size_t b_rows = tb ? N : K, b_cols = tb ? K : N;
     if (cpu_has_bf16()) {
@@ -549,13 +548,14 @@ void set_gemm_threads(int threads) {
 
 int gemm_threads() { return t_gemm_threads; }
 
-Bf16Operands::Bf16Operands(std::span<const float> values, std::span<const BFloat16> rounded) {
+Bf16Operands::Bf16Operands(GemmCompute compute, std::span<const float> values,
+                           std::span<const BFloat16> rounded) {
   if (!rounded.empty() && rounded.size() != values.size()) {
     throw InvalidArgument(fmt::format(
         "Bf16Operands: {} rounded values given for {} fp32 values; give one per value, or none",
         rounded.size(), values.size()));
   }
-  if (t_gemm_compute != GemmCompute::kBF16 || values.empty()) return;
+  if (compute != GemmCompute::kBF16 || values.empty()) return;
   if (t_bf16_depth == kMaxBf16Operands) {
     throw InvalidArgument(
         fmt::format("Bf16Operands: {} scopes already live on this thread; at most {} may nest",
@@ -572,8 +572,6 @@ Bf16Operands::~Bf16Operands() {
   if (active_) --t_bf16_depth;
 }
 
-void set_gemm_compute(GemmCompute compute) { t_gemm_compute = compute; }
-GemmCompute gemm_compute() { return t_gemm_compute; }
 size_t gemm_bf16_copy_bytes() {
   size_t bytes = (t_round_a16.capacity() + t_round_b16.capacity()) * sizeof(BFloat16) +
                  (t_round_a32.capacity() + t_round_b32.capacity()) * sizeof(float);

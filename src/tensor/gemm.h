@@ -1,4 +1,5 @@
-// gemm: the one fp32 matrix product every layer uses, backed by oneDNN's dnnl_sgemm.
+// gemm: the one matrix product every layer uses, backed by oneDNN (fp32 C; operands fp32 or
+// rounded to bf16, as the caller says).
 //
 //   C = alpha * op(A) * op(B) + beta * C        row-major; op(X) = X or X^T
 //
@@ -36,20 +37,35 @@ namespace zerodp {
 
 enum class Transpose : bool { kNo = false, kYes = true };
 
-// C = alpha * op(A) * op(B) + beta * C (see above). Spans must cover every element the
-// product reads or writes: op(A) untransposed is M rows of stride lda (lda >= K), transposed
-// it is stored as K rows of stride lda (lda >= M); likewise B; C is M rows of stride ldc
-// (ldc >= N). C must not overlap A or B. Throws InvalidArgument naming the operand, its
-// length and what the shape needs.
+// What a product multiplies in, chosen by its caller and passed to every gemm() call: no
+// thread or global state decides it. Training decides once per run (the engine's
+// compute_for(precision): kBF16 for --precision bf16, the way PyTorch's CPU autocast runs
+// matmuls) and hands it to each unit with its weights (models/unit.h's UnitWeights); the
+// layers pass it on to their products.
+//   kFP32  fp32 operands, fp32 products;
+//   kBF16  both operands rounded to bf16 (to nearest even) once per call, products summed in
+//          fp32, C fp32 with alpha and beta as above. On CPUs with AVX-512 BF16 through oneDNN's
+//          matmul primitive (~1.8-2x the fp32 rate here, rounding included); elsewhere, or with
+//          ZERODP_GEMM_BF16=fallback in the environment, the rounded operands go through the
+//          fp32 path. Both agree with the exact product of the rounded operands to fp32
+//          accumulation error, not bit for bit with each other; each is deterministic under
+//          the contract above (same tiles, no split K).
+enum class GemmCompute { kFP32, kBF16 };
+
+// C = alpha * op(A) * op(B) + beta * C (see above), multiplied in `compute`. Spans must
+// cover every element the product reads or writes: op(A) untransposed is M rows of stride lda
+// (lda >= K), transposed it is stored as K rows of stride lda (lda >= M); likewise B; C is M
+// rows of stride ldc (ldc >= N). C must not overlap A or B. Throws InvalidArgument naming the
+// operand, its length and what the shape needs.
 //
 // bias, when not empty, holds N values added to every row: C = alpha * op(A) * op(B) + bias
 // (beta must be 0). Each tile starts its rows at the bias (fp32), or the matmul primitive
 // adds it (bf16 with alpha = 1), instead of a pass over all of C before the product:
 // a Linear's forward costs 14-23 % more with a separate bias pass on GPT-medium shapes in
 // bf16 (measured before this argument existed).
-void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, float alpha,
-          std::span<const float> a, size_t lda, std::span<const float> b, size_t ldb, float beta,
-          std::span<float> c, size_t ldc, std::span<const float> bias = {});
+void gemm(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K,
+          float alpha, std::span<const float> a, size_t lda, std::span<const float> b, size_t ldb,
+          float beta, std::span<float> c, size_t ldc, std::span<const float> bias = {});
 
 // How many threads gemm() calls made from the calling thread use, the caller included;
 // 1 (the default) runs every tile on the calling thread. A per-thread setting, like
@@ -65,20 +81,6 @@ void gemm(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K, fl
 void set_gemm_threads(int threads);
 int gemm_threads();
 
-// What gemm() calls made from the calling thread multiply in, a per-thread setting like
-// set_gemm_threads (the engine sets kBF16 on its rank threads for --precision bf16), the way
-// PyTorch's CPU autocast runs matmuls:
-//   kFP32  fp32 operands, fp32 products (the default);
-//   kBF16  both operands rounded to bf16 (to nearest even) once per call, products summed in
-//          fp32, C fp32 with alpha and beta as above. On CPUs with AVX-512 BF16 through oneDNN's
-//          matmul primitive (~1.8-2x the fp32 rate here, rounding included); elsewhere, or with
-//          ZERODP_GEMM_BF16=fallback in the environment, the rounded operands go through the
-//          fp32 path. Both agree with the exact product of the rounded operands to fp32
-//          accumulation error, not bit for bit with each other; each is deterministic under
-//          the contract above (same tiles, no split K).
-enum class GemmCompute { kFP32, kBF16 };
-void set_gemm_compute(GemmCompute compute);
-GemmCompute gemm_compute();
 // Whether kBF16 products run on oneDNN's bf16 path (AVX-512 BF16, not disabled by
 // ZERODP_GEMM_BF16=fallback) rather than the fp32 fallback.
 bool gemm_bf16_native();
@@ -91,20 +93,24 @@ size_t gemm_bf16_copy_bytes();
 
 // Rounding every operand at every kBF16 product costs as much as a tenth of a bf16 step:
 // a weight is rounded in forward and again in backward, a gradient twice in backward (for
-// dX and dW), attention's keys at every query block. While a Bf16Operands scope lives on
-// the calling thread, kBF16 products (on the oneDNN path) read any operand that lies inside
-// its fp32 buffer from one bf16 copy of that buffer: `rounded` when given (it must hold
-// exactly the buffer's values rounded, as a 16-bit unit's stored weights do for the fp32
-// copy widened from them), else a copy made when a product first reads the buffer. The
-// same rounding either way, so the bits of every product are unchanged; the buffer must not
-// change while the scope lives. Scopes nest (the innermost containing one wins) and close in
-// reverse order of opening, as local variables do; at most
-// kMaxBf16Operands live at once per thread (more throws InvalidArgument). Without kBF16
-// compute a scope does nothing and costs nothing.
+// dX and dW), attention's keys at every query block. A Bf16Operands scope is a rounding
+// cache, not a decision: while one lives on the calling thread, kBF16 products (on the
+// oneDNN path) read any operand that lies inside its fp32 buffer from one bf16 copy of that
+// buffer: `rounded` when given (it must hold exactly the buffer's values rounded, as a 16-bit
+// unit's stored weights do for the fp32 copy widened from them), else a copy made when a
+// product first reads the buffer. The same rounding either way, so the bits of every product
+// are unchanged; the buffer must not change while the scope lives. kFP32 products never
+// consult a scope. Scopes nest (the innermost containing one wins) and close in reverse order
+// of opening, as local variables do; at most kMaxBf16Operands live at once per thread (more
+// throws InvalidArgument). A scope opened with `compute` kFP32 does nothing and costs
+// nothing, so callers open one with the compute they pass to the products it serves.
+// Unit::forward/backward open the one over a unit's weights (models/unit.h); the layers open
+// their own over the activations they multiply more than once.
 inline constexpr int kMaxBf16Operands = 8;
 class Bf16Operands {
  public:
-  explicit Bf16Operands(std::span<const float> values, std::span<const BFloat16> rounded = {});
+  Bf16Operands(GemmCompute compute, std::span<const float> values,
+               std::span<const BFloat16> rounded = {});
   ~Bf16Operands();
   Bf16Operands(const Bf16Operands&) = delete;
   Bf16Operands& operator=(const Bf16Operands&) = delete;

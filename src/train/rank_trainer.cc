@@ -109,7 +109,6 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   set_gemm_threads(
       std::max(1, static_cast<int>(cores) / ranks_on_this_host(comm, cfg.launch.backend)));
-  set_gemm_compute(compute_);
 }
 
 std::span<float> RankTrainer::saved_for(size_t ui) {
@@ -119,7 +118,7 @@ std::span<float> RankTrainer::saved_for(size_t ui) {
 
 // fp32 weights of unit ui for compute. Stage 3: gathered into `slot` first (the caller has
 // issued and waited for the gather). Under bf16 products the product-operand tensors are not
-// widened: the caller's Bf16Operands scope makes the products read stored_bf16 instead.
+// widened: the products read stored_bf16 instead (Unit::forward/backward's Bf16Operands scope).
 std::span<const float> RankTrainer::weights_for(size_t ui, int slot) {
   UnitState& u = state_.units()[ui];
   const void* src =
@@ -171,8 +170,8 @@ double RankTrainer::forward() {
   for (size_t i = 0; i < U; ++i) {
     const int slot = gathers ? gathers->acquire(i) : 0;
     const Tracer::Span span(tracer_, tracer_ ? "forward " + model_[i]->name() : "");
-    const auto w = weights_for(i, slot);
-    const Bf16Operands w16(w, stored_bf16(i, slot));  // bf16 products read the stored weights
+    const UnitWeights w{
+        .values = weights_for(i, slot), .stored_bf16 = stored_bf16(i, slot), .compute = compute_};
     model_[i]->forward(w, buf_.stream[i].span(), buf_.stream[i + 1].span(), saved_for(i),
                        buf_.scratch.span(), mb_);
     if (gathers) gathers->release(i);
@@ -196,8 +195,8 @@ void RankTrainer::backward() {
     const int slot = gathers ? gathers->acquire(k) : 0;
     std::optional<Tracer::Span> span;
     if (tracer_) span.emplace(tracer_, "backward " + unit.name());
-    const auto w = weights_for(i, slot);
-    const Bf16Operands w16(w, stored_bf16(i, slot));
+    const UnitWeights w{
+        .values = weights_for(i, slot), .stored_bf16 = stored_bf16(i, slot), .compute = compute_};
     std::span<float> dw = buf_.dw32.span().first(unit.numel());
     std::fill(dw.begin(), dw.end(), 0.0f);
     std::span<float> din = din_buf->span().first(unit.input_count(shape_));

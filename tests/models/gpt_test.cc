@@ -334,12 +334,14 @@ TEST(GptUnits, WrongBufferLengthsAreRejected) {
   std::vector<float> in(block.input_count(mb.shape)), out(block.output_count(mb.shape));
   std::vector<float> saved(block.saved_count(mb.shape));
   std::vector<float> scratch(block.scratch_count(mb.shape));
-  EXPECT_NO_THROW(block.forward(w[1], in, out, saved, scratch, mb));
+  const UnitWeights w1 = UnitWeights::fp32(w[1]);
+  EXPECT_NO_THROW(block.forward(w1, in, out, saved, scratch, mb));
   std::vector<float> short_saved(saved.size() - 1);
-  EXPECT_THROW(block.forward(w[1], in, out, short_saved, scratch, mb), InvalidArgument);
+  EXPECT_THROW(block.forward(w1, in, out, short_saved, scratch, mb), InvalidArgument);
   std::vector<float> short_scratch(scratch.size() - 1);
-  EXPECT_THROW(block.forward(w[1], in, out, saved, short_scratch, mb), InvalidArgument);
-  EXPECT_THROW(block.forward(std::span<const float>(w[1]).first(10), in, out, saved, scratch, mb),
+  EXPECT_THROW(block.forward(w1, in, out, saved, short_scratch, mb), InvalidArgument);
+  EXPECT_THROW(block.forward(UnitWeights::fp32(std::span<const float>(w[1]).first(10)), in, out,
+                             saved, scratch, mb),
                InvalidArgument);
 }
 

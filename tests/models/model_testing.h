@@ -104,7 +104,7 @@ inline void expect_model_gradients_match(const Model& model, Buffers& w, MicroBa
 }
 
 // TensorUse::kProductOperand is a claim about a unit's code: under bf16 products (the engine
-// opens a Bf16Operands scope over each unit's widened weights and their stored bf16 copy) it
+// hands each unit its widened weights with their stored bf16 copy, UnitWeights) it
 // never reads those tensors' fp32 values, so the engine may leave them unwidened. Forward and
 // backward with them poisoned to NaN must give the bits of the same calls with them widened.
 // The caller skips unless gemm_bf16_native() (elsewhere the scopes are not consulted).
@@ -127,8 +127,6 @@ inline void expect_product_operands_are_read_only_as_bf16(const Model& model, co
     }
   }
   ASSERT_GT(poisoned_count, 0u) << "the model declares no product-operand tensor";
-  const GemmCompute before = gemm_compute();
-  set_gemm_compute(GemmCompute::kBF16);
   const BatchShape& s = mb.shape;
   const auto pass = [&](const Buffers& weights, Buffers& grads) {
     const size_t n = model.size();
@@ -144,21 +142,23 @@ inline void expect_product_operands_are_read_only_as_bf16(const Model& model, co
     const auto input_of = [&](size_t u) {
       return u == 0 ? std::span<const float>() : std::span<const float>(acts[u - 1]);
     };
+    const auto weights_of = [&](size_t u) {
+      return UnitWeights{
+          .values = weights[u], .stored_bf16 = stored[u], .compute = GemmCompute::kBF16};
+    };
     for (size_t u = 0; u < n; ++u) {
-      const Bf16Operands scope(weights[u], stored[u]);
-      model[u]->forward(weights[u], input_of(u), acts[u], saved[u], scratch, mb);
+      model[u]->forward(weights_of(u), input_of(u), acts[u], saved[u], scratch, mb);
     }
     for (size_t u = n; u-- > 0;) {
-      const Bf16Operands scope(weights[u], stored[u]);
       std::span<float> din = u == 0 ? std::span<float>() : std::span<float>(dacts[u - 1]);
-      model[u]->backward(weights[u], input_of(u), saved[u], dacts[u], grads[u], din, scratch, mb);
+      model[u]->backward(weights_of(u), input_of(u), saved[u], dacts[u], grads[u], din, scratch,
+                         mb);
     }
     return acts.back()[0];
   };
   Buffers g_widened = zero_grads(model), g_poisoned = zero_grads(model);
   const float loss_widened = pass(widened, g_widened);
   const float loss_poisoned = pass(poisoned, g_poisoned);
-  set_gemm_compute(before);
   ASSERT_TRUE(std::isfinite(loss_widened));
   EXPECT_EQ(std::memcmp(&loss_widened, &loss_poisoned, sizeof(float)), 0)
       << loss_widened << " vs " << loss_poisoned;

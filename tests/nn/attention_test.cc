@@ -28,9 +28,9 @@ struct AttentionCase {
   std::vector<float> out = std::vector<float>(d.B * d.T * d.C);
   std::vector<float> saved = std::vector<float>(attention_saved_count(d));
   std::vector<float> scratch = std::vector<float>(attention_scratch_count(d));
-  void forward() { attention_forward(out, saved, scratch, qkv, d); }
+  void forward() { attention_forward(out, saved, scratch, qkv, d, GemmCompute::kFP32); }
   void backward(std::vector<float>& dqkv) {
-    attention_backward(dqkv, scratch, dout, qkv, saved, d);
+    attention_backward(dqkv, scratch, dout, qkv, saved, d, GemmCompute::kFP32);
   }
 };
 
@@ -188,8 +188,8 @@ TEST(Attention, EmptyBatchOrSequenceIsANoOp) {
                           AttentionDims{.B = 2, .T = 0, .C = 12, .NH = 3}}) {
     std::vector<float> none;
     std::vector<float> scratch(attention_scratch_count(d));
-    EXPECT_NO_THROW(attention_forward(none, none, scratch, none, d));
-    EXPECT_NO_THROW(attention_backward(none, scratch, none, none, none, d));
+    EXPECT_NO_THROW(attention_forward(none, none, scratch, none, d, GemmCompute::kFP32));
+    EXPECT_NO_THROW(attention_backward(none, scratch, none, none, none, d, GemmCompute::kFP32));
   }
 }
 

@@ -18,6 +18,9 @@
 namespace zerodp {
 namespace {
 
+// The layers' own arithmetic, in fp32 products (bf16 products: tests/tensor/gemm_test.cc).
+constexpr GemmCompute kFp32 = GemmCompute::kFP32;
+
 using gradcheck::expect_gradient_matches;
 using gradcheck::normal_vector;
 using gradcheck::Tolerance;
@@ -52,7 +55,7 @@ struct LinearCase {
 
 TEST(Linear, ForwardMatchesDirectSum) {
   LinearCase k;
-  linear_forward(k.out, k.inp, k.weight, k.bias, k.rows, k.C, k.OC);
+  linear_forward(k.out, k.inp, k.weight, k.bias, k.rows, k.C, k.OC, kFp32);
   for (size_t r = 0; r < k.rows; ++r) {
     for (size_t o = 0; o < k.OC; ++o) {
       double want = k.bias[o];
@@ -68,9 +71,9 @@ TEST(Linear, BackwardMatchesFiniteDifferences) {
     LinearCase k;
     if (!with_bias) k.bias.clear();
     std::vector<float> dinp(k.inp.size()), dweight(k.weight.size()), dbias(k.bias.size());
-    linear_backward(dinp, dweight, dbias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC);
+    linear_backward(dinp, dweight, dbias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC, kFp32);
     auto objective = [&] {
-      linear_forward(k.out, k.inp, k.weight, k.bias, k.rows, k.C, k.OC);
+      linear_forward(k.out, k.inp, k.weight, k.bias, k.rows, k.C, k.OC, kFp32);
       return weighted_sum(k.out, k.dout);
     };
     expect_gradient_matches("dinp", k.inp, dinp, objective, kLinearInEachInput);
@@ -82,12 +85,12 @@ TEST(Linear, BackwardMatchesFiniteDifferences) {
 TEST(Linear, BackwardAccumulates) {
   LinearCase k;
   std::vector<float> dinp(k.inp.size()), dweight(k.weight.size()), dbias(k.bias.size());
-  linear_backward(dinp, dweight, dbias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC);
+  linear_backward(dinp, dweight, dbias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC, kFp32);
   const auto p_inp = normal_vector(dinp.size(), 5);
   const auto p_weight = normal_vector(dweight.size(), 6);
   const auto p_bias = normal_vector(dbias.size(), 7);
   std::vector<float> a_inp = p_inp, a_weight = p_weight, a_bias = p_bias;
-  linear_backward(a_inp, a_weight, a_bias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC);
+  linear_backward(a_inp, a_weight, a_bias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC, kFp32);
   expect_accumulates(p_inp, dinp, a_inp, "dinp");
   expect_accumulates(p_weight, dweight, a_weight, "dweight");
   expect_accumulates(p_bias, dbias, a_bias, "dbias");
@@ -98,11 +101,11 @@ TEST(Linear, BackwardAccumulates) {
 TEST(Linear, OverwritingTheInputGradientIgnoresWhatItHeld) {
   LinearCase k;
   std::vector<float> dinp(k.inp.size()), dweight(k.weight.size()), dbias(k.bias.size());
-  linear_backward(dinp, dweight, dbias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC);
+  linear_backward(dinp, dweight, dbias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC, kFp32);
   const auto p_weight = normal_vector(dweight.size(), 6);
   const auto p_bias = normal_vector(dbias.size(), 7);
   std::vector<float> o_inp(k.inp.size(), std::nanf("")), o_weight = p_weight, o_bias = p_bias;
-  linear_backward(o_inp, o_weight, o_bias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC,
+  linear_backward(o_inp, o_weight, o_bias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC, kFp32,
                   InputGrad::kOverwrite);
   for (size_t i = 0; i < dinp.size(); ++i)
     EXPECT_FLOAT_EQ(o_inp[i], dinp[i]) << "dinp[" << i << "]";
@@ -114,8 +117,8 @@ TEST(Linear, EmptyDinpSkipsTheInputGradient) {
   LinearCase k;
   std::vector<float> dweight(k.weight.size()), dbias(k.bias.size());
   std::vector<float> dweight2(k.weight.size()), dbias2(k.bias.size()), dinp(k.inp.size());
-  linear_backward({}, dweight, dbias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC);
-  linear_backward(dinp, dweight2, dbias2, k.dout, k.inp, k.weight, k.rows, k.C, k.OC);
+  linear_backward({}, dweight, dbias, k.dout, k.inp, k.weight, k.rows, k.C, k.OC, kFp32);
+  linear_backward(dinp, dweight2, dbias2, k.dout, k.inp, k.weight, k.rows, k.C, k.OC, kFp32);
   EXPECT_EQ(dweight, dweight2);
   EXPECT_EQ(dbias, dbias2);
 }
@@ -123,10 +126,10 @@ TEST(Linear, EmptyDinpSkipsTheInputGradient) {
 TEST(Linear, RejectsMismatchedBuffers) {
   LinearCase k;
   std::vector<float> short_weight(k.weight.size() - 1);
-  EXPECT_THROW(linear_forward(k.out, k.inp, short_weight, k.bias, k.rows, k.C, k.OC),
+  EXPECT_THROW(linear_forward(k.out, k.inp, short_weight, k.bias, k.rows, k.C, k.OC, kFp32),
                InvalidArgument);
   try {
-    linear_forward(k.out, k.inp, k.weight, std::vector<float>(3), k.rows, k.C, k.OC);
+    linear_forward(k.out, k.inp, k.weight, std::vector<float>(3), k.rows, k.C, k.OC, kFp32);
     FAIL() << "expected InvalidArgument";
   } catch (const InvalidArgument& e) {
     EXPECT_STREQ(e.what(), "linear_forward: bias holds 3 elements; (rows=10, C=12, OC=7) needs 7");

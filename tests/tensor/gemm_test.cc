@@ -19,6 +19,9 @@
 namespace zerodp {
 namespace {
 
+constexpr GemmCompute kFp32 = GemmCompute::kFP32;
+constexpr GemmCompute kBf16 = GemmCompute::kBF16;
+
 struct Case {
   Transpose ta;
   Transpose tb;
@@ -70,8 +73,9 @@ std::vector<double> reference(const Case& k, const Operands& o, float alpha, flo
   return c;
 }
 
-void run(const Case& k, Operands& o, float alpha, float beta) {
-  gemm(k.ta, k.tb, k.M, k.N, k.K, alpha, o.a, o.lda, o.b, o.ldb, beta, o.c, o.ldc);
+void run(const Case& k, Operands& o, float alpha, float beta,
+         GemmCompute compute = GemmCompute::kFP32) {
+  gemm(compute, k.ta, k.tb, k.M, k.N, k.K, alpha, o.a, o.lda, o.b, o.ldb, beta, o.c, o.ldc);
 }
 
 // fp32 products of K terms in [-1, 1]: the error of a sum grows at most like K * 2^-24 per
@@ -175,8 +179,8 @@ TEST(Gemm, KZeroScalesCByBeta) {
 
 TEST(Gemm, EmptyProductsAreNoOps) {
   std::vector<float> c{1.0f, 2.0f};
-  gemm(kN, kN, 0, 2, 3, 1.0f, {}, 3, std::vector<float>(6), 2, 0.0f, c, 2);
-  gemm(kN, kN, 1, 0, 3, 1.0f, std::vector<float>(3), 3, {}, 1, 0.0f, c, 1);
+  gemm(kFp32, kN, kN, 0, 2, 3, 1.0f, {}, 3, std::vector<float>(6), 2, 0.0f, c, 2);
+  gemm(kFp32, kN, kN, 1, 0, 3, 1.0f, std::vector<float>(3), 3, {}, 1, 0.0f, c, 1);
   EXPECT_EQ(c[0], 1.0f);
   EXPECT_EQ(c[1], 2.0f);
 }
@@ -188,7 +192,7 @@ std::vector<float> product_bits(const Case& k, const Operands& o, int threads, s
   std::copy(o.a.begin(), o.a.end(), a.begin() + static_cast<std::ptrdiff_t>(shift));
   std::copy(o.b.begin(), o.b.end(), b.begin() + static_cast<std::ptrdiff_t>(shift));
   std::copy(o.c.begin(), o.c.end(), c.begin() + static_cast<std::ptrdiff_t>(shift));
-  gemm(k.ta, k.tb, k.M, k.N, k.K, 1.0f, std::span<const float>(a).subspan(shift), o.lda,
+  gemm(kFp32, k.ta, k.tb, k.M, k.N, k.K, 1.0f, std::span<const float>(a).subspan(shift), o.lda,
        std::span<const float>(b).subspan(shift), o.ldb, 1.0f, std::span<float>(c).subspan(shift),
        o.ldc);
   set_gemm_threads(1);
@@ -249,15 +253,19 @@ TEST(Gemm, RejectsBadThreadCounts) {
 TEST(Gemm, RejectsShortOperandsAndSmallLeadingDimensions) {
   std::vector<float> a(6), b(6), c(4);
   // a is (2, 3): fine; K = 3 needs b (3, 2) = 6 elements and c (2, 2) = 4.
-  EXPECT_NO_THROW(gemm(kN, kN, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2));
-  EXPECT_THROW(gemm(kN, kN, 2, 2, 3, 1.0f, std::span<const float>(a).first(5), 3, b, 2, 0.0f, c, 2),
-               InvalidArgument);
-  EXPECT_THROW(gemm(kN, kN, 2, 2, 3, 1.0f, a, 2, b, 2, 0.0f, c, 2), InvalidArgument);  // lda < K
-  EXPECT_THROW(gemm(kN, kT, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2), InvalidArgument);  // ldb < K
-  EXPECT_THROW(gemm(kN, kN, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, std::span<float>(c).first(3), 2),
-               InvalidArgument);
+  EXPECT_NO_THROW(gemm(kFp32, kN, kN, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2));
+  EXPECT_THROW(
+      gemm(kFp32, kN, kN, 2, 2, 3, 1.0f, std::span<const float>(a).first(5), 3, b, 2, 0.0f, c, 2),
+      InvalidArgument);
+  EXPECT_THROW(gemm(kFp32, kN, kN, 2, 2, 3, 1.0f, a, 2, b, 2, 0.0f, c, 2),
+               InvalidArgument);  // lda < K
+  EXPECT_THROW(gemm(kFp32, kN, kT, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2),
+               InvalidArgument);  // ldb < K
+  EXPECT_THROW(
+      gemm(kFp32, kN, kN, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, std::span<float>(c).first(3), 2),
+      InvalidArgument);
   try {
-    gemm(kT, kN, 2, 2, 3, 1.0f, std::span<const float>(a).first(4), 2, b, 2, 0.0f, c, 2);
+    gemm(kFp32, kT, kN, 2, 2, 3, 1.0f, std::span<const float>(a).first(4), 2, b, 2, 0.0f, c, 2);
     FAIL() << "expected InvalidArgument";
   } catch (const InvalidArgument& e) {
     // The message names the operand, what it holds and what the shape needs.
@@ -269,7 +277,7 @@ TEST(Gemm, RejectsShortOperandsAndSmallLeadingDimensions) {
 TEST(Gemm, RejectsOutputOverlappingAnInput) {
   std::vector<float> buf(16);
   std::span<float> all(buf);
-  EXPECT_THROW(gemm(kN, kN, 2, 2, 2, 1.0f, all.first(4), 2, all.subspan(8, 4), 2, 0.0f,
+  EXPECT_THROW(gemm(kFp32, kN, kN, 2, 2, 2, 1.0f, all.first(4), 2, all.subspan(8, 4), 2, 0.0f,
                     all.subspan(2, 4), 2),
                InvalidArgument);
 }
@@ -294,13 +302,7 @@ void expect_bf16_matches_rounded_reference(const Case& k, float alpha, float bet
   for (auto& x : rounded.b) x = to_f32(to_bf16(x));
   const std::vector<double> want = reference(k, rounded, alpha, beta);
   const std::vector<float> before = o.c;
-  {
-    const struct Scope {
-      Scope() { set_gemm_compute(GemmCompute::kBF16); }
-      ~Scope() { set_gemm_compute(GemmCompute::kFP32); }
-    } scope;
-    run(k, o, alpha, beta);
-  }
+  run(k, o, alpha, beta, GemmCompute::kBF16);
   expect_near(k, o, want, before, alpha, beta, "bf16");
 }
 
@@ -327,13 +329,11 @@ TEST(GemmBf16, DiffersFromFp32AndIsDeterministic) {
     std::vector<float> a(o.a.size() + shift), b(o.b.size() + shift), c(o.c.size() + shift);
     std::copy(o.a.begin(), o.a.end(), a.begin() + static_cast<std::ptrdiff_t>(shift));
     std::copy(o.b.begin(), o.b.end(), b.begin() + static_cast<std::ptrdiff_t>(shift));
-    set_gemm_compute(compute);
     set_gemm_threads(threads);
-    gemm(k.ta, k.tb, k.M, k.N, k.K, 1.0f, std::span<const float>(a).subspan(shift), o.lda,
+    gemm(compute, k.ta, k.tb, k.M, k.N, k.K, 1.0f, std::span<const float>(a).subspan(shift), o.lda,
          std::span<const float>(b).subspan(shift), o.ldb, 0.0f, std::span<float>(c).subspan(shift),
          o.ldc);
     set_gemm_threads(1);
-    set_gemm_compute(GemmCompute::kFP32);
     return std::vector<float>(c.begin() + static_cast<std::ptrdiff_t>(shift), c.end());
   };
   const std::vector<float> want = product(GemmCompute::kBF16, 1, 0);
@@ -351,7 +351,6 @@ TEST(GemmBf16, DiffersFromFp32AndIsDeterministic) {
   }
   EXPECT_GT(max_diff, 1e-3) << "bf16 compute gave fp32 results";
   EXPECT_LT(max_diff, 0.5);
-  EXPECT_EQ(gemm_compute(), GemmCompute::kFP32);
 }
 
 // A product under Bf16Operands scopes has the bits of one without: the scope changes where
@@ -367,15 +366,11 @@ TEST(GemmBf16, OperandScopesKeepTheBits) {
   convert(std::span<const BFloat16>(b16), std::span<float>(b_widened));
   auto product = [&](const std::vector<float>& b, int scopes) {
     std::vector<float> c = o.c;
-    set_gemm_compute(GemmCompute::kBF16);
-    {
-      std::optional<Bf16Operands> sa, sb;
-      if (scopes & 1) sa.emplace(std::span<const float>(o.a).subspan(3));  // all but a's start
-      if (scopes & 2) sb.emplace(std::span<const float>(b), std::span<const BFloat16>(b16));
-      if (scopes & 4) sb.emplace(std::span<const float>(b));
-      gemm(k.ta, k.tb, k.M, k.N, k.K, 0.5f, o.a, o.lda, b, o.ldb, 1.0f, c, o.ldc);
-    }
-    set_gemm_compute(GemmCompute::kFP32);
+    std::optional<Bf16Operands> sa, sb;
+    if (scopes & 1) sa.emplace(kBf16, std::span<const float>(o.a).subspan(3));  // all but a's start
+    if (scopes & 2) sb.emplace(kBf16, std::span<const float>(b), std::span<const BFloat16>(b16));
+    if (scopes & 4) sb.emplace(kBf16, std::span<const float>(b));
+    gemm(kBf16, k.ta, k.tb, k.M, k.N, k.K, 0.5f, o.a, o.lda, b, o.ldb, 1.0f, c, o.ldc);
     return c;
   };
   const std::vector<float> want = product(b_widened, 0);
@@ -387,14 +382,12 @@ TEST(GemmBf16, OperandScopesKeepTheBits) {
   // A sub-matrix of a scoped buffer: the rounded copy is read at the same offset and stride.
   std::vector<float> c_sub(50 * o.ldc), c_sub_scoped(50 * o.ldc);
   const auto a_rows = std::span<const float>(o.a).subspan(70 * o.lda);
-  set_gemm_compute(GemmCompute::kBF16);
-  gemm(k.ta, k.tb, 50, k.N, k.K, 1.0f, a_rows, o.lda, b_widened, o.ldb, 0.0f, c_sub, o.ldc);
+  gemm(kBf16, k.ta, k.tb, 50, k.N, k.K, 1.0f, a_rows, o.lda, b_widened, o.ldb, 0.0f, c_sub, o.ldc);
   {
-    const Bf16Operands whole_a(o.a);
-    gemm(k.ta, k.tb, 50, k.N, k.K, 1.0f, a_rows, o.lda, b_widened, o.ldb, 0.0f, c_sub_scoped,
+    const Bf16Operands whole_a(kBf16, o.a);
+    gemm(kBf16, k.ta, k.tb, 50, k.N, k.K, 1.0f, a_rows, o.lda, b_widened, o.ldb, 0.0f, c_sub_scoped,
          o.ldc);
   }
-  set_gemm_compute(GemmCompute::kFP32);
   EXPECT_EQ(c_sub, c_sub_scoped);
 }
 
@@ -405,12 +398,10 @@ TEST(GemmBf16, AGivenRoundedCopyIsReadInsteadOfTheValues) {
   const Operands o(k, 12);
   std::vector<BFloat16> zeros(o.b.size());  // bf16 +0
   std::vector<float> c(o.c.size(), 7.0f);
-  set_gemm_compute(GemmCompute::kBF16);
   {
-    const Bf16Operands b16(o.b, zeros);
-    gemm(k.ta, k.tb, k.M, k.N, k.K, 1.0f, o.a, o.lda, o.b, o.ldb, 0.0f, c, o.ldc);
+    const Bf16Operands b16(kBf16, o.b, zeros);
+    gemm(kBf16, k.ta, k.tb, k.M, k.N, k.K, 1.0f, o.a, o.lda, o.b, o.ldb, 0.0f, c, o.ldc);
   }
-  set_gemm_compute(GemmCompute::kFP32);
   if (!gemm_bf16_native()) GTEST_SKIP() << "the fp32 fallback rounds its operands itself";
   for (float x : c) ASSERT_EQ(x, 0.0f);
 }
@@ -418,19 +409,21 @@ TEST(GemmBf16, AGivenRoundedCopyIsReadInsteadOfTheValues) {
 TEST(GemmBf16, OperandScopesRejectMismatchedCopiesAndDeepNesting) {
   const std::vector<float> v(10);
   const std::vector<BFloat16> short_copy(9);
-  set_gemm_compute(GemmCompute::kBF16);
-  EXPECT_THROW(Bf16Operands(v, short_copy), InvalidArgument);
+  EXPECT_THROW(Bf16Operands(kBf16, v, short_copy), InvalidArgument);
   {
     std::vector<std::unique_ptr<Bf16Operands>> live;
-    for (int i = 0; i < kMaxBf16Operands; ++i) live.push_back(std::make_unique<Bf16Operands>(v));
-    EXPECT_THROW(Bf16Operands{v}, InvalidArgument);
+    for (int i = 0; i < kMaxBf16Operands; ++i) {
+      live.push_back(std::make_unique<Bf16Operands>(kBf16, v));
+    }
+    EXPECT_THROW((Bf16Operands{kBf16, v}), InvalidArgument);
     while (!live.empty()) live.pop_back();  // innermost first, as scopes close
   }
-  EXPECT_NO_THROW(Bf16Operands{v});  // all closed again
-  set_gemm_compute(GemmCompute::kFP32);
-  // Without bf16 compute a scope is inert: no limit, nothing recorded.
+  EXPECT_NO_THROW((Bf16Operands{kBf16, v}));  // all closed again
+  // Opened for fp32 products a scope is inert: no limit, nothing recorded.
   std::vector<std::unique_ptr<Bf16Operands>> many;
-  for (int i = 0; i < 2 * kMaxBf16Operands; ++i) many.push_back(std::make_unique<Bf16Operands>(v));
+  for (int i = 0; i < 2 * kMaxBf16Operands; ++i) {
+    many.push_back(std::make_unique<Bf16Operands>(GemmCompute::kFP32, v));
+  }
 }
 
 // ---------------------------------------------------------------- bias
@@ -455,12 +448,11 @@ void expect_bias_matches_reference(const Case& k, float alpha, GemmCompute compu
     std::fill_n(o.c.begin() + static_cast<std::ptrdiff_t>(i * o.ldc + k.N), k.pad, 7.0f);
   }
   const std::vector<float> before = o.c;
-  set_gemm_compute(compute);
   std::vector<float> one_thread;
   for (int threads : {1, 2}) {
     set_gemm_threads(threads);
     std::vector<float> c = before;
-    gemm(k.ta, k.tb, k.M, k.N, k.K, alpha, o.a, o.lda, o.b, o.ldb, 0.0f, c, o.ldc, bias);
+    gemm(compute, k.ta, k.tb, k.M, k.N, k.K, alpha, o.a, o.lda, o.b, o.ldb, 0.0f, c, o.ldc, bias);
     if (threads == 1) {
       one_thread = c;
     } else {
@@ -469,7 +461,6 @@ void expect_bias_matches_reference(const Case& k, float alpha, GemmCompute compu
     }
   }
   set_gemm_threads(1);
-  set_gemm_compute(GemmCompute::kFP32);
   o.c = one_thread;
   // The bias adds at most one rounding of a value below 1 + |product|.
   expect_near(k, o, want, before, std::abs(alpha) + 1.0f, 0.0f,
@@ -487,7 +478,7 @@ TEST(GemmBias, IsAddedToEveryRowInBothComputes) {
 TEST(GemmBias, WithKZeroCIsTheBias) {
   std::vector<float> a(3), b(4), c(3 * 4, std::nanf(""));
   const std::vector<float> bias = {1.0f, -2.0f, 3.5f, 0.25f};
-  gemm(kN, kN, 3, 4, 0, 1.0f, a, 1, b, 4, 0.0f, c, 4, bias);
+  gemm(kFp32, kN, kN, 3, 4, 0, 1.0f, a, 1, b, 4, 0.0f, c, 4, bias);
   for (size_t i = 0; i < 3; ++i) {
     for (size_t j = 0; j < 4; ++j) EXPECT_EQ(c[i * 4 + j], bias[j]);
   }
@@ -496,8 +487,9 @@ TEST(GemmBias, WithKZeroCIsTheBias) {
 TEST(GemmBias, NeedsNValuesAndBetaZero) {
   std::vector<float> a(2 * 3, 1.0f), b(3 * 4, 1.0f), c(2 * 4);
   const std::vector<float> short_bias(3), bias(4);
-  EXPECT_THROW(gemm(kN, kN, 2, 4, 3, 1.0f, a, 3, b, 4, 0.0f, c, 4, short_bias), InvalidArgument);
-  EXPECT_THROW(gemm(kN, kN, 2, 4, 3, 1.0f, a, 3, b, 4, 1.0f, c, 4, bias), InvalidArgument);
+  EXPECT_THROW(gemm(kFp32, kN, kN, 2, 4, 3, 1.0f, a, 3, b, 4, 0.0f, c, 4, short_bias),
+               InvalidArgument);
+  EXPECT_THROW(gemm(kFp32, kN, kN, 2, 4, 3, 1.0f, a, 3, b, 4, 1.0f, c, 4, bias), InvalidArgument);
 }
 
 }  // namespace
