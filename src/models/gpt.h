@@ -39,7 +39,7 @@ struct GptConfig {
 // Throws InvalidArgument naming the field, its value and what would work.
 void validate(const GptConfig& config);
 
-// The --size presets of the design brief, with their default micro-batch.
+// The --size presets, with their default micro-batch.
 struct GptPreset {
   std::string_view name;
   GptConfig config;
