@@ -1,17 +1,9 @@
-// The training engine: one step loop for every ZeRO stage, the stage read as three switches.
-//
-// Per rank, each unit of the model owns (counts for Φ_u elements, own range c_u):
-//   params  16-bit (fp32 at --precision fp32)   Φ_u, or c_u when sharding.parameters
-//   grads   same dtype                          Φ_u, or c_u when sharding.gradients
-//   master  fp32 (none at fp32: params are it)  Φ_u, or c_u when sharding.optimizer_states
-//   adam_m, adam_v  fp32                        as master
-// One step: A micro-batches of forward and backward over the units, gradients reduced by
-// the policy (--accumulate), overflow and norm agreed on the owned ranges, AdamW on the
-// optimizer range, updated parameters rounded and (stages 1-2) all-gathered. Stage 3
-// gathers a unit's parameters before its forward and again before its backward.
+// The training engine's entry point: a whole run on the configured backend, every rank
+// running the one step loop that serves every ZeRO stage (train/rank_trainer.h has the loop
+// and its parts; train/stage_plan.h what a stage makes it do). What a run produces is in
+// train/result.h.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
