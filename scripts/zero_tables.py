@@ -52,7 +52,7 @@ def tables(zerodp, args):
                 r = reports[(n, stage)][0]
                 m = r["ranks"][0]["model_state_bytes"]
                 total = sum(m.values())
-                # The design brief's per-rank formula for 16-bit precisions, Φ divisible by N.
+                # The ZeRO paper's per-rank formula for 16-bit precisions, Φ divisible by N.
                 formula = [16 * phi, 4 * phi + 12 * phi / n, 2 * phi + 14 * phi / n, 16 * phi / n][stage]
                 out.append(f"| {n} | {stage} | {mib(m['params'])} | {mib(m['grads'])} | "
                            f"{mib(m['master'])} | {mib(m['adam_m'])} | {mib(m['adam_v'])} | "

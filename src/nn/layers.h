@@ -97,7 +97,7 @@ void layernorm_backward(std::span<float> dinp,          // (rows, C) +=
                         size_t rows, size_t C);
 
 // ---- GELU, exact: 0.5 x (1 + erf(x / sqrt 2)), PyTorch nn.GELU()'s default ----
-// (not the tanh approximation llm.c and GPT-2 use; see the design brief)
+// (not the tanh approximation GPT-2 was trained with: the exact form is what the peer computes)
 
 void gelu_forward(std::span<float> out,         // (count)
                   std::span<const float> inp);  // (count)

@@ -13,7 +13,7 @@
 
 namespace zerodp {
 
-// What each rank keeps only its slice of (the design brief's "stage as three switches").
+// What each rank keeps only its slice of ("the stage as three switches"; train/stage_plan.h is their one reader).
 struct Sharding {
   bool optimizer_states = false;  // stage >= 1
   bool gradients = false;         // stage >= 2

@@ -47,7 +47,7 @@ TEST(GptParams, MediumIs10893312) {
   EXPECT_EQ(preset_params("medium"), 10893312u);
   EXPECT_EQ(preset_params("medium"), gpt_params_by_formula(gpt_preset("medium").config));
 }
-TEST(GptParams, LargeIs86235648) {  // the design brief's "86M": GPT-2 small, vocabulary 256
+TEST(GptParams, LargeIs86235648) {  // "86M": GPT-2 small, vocabulary 256
   EXPECT_EQ(preset_params("large"), 86235648u);
   EXPECT_EQ(preset_params("large"), gpt_params_by_formula(gpt_preset("large").config));
 }

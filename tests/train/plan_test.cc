@@ -1,4 +1,4 @@
-// The planner against the ZeRO paper's Table 1 and the question bank's figures.
+// The planner against the ZeRO paper's Table 1 and commonly quoted figures.
 #include "train/plan.h"
 
 #include <gtest/gtest.h>
@@ -34,7 +34,7 @@ TEST(Plan, DataParallelStoresSixteenPhiTimesNAndStageThreeSixteenPhi) {
   }
 }
 
-// The question bank: ZeRO-1 cuts per-rank states about 2.9x at N = 8 (16Φ vs 4Φ + 12Φ/8).
+// A commonly quoted figure: ZeRO-1 cuts per-rank states about 2.9x at N = 8 (16Φ vs 4Φ + 12Φ/8).
 TEST(Plan, StageOneSavesAboutTwoPointNineTimesAtEightRanks) {
   const uint64_t units[] = {8'000'000};
   const double s0 =

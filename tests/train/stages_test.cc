@@ -76,7 +76,7 @@ INSTANTIATE_TEST_SUITE_P(Matrix, StagesAgree, ::testing::ValuesIn(matrix()),
                                               c.grad_accum, accumulate_name(c.policy));
                          });
 
-// Model-state bytes per rank: the design brief's table, for ragged partitions.
+// Model-state bytes per rank: the ZeRO paper's table, for ragged partitions.
 TEST(StageAccounting, ModelStateBytesEqualTheZeroFormulaPerRank) {
   for (int n : {1, 3, 4}) {
     for (Precision p : {Precision::kBF16, Precision::kFP32}) {

@@ -1,5 +1,5 @@
 # zerodp export and zerodp sample on hostile checkpoints, model files and output paths
-# (issue 16, classes 1, 2, 5, 8, 9, 11). Sourced by errors_test.sh.
+# Sourced by errors_test.sh.
 ex_tools=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ex_py=$(command -v python3 || echo /usr/bin/python3)
 ex_tmp=$(mktemp -d)

@@ -1,4 +1,4 @@
-# zerodp train: flags, inputs and outputs, all refused before the first step (issue 16).
+# zerodp train: flags, inputs and outputs, all refused before the first step.
 tt=$(mktemp -d)
 tiny=(--size tiny --data synthetic --steps 2 --no-progress)
 
