@@ -38,6 +38,26 @@ PY
     echo "ok: N=$n stage $stage $precision: same weights, losses, samples, comm, memory"
   fi
 done
+# Ranks on different hosts (each process told it is alone on its host, as OpenMPI tells a
+# rank per node): the same training as the local run, and a peak counting each host's cores.
+if "$mpirun" --version 2>/dev/null | grep -q "Open MPI"; then
+  "$zerodp" "${common[@]}" --ranks 2 --stage 1 --report "$tmp/local.json" >/dev/null
+  if "$mpirun" -np 2 env OMPI_COMM_WORLD_LOCAL_SIZE=1 "$zerodp" "${common[@]}" --backend mpi \
+    --stage 1 --report "$tmp/hosts.json" >/dev/null &&
+    /usr/bin/env python3 - "$tmp/local.json" "$tmp/hosts.json" <<'PY'
+import json, os, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["final"]["weights_sha256"] == b["final"]["weights_sha256"], "weights differ"
+assert [r["samples_sha256"] for r in a["ranks"]] == [r["samples_sha256"] for r in b["ranks"]]
+assert b["throughput"]["peak_cores"] == 2 * os.cpu_count(), b["throughput"]
+PY
+  then
+    echo "ok: one rank per host: the local run's weights and samples, each host's cores"
+  else
+    echo "FAIL: one rank per host: not the local run's training, or the wrong peak"
+    fail=1
+  fi
+fi
 # The MFU line names the precision whose GEMM peak it divides by.
 "$zerodp" "${common[@]}" --precision bf16 | grep -q "GFLOP/s bf16 GEMM peak" ||
   { echo "FAIL: a bf16 run's MFU line does not name the bf16 peak"; fail=1; }
