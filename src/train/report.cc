@@ -14,20 +14,22 @@
 
 namespace zerodp {
 
+namespace key = report_key;
+
 nlohmann::json step_json(const StepRecord& s) {
   nlohmann::json j;
-  j["step"] = s.step;
-  j["loss"] = s.loss;
-  j["lr"] = s.lr;
-  j["grad_norm"] = s.grad_norm;
-  j["grad_norm_clipped"] = s.grad_norm_clipped;
-  j["loss_scale"] = s.loss_scale ? nlohmann::json(*s.loss_scale) : nlohmann::json();
-  j["skipped"] = s.skipped;
-  j["tokens"] = s.tokens;
-  j["seconds"] = s.seconds;
-  j["mfu"] = s.mfu ? nlohmann::json(*s.mfu) : nlohmann::json();
-  if (s.val_loss) j["val_loss"] = *s.val_loss;
-  if (!s.checkpoint.empty()) j["checkpoint"] = s.checkpoint;
+  j[key::kStep] = s.step;
+  j[key::kLoss] = s.loss;
+  j[key::kLr] = s.lr;
+  j[key::kGradNorm] = s.grad_norm;
+  j[key::kGradNormClipped] = s.grad_norm_clipped;
+  j[key::kLossScale] = s.loss_scale ? nlohmann::json(*s.loss_scale) : nlohmann::json();
+  j[key::kSkipped] = s.skipped;
+  j[key::kTokens] = s.tokens;
+  j[key::kSeconds] = s.seconds;
+  j[key::kMfu] = s.mfu ? nlohmann::json(*s.mfu) : nlohmann::json();
+  if (s.val_loss) j[key::kValLoss] = *s.val_loss;
+  if (!s.checkpoint.empty()) j[key::kCheckpoint] = s.checkpoint;
   return j;
 }
 
@@ -36,80 +38,83 @@ namespace {
 nlohmann::json comm_json(const CommLedger::Table& t) {
   nlohmann::json j;
   for (int k = 0; k < kNumCommKinds; ++k) {
-    j[std::string(comm_kind_name(static_cast<CommKind>(k)))] = {{"calls", t[k].calls},
-                                                                {"bytes", t[k].bytes}};
+    j[std::string(comm_kind_name(static_cast<CommKind>(k)))] = {{key::kCalls, t[k].calls},
+                                                                {key::kBytes, t[k].bytes}};
   }
   return j;
 }
+
+std::string name(MemCategory c) { return std::string(mem_category_name(c)); }
+std::string name(CommKind k) { return std::string(comm_kind_name(k)); }
 
 }  // namespace
 
 nlohmann::json report_json(const TrainResult& r) {
   nlohmann::json j;
-  j["zerodp_version"] = zerodp_version();
-  j["config"] = config_json(r.config);
-  j["params"] = r.params;
-  j["world_size"] = r.world_size;
-  j["stage"] = r.config.stage;
-  j["backend"] = r.backend;
-  j["precision"] = std::string(precision_name(r.config.precision));
-  j["data"] = r.data_description;
-  j["resumed_from"] = r.resumed_from.empty() ? nlohmann::json() : nlohmann::json(r.resumed_from);
+  j[key::kVersion] = zerodp_version();
+  j[key::kConfig] = config_json(r.config);
+  j[key::kParams] = r.params;
+  j[key::kWorldSize] = r.world_size;
+  j[key::kStage] = r.config.stage;
+  j[key::kBackend] = r.backend;
+  j[key::kPrecision] = std::string(precision_name(r.config.precision));
+  j[key::kData] = r.data_description;
+  j[key::kResumedFrom] = r.resumed_from.empty() ? nlohmann::json() : nlohmann::json(r.resumed_from);
   // The steps before this run, from the checkpoint: only what the training determines, so
   // no timing or MFU (those of "steps" and "throughput" are this run's alone).
-  j["history"] = nlohmann::json::array();
+  j[key::kHistory] = nlohmann::json::array();
   for (const auto& s : r.history) {
     nlohmann::json h = step_json(s);
-    h.erase("seconds");
-    h.erase("mfu");
-    j["history"].push_back(std::move(h));
+    h.erase(key::kSeconds);
+    h.erase(key::kMfu);
+    j[key::kHistory].push_back(std::move(h));
   }
-  j["steps"] = nlohmann::json::array();
-  for (const auto& s : r.steps) j["steps"].push_back(step_json(s));
-  j["final"] = {{"loss", r.final_loss},
-                {"val_loss", r.val_loss ? nlohmann::json(*r.val_loss) : nlohmann::json()},
-                {"weights_sha256", r.weights_sha256}};
+  j[key::kSteps] = nlohmann::json::array();
+  for (const auto& s : r.steps) j[key::kSteps].push_back(step_json(s));
+  j[key::kFinal] = {{key::kLoss, r.final_loss},
+                    {key::kValLoss, r.val_loss ? nlohmann::json(*r.val_loss) : nlohmann::json()},
+                    {key::kWeightsSha256, r.weights_sha256}};
   // An early stop is part of the record: a reader must not take a cut-short run for one
   // that reached --steps.
   if (r.stopped) {
     const bool signal = r.stopped->reason == EarlyStop::Reason::kSignal;
-    j["stopped"] = {
-        {"reason", signal ? "signal" : "max_skips"},
-        {"signal", signal ? nlohmann::json(signal_name(r.stopped->signal)) : nlohmann::json()},
-        {"after_step", r.stopped->after_step},
-        {"message", r.stopped->message}};
+    j[key::kStopped] = {
+        {key::kReason, signal ? "signal" : "max_skips"},
+        {key::kSignal, signal ? nlohmann::json(signal_name(r.stopped->signal)) : nlohmann::json()},
+        {key::kAfterStep, r.stopped->after_step},
+        {key::kMessage, r.stopped->message}};
   } else {
-    j["stopped"] = nullptr;
+    j[key::kStopped] = nullptr;
   }
-  j["throughput"] = {{"tokens_per_second", r.tokens_per_second},
-                     {"mfu", r.mfu},
-                     {"flops_per_token", r.flops_per_token},
-                     {"peak_flops", r.peak_flops},
-                     {"peak_cores", r.peak_cores},
-                     {"step_seconds_median", r.step_seconds_median}};
-  j["process"] = {{"peak_rss_bytes", r.process_peak_rss_bytes}};
-  j["units"] = nlohmann::json::array();
+  j[key::kThroughput] = {{key::kTokensPerSecond, r.tokens_per_second},
+                         {key::kMfu, r.mfu},
+                         {key::kFlopsPerToken, r.flops_per_token},
+                         {key::kPeakFlops, r.peak_flops},
+                         {key::kPeakCores, r.peak_cores},
+                         {key::kStepSecondsMedian, r.step_seconds_median}};
+  j[key::kProcess] = {{key::kPeakRssBytes, r.process_peak_rss_bytes}};
+  j[key::kUnits] = nlohmann::json::array();
   for (size_t i = 0; i < r.unit_names.size(); ++i) {
-    j["units"].push_back({{"name", r.unit_names[i]}, {"params", r.unit_numel[i]}});
+    j[key::kUnits].push_back({{key::kName, r.unit_names[i]}, {key::kParams, r.unit_numel[i]}});
   }
-  j["ranks"] = nlohmann::json::array();
+  j[key::kRanks] = nlohmann::json::array();
   for (const auto& rank : r.ranks) {
     nlohmann::json rj;
-    rj["rank"] = rank.rank;
+    rj[key::kRank] = rank.rank;
     nlohmann::json states, peak;
     for (int k = 0; k < kNumMemCategories; ++k) {
-      const std::string name(mem_category_name(static_cast<MemCategory>(k)));
-      if (k <= static_cast<int>(MemCategory::kAdamV)) states[name] = rank.model_state[k];
-      peak[name] = rank.peak[k];
+      const std::string cat = name(static_cast<MemCategory>(k));
+      if (k <= static_cast<int>(MemCategory::kAdamV)) states[cat] = rank.model_state[k];
+      peak[cat] = rank.peak[k];
     }
-    peak["total"] = rank.peak_total;
-    rj["model_state_bytes"] = states;
-    rj["peak_bytes"] = peak;
-    rj["outside_ledger_bytes"] = {{"gemm_bf16_copies", rank.gemm_bf16_copy_bytes}};
-    rj["comm"] = comm_json(rank.comm_train);
-    rj["comm_other"] = comm_json(rank.comm_other);
-    rj["samples_sha256"] = rank.samples_sha256;
-    j["ranks"].push_back(rj);
+    peak[key::kTotal] = rank.peak_total;
+    rj[key::kModelStateBytes] = states;
+    rj[key::kPeakBytes] = peak;
+    rj[key::kOutsideLedgerBytes] = {{key::kGemmBf16Copies, rank.gemm_bf16_copy_bytes}};
+    rj[key::kComm] = comm_json(rank.comm_train);
+    rj[key::kCommOther] = comm_json(rank.comm_other);
+    rj[key::kSamplesSha256] = rank.samples_sha256;
+    j[key::kRanks].push_back(rj);
   }
   // The planner's exact bytes beside the measured ones, so a reader of the report (zerodp
   // report) compares without re-deriving ragged partitions from the units.
@@ -117,20 +122,20 @@ nlohmann::json report_json(const TrainResult& r) {
   nlohmann::json plan_states = nlohmann::json::array(), plan_comm = nlohmann::json::array();
   for (int rank = 0; rank < r.world_size; ++rank) {
     const StateBytes s = model_state_bytes(r.unit_numel, r.world_size, c.stage, c.precision, rank);
-    plan_states.push_back({{"params", s.params},
-                           {"grads", s.grads},
-                           {"master", s.master},
-                           {"adam_m", s.adam_m},
-                           {"adam_v", s.adam_v},
-                           {"total", s.total()}});
+    plan_states.push_back({{name(MemCategory::kParams), s.params},
+                           {name(MemCategory::kGrads), s.grads},
+                           {name(MemCategory::kMaster), s.master},
+                           {name(MemCategory::kAdamM), s.adam_m},
+                           {name(MemCategory::kAdamV), s.adam_v},
+                           {key::kTotal, s.total()}});
     const CommBytes cb = comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision,
                                              c.grad_accum, c.accumulate, rank);
-    plan_comm.push_back({{"all_reduce", cb.all_reduce},
-                         {"reduce_scatter", cb.reduce_scatter},
-                         {"all_gather", cb.all_gather},
-                         {"total", cb.total()}});
+    plan_comm.push_back({{name(CommKind::kAllReduce), cb.all_reduce},
+                         {name(CommKind::kReduceScatter), cb.reduce_scatter},
+                         {name(CommKind::kAllGather), cb.all_gather},
+                         {key::kTotal, cb.total()}});
   }
-  j["plan"] = {{"model_state_bytes", plan_states}, {"comm_bytes_per_step", plan_comm}};
+  j[key::kPlan] = {{key::kModelStateBytes, plan_states}, {key::kCommBytesPerStep, plan_comm}};
   return j;
 }
 

@@ -1,0 +1,95 @@
+// Reading a run report (docs/report.md; report_json in train/report.h writes it) and a
+// --metrics log back into typed values, for zerodp report. The writer and this reader spell
+// every key through the same constants (report_key in train/report.h).
+//
+// Only the keys the page draws are read, and each is checked as it is read: a refusal is
+// one line naming the file and the key's path in the report, e.g. "report 'r.json' is not a
+// zerodp train report: 'ranks[1].comm' is not an object" (InvalidArgument); a file that is
+// not JSON is CorruptData, one that cannot be read IoError. Keys it does not read may hold
+// anything, and reports of earlier versions (no `history`, no `plan`) still read.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "memory/ledger.h"
+#include "train/config.h"
+#include "train/plan.h"
+
+namespace zerodp {
+
+// One point of a loss curve: an element of a report's `steps` or `history`, or a line of a
+// --metrics log (step_json writes all three).
+struct ReportStep {
+  double step = 0;                 // any JSON number; the writer's are integers from 1
+  std::optional<double> loss;      // nullopt: the file holds null (the loss was not finite)
+  bool evaluated = false;          // the step has a `val_loss`
+  std::optional<double> val_loss;  // when evaluated; nullopt: null in the file, not finite
+};
+
+struct ReportRank {
+  uint64_t rank = 0;
+  // `model_state_bytes`: the model-state categories (params .. adam_v); the rest stay 0.
+  MemoryLedger::Table model_state{};
+  // `peak_bytes`: the transient categories (gathered .. workspace); the model states' own
+  // peaks are not read and stay 0.
+  MemoryLedger::Table peak{};
+  uint64_t peak_total = 0;                     // `peak_bytes.total`
+  std::map<std::string, uint64_t> comm_bytes;  // `comm[kind].bytes`, for each kind the file holds
+};
+
+// The planner's figures for one rank, as the file holds them (`plan`).
+struct ReportPlanRank {
+  StateBytes model_state;            // `model_state_bytes[r]`
+  uint64_t model_state_total = 0;    // its `total`, as written
+  uint64_t comm_bytes_per_step = 0;  // `comm_bytes_per_step[r].total`
+};
+
+// `config`, when it is an object: what names the model (config_json's keys).
+struct ReportModel {
+  std::string model;                // "" when missing or not a string
+  std::optional<std::string> size;  // the gpt's size preset, when a string
+};
+
+struct RunReport {
+  std::string zerodp_version;
+  uint64_t params = 0;  // Φ
+  int world_size = 0;   // 1 .. 2^20
+  int stage = 0;        // 0 .. 3
+  Precision precision = Precision::kBF16;
+  std::string backend;
+  std::string data;                         // "" when missing or not a string
+  std::optional<std::string> resumed_from;  // nullopt when null, missing or not a string
+  std::optional<ReportModel> model;         // nullopt when `config` is not an object
+  std::optional<double> final_loss;         // nullopt: null (no step taken, or not finite)
+  std::optional<double> final_val_loss;     // nullopt: null
+  std::string weights_sha256;
+  std::optional<double> tokens_per_second;          // nullopt: null
+  std::optional<double> mfu;                        // nullopt: null
+  std::vector<ReportStep> history;                  // empty when missing (earlier versions)
+  std::vector<ReportStep> steps;                    // this run's own
+  std::vector<ReportRank> ranks;                    // world_size of them
+  std::optional<std::vector<ReportPlanRank>> plan;  // world_size of them; nullopt when missing
+};
+
+// A report file; messages start "report '<path>'". A --metrics log passed as a report is
+// refused saying so.
+RunReport read_report(const std::string& path);
+// The same for text already read; `file` names it in messages.
+RunReport parse_report(std::string_view text, const std::string& file);
+RunReport report_from_json(const nlohmann::json& root, const std::string& file);
+
+// A --metrics log: one step record per line. A last line without its newline is a write in
+// progress (the trainer writes a line, then flushes) and is left out, so a page can be made
+// of a run that is still going. Messages start "metrics '<path>'"; a report passed as a log
+// is refused saying so.
+std::vector<ReportStep> read_metrics(const std::string& path);
+std::vector<ReportStep> parse_metrics(std::string_view text, const std::string& file);
+
+}  // namespace zerodp
