@@ -34,7 +34,7 @@ using ShapeFields = std::map<std::string, int64_t>;
 // (the meta.json), the field, its value and what the kind expects.
 class ShapeReader {
  public:
-  // `units`: how many units meta.json's "units" lists.
+  // `units`: how many units meta.json's "units" lists. Borrows `fields`.
   ShapeReader(const ShapeFields& fields, std::string_view kind, std::string what, uint64_t units);
   // The field as an int in 0..INT_MAX; missing or out of range is CorruptData.
   int field(const char* key) const;
