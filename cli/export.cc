@@ -1,7 +1,6 @@
 // zerodp export: a sharded checkpoint as one safetensors file of consolidated fp32 weights
 // under the model's canonical parameter names (what DeepSpeed's zero_to_fp32 produces),
 // streamed so the process holds a few MiB whatever the model's size.
-#include <limits>
 #include <memory>
 
 #include <fmt/core.h>
@@ -10,63 +9,17 @@
 #include "commands.h"
 #include "core/error.h"
 #include "core/units.h"
-#include "models/gpt.h"
-#include "models/mlp.h"
+#include "train/model_kind.h"
 
 namespace zerodp::cli {
 
 std::optional<std::vector<checkpoint::UnitMeta>> checkpoint_model_layout(const checkpoint::Meta& m,
                                                                          const std::string& what) {
-  const auto field = [&](const char* key) {
-    const auto it = m.model_shape.find(key);
-    if (it == m.model_shape.end()) {
-      throw CorruptData(
-          fmt::format("{}: field \"model.{}\" is missing; a {} has one", what, key, m.model_kind));
-    }
-    if (it->second < 0 || it->second > std::numeric_limits<int>::max()) {
-      throw CorruptData(fmt::format("{}: field \"model.{}\" is {}; expected 0..{}", what, key,
-                                    it->second, std::numeric_limits<int>::max()));
-    }
-    return static_cast<int>(it->second);
-  };
-  // The unit count is checked before the model is built: a hostile layer count would
-  // otherwise build that many units.
-  const auto units_for = [&](const char* key, int layers, uint64_t units, const char* which) {
-    if (units != m.units.size()) {
-      throw CorruptData(fmt::format(
-          "{}: field \"model.{}\" is {}, but field \"units\" lists {} units; a {} with {} {} has "
-          "{} {}",
-          what, key, layers, m.units.size(), m.model_kind, layers, key, units, which));
-    }
-  };
-  try {
-    if (m.model_kind == "gpt") {
-      const GptConfig c{.layers = field("layers"),
-                        .heads = field("heads"),
-                        .embd = field("embd"),
-                        .seq_len = field("seq_len"),
-                        .vocab = field("vocab")};
-      units_for("layers", c.layers, uint64_t(c.layers) + 2, "(embedding, h.0.., head)");
-      if (c.heads > 0 && c.embd % c.heads != 0) {
-        throw CorruptData(fmt::format(
-            "{}: field \"model.heads\" is {}; it does not divide field \"model.embd\" ({})", what,
-            c.heads, c.embd));
-      }
-      return checkpoint::describe_units(make_gpt(c));
-    }
-    if (m.model_kind == "mlp") {
-      MlpConfig c;
-      c.hidden = field("hidden");
-      c.hidden_layers = field("hidden_layers");
-      units_for("hidden_layers", c.hidden_layers, uint64_t(c.hidden_layers) + 1,
-                "(hidden.., head)");
-      return checkpoint::describe_units(make_mlp(c));
-    }
-  } catch (const InvalidArgument& e) {
-    throw CorruptData(
-        fmt::format("{}: field \"model\" describes no valid {}: {}", what, m.model_kind, e.what()));
-  }
-  return std::nullopt;  // a model the caller built itself (tests): checked against itself only
+  const ModelKind* kind = find_model_kind(m.model_kind);
+  // A model the caller built itself (tests): checked against itself only.
+  if (kind == nullptr || kind->build_from_shape == nullptr) return std::nullopt;
+  return checkpoint::describe_units(
+      build_from_checkpoint(*kind, m.model_shape, what, m.units.size()));
 }
 
 namespace {

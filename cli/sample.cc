@@ -25,6 +25,7 @@
 #include "models/generate.h"
 #include "models/gpt.h"
 #include "tensor/gemm.h"
+#include "train/model_kind.h"
 
 namespace zerodp::cli {
 
@@ -77,7 +78,7 @@ FileConfig gpt_config_of(const st::Reader& r, int heads_flag) {
         "{}: metadata format is '{}'; zerodp sample reads zerodp-export-1 (zerodp export)", file,
         *format));
   }
-  if (const auto model = get("model"); model && *model != "gpt") {
+  if (const auto model = get("model"); model && *model != kGptKind) {
     throw InvalidArgument(fmt::format(
         "{}: holds a '{}' model; zerodp sample generates text from a gpt", file, *model));
   }
@@ -221,23 +222,14 @@ LoadedGpt load_export(const fs::path& path, int heads_flag) {
 
 LoadedGpt load_checkpoint_directory(const fs::path& dir) {
   checkpoint::ConsolidatedModel m = checkpoint::read_consolidated(dir, checkpoint_model_layout);
-  if (m.kind != "gpt") {
+  if (m.kind != kGptKind) {
     throw InvalidArgument(fmt::format("{} holds a {} model; zerodp sample generates with a gpt",
                                       dir.string(), m.kind));
   }
-  const auto field = [&](const char* key) {
-    const auto it = m.shape.find(key);
-    if (it == m.shape.end()) {
-      throw CorruptData(fmt::format("{}: meta.json's model has no \"{}\"", dir.string(), key));
-    }
-    return static_cast<int>(it->second);
-  };
   LoadedGpt g;
-  g.config = GptConfig{.layers = field("layers"),
-                       .heads = field("heads"),
-                       .embd = field("embd"),
-                       .seq_len = field("seq_len"),
-                       .vocab = field("vocab")};
+  // Already checked against the units by read_consolidated (checkpoint_model_layout).
+  g.config = gpt_config_from_shape(
+      ShapeReader(m.shape, m.kind, (dir / "meta.json").string(), m.unit_names.size()));
   g.weights = std::move(m.unit_weights);
   check_finite(g, dir.string());
   return g;

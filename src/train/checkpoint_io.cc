@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/version.h"
 #include "train/flat.h"
+#include "train/model_kind.h"
 #include "train/trace.h"
 
 namespace zerodp {
@@ -23,14 +24,8 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
   m.stage = cfg.stage;
   m.precision = std::string(precision_name(cfg.precision));
   m.model_kind = cfg.model;
-  if (cfg.model == "gpt") {
-    m.model_shape = {{"layers", cfg.layers},
-                     {"heads", cfg.heads},
-                     {"embd", cfg.embd},
-                     {"seq_len", cfg.seq_len},
-                     {"vocab", 256}};
-  } else if (cfg.model == "mlp") {
-    m.model_shape = {{"hidden", cfg.mlp_hidden}, {"hidden_layers", cfg.mlp_layers}};
+  if (const ModelKind& kind = model_kind(cfg.model); kind.shape != nullptr) {
+    m.model_shape = kind.shape(cfg);
   }
   for (const UnitState& u : trainer.state().units()) {
     checkpoint::UnitMeta um;
@@ -96,16 +91,11 @@ void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& 
   const checkpoint::Meta& m = ckpt.meta();
   const std::string where = (ckpt.dir() / "meta.json").string();
   if (m.units.size() != units.size()) {
-    // "gpt small", or "mlp" alone: only the gpt has size presets.
-    const auto model = [](const std::string& kind, const std::string& size) {
-      return size.empty() ? kind : kind + " " + size;
-    };
-    const std::string saved_size =
-        m.model_kind == "gpt" && m.config.count("size") ? m.config.at("size") : "";
+    const std::string saved_size = m.config.count("size") ? m.config.at("size") : "";
     throw CorruptData(
         fmt::format("{}: a checkpoint of another model: {} units there ({}), {} in this run ({})",
-                    where, m.units.size(), model(m.model_kind, saved_size), units.size(),
-                    model(cfg.model, cfg.model == "gpt" ? cfg.size : "")));
+                    where, m.units.size(), model_label(m.model_kind, saved_size), units.size(),
+                    model_label(cfg.model, cfg.size)));
   }
   for (size_t i = 0; i < units.size(); ++i) {
     const checkpoint::UnitMeta& saved = m.units[i];

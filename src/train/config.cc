@@ -8,7 +8,7 @@
 #include <fmt/core.h>
 
 #include "core/error.h"
-#include "models/gpt.h"
+#include "train/model_kind.h"
 
 namespace zerodp {
 
@@ -109,31 +109,7 @@ Injection parse_injection(std::string_view text) {
 }
 
 void resolve_config(TrainConfig& c) {
-  const bool custom = c.model == "custom-text" || c.model == "custom-images";
-  if (c.model != "gpt" && c.model != "mlp" && !custom) {
-    throw InvalidArgument(fmt::format("--model '{}' is unknown; use gpt or mlp", c.model));
-  }
-  if (c.model == "custom-text" && c.seq_len < 1) {
-    throw InvalidArgument("model custom-text needs seq_len set to the model's sequence length");
-  }
-  if (c.model == "gpt") {
-    std::string known;
-    bool found = false;
-    for (const GptPreset& p : gpt_presets()) {
-      known += fmt::format("{}{}", known.empty() ? "" : ", ", p.name);
-      found = found || p.name == c.size;
-    }
-    if (!found) throw InvalidArgument(fmt::format("--size '{}' is unknown; use {}", c.size, known));
-    const GptPreset& preset = gpt_preset(c.size);
-    if (c.layers == 0) c.layers = preset.config.layers;
-    if (c.heads == 0) c.heads = preset.config.heads;
-    if (c.embd == 0) c.embd = preset.config.embd;
-    if (c.seq_len == 0) c.seq_len = preset.config.seq_len;
-    if (c.micro_batch == 0) c.micro_batch = preset.micro_batch;
-    validate(GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd, .seq_len = c.seq_len});
-  } else if (c.micro_batch == 0) {
-    c.micro_batch = 64;
-  }
+  model_kind(c.model).resolve(c);
   (void)Sharding::for_stage(c.stage);
   if (c.micro_batch < 1) {
     throw InvalidArgument(fmt::format("--micro-batch {} is invalid; use 1 or more", c.micro_batch));
@@ -213,16 +189,7 @@ void resolve_config(TrainConfig& c) {
 nlohmann::json config_json(const TrainConfig& c) {
   nlohmann::json j;
   j["model"] = c.model;
-  if (c.model == "gpt") {
-    j["size"] = c.size;
-    j["layers"] = c.layers;
-    j["heads"] = c.heads;
-    j["embd"] = c.embd;
-    j["seq_len"] = c.seq_len;
-  } else {
-    j["mlp_hidden"] = c.mlp_hidden;
-    j["mlp_layers"] = c.mlp_layers;
-  }
+  model_kind(c.model).config_fields(c, j);
   j["data"] = c.data;
   j["ranks"] = c.launch.ranks;
   j["backend"] = std::string(backend_name(c.launch.backend));

@@ -19,6 +19,7 @@
 #include "core/files.h"
 #include "data/source.h"
 #include "train/checkpoint_io.h"
+#include "train/model_kind.h"
 #include "train/outputs.h"
 #include "train/plan.h"
 #include "train/rank_trainer.h"
@@ -105,8 +106,7 @@ std::filesystem::path resume_point(const TrainConfig& cfg) {
 DataSplits open_training_data(const TrainConfig& cfg) {
   DataOptions dopt;
   dopt.source = cfg.data;
-  dopt.task = cfg.model == "mlp" || cfg.model == "custom-images" ? TaskKind::kImageClassification
-                                                                 : TaskKind::kLanguageModel;
+  dopt.task = model_kind(cfg.model).task;
   dopt.seq_len = cfg.seq_len;
   dopt.seed = cfg.seed;
   if (!cfg.cache_dir.empty()) dopt.cache_dir = cfg.cache_dir;
@@ -117,8 +117,7 @@ double model_flops_per_token(const TrainConfig& cfg, const ModelFactory& make_mo
   const Model m = make_model ? make_model() : build_model(cfg);
   double phi = 0;
   for (const auto& u : m) phi += static_cast<double>(u->numel());
-  return cfg.model == "gpt" ? training_flops_per_token(phi, cfg.layers, cfg.seq_len, cfg.embd)
-                            : training_flops_per_token(phi);
+  return model_kind(cfg.model).flops_per_token(cfg, phi);
 }
 
 // The cores this run's GEMMs occupy: on each host, its ranks' threads, at most the host's

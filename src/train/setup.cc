@@ -16,8 +16,7 @@
 #include "core/sysinfo.h"
 #include "core/units.h"
 #include "data/sampler.h"
-#include "models/gpt.h"
-#include "models/mlp.h"
+#include "train/model_kind.h"
 #include "train/plan.h"
 #include "train/rank_trainer.h"
 
@@ -27,15 +26,12 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 Model build_model(const TrainConfig& c) {
-  if (c.model == "gpt") {
-    return make_gpt(
-        GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd, .seq_len = c.seq_len});
+  const ModelKind& kind = model_kind(c.model);
+  if (kind.build == nullptr) {
+    throw InvalidArgument(
+        fmt::format("model '{}' is built by the caller: pass a ModelFactory to train()", c.model));
   }
-  if (c.model == "mlp") {
-    return make_mlp(MlpConfig{.hidden = c.mlp_hidden, .hidden_layers = c.mlp_layers});
-  }
-  throw InvalidArgument(
-      fmt::format("model '{}' is built by the caller: pass a ModelFactory to train()", c.model));
+  return kind.build(c);
 }
 
 double gemm_flops_per_core(GemmCompute compute) {

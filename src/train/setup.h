@@ -13,8 +13,9 @@
 
 namespace zerodp {
 
-// The gpt or mlp the configuration names; other kinds are built by the caller
-// (ModelFactory), and asking for one here is an InvalidArgument.
+// The model the configuration names, as its kind (train/model_kind.h) builds it; the custom
+// kinds are built by the caller (ModelFactory), and asking for one here is an
+// InvalidArgument.
 Model build_model(const TrainConfig& c);
 
 // One core's GEMM rate through the same gemm() training uses, in `compute`: a 512^3
