@@ -26,8 +26,8 @@ using StepCallback = std::function<void(const StepRecord&, int64_t total)>;
 // checkpoint_dir is set; the result says so in `stopped`, as does --max-skips.
 // `make_model`, when given, replaces the model config.model names; it is called once per
 // rank and its model must consume the configured data (tokens of config.seq_len for text,
-// pixel rows for images). config.model then only picks the kind of data: "gpt" or "custom-text" for
-// text, "mlp" or "custom-images" for images.
+// pixel rows for images). config.model then only picks the kind of data
+// (train/model_kind.h: "custom-text" or "custom-images").
 TrainResult train(const TrainConfig& config, int& argc, char**& argv,
                   const StepCallback& on_step = {}, const ModelFactory& make_model = {});
 
