@@ -14,9 +14,9 @@ them, zerodp's calibrated GEMM peak per core in fp32 and bf16. --json writes
 {"machine": {...}, "rows": [...]}.
 
 Cases: small and medium as listed under --cases; `large` (12 layers, T = 1024, micro-batch 4
-per rank) is not in the default list because one step takes tens of seconds on 2 cores: run it
-as `--cases large:bf16 --stages 3` (4 steps, 1 warm-up, 900 s per run unless --steps,
---warmup, --timeout say otherwise).
+per rank) is not in the default list because on 2 cores one zerodp step takes tens of seconds
+and one of the peer's minutes: run it as `--cases large:bf16 --stages 3` (4 steps, 1 warm-up,
+900 s per run unless --steps, --warmup, --timeout say otherwise; ~12 min in all).
 
 Run it through bench/vs_torch/vs_torch (which installs the peer and builds zerodp).
 """
@@ -45,7 +45,7 @@ def parse_args():
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Examples: bench/vs_torch/vs_torch --cases small:fp32 --stages 0,3 --repeats 2\n"
-               "          bench/vs_torch/vs_torch --cases large:bf16 --stages 3   # long sequences, ~10 min")
+               "          bench/vs_torch/vs_torch --cases large:bf16 --stages 3   # long sequences, ~12 min")
     p.add_argument("--zerodp", required=True, help="the zerodp binary")
     p.add_argument("--peer-dir", default=os.environ.get("ZERODP_TORCH_PEER") or
                    os.path.join(os.path.dirname(ROOT), "shared", "peers", "torch"),
@@ -296,12 +296,14 @@ def main():
               f"| {zl[last - 1]:.3f} / {tl[last - 1]:.3f} (step {last}) |")
 
     print()
-    print("| model | precision | zerodp stage-3 / stage-0 step | PyTorch FULL_SHARD / DDP step "
-          "| zerodp GFLOP/s (stage 0) | GEMM peak GFLOP/s (calibrated, the run's compute) | of peak |")
-    print("|---|---|---|---|---|---|---|")
-    for size, prec in a.case_list:
-        if (size, prec, 0) not in results:
-            continue
+    with_stage0 = [(size, prec) for size, prec in a.case_list if (size, prec, 0) in results]
+    if not with_stage0:
+        print("# no stage-0 run: the table of stage-3 / stage-0 steps and GFLOP/s needs stage 0 in --stages")
+    else:
+        print("| model | precision | zerodp stage-3 / stage-0 step | PyTorch FULL_SHARD / DDP step "
+              "| zerodp GFLOP/s (stage 0) | GEMM peak GFLOP/s (calibrated, the run's compute) | of peak |")
+        print("|---|---|---|---|---|---|---|")
+    for size, prec in with_stage0:
         s0 = next(r for r in summary if (r["size"], r["precision"], r["stage"]) == (size, prec, 0))
         s3 = next((r for r in summary if (r["size"], r["precision"], r["stage"]) == (size, prec, 3)), None)
         z_ratio = f"{s3['zerodp_step_s'] / s0['zerodp_step_s']:.3f}x" if s3 else "-"
