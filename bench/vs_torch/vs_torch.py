@@ -7,51 +7,71 @@ time, peak RSS per rank, the ratio zerodp / PyTorch, and both runs' losses after
 steps. Timing rule, both sides: the median step time after the warm-up steps;
 tokens/s = global tokens per step / that median.
 
+Before the first run it prints where the figures come from (machine.py): the CPU (lscpu's
+model name, cores, and whether it has AMX-BF16, AMX tiles, AVX512-BF16, AVX-512), the matmul
+kernels oneDNN ran in a 1-step bf16 probe (--no-probe skips it), and, as the runs report
+them, zerodp's calibrated GEMM peak per core in fp32 and bf16. --json writes
+{"machine": {...}, "rows": [...]}.
+
+Cases: small and medium as listed under --cases; `large` (12 layers, T = 1024, micro-batch 4
+per rank) is not in the default list because on 2 cores one zerodp step takes tens of seconds
+and one of the peer's minutes: run it as `--cases large:bf16 --stages 3` (4 steps, 1 warm-up,
+900 s per run unless --steps, --warmup, --timeout say otherwise; ~12 min in all).
+
 Run it through bench/vs_torch/vs_torch (which installs the peer and builds zerodp).
 """
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+import machine
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODES = {0: "ddp", 1: "zero1", 2: "fsdp_grad_op", 3: "fsdp_full"}
-STEPS = {"small": 60, "medium": 20}
-WARMUP = {"small": 5, "medium": 3}
+STEPS = {"small": 60, "medium": 20, "large": 4}
+WARMUP = {"small": 5, "medium": 3, "large": 1}
+TIMEOUT = {"small": 240, "medium": 240, "large": 900}  # seconds per run, before one retry
 
 
 def parse_args():
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: bench/vs_torch/vs_torch --cases small:fp32 --stages 0,3 --repeats 2")
+        epilog="Examples: bench/vs_torch/vs_torch --cases small:fp32 --stages 0,3 --repeats 2\n"
+               "          bench/vs_torch/vs_torch --cases large:bf16 --stages 3   # long sequences, ~12 min")
     p.add_argument("--zerodp", required=True, help="the zerodp binary")
     p.add_argument("--peer-dir", default=os.environ.get("ZERODP_TORCH_PEER") or
                    os.path.join(os.path.dirname(ROOT), "shared", "peers", "torch"),
                    help="where train_ref.py lives (default $ZERODP_TORCH_PEER, else "
                         "../shared/peers/torch beside the project)")
     p.add_argument("--cases", default="small:fp32,medium:fp32,medium:bf16",
-                   help="comma-separated SIZE:PRECISION pairs; precision fp32 or bf16 (peer: autocast)")
+                   help="comma-separated SIZE:PRECISION pairs; SIZE small, medium or large (12 layers, "
+                        "T = 1024; not in the default, slow); PRECISION fp32 or bf16 (peer: autocast)")
     p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages to run (comma-separated)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps", type=int, default=None,
-                   help="optimizer steps per run (default: small 60, medium 20)")
+                   help="optimizer steps per run (default: small 60, medium 20, large 4)")
     p.add_argument("--warmup", type=int, default=None,
-                   help="steps left out of the timing (default: small 5, medium 3)")
+                   help="steps left out of the timing (default: small 5, medium 3, large 1)")
     p.add_argument("--repeats", type=int, default=1,
                    help="pairs per (case, stage); the figures are medians over them, and the order "
                         "of zerodp and the peer alternates between repeats")
     p.add_argument("--peer-blas", choices=["avx512", "env"], default="avx512",
                    help="avx512 (default, the peer's best): run the peer without this environment's "
                         "OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE; env: as the environment sets them")
-    p.add_argument("--timeout", type=int, default=240,
+    p.add_argument("--timeout", type=int, default=None,
                    help="seconds before one run is abandoned and retried once (the peer, with the "
-                        "AVX-512 OpenBLAS kernel, now and then hangs with one rank gone)")
+                        "AVX-512 OpenBLAS kernel, now and then hangs with one rank gone); default "
+                        "small and medium 240, large 900")
+    p.add_argument("--no-probe", action="store_true",
+                   help="skip the 1-step ONEDNN_VERBOSE run that names oneDNN's bf16 kernels (~1 s)")
     p.add_argument("--json", default=None, help="also write every run's figures to this file")
     p.add_argument("--work-dir", default=None, help="where reports and the text go (default: a temp dir)")
     a = p.parse_args()
@@ -59,7 +79,7 @@ def parse_args():
     for c in a.cases.split(","):
         size, _, prec = c.partition(":")
         if size not in STEPS or prec not in ("fp32", "bf16"):
-            p.error(f"--cases entry '{c}' is not SIZE:PRECISION with SIZE small|medium and "
+            p.error(f"--cases entry '{c}' is not SIZE:PRECISION with SIZE small|medium|large and "
                     "PRECISION fp32|bf16")
         a.case_list.append((size, prec))
     try:
@@ -70,7 +90,25 @@ def parse_args():
         p.error(f"--stages '{a.stages}': each stage must be 0, 1, 2 or 3")
     if not os.path.isfile(os.path.join(a.peer_dir, "train_ref.py")):
         p.error(f"--peer-dir {a.peer_dir} has no train_ref.py; point it at ../shared/peers/torch")
+    peer_sizes = peer_size_choices(a.peer_dir)
+    for size in sorted({size for size, _ in a.case_list}):
+        if peer_sizes is not None and size not in peer_sizes:
+            p.error(f"--cases asks for size {size}, but the peer {a.peer_dir}/train_ref.py offers "
+                    f"--size {'|'.join(peer_sizes)} only; drop {size} from --cases or use a peer that "
+                    "has it")
     return a
+
+
+def peer_size_choices(peer_dir):
+    """The --size values the peer accepts (from its --help), or None when its help says nothing."""
+    try:
+        out = subprocess.run(["/usr/bin/python3", os.path.join(peer_dir, "train_ref.py"), "--help"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"--size \{([^}]*)\}", out)
+    return m.group(1).split(",") if m else None
 
 
 def kjv_text(work):
@@ -81,6 +119,10 @@ def kjv_text(work):
             subprocess.run(["bible", "-f", "gen1:1-rev22:21"], stdin=subprocess.DEVNULL, stdout=f,
                            check=True)
     return path
+
+
+def timeout_for(a, size):
+    return a.timeout if a.timeout is not None else TIMEOUT[size]
 
 
 def run_zerodp(a, size, prec, stage, steps, warmup, work, tag):
@@ -95,7 +137,7 @@ def run_zerodp(a, size, prec, stage, steps, warmup, work, tag):
            "--report", report, "--metrics", metrics]
     t0 = time.time()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=a.timeout)
+                          timeout=timeout_for(a, size))
     if proc.returncode != 0:
         raise RuntimeError(f"zerodp failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
     with open(report) as f:
@@ -112,7 +154,9 @@ def run_zerodp(a, size, prec, stage, steps, warmup, work, tag):
                 ledger_peak_mib=[b / 2**20 for b in ledger],
                 bf16_copies_mib=[b / 2**20 for b in outside],
                 losses=[l["loss"] for l in lines], flops_per_token=r["throughput"]["flops_per_token"],
-                peak_flops=r["throughput"]["peak_flops"], wall_s=time.time() - t0,
+                peak_flops=r["throughput"]["peak_flops"], peak_cores=r["throughput"]["peak_cores"],
+                peak_precision=machine.peak_per_core(r)[0],
+                peak_gflops_per_core=machine.peak_per_core(r)[1], wall_s=time.time() - t0,
                 command=" ".join(cmd))
 
 
@@ -131,9 +175,9 @@ def run_peer(a, size, prec, stage, steps, warmup, text, tag):
         t0 = time.time()
         try:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=env, timeout=a.timeout)
+                                  env=env, timeout=timeout_for(a, size))
         except subprocess.TimeoutExpired:
-            last = f"timed out after {a.timeout} s"
+            last = f"timed out after {timeout_for(a, size)} s"
             subprocess.run(["pkill", "-f", "multiprocessing.spawn"], check=False)
             continue
         line = next((l for l in proc.stdout.splitlines() if l.startswith("{")), None)
@@ -146,6 +190,28 @@ def run_peer(a, size, prec, stage, steps, warmup, text, tag):
         last = proc.stderr[-2000:]
         time.sleep(2)
     raise RuntimeError(f"peer failed twice: {' '.join(cmd)}\n{last}")
+
+
+def peaks_line(where, peaks, pending):
+    """zerodp's calibrated GEMM peak per core (512^3, one thread) in fp32 and bf16, and whence.
+
+    peaks: precision -> the benchmark runs' figures so far; pending: precisions whose runs are
+    still to come (empty once the runs are done)."""
+    probe = where["onednn"] or {}
+    parts = []
+    for prec in ("fp32", "bf16"):
+        got = peaks.get(prec)
+        if got:
+            spread = f", {min(got):.1f}-{max(got):.1f}" if len(got) > 1 else ""
+            parts.append(f"{prec} {statistics.median(got):.1f} GFLOP/s (median of {len(got)} "
+                         f"benchmark run{'s' if len(got) > 1 else ''}{spread})")
+        elif probe.get("precision") == prec and "peak_gflops_per_core" in probe:
+            parts.append(f"{prec} {probe['peak_gflops_per_core']:.1f} GFLOP/s (the oneDNN probe's run)")
+        elif prec in pending:
+            parts.append(f"{prec} from the first {prec} run below")
+        else:
+            parts.append(f"{prec} not measured (no {prec} case)")
+    return "# zerodp's calibrated GEMM peak per core (512^3, one thread, at start-up): " + "; ".join(parts)
 
 
 def med(runs, key):
@@ -162,6 +228,12 @@ def main():
           f"x {a.repeats} repeats = {total} pairs; work dir {work}", flush=True)
     print(f"# peer BLAS: {a.peer_blas} ({'OPENBLAS_CORETYPE unset' if a.peer_blas == 'avx512' else 'environment as set'}); "
           "zerodp: --schedule constant --clip 0 --decay-all --lr 1e-3", flush=True)
+    where = dict(cpu=machine.cpu_info(), onednn=None if a.no_probe else machine.onednn_probe(a.zerodp, work))
+    print(machine.cpu_line(where["cpu"]), flush=True)
+    print(machine.onednn_line(where["onednn"]) if where["onednn"] else "# oneDNN: not probed (--no-probe)",
+          flush=True)
+    print(peaks_line(where, {}, {prec for _, prec in a.case_list}), flush=True)
+    peaks = {}  # precision -> every benchmark run's calibrated GFLOP/s per core
     results = {}
     n = 0
     for rep in range(a.repeats):
@@ -181,6 +253,11 @@ def main():
                     else:
                         got[side] = run_peer(a, size, prec, stage, steps, warmup, text, tag)
                 z, t = got["zerodp"], got["torch"]
+                if z["peak_precision"] not in peaks:
+                    print(f"# calibrated GEMM peak per core, {z['peak_precision']}: "
+                          f"{z['peak_gflops_per_core']:.1f} GFLOP/s (zerodp's report of {tag}: "
+                          f"peak_flops / peak_cores {z['peak_cores']:g})", flush=True)
+                peaks.setdefault(z["peak_precision"], []).append(z["peak_gflops_per_core"])
                 print(f"[{n}/{total}] {size} {prec} stage {stage} ({MODES[stage]}): zerodp "
                       f"{z['tokens_per_s']:,.0f} tok/s, torch {t['tokens_per_s']:,.0f} tok/s, "
                       f"ratio {z['tokens_per_s'] / t['tokens_per_s']:.2f}x", flush=True)
@@ -219,12 +296,14 @@ def main():
               f"| {zl[last - 1]:.3f} / {tl[last - 1]:.3f} (step {last}) |")
 
     print()
-    print("| model | precision | zerodp stage-3 / stage-0 step | PyTorch FULL_SHARD / DDP step "
-          "| zerodp GFLOP/s (stage 0) | GEMM peak GFLOP/s (calibrated, the run's compute) | of peak |")
-    print("|---|---|---|---|---|---|---|")
-    for size, prec in a.case_list:
-        if (size, prec, 0) not in results:
-            continue
+    with_stage0 = [(size, prec) for size, prec in a.case_list if (size, prec, 0) in results]
+    if not with_stage0:
+        print("# no stage-0 run: the table of stage-3 / stage-0 steps and GFLOP/s needs stage 0 in --stages")
+    else:
+        print("| model | precision | zerodp stage-3 / stage-0 step | PyTorch FULL_SHARD / DDP step "
+              "| zerodp GFLOP/s (stage 0) | GEMM peak GFLOP/s (calibrated, the run's compute) | of peak |")
+        print("|---|---|---|---|---|---|---|")
+    for size, prec in with_stage0:
         s0 = next(r for r in summary if (r["size"], r["precision"], r["stage"]) == (size, prec, 0))
         s3 = next((r for r in summary if (r["size"], r["precision"], r["stage"]) == (size, prec, 3)), None)
         z_ratio = f"{s3['zerodp_step_s'] / s0['zerodp_step_s']:.3f}x" if s3 else "-"
@@ -242,9 +321,22 @@ def main():
         print(f"| {r['size']} | {r['precision']} | {r['stage']} | {r['zerodp_process_rss_mib']:.0f} "
               f"| {ledger:.0f} | {r['zerodp_process_rss_mib'] - ledger:.0f} | {copies:.0f} |")
 
+    print()
+    print(machine.cpu_line(where["cpu"]))
+    if where["onednn"]:
+        print(machine.onednn_line(where["onednn"]))
+    print(peaks_line(where, peaks, set()))
+    where["peak_gflops_per_core"] = {
+        prec: dict(median=statistics.median(v), min=min(v), max=max(v), runs=len(v),
+                   source="the benchmark's zerodp reports") for prec, v in peaks.items()}
+    probe = where["onednn"] or {}
+    if "peak_gflops_per_core" in probe and probe["precision"] not in peaks:
+        where["peak_gflops_per_core"][probe["precision"]] = dict(
+            median=probe["peak_gflops_per_core"], runs=1, source="the oneDNN probe's report")
+
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(summary, f, indent=1)
+            json.dump(dict(machine=where, rows=summary), f, indent=1)
         print(f"\n# wrote {a.json}")
 
 

@@ -7,12 +7,17 @@ of forward and backward compute (unit spans; a unit's span includes waiting for 
 parameters at stage 3), the boundary reduction, the verdict (overflow and norm agreement),
 the optimizer, and the rest of the step (data, conversions, waits outside those spans); then
 the rank's communication thread's busy time per step, which overlaps the compute above.
+
+It first prints this machine's CPU (machine.py): a trace does not record the CPU that made it,
+so run this where the traces were made, as bench/vs_torch's figures are.
 """
 
 import argparse
 import json
 import re
 import statistics
+
+import machine
 
 
 def categorize(name):
@@ -63,6 +68,7 @@ def main():
     p.add_argument("--skip", type=int, default=3, help="steps left out at the start")
     p.add_argument("traces", nargs="+", metavar="LABEL=TRACE.json")
     a = p.parse_args()
+    print(machine.cpu_line(machine.cpu_info()) + " -- this machine; traces do not name theirs")
     print("| run | step ms | forward | backward | boundary reduce | verdict | optimizer | other "
           "| comm thread busy (overlapped) |")
     print("|---|---|---|---|---|---|---|---|---|")
