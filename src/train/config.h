@@ -13,7 +13,8 @@
 
 namespace zerodp {
 
-// What each rank keeps only its slice of ("the stage as three switches"; train/stage_plan.h is their one reader).
+// What each rank keeps only its slice of ("the stage as three switches"; train/stage_plan.h is
+// their one reader).
 struct Sharding {
   bool optimizer_states = false;  // stage >= 1
   bool gradients = false;         // stage >= 2
