@@ -65,7 +65,8 @@ std::optional<double> gemm_flops_per_core(GemmCompute compute, std::span<const G
   std::lock_guard lock(mu);
   const auto key = std::make_pair(compute, distinct);
   if (const auto it = rates.find(key); it != rates.end()) return it->second;
-  constexpr double kTotalSeconds = 0.5, kShapeSeconds = 0.05, kMaxFlops = 2e9;
+  // 0.4 s of runs: with the operands' set-up and each shape's first run, about 0.5 s in all.
+  constexpr double kTotalSeconds = 0.4, kShapeSeconds = 0.05, kMaxFlops = 2e9;
   constexpr size_t kMinSide = 256;
   const auto per_shape = std::chrono::duration<double>(
       std::min(kShapeSeconds, kTotalSeconds / static_cast<double>(distinct.size())));
