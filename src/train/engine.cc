@@ -346,22 +346,24 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   std::optional<CheckpointDirLock> dir_lock;
   if (local) dir_lock.emplace(cfg.checkpoint_dir);
   const DataSplits data = open_training_data(cfg);
+  const std::filesystem::path resume_from = resume_point(cfg);
+  // Local ranks are threads of this process: every one of them is checked here, once,
+  // before any thread starts (MPI processes each check themselves below), and before the
+  // calibration times products of the micro-batch's shapes.
+  if (local) {
+    check_startable_threads(cfg.launch.ranks);
+    preflight(cfg, data, make_model, cfg.launch.ranks, 0);
+  }
   // MFU's terms before any rank starts: the calibrations want the cores to themselves.
   const ModelCost cost = model_cost(cfg, data, make_model);
   const GemmCompute compute = compute_for(cfg.precision);
   const RunPlan plan{.cfg = cfg,
                      .data = data,
                      .make_model = make_model,
-                     .resume_from = resume_point(cfg),
+                     .resume_from = resume_from,
                      .flops_per_token = cost.flops_per_token,
                      .gemm_flops_per_core = gemm_flops_per_core(compute),
                      .model_shapes_flops_per_core = gemm_flops_per_core(compute, cost.products)};
-  // Local ranks are threads of this process: every one of them is checked here, once,
-  // before any thread starts (MPI processes each check themselves below).
-  if (local) {
-    check_startable_threads(cfg.launch.ranks);
-    preflight(cfg, data, make_model, cfg.launch.ranks, 0);
-  }
   if (const int signal = stop_requested()) {
     throw Interrupted(fmt::format("interrupted by {} before the first step; nothing was trained",
                                   signal_name(signal)),

@@ -77,6 +77,7 @@ std::optional<double> gemm_flops_per_core(GemmCompute compute, std::span<const G
   for (GemmShape s : distinct) {
     while (s.flops() > kMaxFlops && s.M / 2 >= kMinSide) s.M /= 2;
     while (s.flops() > kMaxFlops && s.N / 2 >= kMinSide) s.N /= 2;
+    while (s.flops() > kMaxFlops && s.K / 2 >= kMinSide) s.K /= 2;
     const bool ta = s.trans_a == Transpose::kYes, tb = s.trans_b == Transpose::kYes;
     a.assign(s.M * s.K, 0.5f);
     b.assign(s.K * s.N, 0.25f);
