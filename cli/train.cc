@@ -266,12 +266,19 @@ int run_train(Flags& f, Launch args) {
   fmt::print("final loss {:.4f}, validation loss {}, {:.0f} tokens/s, weights sha256 {}\n",
              r.final_loss, r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
              r.tokens_per_second, r.weights_sha256.substr(0, 16));
+  // Both denominators, calibrated at start-up: 512^3, and the model's own products (a
+  // caller's model declares none).
+  const std::string model_shapes =
+      r.peak_flops_model_shapes && r.mfu_model_shapes
+          ? fmt::format("{:.1f}% of a {:.1f} GFLOP/s peak on the model's own GEMM shapes",
+                        100 * *r.mfu_model_shapes, *r.peak_flops_model_shapes / 1e9)
+          : std::string("no model-shape peak (the model declares no GEMM shapes)");
   fmt::print(
       "MFU {:.1f}%: {:.3g} FLOPs/token x {:.0f} tokens/s over a {:.1f} GFLOP/s {} GEMM "
-      "peak (calibrated at start-up)\n",
+      "peak (512^3, calibrated at start-up); {}\n",
       100 * r.mfu, r.flops_per_token, r.tokens_per_second, r.peak_flops / 1e9,
       // The products' precision: bf16 runs multiply in bf16, fp16 runs in fp32.
-      r.config.precision == Precision::kBF16 ? "bf16" : "fp32");
+      r.config.precision == Precision::kBF16 ? "bf16" : "fp32", model_shapes);
   fmt::print("{}", summary_table(r));
   fmt::print("{}", formula_table(r));
   if (!c.report_path.empty()) fmt::print("report: {}\n", c.report_path);

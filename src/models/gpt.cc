@@ -6,6 +6,8 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -157,6 +159,18 @@ class BlockUnit final : public GptUnit {
   size_t saved_count(const BatchShape& s) const override {
     return BlockSaved<float>::count(rows_of(s), C_, dims(s));
   }
+  // As do_forward and do_backward call them: c_attn, attention, c_proj, c_fc, mlp c_proj.
+  std::vector<GemmShape> products(const BatchShape& s) const override {
+    const size_t rows = rows_of(s), C = C_;
+    std::vector<GemmShape> p;
+    for (const auto& [in, out] : {std::pair{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}) {
+      const auto l = linear_products(rows, in, out, true);
+      p.insert(p.end(), l.begin(), l.end());
+    }
+    const auto a = attention_products(dims(s));
+    p.insert(p.end(), a.begin(), a.end());
+    return p;
+  }
   // Forward: the branch output before the residual add (rows, C), then attention's workspace.
   // Backward: see do_backward().
   size_t scratch_count(const BatchShape& s) const override {
@@ -275,6 +289,9 @@ class HeadUnit final : public GptUnit {
   size_t output_count(const BatchShape&) const override { return 1; }
   size_t saved_count(const BatchShape& s) const override {
     return HeadSaved<float>::count(rows_of(s), C_, V_);
+  }
+  std::vector<GemmShape> products(const BatchShape& s) const override {
+    return linear_products(rows_of(s), C_, V_, true);
   }
   // Backward: dlogits (rows, V) and dlnf (rows, C).
   size_t scratch_count(const BatchShape& s) const override { return rows_of(s) * (V_ + C_); }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -59,6 +60,10 @@ class MlpUnit : public ParamUnit {
  public:
   size_t input_count(const BatchShape& s) const override {
     return reads_features_ ? 0 : batch(s) * in_;
+  }
+  // The input gradient only past the first unit: the features need none.
+  std::vector<GemmShape> products(const BatchShape& s) const override {
+    return linear_products(batch(s), in_, out_, !reads_features_);
   }
 
  protected:

@@ -14,6 +14,15 @@ size_t parameter_count(const Model& model) {
   return total;
 }
 
+std::vector<GemmShape> model_products(const Model& model, const BatchShape& s) {
+  std::vector<GemmShape> all;
+  for (const auto& unit : model) {
+    const std::vector<GemmShape> p = unit->products(s);
+    all.insert(all.end(), p.begin(), p.end());
+  }
+  return distinct_shapes(std::move(all));
+}
+
 float model_loss_and_grads(const Model& model, std::span<const std::vector<float>> weights,
                            const MicroBatch& mb, std::span<std::vector<float>> grads) {
   const size_t n = model.size();

@@ -22,6 +22,10 @@ using ModelFactory = std::function<Model()>;
 // Sum of the units' numel (Φ).
 size_t parameter_count(const Model& model);
 
+// The distinct products of every unit for a micro-batch of shape `s` (Unit::products);
+// empty when no unit declares any.
+std::vector<GemmShape> model_products(const Model& model, const BatchShape& s);
+
 // Runs every unit's forward in order, then (when `grads` is not empty) every unit's
 // backward in reverse order, and returns the last unit's output, the micro-batch's loss.
 // weights[u] is unit u's flat buffer (numel elements); gradients are ADDED (+=) into

@@ -102,6 +102,15 @@ class Unit {
   virtual size_t saved_count(const BatchShape& s) const = 0;
   // Floats of scratch forward() or backward() may use, not kept between them.
   virtual size_t scratch_count(const BatchShape& s) const = 0;
+  // The matrix products forward() and backward() call for a micro-batch of shape `s` (any
+  // order, repeats allowed): the shapes a run times for its model-shape GEMM peak
+  // (train/setup.h). Empty, the default, means undeclared: a caller's own units need not
+  // say, and their run reports no such peak. The built-in models declare theirs, and a test
+  // compares the declaration with what gemm() is called with.
+  virtual std::vector<GemmShape> products(const BatchShape& s) const {
+    (void)s;
+    return {};
+  }
   // The contract, checked here for every unit before its hook runs: w.values and dw hold
   // numel(), w.stored_bf16 numel() or nothing; in, din input_count; out, dout output_count
   // (dout may be empty for a unit whose output is the loss, output_count 1: the head starts

@@ -205,4 +205,21 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
   }
 }
 
+std::vector<GemmShape> attention_products(const AttentionDims& d) {
+  std::vector<GemmShape> p;
+  if (d.B == 0 || d.T == 0 || d.NH == 0) return p;
+  const size_t hs = d.head_size();
+  const size_t R = block_rows(d);
+  // Per query block, as the loops above call them: scores (forward and backward's
+  // recomputation) and g = dout v^T are NT; p v and g k are NN; p^T dout and g^T q are TN.
+  for (size_t r0 = 0; r0 < d.T; r0 += R) {
+    const size_t rows = std::min(R, d.T - r0);
+    const size_t keys = r0 + rows;
+    p.push_back({Transpose::kNo, Transpose::kYes, rows, keys, hs});
+    p.push_back({Transpose::kNo, Transpose::kNo, rows, hs, keys});
+    p.push_back({Transpose::kYes, Transpose::kNo, keys, hs, rows});
+  }
+  return p;
+}
+
 }  // namespace zerodp

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include "tensor/gemm.h"
 
@@ -48,5 +49,10 @@ void attention_backward(std::span<float> dqkv,         // (B, T, 3*C) +=
                         std::span<const float> qkv,    // (B, T, 3*C), as given to forward
                         std::span<const float> saved,  // (attention_saved_count(d)) from forward
                         const AttentionDims& d, GemmCompute compute);
+
+// The products attention_forward and attention_backward make for `d`, each distinct shape
+// once (every (batch, head) pair repeats its query blocks' products): what a unit declares
+// in Unit::products.
+std::vector<GemmShape> attention_products(const AttentionDims& d);
 
 }  // namespace zerodp

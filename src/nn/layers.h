@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "tensor/gemm.h"
 
@@ -55,6 +56,10 @@ void linear_backward(std::span<float> dinp,          // (rows, C) += (or = ), or
                      std::span<const float> weight,  // (OC, C)
                      size_t rows, size_t C, size_t OC, GemmCompute compute,
                      InputGrad dinp_mode = InputGrad::kAdd);
+
+// The products the two calls above make for these sizes, forward's then backward's (the
+// input-gradient product only when `input_grad`): what a unit declares in Unit::products.
+std::vector<GemmShape> linear_products(size_t rows, size_t C, size_t OC, bool input_grad);
 
 // ---- Encoder: token embedding + learned position embedding ----
 // out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]. Tokens outside [0, V) throw

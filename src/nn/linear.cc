@@ -58,4 +58,11 @@ void linear_backward(std::span<float> dinp, std::span<float> dweight, std::span<
   }
 }
 
+std::vector<GemmShape> linear_products(size_t rows, size_t C, size_t OC, bool input_grad) {
+  std::vector<GemmShape> p{{Transpose::kNo, Transpose::kYes, rows, OC, C}};
+  if (input_grad) p.push_back({Transpose::kNo, Transpose::kNo, rows, C, OC});
+  p.push_back({Transpose::kYes, Transpose::kNo, OC, C, rows});
+  return p;
+}
+
 }  // namespace zerodp

@@ -361,6 +361,9 @@ thread_local int t_bf16_depth = 0;
 thread_local std::vector<BFloat16> t_round_a16, t_round_b16;
 thread_local std::vector<float> t_round_a32, t_round_b32;
 
+// The innermost live GemmRecording's shapes on this thread, or null.
+thread_local std::vector<GemmShape>* t_recording = nullptr;
+
 // The bf16 copy of the `count` elements at p, if a live scope's buffer holds all of them.
 const BFloat16* scoped_bf16(const float* p, size_t count) {
   const auto begin = reinterpret_cast<uintptr_t>(p);
@@ -442,6 +445,7 @@ void gemm(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, s
         "gemm: bias holds {} values with beta = {}; a bias needs N = {} values and beta = 0",
         bias.size(), beta, N));
   }
+  if (t_recording != nullptr) t_recording->push_back({trans_a, trans_b, M, N, K});
   if (M == 0 || N == 0) return;
 
   const size_t c_count = extent(M, N, ldc);
@@ -580,6 +584,15 @@ size_t gemm_bf16_copy_bytes() {
 }
 
 bool gemm_bf16_native() { return cpu_has_bf16(); }
+
+std::vector<GemmShape> distinct_shapes(std::vector<GemmShape> shapes) {
+  std::sort(shapes.begin(), shapes.end());
+  shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
+  return shapes;
+}
+
+GemmRecording::GemmRecording() : outer_(t_recording) { t_recording = &shapes_; }
+GemmRecording::~GemmRecording() { t_recording = outer_; }
 
 size_t gemm_tile_count(size_t M, size_t N, size_t K) { return tiling_for(M, N, K).count(); }
 

@@ -28,8 +28,10 @@
 // thread uses its own pool (see set_gemm_threads).
 #pragma once
 
+#include <compare>
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include "tensor/dtype.h"
 
@@ -117,6 +119,39 @@ class Bf16Operands {
 
  private:
   bool active_ = false;
+};
+
+// The shape of one gemm() call: what a product costs and how fast it runs depend on these
+// alone (not on alpha, beta, the strides or the bias). Models declare the shapes their
+// forward and backward call (Unit::products, models/unit.h), so a run can time its own.
+struct GemmShape {
+  Transpose trans_a = Transpose::kNo;
+  Transpose trans_b = Transpose::kNo;
+  size_t M = 0, N = 0, K = 0;
+  double flops() const {
+    return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  }
+  auto operator<=>(const GemmShape&) const = default;
+};
+
+// The distinct shapes of `shapes`, sorted.
+std::vector<GemmShape> distinct_shapes(std::vector<GemmShape> shapes);
+
+// For tests: while a GemmRecording lives on the calling thread, every gemm() call made from
+// that thread appends its shape (after its arguments are checked, before K == 0 or
+// alpha == 0 shortcuts). Off by default: without one, gemm() reads one thread-local pointer.
+// Recordings nest; the innermost one records.
+class GemmRecording {
+ public:
+  GemmRecording();
+  ~GemmRecording();
+  GemmRecording(const GemmRecording&) = delete;
+  GemmRecording& operator=(const GemmRecording&) = delete;
+  const std::vector<GemmShape>& shapes() const { return shapes_; }
+
+ private:
+  std::vector<GemmShape> shapes_;
+  std::vector<GemmShape>* outer_ = nullptr;
 };
 
 // The number of tiles gemm() cuts an (M, N, K) product into: the most threads it can use.

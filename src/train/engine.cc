@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <variant>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -18,6 +21,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "data/source.h"
+#include "models/model.h"
 #include "train/checkpoint_io.h"
 #include "train/model_kind.h"
 #include "train/outputs.h"
@@ -113,11 +117,23 @@ DataSplits open_training_data(const TrainConfig& cfg) {
   return open_data(dopt);
 }
 
-double model_flops_per_token(const TrainConfig& cfg, const ModelFactory& make_model) {
+// MFU's numerator per token, and the products the model's units declare for one of the
+// run's micro-batches (empty for a caller's model that declares none).
+struct ModelCost {
+  double flops_per_token = 0;
+  std::vector<GemmShape> products;
+};
+
+ModelCost model_cost(const TrainConfig& cfg, const DataSplits& data,
+                     const ModelFactory& make_model) {
   const Model m = make_model ? make_model() : build_model(cfg);
   double phi = 0;
   for (const auto& u : m) phi += static_cast<double>(u->numel());
-  return model_kind(cfg.model).flops_per_token(cfg, phi);
+  // The micro-batch as the rank trainers shape it.
+  const BatchShape shape{.B = cfg.micro_batch,
+                         .T = std::holds_alternative<TokenDataset>(data.train) ? cfg.seq_len : 1};
+  return {.flops_per_token = model_kind(cfg.model).flops_per_token(cfg, phi),
+          .products = model_products(m, shape)};
 }
 
 // The cores this run's GEMMs occupy: on each host, its ranks' threads, at most the host's
@@ -167,6 +183,7 @@ struct RunPlan {
   std::filesystem::path resume_from;
   double flops_per_token = 0;
   double gemm_flops_per_core = 0;
+  std::optional<double> model_shapes_flops_per_core;  // nullopt: the model declares no products
 };
 
 // A rank's run after its steps, before the summary exchange.
@@ -178,6 +195,7 @@ struct RankRun {
   std::optional<EarlyStop> stopped;
   double peak = 0;
   double peak_cores = 0;
+  std::optional<double> peak_model_shapes;
 };
 
 // Rank `comm.rank()`'s steps: from a fresh start or the checkpoint, evaluating,
@@ -212,6 +230,9 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
   run.earlier = run.carried.size();
   run.peak_cores = cores_in_peak(comm, cfg.launch.backend);
   run.peak = plan.gemm_flops_per_core * run.peak_cores;
+  if (plan.model_shapes_flops_per_core) {
+    run.peak_model_shapes = *plan.model_shapes_flops_per_core * run.peak_cores;
+  }
   const bool local = cfg.launch.backend == Backend::kLocal;
   const int64_t last = cfg.stop_after > 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
   SkipStreak skips(cfg.max_skips);
@@ -301,6 +322,11 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
   result.peak_flops = run.peak;
   result.peak_cores = run.peak_cores;
   result.mfu = run.peak > 0 ? plan.flops_per_token * result.tokens_per_second / run.peak : 0;
+  result.peak_flops_model_shapes = run.peak_model_shapes;
+  if (run.peak_model_shapes && *run.peak_model_shapes > 0) {
+    result.mfu_model_shapes =
+        plan.flops_per_token * result.tokens_per_second / *run.peak_model_shapes;
+  }
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) == 0) {
     result.process_peak_rss_bytes = static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // KiB
@@ -320,19 +346,24 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   std::optional<CheckpointDirLock> dir_lock;
   if (local) dir_lock.emplace(cfg.checkpoint_dir);
   const DataSplits data = open_training_data(cfg);
-  // MFU's two terms before any rank starts: the calibration wants the cores to itself.
-  const RunPlan plan{.cfg = cfg,
-                     .data = data,
-                     .make_model = make_model,
-                     .resume_from = resume_point(cfg),
-                     .flops_per_token = model_flops_per_token(cfg, make_model),
-                     .gemm_flops_per_core = gemm_flops_per_core(compute_for(cfg.precision))};
+  const std::filesystem::path resume_from = resume_point(cfg);
   // Local ranks are threads of this process: every one of them is checked here, once,
-  // before any thread starts (MPI processes each check themselves below).
+  // before any thread starts (MPI processes each check themselves below), and before the
+  // calibration times products of the micro-batch's shapes.
   if (local) {
     check_startable_threads(cfg.launch.ranks);
     preflight(cfg, data, make_model, cfg.launch.ranks, 0);
   }
+  // MFU's terms before any rank starts: the calibrations want the cores to themselves.
+  const ModelCost cost = model_cost(cfg, data, make_model);
+  const GemmCompute compute = compute_for(cfg.precision);
+  const RunPlan plan{.cfg = cfg,
+                     .data = data,
+                     .make_model = make_model,
+                     .resume_from = resume_from,
+                     .flops_per_token = cost.flops_per_token,
+                     .gemm_flops_per_core = gemm_flops_per_core(compute),
+                     .model_shapes_flops_per_core = gemm_flops_per_core(compute, cost.products)};
   if (const int signal = stop_requested()) {
     throw Interrupted(fmt::format("interrupted by {} before the first step; nothing was trained",
                                   signal_name(signal)),

@@ -16,6 +16,12 @@ namespace zerodp {
 
 namespace key = report_key;
 
+namespace {
+nlohmann::json or_null(const std::optional<double>& x) {
+  return x ? nlohmann::json(*x) : nlohmann::json();
+}
+}  // namespace
+
 nlohmann::json step_json(const StepRecord& s) {
   nlohmann::json j;
   j[key::kStep] = s.step;
@@ -91,6 +97,8 @@ nlohmann::json report_json(const TrainResult& r) {
                          {key::kFlopsPerToken, r.flops_per_token},
                          {key::kPeakFlops, r.peak_flops},
                          {key::kPeakCores, r.peak_cores},
+                         {key::kPeakFlopsModelShapes, or_null(r.peak_flops_model_shapes)},
+                         {key::kMfuModelShapes, or_null(r.mfu_model_shapes)},
                          {key::kStepSecondsMedian, r.step_seconds_median}};
   j[key::kProcess] = {{key::kPeakRssBytes, r.process_peak_rss_bytes}};
   j[key::kUnits] = nlohmann::json::array();

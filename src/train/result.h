@@ -83,6 +83,12 @@ struct TrainResult {
   double peak_flops = 0;
   double peak_cores = 0;  // the cores in the peak: per host, its ranks' GEMM threads, capped
   double mfu = 0;
+  // The second MFU: the same numerator over a peak of the model's own products, one core's
+  // best single-threaded rate over the distinct GEMM shapes its forward and backward call
+  // for the run's micro-batch, in the run's compute (train/setup.h), x peak_cores. nullopt
+  // for a caller's model, whose units declare no products (Unit::products).
+  std::optional<double> peak_flops_model_shapes;
+  std::optional<double> mfu_model_shapes;
   double step_seconds_median = 0;
   // getrusage's peak resident set of this process at the end of the run: every rank thread
   // on the local backend, this rank alone under MPI (on rank 0, the reporter's own).

@@ -56,6 +56,49 @@ double gemm_flops_per_core(GemmCompute compute) {
   return best;
 }
 
+std::optional<double> gemm_flops_per_core(GemmCompute compute, std::span<const GemmShape> shapes) {
+  if (shapes.empty()) return std::nullopt;
+  static std::mutex mu;
+  static std::map<std::pair<GemmCompute, std::vector<GemmShape>>, double> rates;
+  const std::vector<GemmShape> distinct =
+      distinct_shapes(std::vector<GemmShape>(shapes.begin(), shapes.end()));
+  std::lock_guard lock(mu);
+  const auto key = std::make_pair(compute, distinct);
+  if (const auto it = rates.find(key); it != rates.end()) return it->second;
+  // 0.4 s of runs: with the operands' set-up and each shape's first run, about 0.5 s in all.
+  constexpr double kTotalSeconds = 0.4, kShapeSeconds = 0.05, kMaxFlops = 2e9;
+  constexpr size_t kMinSide = 256;
+  const auto per_shape = std::chrono::duration<double>(
+      std::min(kShapeSeconds, kTotalSeconds / static_cast<double>(distinct.size())));
+  const int saved = gemm_threads();
+  set_gemm_threads(1);
+  double best = 0;
+  std::vector<float> a, b, c;
+  for (GemmShape s : distinct) {
+    while (s.flops() > kMaxFlops && s.M / 2 >= kMinSide) s.M /= 2;
+    while (s.flops() > kMaxFlops && s.N / 2 >= kMinSide) s.N /= 2;
+    while (s.flops() > kMaxFlops && s.K / 2 >= kMinSide) s.K /= 2;
+    const bool ta = s.trans_a == Transpose::kYes, tb = s.trans_b == Transpose::kYes;
+    a.assign(s.M * s.K, 0.5f);
+    b.assign(s.K * s.N, 0.25f);
+    c.assign(s.M * s.N, 0.0f);
+    const auto stop = Clock::now() + std::chrono::duration_cast<Clock::duration>(per_shape);
+    // Once two have run, no run starts that would end past the shape's share.
+    Clock::duration last{};
+    for (int i = 0; i < 2 || Clock::now() + last < stop; ++i) {
+      const auto t0 = Clock::now();
+      gemm(compute, s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f, a, ta ? s.M : s.K, b, tb ? s.K : s.N,
+           0.0f, c, s.N);
+      last = Clock::now() - t0;
+      const double sec = std::chrono::duration<double>(last).count();
+      if (sec > 0) best = std::max(best, s.flops() / sec);
+    }
+  }
+  set_gemm_threads(saved);
+  rates[key] = best;
+  return best;
+}
+
 // Before anything is allocated: what every rank of this process will hold (the planner's
 // states and transients, the same bytes the ledger will count) against --memory-per-rank
 // and the machine's available memory. A run that cannot fit is refused with the stage or

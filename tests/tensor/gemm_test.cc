@@ -492,5 +492,38 @@ TEST(GemmBias, NeedsNValuesAndBetaZero) {
   EXPECT_THROW(gemm(kFp32, kN, kN, 2, 4, 3, 1.0f, a, 3, b, 4, 1.0f, c, 4, bias), InvalidArgument);
 }
 
+TEST(GemmRecording, RecordsEachCallsShapeOnItsThreadWhileItLives) {
+  std::vector<float> a(6 * 4, 1.0f), b(4 * 5, 1.0f), c(6 * 5);
+  const auto call = [&](Transpose ta, size_t M, size_t N, size_t K) {
+    gemm(GemmCompute::kFP32, ta, Transpose::kNo, M, N, K, 1.0f, a, ta == Transpose::kYes ? M : K, b,
+         N, 0.0f, c, N);
+  };
+  call(Transpose::kNo, 6, 5, 4);  // before: not recorded
+  std::vector<GemmShape> outer_shapes;
+  {
+    const GemmRecording outer;
+    call(Transpose::kNo, 6, 5, 4);
+    {
+      const GemmRecording inner;
+      call(Transpose::kYes, 3, 5, 4);
+      std::thread([&] { call(Transpose::kNo, 2, 2, 2); }).join();  // another thread's
+      EXPECT_EQ(inner.shapes(),
+                (std::vector<GemmShape>{{Transpose::kYes, Transpose::kNo, 3, 5, 4}}));
+    }
+    call(Transpose::kNo, 6, 5, 0);  // K == 0 is still a call of that shape
+    call(Transpose::kNo, 6, 5, 4);
+    outer_shapes = outer.shapes();
+  }
+  call(Transpose::kNo, 1, 1, 1);  // after: not recorded
+  const std::vector<GemmShape> want{{Transpose::kNo, Transpose::kNo, 6, 5, 4},
+                                    {Transpose::kNo, Transpose::kNo, 6, 5, 0},
+                                    {Transpose::kNo, Transpose::kNo, 6, 5, 4}};
+  EXPECT_EQ(outer_shapes, want);
+  EXPECT_EQ(distinct_shapes(outer_shapes),
+            (std::vector<GemmShape>{{Transpose::kNo, Transpose::kNo, 6, 5, 0},
+                                    {Transpose::kNo, Transpose::kNo, 6, 5, 4}}));
+  EXPECT_DOUBLE_EQ(want[0].flops(), 2.0 * 6 * 5 * 4);
+}
+
 }  // namespace
 }  // namespace zerodp
