@@ -216,6 +216,13 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
           "count, so use --steps {} or more",
           plan.resume_from.string(), saved, cfg.steps, saved));
     }
+    // A time slice that ends before the checkpoint would train nothing and re-save it.
+    if (cfg.stop_after > 0 && cfg.stop_after < saved) {
+      throw InvalidArgument(fmt::format(
+          "--stop-after {}: the checkpoint {} is already at step {}; --stop-after is a step "
+          "number, so use one past it, e.g. --stop-after {}",
+          cfg.stop_after, plan.resume_from.string(), saved, saved + 1));
+    }
     load_checkpoint(trainer, *from);
     // The steps every checkpoint of this run carries: the loaded checkpoint's, then this
     // run's, so a report after any number of resumes has them all.

@@ -97,6 +97,11 @@ tm=$(mktemp -d)
 "$zerodp" train --model mlp --data synthetic --steps 1 --checkpoint-dir "$tm/ck" --no-progress \
   >/dev/null 2>&1
 expect_code 3 "units there (mlp), " train --size tiny --data synthetic --steps 2 --resume "$tm/ck"
+# A time slice ending before the checkpoint it continues from would train nothing.
+"$zerodp" train --size tiny --data synthetic --steps 3 --checkpoint-dir "$tm/ck3" --no-progress \
+  >/dev/null 2>&1
+expect "--stop-after 2: the checkpoint" train --size tiny --data synthetic --steps 10 \
+  --checkpoint-dir "$tm/ck3" --resume latest --stop-after 2
 
 # A run's report is a --config: the run it describes again, bit for bit.
 "$zerodp" train --size tiny --data synthetic --steps 3 --ranks 2 --stage 2 --seed 7 \
