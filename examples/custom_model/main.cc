@@ -30,7 +30,7 @@ class Hidden : public zerodp::Unit {
   }
   size_t input_count(const BatchShape&) const override { return 0; }  // reads mb.features
   size_t output_count(const BatchShape& s) const override { return rows(s) * kHidden; }
-  size_t saved_count(const BatchShape& s) const override { return rows(s) * kHidden; }
+  size_t saved_count(const BatchShape& s, GemmCompute) const override { return rows(s) * kHidden; }
   size_t scratch_count(const BatchShape& s) const override { return rows(s) * kHidden; }
 
   void do_forward(std::span<const float> w, GemmCompute compute, std::span<const float>,
@@ -63,7 +63,7 @@ class Head : public zerodp::Unit {
   }
   size_t input_count(const BatchShape& s) const override { return rows(s) * kHidden; }
   size_t output_count(const BatchShape&) const override { return 1; }
-  size_t saved_count(const BatchShape& s) const override { return rows(s) * kClasses; }
+  size_t saved_count(const BatchShape& s, GemmCompute) const override { return rows(s) * kClasses; }
   size_t scratch_count(const BatchShape& s) const override { return rows(s) * kClasses; }
 
   void do_forward(std::span<const float> w, GemmCompute compute, std::span<const float> in,

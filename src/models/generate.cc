@@ -102,7 +102,7 @@ std::vector<float> Generator::next_token_logits(std::span<const int32_t> context
     const size_t stream = embedding.output_count(shape);
     size_t saved = 0, scratch = 0;
     for (size_t u = 1; u + 1 < model_.size(); ++u) {
-      saved = std::max(saved, model_[u]->saved_count(shape));
+      saved = std::max(saved, model_[u]->saved_count(shape, GemmCompute::kFP32));
       scratch = std::max(scratch, model_[u]->scratch_count(shape));
     }
     stream_a_.assign(stream, 0.0f);
@@ -119,8 +119,10 @@ std::vector<float> Generator::next_token_logits(std::span<const int32_t> context
   const auto weights_of = [&](size_t u) { return UnitWeights::fp32(weights_[u]); };
   model_.front()->forward(weights_of(0), {}, stream_a_, {}, {}, mb);
   for (size_t u = 1; u + 1 < model_.size(); ++u) {
-    model_[u]->forward(weights_of(u), stream_a_, stream_b_,
-                       std::span<float>(saved_).first(model_[u]->saved_count(shape)), scratch_, mb);
+    model_[u]->forward(
+        weights_of(u), stream_a_, stream_b_,
+        std::span<float>(saved_).first(model_[u]->saved_count(shape, GemmCompute::kFP32)), scratch_,
+        mb);
     std::swap(stream_a_, stream_b_);
   }
 

@@ -20,6 +20,7 @@ namespace zerodp {
 
 using models_detail::Carver;
 using models_detail::ParamUnit;
+using models_detail::ProductInput;
 using models_detail::Slot;
 
 namespace {
@@ -31,6 +32,25 @@ constexpr TensorUse kProduct = TensorUse::kProductOperand;
 size_t rows_of(const BatchShape& s) { return static_cast<size_t>(s.B) * static_cast<size_t>(s.T); }
 
 void zero(std::span<float> x) { std::fill(x.begin(), x.end(), 0.0f); }
+
+// LayerNorm and GELU write a product's input in the precision it is kept in.
+void layernorm_into(const ProductInput<float>& out, std::span<float> mean, std::span<float> rstd,
+                    std::span<const float> inp, std::span<const float> weight,
+                    std::span<const float> bias, size_t rows, size_t C) {
+  if (out.in_bf16) {
+    layernorm_forward(out.bf16, mean, rstd, inp, weight, bias, rows, C);
+  } else {
+    layernorm_forward(out.f32, mean, rstd, inp, weight, bias, rows, C);
+  }
+}
+
+void gelu_into(const ProductInput<float>& out, std::span<const float> inp) {
+  if (out.in_bf16) {
+    gelu_forward(out.bf16, inp);
+  } else {
+    gelu_forward(out.f32, inp);
+  }
+}
 
 // Every gpt unit sees the same (B, T); T is bounded by the position table.
 class GptUnit : public ParamUnit {
@@ -69,7 +89,7 @@ class EmbeddingUnit final : public GptUnit {
 
   size_t input_count(const BatchShape&) const override { return 0; }
   size_t output_count(const BatchShape& s) const override { return rows_of(s) * C_; }
-  size_t saved_count(const BatchShape&) const override { return 0; }
+  size_t saved_count(const BatchShape&, GemmCompute) const override { return 0; }
   size_t scratch_count(const BatchShape&) const override { return 0; }
 
  private:
@@ -95,36 +115,46 @@ class EmbeddingUnit final : public GptUnit {
 // ---------------------------------------------------------------- transformer block
 
 // What the block's forward keeps for backward, in this order. `in` (the residual stream
-// entering the block) is not here: the engine keeps it.
+// entering the block) is not here: the engine keeps it. Under kBF16 the inputs of products
+// (ln1, ln2, GELU's output) are kept in bf16: every product rounds them to that anyway, so the
+// results are the same bits and the block keeps a third less.
 template <typename T>
 struct BlockSaved {
-  std::span<T> ln1, ln1_mean, ln1_rstd;  // (rows, C), (rows), (rows)
-  std::span<T> qkv;                      // (rows, 3C)
-  std::span<T> att;                      // (attention_saved_count)
-  std::span<T> atty;                     // (rows, C) attention output, c_proj's input
-  std::span<T> res2;                     // (rows, C) in + attn branch
-  std::span<T> ln2, ln2_mean, ln2_rstd;  // (rows, C), (rows), (rows)
-  std::span<T> fch;                      // (rows, 4C) c_fc output, GELU's input
-  std::span<T> fch_gelu;                 // (rows, 4C) GELU output, c_proj's input
+  ProductInput<T> ln1;              // (rows, C) c_attn's input
+  std::span<T> ln1_mean, ln1_rstd;  // (rows), (rows)
+  std::span<T> qkv;                 // (rows, 3C)
+  std::span<T> att;                 // (attention_saved_count)
+  std::span<T> atty;                // (rows, C) attention output, c_proj's input
+  std::span<T> res2;                // (rows, C) in + attn branch
+  ProductInput<T> ln2;              // (rows, C) c_fc's input
+  std::span<T> ln2_mean, ln2_rstd;  // (rows), (rows)
+  std::span<T> fch;                 // (rows, 4C) c_fc output, GELU's input
+  ProductInput<T> fch_gelu;         // (rows, 4C) GELU output, c_proj's input
 
-  static size_t count(size_t rows, size_t C, const AttentionDims& d) {
-    return rows * (15 * C + 4) + attention_saved_count(d);
+  static size_t count(size_t rows, size_t C, const AttentionDims& d, GemmCompute compute) {
+    const bool b16 = compute == GemmCompute::kBF16;
+    const auto product_input = [&](size_t n) { return ProductInput<T>::floats(n, b16); };
+    return product_input(rows * C) + 2 * rows + rows * 3 * C + attention_saved_count(d) + rows * C +
+           rows * C + product_input(rows * C) + 2 * rows + rows * 4 * C +
+           product_input(rows * 4 * C);
   }
-  static BlockSaved carve(std::span<T> buffer, size_t rows, size_t C, const AttentionDims& d) {
+  static BlockSaved carve(std::span<T> buffer, size_t rows, size_t C, const AttentionDims& d,
+                          GemmCompute compute) {
+    const bool b16 = compute == GemmCompute::kBF16;
     Carver<T> c(buffer);
     BlockSaved k;
-    k.ln1 = c.take(rows * C);
+    k.ln1 = c.take_product_input(rows * C, b16);
     k.ln1_mean = c.take(rows);
     k.ln1_rstd = c.take(rows);
     k.qkv = c.take(rows * 3 * C);
     k.att = c.take(attention_saved_count(d));
     k.atty = c.take(rows * C);
     k.res2 = c.take(rows * C);
-    k.ln2 = c.take(rows * C);
+    k.ln2 = c.take_product_input(rows * C, b16);
     k.ln2_mean = c.take(rows);
     k.ln2_rstd = c.take(rows);
     k.fch = c.take(rows * 4 * C);
-    k.fch_gelu = c.take(rows * 4 * C);
+    k.fch_gelu = c.take_product_input(rows * 4 * C, b16);
     return k;
   }
 };
@@ -156,8 +186,8 @@ class BlockUnit final : public GptUnit {
 
   size_t input_count(const BatchShape& s) const override { return rows_of(s) * C_; }
   size_t output_count(const BatchShape& s) const override { return rows_of(s) * C_; }
-  size_t saved_count(const BatchShape& s) const override {
-    return BlockSaved<float>::count(rows_of(s), C_, dims(s));
+  size_t saved_count(const BatchShape& s, GemmCompute compute) const override {
+    return BlockSaved<float>::count(rows_of(s), C_, dims(s), compute);
   }
   // As do_forward and do_backward call them: c_attn, attention, c_proj, c_fc, mlp c_proj.
   std::vector<GemmShape> products(const BatchShape& s) const override {
@@ -185,21 +215,22 @@ class BlockUnit final : public GptUnit {
     check_batch("forward", s);
     const size_t rows = rows_of(s), C = C_;
     const AttentionDims d = dims(s);
-    const auto k = BlockSaved<float>::carve(saved, rows, C, d);
+    const auto k = BlockSaved<float>::carve(saved, rows, C, d, compute);
     const auto branch = scratch.first(rows * C);  // (rows, C)
     const auto att_scratch = scratch.subspan(rows * C, attention_scratch_count(d));
 
     // x = in + c_proj(attention(c_attn(ln_1(in))))
-    layernorm_forward(k.ln1, k.ln1_mean, k.ln1_rstd, in, ln1_w_.of(w), ln1_b_.of(w), rows, C);
-    linear_forward(k.qkv, k.ln1, attn_w_.of(w), attn_b_.of(w), rows, C, 3 * C, compute);
+    layernorm_into(k.ln1, k.ln1_mean, k.ln1_rstd, in, ln1_w_.of(w), ln1_b_.of(w), rows, C);
+    linear_forward(k.qkv, k.ln1.operand(), attn_w_.of(w), attn_b_.of(w), rows, C, 3 * C, compute);
     attention_forward(k.atty, k.att, att_scratch, k.qkv, d, compute);
     linear_forward(branch, k.atty, attnproj_w_.of(w), attnproj_b_.of(w), rows, C, C, compute);
     residual_forward(k.res2, in, branch);
     // out = x + c_proj(gelu(c_fc(ln_2(x))))
-    layernorm_forward(k.ln2, k.ln2_mean, k.ln2_rstd, k.res2, ln2_w_.of(w), ln2_b_.of(w), rows, C);
-    linear_forward(k.fch, k.ln2, fc_w_.of(w), fc_b_.of(w), rows, C, 4 * C, compute);
-    gelu_forward(k.fch_gelu, k.fch);
-    linear_forward(branch, k.fch_gelu, fcproj_w_.of(w), fcproj_b_.of(w), rows, 4 * C, C, compute);
+    layernorm_into(k.ln2, k.ln2_mean, k.ln2_rstd, k.res2, ln2_w_.of(w), ln2_b_.of(w), rows, C);
+    linear_forward(k.fch, k.ln2.operand(), fc_w_.of(w), fc_b_.of(w), rows, C, 4 * C, compute);
+    gelu_into(k.fch_gelu, k.fch);
+    linear_forward(branch, k.fch_gelu.operand(), fcproj_w_.of(w), fcproj_b_.of(w), rows, 4 * C, C,
+                   compute);
     residual_forward(out, k.res2, branch);
   }
 
@@ -213,7 +244,7 @@ class BlockUnit final : public GptUnit {
     check_batch("backward", s);
     const size_t rows = rows_of(s), C = C_;
     const AttentionDims d = dims(s);
-    const auto k = BlockSaved<const float>::carve(saved, rows, C, d);
+    const auto k = BlockSaved<const float>::carve(saved, rows, C, d, compute);
     Carver<float> c(scratch);
     const auto dres2 = c.take(rows * C);  // d(loss)/d(res2)
     const auto region_a = c.take(rows * 4 * C);
@@ -223,13 +254,13 @@ class BlockUnit final : public GptUnit {
     // MLP branch. out = res2 + c_proj(gelu(c_fc(ln_2(res2)))): d(branch) = dout.
     std::copy(dout.begin(), dout.end(), dres2.begin());
     const auto dfch_gelu = region_a;  // (rows, 4C)
-    linear_backward(dfch_gelu, fcproj_w_.of(dw), fcproj_b_.of(dw), dout, k.fch_gelu,
+    linear_backward(dfch_gelu, fcproj_w_.of(dw), fcproj_b_.of(dw), dout, k.fch_gelu.operand(),
                     fcproj_w_.of(w), rows, 4 * C, C, compute, InputGrad::kOverwrite);
     const auto dfch = region_b;  // (rows, 4C)
     gelu_backward(dfch, k.fch, dfch_gelu, InputGrad::kOverwrite);
     const auto dln2 = region_a.first(rows * C);  // dfch_gelu is consumed
-    linear_backward(dln2, fc_w_.of(dw), fc_b_.of(dw), dfch, k.ln2, fc_w_.of(w), rows, C, 4 * C,
-                    compute, InputGrad::kOverwrite);
+    linear_backward(dln2, fc_w_.of(dw), fc_b_.of(dw), dfch, k.ln2.operand(), fc_w_.of(w), rows, C,
+                    4 * C, compute, InputGrad::kOverwrite);
     layernorm_backward(dres2, ln2_w_.of(dw), ln2_b_.of(dw), dln2, k.res2, ln2_w_.of(w), k.ln2_mean,
                        k.ln2_rstd, rows, C);
 
@@ -242,8 +273,8 @@ class BlockUnit final : public GptUnit {
     zero(dqkv);
     attention_backward(dqkv, att_scratch, datty, k.qkv, k.att, d, compute);
     const auto dln1 = region_a.first(rows * C);  // dln2 is consumed
-    linear_backward(dln1, attn_w_.of(dw), attn_b_.of(dw), dqkv, k.ln1, attn_w_.of(w), rows, C,
-                    3 * C, compute, InputGrad::kOverwrite);
+    linear_backward(dln1, attn_w_.of(dw), attn_b_.of(dw), dqkv, k.ln1.operand(), attn_w_.of(w),
+                    rows, C, 3 * C, compute, InputGrad::kOverwrite);
     layernorm_backward(din, ln1_w_.of(dw), ln1_b_.of(dw), dln1, in, ln1_w_.of(w), k.ln1_mean,
                        k.ln1_rstd, rows, C);
   }
@@ -261,14 +292,18 @@ class BlockUnit final : public GptUnit {
 
 template <typename T>
 struct HeadSaved {
-  std::span<T> lnf, lnf_mean, lnf_rstd;  // (rows, C), (rows), (rows)
-  std::span<T> logits;                   // (rows, V)
+  ProductInput<T> lnf;              // (rows, C) lm_head's input, bf16 under kBF16
+  std::span<T> lnf_mean, lnf_rstd;  // (rows), (rows)
+  std::span<T> logits;              // (rows, V)
 
-  static size_t count(size_t rows, size_t C, size_t V) { return rows * (C + 2 + V); }
-  static HeadSaved carve(std::span<T> buffer, size_t rows, size_t C, size_t V) {
+  static size_t count(size_t rows, size_t C, size_t V, GemmCompute compute) {
+    return ProductInput<T>::floats(rows * C, compute == GemmCompute::kBF16) + rows * (2 + V);
+  }
+  static HeadSaved carve(std::span<T> buffer, size_t rows, size_t C, size_t V,
+                         GemmCompute compute) {
     Carver<T> c(buffer);
     HeadSaved k;
-    k.lnf = c.take(rows * C);
+    k.lnf = c.take_product_input(rows * C, compute == GemmCompute::kBF16);
     k.lnf_mean = c.take(rows);
     k.lnf_rstd = c.take(rows);
     k.logits = c.take(rows * V);
@@ -287,8 +322,8 @@ class HeadUnit final : public GptUnit {
 
   size_t input_count(const BatchShape& s) const override { return rows_of(s) * C_; }
   size_t output_count(const BatchShape&) const override { return 1; }
-  size_t saved_count(const BatchShape& s) const override {
-    return HeadSaved<float>::count(rows_of(s), C_, V_);
+  size_t saved_count(const BatchShape& s, GemmCompute compute) const override {
+    return HeadSaved<float>::count(rows_of(s), C_, V_, compute);
   }
   std::vector<GemmShape> products(const BatchShape& s) const override {
     return linear_products(rows_of(s), C_, V_, true);
@@ -303,9 +338,9 @@ class HeadUnit final : public GptUnit {
     const BatchShape& s = mb.shape;
     check_batch("forward", s);
     const size_t rows = rows_of(s);
-    const auto k = HeadSaved<float>::carve(saved, rows, C_, V_);
-    layernorm_forward(k.lnf, k.lnf_mean, k.lnf_rstd, in, lnf_w_.of(w), lnf_b_.of(w), rows, C_);
-    linear_forward(k.logits, k.lnf, lm_w_.of(w), {}, rows, C_, V_, compute);
+    const auto k = HeadSaved<float>::carve(saved, rows, C_, V_, compute);
+    layernorm_into(k.lnf, k.lnf_mean, k.lnf_rstd, in, lnf_w_.of(w), lnf_b_.of(w), rows, C_);
+    linear_forward(k.logits, k.lnf.operand(), lm_w_.of(w), {}, rows, C_, V_, compute);
     out[0] = cross_entropy_forward_backward({}, k.logits, mb.targets, rows, V_);
   }
 
@@ -315,7 +350,7 @@ class HeadUnit final : public GptUnit {
     const BatchShape& s = mb.shape;
     check_batch("backward", s);
     const size_t rows = rows_of(s);
-    const auto k = HeadSaved<const float>::carve(saved, rows, C_, V_);
+    const auto k = HeadSaved<const float>::carve(saved, rows, C_, V_, compute);
     Carver<float> c(scratch);
     const auto dlogits = c.take(rows * V_);
     const auto dlnf = c.take(rows * C_);
@@ -323,8 +358,8 @@ class HeadUnit final : public GptUnit {
     // The loss is recomputed from the saved logits (one exp pass), and its gradient seeded
     // with loss_grad_scale.
     cross_entropy_forward_backward(dlogits, k.logits, mb.targets, rows, V_, mb.loss_grad_scale);
-    linear_backward(dlnf, lm_w_.of(dw), {}, dlogits, k.lnf, lm_w_.of(w), rows, C_, V_, compute,
-                    InputGrad::kOverwrite);
+    linear_backward(dlnf, lm_w_.of(dw), {}, dlogits, k.lnf.operand(), lm_w_.of(w), rows, C_, V_,
+                    compute, InputGrad::kOverwrite);
     layernorm_backward(din, lnf_w_.of(dw), lnf_b_.of(dw), dlnf, in, lnf_w_.of(w), k.lnf_mean,
                        k.lnf_rstd, rows, C_);
   }

@@ -79,7 +79,7 @@ class HiddenUnit final : public MlpUnit {
 
   size_t output_count(const BatchShape& s) const override { return batch(s) * out_; }
   // The pre-activation (B, out), GELU's input.
-  size_t saved_count(const BatchShape& s) const override { return batch(s) * out_; }
+  size_t saved_count(const BatchShape& s, GemmCompute) const override { return batch(s) * out_; }
   // Backward: d(pre-activation) (B, out).
   size_t scratch_count(const BatchShape& s) const override { return batch(s) * out_; }
 
@@ -115,7 +115,7 @@ class ClassifierHead final : public MlpUnit {
 
   size_t output_count(const BatchShape&) const override { return 1; }
   // The logits (B, classes).
-  size_t saved_count(const BatchShape& s) const override { return batch(s) * out_; }
+  size_t saved_count(const BatchShape& s, GemmCompute) const override { return batch(s) * out_; }
   // Backward: d(logits) (B, classes).
   size_t scratch_count(const BatchShape& s) const override { return batch(s) * out_; }
 

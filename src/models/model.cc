@@ -54,7 +54,7 @@ float model_loss_and_grads(const Model& model, std::span<const std::vector<float
   size_t scratch_count = 0;
   for (size_t u = 0; u < n; ++u) {
     acts[u].resize(model[u]->output_count(s));
-    saved[u].resize(model[u]->saved_count(s));
+    saved[u].resize(model[u]->saved_count(s, GemmCompute::kFP32));
     scratch_count = std::max(scratch_count, model[u]->scratch_count(s));
   }
   std::vector<float> scratch(scratch_count);

@@ -84,7 +84,7 @@ void Unit::forward(const UnitWeights& w, std::span<const float> in, std::span<fl
   check_stored_bf16(name_, "forward", w, numel_);
   check_exact("forward", "in", in.size(), input_count(s), s);
   check_exact("forward", "out", out.size(), output_count(s), s);
-  check_exact("forward", "saved", saved.size(), saved_count(s), s);
+  check_exact("forward", "saved", saved.size(), saved_count(s, w.compute), s);
   check_at_least("forward", "scratch", scratch.size(), scratch_count(s), s);
   // kBF16 products read the unit's weight operands from the stored copy (or round them once).
   const Bf16Operands w16(w.compute, w.values, w.stored_bf16);
@@ -98,7 +98,7 @@ void Unit::backward(const UnitWeights& w, std::span<const float> in, std::span<c
   check_exact("backward", "w", w.values.size(), numel_, s);
   check_stored_bf16(name_, "backward", w, numel_);
   check_exact("backward", "in", in.size(), input_count(s), s);
-  check_exact("backward", "saved", saved.size(), saved_count(s), s);
+  check_exact("backward", "saved", saved.size(), saved_count(s, w.compute), s);
   const size_t out_count = output_count(s);
   if (!(dout.empty() && out_count == 1)) check_exact("backward", "dout", dout.size(), out_count, s);
   check_exact("backward", "dw", dw.size(), numel_, s);

@@ -98,8 +98,11 @@ class Unit {
   // micro-batch) and writes (the head writes one: the mean loss).
   virtual size_t input_count(const BatchShape& s) const = 0;
   virtual size_t output_count(const BatchShape& s) const = 0;
-  // Floats forward() saves for backward().
-  virtual size_t saved_count(const BatchShape& s) const = 0;
+  // Floats forward() saves for backward() when its products multiply in `compute`. Under
+  // kBF16 a unit may keep what feeds only products in bf16, two values per float of the
+  // buffer (the bf16 pipeline: rounded once, by the layer that produces it), so the count
+  // depends on it; the engine and the planner ask with the run's compute.
+  virtual size_t saved_count(const BatchShape& s, GemmCompute compute) const = 0;
   // Floats of scratch forward() or backward() may use, not kept between them.
   virtual size_t scratch_count(const BatchShape& s) const = 0;
   // The matrix products forward() and backward() call for a micro-batch of shape `s` (any

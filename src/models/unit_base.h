@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "models/unit.h"
@@ -33,6 +34,26 @@ class ParamUnit : public Unit {
   }
 };
 
+// An activation that only matrix products read. Under kBF16 it is kept in bf16 (the bf16
+// pipeline: rounded once, by the layer that writes it, and read as stored by every product
+// after), else in fp32; `in_bf16` says which span holds it.
+template <typename F>  // float, or const float for backward's read-only view
+struct ProductInput {
+  using B = std::conditional_t<std::is_const_v<F>, const BFloat16, BFloat16>;
+  std::span<F> f32;
+  std::span<B> bf16;
+  bool in_bf16 = false;
+
+  GemmOperand operand() const {
+    return in_bf16 ? GemmOperand(bf16) : GemmOperand(std::span<const float>(f32));
+  }
+  GemmResult result() const requires(!std::is_const_v<F>) {
+    return in_bf16 ? GemmResult(bf16) : GemmResult(f32);
+  }
+  // Floats of saved buffer it takes.
+  static size_t floats(size_t count, bool in_bf16) { return in_bf16 ? (count + 1) / 2 : count; }
+};
+
 // Cuts consecutive pieces off the front of a buffer: the layout of saved and scratch is the
 // order of take() calls, so forward and backward must take in the same order.
 template <typename T>
@@ -43,6 +64,22 @@ class Carver {
     std::span<T> piece = rest_.first(count);  // Unit::forward/backward checked the total
     rest_ = rest_.subspan(count);
     return piece;
+  }
+  // `count` values of a product's input, in bf16 (two per float of the buffer) or fp32. The
+  // bf16 values live in storage allocated as floats and are only ever accessed as BFloat16
+  // while the unit holds them: forward writes them, backward reads them, nothing reads them
+  // as floats.
+  ProductInput<T> take_product_input(size_t count, bool in_bf16) {
+    ProductInput<T> p;
+    p.in_bf16 = in_bf16;
+    if (!in_bf16) {
+      p.f32 = take(count);
+      return p;
+    }
+    const std::span<T> storage = take(ProductInput<T>::floats(count, true));
+    p.bf16 = std::span<typename ProductInput<T>::B>(
+        reinterpret_cast<typename ProductInput<T>::B*>(storage.data()), count);
+    return p;
   }
 
  private:

@@ -14,6 +14,7 @@
 // (bench_layers: 0.76 ms per million elements forward, 1.04 backward).
 #include "nn/layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -21,6 +22,7 @@
 
 #include "nn/check.h"
 #include "nn/vecmath.h"
+#include "tensor/dtype.h"
 
 namespace zerodp {
 
@@ -79,6 +81,18 @@ ZERODP_NN_CLONES void gelu_backward_write(float* __restrict g, const float* __re
 void gelu_forward(std::span<float> out, std::span<const float> inp) {
   check_count("gelu_forward", "inp", inp, out.size(), fmt::format("(count={})", out.size()));
   gelu_forward_loop(out.data(), inp.data(), out.size());
+}
+
+void gelu_forward(std::span<BFloat16> out, std::span<const float> inp) {
+  check_count("gelu_forward", "inp", inp, out.size(), fmt::format("(count={})", out.size()));
+  // Through an L1-sized fp32 chunk, rounded as convert() rounds: no fp32 copy in memory.
+  constexpr size_t kChunk = 2048;
+  float chunk[kChunk];
+  for (size_t i = 0; i < out.size(); i += kChunk) {
+    const size_t n = std::min(kChunk, out.size() - i);
+    gelu_forward_loop(chunk, inp.data() + i, n);
+    convert(std::span<const float>(chunk, n), out.subspan(i, n));
+  }
 }
 
 void gelu_backward(std::span<float> dinp, std::span<const float> inp, std::span<const float> dout,

@@ -9,11 +9,14 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "nn/check.h"
 #include "nn/vecmath.h"
+#include "tensor/dtype.h"
 
 namespace zerodp {
 
@@ -92,9 +95,14 @@ ZERODP_NN_CLONES void row_backward(float* __restrict dx, float* __restrict dweig
 
 }  // namespace
 
-void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
-                       std::span<const float> inp, std::span<const float> weight,
-                       std::span<const float> bias, size_t rows, size_t C) {
+namespace {
+
+// A row normalized into fp32, then (for bf16) rounded from a row kept in L1: the same
+// rounding as convert() anywhere else, and no fp32 copy of the output in memory.
+template <typename Out>
+void layernorm_forward_rows(std::span<Out> out, std::span<float> mean, std::span<float> rstd,
+                            std::span<const float> inp, std::span<const float> weight,
+                            std::span<const float> bias, size_t rows, size_t C) {
   const std::string shape = fmt::format("(rows={}, C={})", rows, C);
   check_count("layernorm_forward", "out", out, rows * C, shape);
   check_count("layernorm_forward", "mean", mean, rows, shape);
@@ -103,6 +111,8 @@ void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<fl
   check_count("layernorm_forward", "weight", weight, C, shape);
   check_count("layernorm_forward", "bias", bias, C, shape);
   if (C == 0) return;
+  thread_local std::vector<float> row32;
+  if constexpr (!std::is_same_v<Out, float>) row32.resize(C);
   const float inv_c = 1.0f / static_cast<float>(C);
   for (size_t r = 0; r < rows; ++r) {
     const float* x = inp.data() + r * C;
@@ -111,10 +121,29 @@ void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<fl
     const float m = row_sum(x, C) * inv_c;
     const float v = row_sq_dev(x, m, C) * inv_c;  // biased variance, as PyTorch's LayerNorm
     const float s = 1.0f / std::sqrt(v + kLayerNormEps);
-    row_normalize(out.data() + r * C, x, m, s, weight.data(), bias.data(), C);
+    if constexpr (std::is_same_v<Out, float>) {
+      row_normalize(out.data() + r * C, x, m, s, weight.data(), bias.data(), C);
+    } else {
+      row_normalize(row32.data(), x, m, s, weight.data(), bias.data(), C);
+      convert(std::span<const float>(row32), out.subspan(r * C, C));
+    }
     mean[r] = m;
     rstd[r] = s;
   }
+}
+
+}  // namespace
+
+void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                       std::span<const float> inp, std::span<const float> weight,
+                       std::span<const float> bias, size_t rows, size_t C) {
+  layernorm_forward_rows(out, mean, rstd, inp, weight, bias, rows, C);
+}
+
+void layernorm_forward(std::span<BFloat16> out, std::span<float> mean, std::span<float> rstd,
+                       std::span<const float> inp, std::span<const float> weight,
+                       std::span<const float> bias, size_t rows, size_t C) {
+  layernorm_forward_rows(out, mean, rstd, inp, weight, bias, rows, C);
 }
 
 void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,

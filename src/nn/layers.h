@@ -38,10 +38,12 @@ enum class InputGrad : bool { kAdd = false, kOverwrite = true };
 
 // ---- Linear: out = inp @ weight^T + bias (PyTorch nn.Linear layout) ----
 // The products multiply in `compute` (tensor/gemm.h), the caller's choice: a unit passes the
-// one it was given with its weights.
+// one it was given with its weights. Under kBF16 the input may be stored in bf16 (the bf16
+// pipeline: what feeds only products is kept rounded) and the output written in bf16 (each
+// value the fp32 result rounded), with the same products as fp32 buffers of those values.
 
-void linear_forward(std::span<float> out,           // (rows, OC)
-                    std::span<const float> inp,     // (rows, C)
+void linear_forward(GemmResult out,                 // (rows, OC) fp32, or bf16 under kBF16
+                    GemmOperand inp,                // (rows, C) fp32, or bf16 under kBF16
                     std::span<const float> weight,  // (OC, C)
                     std::span<const float> bias,    // (OC), or empty for no bias
                     size_t rows, size_t C, size_t OC, GemmCompute compute);
@@ -52,7 +54,7 @@ void linear_backward(std::span<float> dinp,          // (rows, C) += (or = ), or
                      std::span<float> dweight,       // (OC, C) +=
                      std::span<float> dbias,         // (OC) +=, or empty
                      std::span<const float> dout,    // (rows, OC)
-                     std::span<const float> inp,     // (rows, C)
+                     GemmOperand inp,                // (rows, C) as given to forward
                      std::span<const float> weight,  // (OC, C)
                      size_t rows, size_t C, size_t OC, GemmCompute compute,
                      InputGrad dinp_mode = InputGrad::kAdd);
@@ -90,6 +92,14 @@ void layernorm_forward(std::span<float> out,           // (rows, C)
                        std::span<const float> weight,  // (C)
                        std::span<const float> bias,    // (C)
                        size_t rows, size_t C);
+// The same, the output rounded to bf16 (as convert() rounds) for products under kBF16.
+void layernorm_forward(std::span<BFloat16> out,        // (rows, C)
+                       std::span<float> mean,          // (rows) saved for backward
+                       std::span<float> rstd,          // (rows) saved for backward
+                       std::span<const float> inp,     // (rows, C)
+                       std::span<const float> weight,  // (C)
+                       std::span<const float> bias,    // (C)
+                       size_t rows, size_t C);
 
 void layernorm_backward(std::span<float> dinp,          // (rows, C) +=
                         std::span<float> dweight,       // (C) +=
@@ -105,6 +115,9 @@ void layernorm_backward(std::span<float> dinp,          // (rows, C) +=
 // (not the tanh approximation GPT-2 was trained with: the exact form is what the peer computes)
 
 void gelu_forward(std::span<float> out,         // (count)
+                  std::span<const float> inp);  // (count)
+// The same, the output rounded to bf16 (as convert() rounds) for products under kBF16.
+void gelu_forward(std::span<BFloat16> out,      // (count)
                   std::span<const float> inp);  // (count)
 
 void gelu_backward(std::span<float> dinp,        // (count) += (or =)

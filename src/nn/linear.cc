@@ -12,13 +12,14 @@ namespace zerodp {
 
 using nn_detail::check_count;
 using nn_detail::check_optional_count;
+using nn_detail::check_size;
 
-void linear_forward(std::span<float> out, std::span<const float> inp, std::span<const float> weight,
+void linear_forward(GemmResult out, GemmOperand inp, std::span<const float> weight,
                     std::span<const float> bias, size_t rows, size_t C, size_t OC,
                     GemmCompute compute) {
   const std::string shape = fmt::format("(rows={}, C={}, OC={})", rows, C, OC);
-  check_count("linear_forward", "out", out, rows * OC, shape);
-  check_count("linear_forward", "inp", inp, rows * C, shape);
+  check_size("linear_forward", "out", out.size(), rows * OC, shape);
+  check_size("linear_forward", "inp", inp.size(), rows * C, shape);
   check_count("linear_forward", "weight", weight, OC * C, shape);
   check_optional_count("linear_forward", "bias", bias, OC, shape);
   // out (rows, OC) = inp (rows, C) @ weight^T (C, OC) + bias, the bias added inside the
@@ -28,15 +29,14 @@ void linear_forward(std::span<float> out, std::span<const float> inp, std::span<
 }
 
 void linear_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
-                     std::span<const float> dout, std::span<const float> inp,
-                     std::span<const float> weight, size_t rows, size_t C, size_t OC,
-                     GemmCompute compute, InputGrad dinp_mode) {
+                     std::span<const float> dout, GemmOperand inp, std::span<const float> weight,
+                     size_t rows, size_t C, size_t OC, GemmCompute compute, InputGrad dinp_mode) {
   const std::string shape = fmt::format("(rows={}, C={}, OC={})", rows, C, OC);
   check_optional_count("linear_backward", "dinp", dinp, rows * C, shape);
   check_count("linear_backward", "dweight", dweight, OC * C, shape);
   check_optional_count("linear_backward", "dbias", dbias, OC, shape);
   check_count("linear_backward", "dout", dout, rows * OC, shape);
-  check_count("linear_backward", "inp", inp, rows * C, shape);
+  check_size("linear_backward", "inp", inp.size(), rows * C, shape);
   check_count("linear_backward", "weight", weight, OC * C, shape);
   // Both products read dout: with bf16 compute, round it once.
   const Bf16Operands dout16(compute, dinp.empty() ? std::span<const float>() : dout);

@@ -93,6 +93,7 @@ struct GemmArgs {
   const BFloat16* a16 = nullptr;
   const BFloat16* b16 = nullptr;
   size_t lda16 = 0, ldb16 = 0;
+  BFloat16* c16 = nullptr;  // C written in bf16 (row stride ldc) instead of c
   char trans_a;
   char trans_b;
   size_t M, N, K;
@@ -123,6 +124,7 @@ struct MatmulKey {
   char trans_a, trans_b;
   float alpha, beta;
   bool bias;
+  bool c16;
   auto operator<=>(const MatmulKey&) const = default;
 };
 
@@ -146,23 +148,26 @@ dnnl_status_t run_tile_bf16(const GemmArgs& g, Block rb, Block cb) {
   const dnnl::memory::desc b_md(dims{static_cast<dim>(g.K), static_cast<dim>(cb.count)}, dt::bf16,
                                 tb ? dims{1, ldb} : dims{ldb, 1});
   const dnnl::memory::desc c_md(dims{static_cast<dim>(rb.count), static_cast<dim>(cb.count)},
-                                dt::f32, dims{static_cast<dim>(g.ldc), 1});
+                                g.c16 != nullptr ? dt::bf16 : dt::f32,
+                                dims{static_cast<dim>(g.ldc), 1});
   const dnnl::memory::desc bias_md(dims{1, static_cast<dim>(cb.count)}, dt::f32,
                                    dnnl::memory::format_tag::ab);
   const BFloat16* a = ta ? g.a16 + rb.begin : g.a16 + rb.begin * g.lda16;
   const BFloat16* b = tb ? g.b16 + cb.begin * g.ldb16 : g.b16 + cb.begin;
-  float* c = g.c + rb.begin * g.ldc + cb.begin;
+  void* c = g.c16 != nullptr ? static_cast<void*>(g.c16 + rb.begin * g.ldc + cb.begin)
+                             : static_cast<void*>(g.c + rb.begin * g.ldc + cb.begin);
   // oneDNN scales (product + bias) by the output scale, so with alpha != 1 the bias goes into
-  // the tile first and the product adds onto it, as on the fp32 path.
+  // the tile first and the product adds onto it, as on the fp32 path (gemm() never sends a
+  // bf16 C here with a bias and alpha != 1).
   const bool bias_arg = g.bias != nullptr && g.alpha == 1.0f;
   float beta = g.beta;
   if (g.bias != nullptr && !bias_arg) {
-    start_rows_at_bias(g, rb, cb, c);
+    start_rows_at_bias(g, rb, cb, static_cast<float*>(c));
     beta = 1.0f;
   }
   try {
-    const MatmulKey key{rb.count,  cb.count,  g.K,     g.lda16, g.ldb16, g.ldc,
-                        g.trans_a, g.trans_b, g.alpha, beta,    bias_arg};
+    const MatmulKey key{rb.count,  cb.count,  g.K,     g.lda16, g.ldb16,  g.ldc,
+                        g.trans_a, g.trans_b, g.alpha, beta,    bias_arg, g.c16 != nullptr};
     auto it = cache.find(key);
     if (it == cache.end()) {
       if (cache.size() >= 256) cache.clear();
@@ -360,6 +365,8 @@ thread_local int t_bf16_depth = 0;
 // the fallback path; kept from call to call like the slots' copies.
 thread_local std::vector<BFloat16> t_round_a16, t_round_b16;
 thread_local std::vector<float> t_round_a32, t_round_b32;
+// A bf16 C's fp32 product where the primitive cannot write bf16 directly (gemm()).
+thread_local std::vector<float> t_result32;
 
 // The innermost live GemmRecording's shapes on this thread, or null.
 thread_local std::vector<GemmShape>* t_recording = nullptr;
@@ -408,11 +415,23 @@ void check_operand(const char* name, size_t length, size_t rows, size_t cols, si
   }
 }
 
-bool overlaps(const float* p, size_t n, const float* q, size_t m) {
-  if (n == 0 || m == 0) return false;
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  const auto b = reinterpret_cast<uintptr_t>(q);
-  return a < b + m * sizeof(float) && b < a + n * sizeof(float);
+// The bytes an operand or result of `count` elements starting at p occupies.
+struct Bytes {
+  uintptr_t begin = 0;
+  size_t size = 0;
+};
+Bytes bytes_of(const GemmOperand& x, size_t count) {
+  return x.is_bf16() ? Bytes{reinterpret_cast<uintptr_t>(x.bf16().data()), count * sizeof(BFloat16)}
+                     : Bytes{reinterpret_cast<uintptr_t>(x.f32().data()), count * sizeof(float)};
+}
+Bytes bytes_of(const GemmResult& x, size_t count) {
+  return x.is_bf16() ? Bytes{reinterpret_cast<uintptr_t>(x.bf16().data()), count * sizeof(BFloat16)}
+                     : Bytes{reinterpret_cast<uintptr_t>(x.f32().data()), count * sizeof(float)};
+}
+
+bool overlaps(Bytes p, Bytes q) {
+  if (p.size == 0 || q.size == 0) return false;
+  return p.begin < q.begin + q.size && q.begin < p.begin + p.size;
 }
 
 void throw_dnnl(dnnl_status_t s, size_t M, size_t N, size_t K) {
@@ -420,57 +439,84 @@ void throw_dnnl(dnnl_status_t s, size_t M, size_t N, size_t K) {
                           static_cast<int>(s), M, N, K));
 }
 
+// A stored (rows, cols) bf16 matrix with row stride ld, widened into `out` with row stride cols.
+void widen_rows(std::vector<float>& out, const BFloat16* x, size_t rows, size_t cols, size_t ld) {
+  out.resize(rows * cols);
+  for (size_t r = 0; r < rows; ++r) {
+    convert(std::span<const BFloat16>(x + r * ld, cols),
+            std::span<float>(out).subspan(r * cols, cols));
+  }
+}
+
+// C's rows when the product is skipped (K == 0 or alpha == 0; BLAS semantics oneDNN does not
+// follow for K == 0, where it leaves C alone whatever beta is).
+void skipped_product(size_t M, size_t N, float beta, const GemmResult& c, size_t ldc,
+                     std::span<const float> bias) {
+  for (size_t i = 0; i < M; ++i) {
+    if (c.is_bf16()) {
+      const std::span<BFloat16> row = c.bf16().subspan(i * ldc, N);
+      if (bias.empty()) {
+        std::fill(row.begin(), row.end(), BFloat16{});
+      } else {
+        convert(bias, row);
+      }
+      continue;
+    }
+    float* row = c.f32().data() + i * ldc;
+    if (!bias.empty()) {
+      std::copy(bias.begin(), bias.end(), row);
+    } else if (beta == 0.0f) {
+      std::fill(row, row + N, 0.0f);
+    } else if (beta != 1.0f) {
+      for (size_t j = 0; j < N; ++j) row[j] *= beta;
+    }
+  }
+}
+
 }  // namespace
 
 void gemm(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K,
-          float alpha, std::span<const float> a, size_t lda, std::span<const float> b, size_t ldb,
-          float beta, std::span<float> c, size_t ldc, std::span<const float> bias) {
+          float alpha, GemmOperand a, size_t lda, GemmOperand b, size_t ldb, float beta,
+          GemmResult c, size_t ldc, std::span<const float> bias) {
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;
   const char* a_shape = ta ? "A^T: K x M" : "M x K";
   const char* b_shape = tb ? "B^T: N x K" : "K x N";
-  if (ta) {
-    check_operand("a", a.size(), K, M, lda, a_shape);
-  } else {
-    check_operand("a", a.size(), M, K, lda, a_shape);
-  }
-  if (tb) {
-    check_operand("b", b.size(), N, K, ldb, b_shape);
-  } else {
-    check_operand("b", b.size(), K, N, ldb, b_shape);
-  }
+  const size_t a_rows = ta ? K : M, a_cols = ta ? M : K;
+  const size_t b_rows = tb ? N : K, b_cols = tb ? K : N;
+  check_operand("a", a.size(), a_rows, a_cols, lda, a_shape);
+  check_operand("b", b.size(), b_rows, b_cols, ldb, b_shape);
   check_operand("c", c.size(), M, N, ldc, "M x N");
   if (!bias.empty() && (bias.size() != N || beta != 0.0f)) {
     throw InvalidArgument(fmt::format(
         "gemm: bias holds {} values with beta = {}; a bias needs N = {} values and beta = 0",
         bias.size(), beta, N));
   }
+  if (compute != GemmCompute::kBF16 && (a.is_bf16() || b.is_bf16() || c.is_bf16())) {
+    throw InvalidArgument(fmt::format(
+        "gemm: {} is stored in bf16 but the compute is fp32; bf16 operands and results need "
+        "GemmCompute::kBF16",
+        a.is_bf16() ? "a" : (b.is_bf16() ? "b" : "c")));
+  }
+  if (c.is_bf16() && beta != 0.0f) {
+    throw InvalidArgument(fmt::format(
+        "gemm: c is bf16 and beta is {}; a bf16 c is only written, so beta must be 0", beta));
+  }
   if (t_recording != nullptr) t_recording->push_back({trans_a, trans_b, M, N, K});
   if (M == 0 || N == 0) return;
 
   const size_t c_count = extent(M, N, ldc);
-  const size_t a_count = ta ? extent(K, M, lda) : extent(M, K, lda);
-  const size_t b_count = tb ? extent(N, K, ldb) : extent(K, N, ldb);
-  if (overlaps(c.data(), c_count, a.data(), a_count) ||
-      overlaps(c.data(), c_count, b.data(), b_count)) {
+  const size_t a_count = extent(a_rows, a_cols, lda);
+  const size_t b_count = extent(b_rows, b_cols, ldb);
+  const Bytes c_bytes = bytes_of(c, c_count);
+  if (overlaps(c_bytes, bytes_of(a, a_count)) || overlaps(c_bytes, bytes_of(b, b_count))) {
     throw InvalidArgument(
         fmt::format("gemm: c overlaps a or b (M={} N={} K={}); write the product to a separate "
                     "buffer",
                     M, N, K));
   }
-
-  // BLAS semantics oneDNN does not follow for K == 0 (it leaves C alone whatever beta is).
   if (K == 0 || alpha == 0.0f) {
-    for (size_t i = 0; i < M; ++i) {
-      float* row = c.data() + i * ldc;
-      if (!bias.empty()) {
-        std::copy(bias.begin(), bias.end(), row);
-      } else if (beta == 0.0f) {
-        std::fill(row, row + N, 0.0f);
-      } else if (beta != 1.0f) {
-        for (size_t j = 0; j < N; ++j) row[j] *= beta;
-      }
-    }
+    skipped_product(M, N, beta, c, ldc, bias);
     return;
   }
 
@@ -480,48 +526,65 @@ void gemm(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, s
                 .N = N,
                 .K = K,
                 .alpha = alpha,
-                .a = a.data(),
+                .a = a.f32().data(),
                 .lda = lda,
-                .b = b.data(),
+                .b = b.f32().data(),
                 .ldb = ldb,
                 .beta = beta,
-                .c = c.data(),
+                .c = c.f32().data(),
                 .ldc = ldc,
                 .bias = bias.empty() ? nullptr : bias.data()};
-  // bf16 compute: both operands rounded once per call, in their stored layout (by the calling
-  // thread, before any tile runs), unless a Bf16Operands scope holds them rounded already.
-  // Without AVX-512 BF16 the rounded values, widened back, go through the fp32 path: the same
-  // rounding of the operands, fp32 products of them (scopes are not consulted there).
-  std::vector<BFloat16>& a16 = t_round_a16;
-  std::vector<BFloat16>& b16 = t_round_b16;
-  std::vector<float>& a32 = t_round_a32;
-  std::vector<float>& b32 = t_round_b32;
+  // A bf16 C goes through an fp32 copy of the product when the primitive cannot write it
+  // directly: on the fallback path, and with a bias under alpha != 1 (oneDNN would scale the
+  // bias too). Rounded row by row at the end, the same rounding either way.
+  bool c_via_f32 = false;
+  // bf16 compute: fp32 operands rounded once per call, in their stored layout (by the calling
+  // thread, before any tile runs), unless a Bf16Operands scope holds them rounded already;
+  // bf16 operands read as stored. Without AVX-512 BF16 the rounded values, widened back, go
+  // through the fp32 path: the same operand values, fp32 products of them (scopes are not
+  // consulted there).
   if (compute == GemmCompute::kBF16) {
-    const size_t a_rows = ta ? K : M, a_cols = ta ? M : K;
-    const size_t b_rows = tb ? N : K, b_cols = tb ? K : N;
     if (cpu_has_bf16()) {
-      // An operand's bf16 copy and its row stride: a live scope's, or rounded into `own`.
-      auto narrow = [](std::vector<BFloat16>& own, const float* x, size_t count, size_t rows,
+      // An operand's bf16 values and their row stride: as stored, a live scope's copy, or
+      // rounded into `own`.
+      auto narrow = [](std::vector<BFloat16>& own, const GemmOperand& x, size_t count, size_t rows,
                        size_t cols, size_t ld) -> std::pair<const BFloat16*, size_t> {
-        if (const BFloat16* scoped = scoped_bf16(x, count)) return {scoped, ld};
-        round_rows(own, x, rows, cols, ld);
+        if (x.is_bf16()) return {x.bf16().data(), ld};
+        if (const BFloat16* scoped = scoped_bf16(x.f32().data(), count)) return {scoped, ld};
+        round_rows(own, x.f32().data(), rows, cols, ld);
         return {own.data(), cols};
       };
       args.bf16 = true;
-      std::tie(args.a16, args.lda16) = narrow(a16, a.data(), a_count, a_rows, a_cols, lda);
-      std::tie(args.b16, args.ldb16) = narrow(b16, b.data(), b_count, b_rows, b_cols, ldb);
+      std::tie(args.a16, args.lda16) = narrow(t_round_a16, a, a_count, a_rows, a_cols, lda);
+      std::tie(args.b16, args.ldb16) = narrow(t_round_b16, b, b_count, b_rows, b_cols, ldb);
+      if (c.is_bf16()) {
+        c_via_f32 = !bias.empty() && alpha != 1.0f;
+        if (!c_via_f32) args.c16 = c.bf16().data();
+      }
     } else {
-      round_rows(a16, a.data(), a_rows, a_cols, lda);
-      round_rows(b16, b.data(), b_rows, b_cols, ldb);
-      a32.resize(a16.size());
-      b32.resize(b16.size());
-      convert(std::span<const BFloat16>(a16), std::span<float>(a32));
-      convert(std::span<const BFloat16>(b16), std::span<float>(b32));
-      args.a = a32.data();
+      // An operand's values as fp32 with row stride cols: widened from bf16, or rounded first.
+      auto widen = [](std::vector<BFloat16>& own16, std::vector<float>& own32, const GemmOperand& x,
+                      size_t rows, size_t cols, size_t ld) -> const float* {
+        if (x.is_bf16()) {
+          widen_rows(own32, x.bf16().data(), rows, cols, ld);
+        } else {
+          round_rows(own16, x.f32().data(), rows, cols, ld);
+          own32.resize(own16.size());
+          convert(std::span<const BFloat16>(own16), std::span<float>(own32));
+        }
+        return own32.data();
+      };
+      args.a = widen(t_round_a16, t_round_a32, a, a_rows, a_cols, lda);
       args.lda = a_cols;
-      args.b = b32.data();
+      args.b = widen(t_round_b16, t_round_b32, b, b_rows, b_cols, ldb);
       args.ldb = b_cols;
+      c_via_f32 = c.is_bf16();
     }
+  }
+  if (c_via_f32) {
+    t_result32.resize(M * N);
+    args.c = t_result32.data();
+    args.ldc = N;
   }
   Job job;
   job.args = &args;
@@ -538,6 +601,11 @@ void gemm(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, s
   }
   const auto status = static_cast<dnnl_status_t>(job.status.load());
   if (status != dnnl_success) throw_dnnl(status, M, N, K);
+  if (c_via_f32) {
+    for (size_t r = 0; r < M; ++r) {
+      convert(std::span<const float>(t_result32).subspan(r * N, N), c.bf16().subspan(r * ldc, N));
+    }
+  }
 }
 
 void set_gemm_threads(int threads) {
@@ -577,8 +645,9 @@ Bf16Operands::~Bf16Operands() {
 }
 
 size_t gemm_bf16_copy_bytes() {
-  size_t bytes = (t_round_a16.capacity() + t_round_b16.capacity()) * sizeof(BFloat16) +
-                 (t_round_a32.capacity() + t_round_b32.capacity()) * sizeof(float);
+  size_t bytes =
+      (t_round_a16.capacity() + t_round_b16.capacity()) * sizeof(BFloat16) +
+      (t_round_a32.capacity() + t_round_b32.capacity() + t_result32.capacity()) * sizeof(float);
   for (const Bf16Slot& slot : t_bf16_slots) bytes += slot.own.capacity() * sizeof(BFloat16);
   return bytes;
 }

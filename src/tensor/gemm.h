@@ -29,8 +29,10 @@
 #pragma once
 
 #include <compare>
+#include <concepts>
 #include <cstddef>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "tensor/dtype.h"
@@ -54,6 +56,60 @@ enum class Transpose : bool { kNo = false, kYes = true };
 //          the contract above (same tiles, no split K).
 enum class GemmCompute { kFP32, kBF16 };
 
+// A matrix as gemm() reads it: fp32 values, or values stored in bf16. A bf16 pipeline keeps
+// the activations that only feed products (LayerNorm and GELU outputs, qkv, attention's
+// output) in bf16, produced rounded by the layer before, so no product rounds them again and
+// they take half the memory. Converts implicitly from anything that converts to a span of
+// either, so callers pass what they hold. A bf16 operand needs kBF16 compute.
+class GemmOperand {
+ public:
+  GemmOperand() = default;  // no values (fp32)
+  template <typename R>
+  requires std::convertible_to<R&&, std::span<const float>> GemmOperand(
+      R&& values)  // NOLINT(google-explicit-constructor): an operand is its values
+      : f32_(std::span<const float>(std::forward<R>(values))) {}
+  template <typename R>
+  requires std::convertible_to<R&&, std::span<const BFloat16>> GemmOperand(
+      R&& values)  // NOLINT(google-explicit-constructor)
+      : bf16_(std::span<const BFloat16>(std::forward<R>(values))), is_bf16_(true) {}
+
+  bool is_bf16() const { return is_bf16_; }
+  size_t size() const { return is_bf16_ ? bf16_.size() : f32_.size(); }
+  std::span<const float> f32() const { return f32_; }
+  std::span<const BFloat16> bf16() const { return bf16_; }
+
+ private:
+  std::span<const float> f32_;
+  std::span<const BFloat16> bf16_;
+  bool is_bf16_ = false;
+};
+
+// Where gemm() writes C: fp32, or bf16 (each element the fp32 result rounded to nearest even,
+// exactly as convert() rounds it; only with kBF16 compute and beta == 0, since a bf16 C is
+// never read back).
+class GemmResult {
+ public:
+  GemmResult() = default;  // no values (fp32)
+  template <typename R>
+  requires std::convertible_to<R&&, std::span<float>> GemmResult(
+      R&& values)  // NOLINT(google-explicit-constructor)
+      : f32_(std::span<float>(std::forward<R>(values))) {}
+  template <typename R>
+  requires std::convertible_to<R&&, std::span<BFloat16>> GemmResult(
+      R&& values)  // NOLINT(google-explicit-constructor)
+      : bf16_(std::span<BFloat16>(std::forward<R>(values))), is_bf16_(true) {}
+
+  bool is_bf16() const { return is_bf16_; }
+  size_t size() const { return is_bf16_ ? bf16_.size() : f32_.size(); }
+  std::span<float> f32() const { return f32_; }
+  std::span<BFloat16> bf16() const { return bf16_; }
+
+ private:
+  std::span<float> f32_;
+  std::span<BFloat16> bf16_;
+  bool is_bf16_ = false;
+};
+
 // C = alpha * op(A) * op(B) + beta * C (see above), multiplied in `compute`. Spans must
 // cover every element the product reads or writes: op(A) untransposed is M rows of stride lda
 // (lda >= K), transposed it is stored as K rows of stride lda (lda >= M); likewise B; C is M
@@ -65,9 +121,12 @@ enum class GemmCompute { kFP32, kBF16 };
 // adds it (bf16 with alpha = 1), instead of a pass over all of C before the product:
 // a Linear's forward costs 14-23 % more with a separate bias pass on GPT-medium shapes in
 // bf16 (measured before this argument existed).
+//
+// A or B may be stored in bf16 and C written in bf16 (GemmOperand, GemmResult): the product is
+// then what it would be with the same values in fp32 operands, and C the fp32 result rounded.
 void gemm(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K,
-          float alpha, std::span<const float> a, size_t lda, std::span<const float> b, size_t ldb,
-          float beta, std::span<float> c, size_t ldc, std::span<const float> bias = {});
+          float alpha, GemmOperand a, size_t lda, GemmOperand b, size_t ldb, float beta,
+          GemmResult c, size_t ldc, std::span<const float> bias = {});
 
 // How many threads gemm() calls made from the calling thread use, the caller included;
 // 1 (the default) runs every tile on the calling thread. A per-thread setting, like

@@ -122,20 +122,25 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
   return b;
 }
 
+GemmCompute compute_for(Precision p) {
+  return p == Precision::kBF16 ? GemmCompute::kBF16 : GemmCompute::kFP32;
+}
+
 TransientLayout transient_layout(const Model& model, const TransientPlan& p, int rank) {
   check_rank(p.world, rank);
   const StagePlan sp = StagePlan::make(p.stage, p.policy);
   const BatchShape shape{.B = p.micro_batch, .T = p.seq_len};
+  const GemmCompute compute = compute_for(p.precision);
   TransientLayout l;
   uint64_t max_numel = 0, max_own = 0, max_saved = 0;
   for (const auto& u : model) {
     max_numel = std::max<uint64_t>(max_numel, u->numel());
     max_own = std::max<uint64_t>(max_own, own_count(u->numel(), p.world, rank));
-    max_saved = std::max<uint64_t>(max_saved, u->saved_count(shape));
+    max_saved = std::max<uint64_t>(max_saved, u->saved_count(shape, compute));
     l.input_grads = std::max<uint64_t>(l.input_grads, u->input_count(shape));
     l.scratch = std::max<uint64_t>(l.scratch, u->scratch_count(shape));
     l.stream.push_back(u->input_count(shape));
-    if (!p.checkpoint_activations) l.saved.push_back(u->saved_count(shape));
+    if (!p.checkpoint_activations) l.saved.push_back(u->saved_count(shape, compute));
     if (sp.accumulate_full) l.accum_full.push_back(u->numel());
   }
   // Checkpointing keeps only each unit's input; one buffer serves every recompute.

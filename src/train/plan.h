@@ -62,6 +62,13 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                               Precision precision, int grad_accum, AccumulatePolicy policy,
                               int rank);
 
+// What the products of a --precision multiply in: bf16 runs multiply in bf16 (operands
+// rounded, fp32 sums), as PyTorch's autocast does; fp16 runs keep fp32 products, since
+// fp16 operands would overflow where bf16's range does not. The run's one decision of what
+// products multiply in: it reaches every gemm() through the UnitWeights the trainer hands
+// each unit, and it decides how units lay out what they save (Unit::saved_count).
+GemmCompute compute_for(Precision p);
+
 // What a rank allocates besides its model states, as the buffers the engine allocates:
 // the one description both the engine (train/rank_trainer.cc allocates from it) and the
 // planner (transient_bytes sums it) read, so the two cannot drift. Counts are elements.

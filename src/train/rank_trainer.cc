@@ -14,10 +14,6 @@
 
 namespace zerodp {
 
-GemmCompute compute_for(Precision p) {
-  return p == Precision::kBF16 ? GemmCompute::kBF16 : GemmCompute::kFP32;
-}
-
 int ranks_on_this_host(const Communicator& comm, Backend backend) {
   if (backend == Backend::kMpi) {
     for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
@@ -113,7 +109,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
 
 std::span<float> RankTrainer::saved_for(size_t ui) {
   if (!cfg_.checkpoint_activations) return buf_.saved[ui].span();
-  return buf_.saved[0].span().first(model_[ui]->saved_count(shape_));
+  return buf_.saved[0].span().first(model_[ui]->saved_count(shape_, compute_));
 }
 
 // fp32 weights of unit ui for compute. Stage 3: gathered into `slot` first (the caller has

@@ -40,13 +40,6 @@
 
 namespace zerodp {
 
-// What the products of a --precision multiply in: bf16 runs multiply in bf16 (operands
-// rounded, fp32 sums), as PyTorch's autocast does; fp16 runs keep fp32 products, since
-// fp16 operands would overflow where bf16's range does not. The run's one decision of what
-// products multiply in: it reaches every gemm() through the UnitWeights the trainer hands
-// each unit.
-GemmCompute compute_for(Precision p);
-
 // Ranks sharing this machine's cores: every rank on the local backend; under MPI the
 // launcher's count of this host's processes (OpenMPI, MPICH/Hydra), else the whole world.
 int ranks_on_this_host(const Communicator& comm, Backend backend);

@@ -326,13 +326,28 @@ TEST(GptLength, LongerThanSeqLenIsAnError) {
   }
 }
 
+// Under bf16 products a block keeps its products' inputs (ln_1, ln_2 and GELU outputs, C +
+// C + 4C per row) and the head its ln_f output (C per row) in bf16: half the floats of those.
+TEST(GptUnits, KeepProductInputsInBf16UnderBf16Products) {
+  TinyGpt g;
+  const BatchShape s = g.mb().shape;
+  const size_t rows = 10, C = 8;
+  const Unit& block = *g.model[1];
+  const Unit& head = *g.model.back();
+  EXPECT_EQ(block.saved_count(s, GemmCompute::kFP32) - block.saved_count(s, GemmCompute::kBF16),
+            rows * 6 * C / 2);
+  EXPECT_EQ(head.saved_count(s, GemmCompute::kFP32) - head.saved_count(s, GemmCompute::kBF16),
+            rows * C / 2);
+  EXPECT_EQ(g.model[0]->saved_count(s, GemmCompute::kBF16), 0u);
+}
+
 TEST(GptUnits, WrongBufferLengthsAreRejected) {
   TinyGpt g;
   const Buffers w = random_weights(g.model, 17, 0.3f);
   const MicroBatch mb = g.mb();
   Unit& block = *g.model[1];
   std::vector<float> in(block.input_count(mb.shape)), out(block.output_count(mb.shape));
-  std::vector<float> saved(block.saved_count(mb.shape));
+  std::vector<float> saved(block.saved_count(mb.shape, GemmCompute::kFP32));
   std::vector<float> scratch(block.scratch_count(mb.shape));
   const UnitWeights w1 = UnitWeights::fp32(w[1]);
   EXPECT_NO_THROW(block.forward(w1, in, out, saved, scratch, mb));

@@ -134,7 +134,7 @@ inline void expect_product_operands_are_read_only_as_bf16(const Model& model, co
     size_t scratch_count = 0;
     for (size_t u = 0; u < n; ++u) {
       acts[u].resize(model[u]->output_count(s));
-      saved[u].resize(model[u]->saved_count(s));
+      saved[u].resize(model[u]->saved_count(s, GemmCompute::kBF16));
       dacts[u].assign(model[u]->output_count(s), 0.0f);
       scratch_count = std::max(scratch_count, model[u]->scratch_count(s));
     }

@@ -23,7 +23,7 @@ class SpecOnlyUnit final : public Unit {
   using Unit::add_tensor;
   size_t input_count(const BatchShape&) const override { return 0; }
   size_t output_count(const BatchShape&) const override { return 0; }
-  size_t saved_count(const BatchShape&) const override { return 0; }
+  size_t saved_count(const BatchShape&, GemmCompute) const override { return 0; }
   size_t scratch_count(const BatchShape&) const override { return 0; }
 
  protected:
@@ -73,7 +73,7 @@ class UncheckedUnit final : public Unit {
   }
   size_t input_count(const BatchShape& s) const override { return 2 * rows(s); }
   size_t output_count(const BatchShape& s) const override { return head_ ? 1 : 3 * rows(s); }
-  size_t saved_count(const BatchShape& s) const override { return 4 * rows(s); }
+  size_t saved_count(const BatchShape& s, GemmCompute) const override { return 4 * rows(s); }
   size_t scratch_count(const BatchShape& s) const override { return 5 * rows(s); }
 
   int forwards = 0;
@@ -105,7 +105,7 @@ struct Buffers {
       : w(u.numel()),
         in(u.input_count(s)),
         out(u.output_count(s)),
-        saved(u.saved_count(s)),
+        saved(u.saved_count(s, GemmCompute::kFP32)),
         scratch(u.scratch_count(s)),
         dout(u.output_count(s)),
         dw(u.numel()),
@@ -241,7 +241,7 @@ class ProductUnit final : public Unit {
   }
   size_t input_count(const BatchShape& s) const override { return 3 * size_t(s.B); }
   size_t output_count(const BatchShape& s) const override { return 2 * size_t(s.B); }
-  size_t saved_count(const BatchShape&) const override { return 0; }
+  size_t saved_count(const BatchShape&, GemmCompute) const override { return 0; }
   size_t scratch_count(const BatchShape&) const override { return 0; }
 
  protected:

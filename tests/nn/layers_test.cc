@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "nn/grad_check.h"
+#include "tensor/dtype.h"
 
 namespace zerodp {
 namespace {
@@ -280,6 +281,30 @@ TEST(LayerNorm, BackwardAccumulates) {
 }
 
 // ---------------------------------------------------------------- GELU
+
+// The bf16 pipeline's outputs: LayerNorm and GELU written in bf16 are their fp32 outputs
+// rounded as convert() rounds, bit for bit (GELU over several of its internal chunks and a
+// ragged tail; LayerNorm with a row length that is not a multiple of its lanes).
+TEST(Bf16Outputs, LayerNormAndGeluRoundTheirFp32Outputs) {
+  const size_t rows = 7, C = 45;
+  const std::vector<float> inp = normal_vector(rows * C, 21, 3.0f);
+  const std::vector<float> weight = normal_vector(C, 22), bias = normal_vector(C, 23);
+  std::vector<float> out(rows * C), mean(rows), rstd(rows), mean16(rows), rstd16(rows);
+  std::vector<BFloat16> out16(rows * C);
+  layernorm_forward(out, mean, rstd, inp, weight, bias, rows, C);
+  layernorm_forward(std::span<BFloat16>(out16), mean16, rstd16, inp, weight, bias, rows, C);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out16[i].bits, to_bf16(out[i]).bits) << i;
+  EXPECT_EQ(mean, mean16);
+  EXPECT_EQ(rstd, rstd16);
+
+  const std::vector<float> x = normal_vector(5000, 24, 2.0f);
+  std::vector<float> g(x.size());
+  std::vector<BFloat16> g16(x.size());
+  gelu_forward(g, x);
+  gelu_forward(std::span<BFloat16>(g16), x);
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g16[i].bits, to_bf16(g[i]).bits) << i;
+  EXPECT_THROW(gelu_forward(std::span<BFloat16>(g16).first(10), x), InvalidArgument);
+}
 
 TEST(Gelu, ForwardIsTheExactErfForm) {
   // x * Phi(x), from the standard normal CDF in double.

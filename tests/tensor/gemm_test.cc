@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -465,6 +467,101 @@ void expect_bias_matches_reference(const Case& k, float alpha, GemmCompute compu
   // The bias adds at most one rounding of a value below 1 + |product|.
   expect_near(k, o, want, before, std::abs(alpha) + 1.0f, 0.0f,
               compute == GemmCompute::kBF16 ? "bf16 + bias" : "fp32 + bias");
+}
+
+// Operands stored in bf16 (the bf16 pipeline's activations) give the bits of fp32 operands
+// holding the same values, and a bf16 C is the fp32 C rounded as convert() rounds, for every
+// transpose, padded strides, several tiles and thread counts, with and without a bias (alpha
+// 1, where the primitive adds it, and 0.5, where it goes through an fp32 copy).
+TEST(GemmBf16Storage, OperandsAndResultsInBf16KeepTheBits) {
+  for (const Case& k : {Case{kN, kT, 17, 64, 33}, Case{kT, kN, 33, 65, 7, 2},
+                        Case{kT, kT, 5, 9, 70, 1}, Case{kN, kN, 600, 520, 384, 3}}) {
+    Operands o(k, 41);
+    // Values a bf16 buffer can hold, kept in both forms.
+    std::vector<BFloat16> a16(o.a.size()), b16(o.b.size());
+    convert(std::span<const float>(o.a), std::span<BFloat16>(a16));
+    convert(std::span<const float>(o.b), std::span<BFloat16>(b16));
+    convert(std::span<const BFloat16>(a16), std::span<float>(o.a));
+    convert(std::span<const BFloat16>(b16), std::span<float>(o.b));
+    const std::vector<float> bias_values = random_vector(k.N, 43);
+    for (bool with_bias : {false, true}) {
+      for (float alpha : {1.0f, 0.5f}) {
+        const std::span<const float> bias =
+            with_bias ? std::span<const float>(bias_values) : std::span<const float>();
+        std::vector<float> want(o.c.size(), 7.0f);
+        gemm(kBf16, k.ta, k.tb, k.M, k.N, k.K, alpha, o.a, o.lda, o.b, o.ldb, 0.0f, want, o.ldc,
+             bias);
+        for (int threads : {1, 3}) {
+          set_gemm_threads(threads);
+          const std::string what =
+              "M=" + std::to_string(k.M) + " bias=" + std::to_string(with_bias) +
+              " alpha=" + std::to_string(alpha) + " threads=" + std::to_string(threads);
+          std::vector<float> got(o.c.size(), 7.0f);
+          gemm(kBf16, k.ta, k.tb, k.M, k.N, k.K, alpha, a16, o.lda, b16, o.ldb, 0.0f, got, o.ldc,
+               bias);
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what;
+          std::fill(got.begin(), got.end(), 7.0f);
+          gemm(kBf16, k.ta, k.tb, k.M, k.N, k.K, alpha, o.a, o.lda, b16, o.ldb, 0.0f, got, o.ldc,
+               bias);
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what;
+          const BFloat16 untouched = to_bf16(7.0f);
+          std::vector<BFloat16> c16(o.c.size(), untouched);
+          gemm(kBf16, k.ta, k.tb, k.M, k.N, k.K, alpha, a16, o.lda, o.b, o.ldb, 0.0f, c16, o.ldc,
+               bias);
+          for (size_t i = 0; i < k.M; ++i) {
+            for (size_t j = 0; j < o.ldc; ++j) {
+              const BFloat16 expected = j < k.N ? to_bf16(want[i * o.ldc + j]) : untouched;
+              ASSERT_EQ(c16[i * o.ldc + j].bits, expected.bits) << what << " at " << i << ", " << j;
+            }
+          }
+        }
+        set_gemm_threads(1);
+      }
+    }
+  }
+}
+
+TEST(GemmBf16Storage, WithKZeroABf16CIsTheBiasRounded) {
+  std::vector<float> a(3), b(4);
+  std::vector<BFloat16> c(3 * 4, to_bf16(9.0f));
+  const std::vector<float> bias = {1.0f, -2.0f, 3.14159f, 0.25f};
+  gemm(kBf16, kN, kN, 3, 4, 0, 1.0f, a, 1, b, 4, 0.0f, c, 4, bias);
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = 0; j < 4; ++j) EXPECT_EQ(c[i * 4 + j].bits, to_bf16(bias[j]).bits);
+  }
+  gemm(kBf16, kN, kN, 3, 4, 0, 1.0f, a, 1, b, 4, 0.0f, c, 4);
+  for (const BFloat16 x : c) EXPECT_EQ(to_f32(x), 0.0f);
+}
+
+TEST(GemmBf16Storage, NeedsBf16ComputeAndAWrittenOnlyC) {
+  std::vector<float> a(2 * 3, 1.0f), b(3 * 4, 1.0f), c(2 * 4);
+  std::vector<BFloat16> a16(2 * 3), c16(2 * 4);
+  try {
+    gemm(kFp32, kN, kN, 2, 4, 3, 1.0f, a16, 3, b, 4, 0.0f, c, 4);
+    FAIL() << "a bf16 operand was multiplied in fp32";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("a is stored in bf16"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(gemm(kFp32, kN, kN, 2, 4, 3, 1.0f, a, 3, b, 4, 0.0f, c16, 4), InvalidArgument);
+  try {
+    gemm(kBf16, kN, kN, 2, 4, 3, 1.0f, a, 3, b, 4, 1.0f, c16, 4);
+    FAIL() << "a bf16 c was accumulated into";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("beta must be 0"), std::string::npos) << e.what();
+  }
+  // A bf16 c overlapping an operand is caught by bytes, not elements.
+  std::vector<BFloat16> shared(2 * 3 + 2 * 4);
+  EXPECT_THROW(gemm(kBf16, kN, kN, 2, 4, 3, 1.0f, std::span<const BFloat16>(shared).first(6), 3, b,
+                    4, 0.0f, std::span<BFloat16>(shared).subspan(5, 8), 4),
+               InvalidArgument);
+}
+
+// ZERODP_GEMM_BF16=fallback (set by the ctest entry that reruns the bf16 tests) really takes
+// the fp32 path.
+TEST(GemmFallback, IsTakenWhenAsked) {
+  const char* force = std::getenv("ZERODP_GEMM_BF16");
+  if (force == nullptr || std::string(force) != "fallback") GTEST_SKIP() << "not asked";
+  EXPECT_FALSE(gemm_bf16_native());
 }
 
 TEST(GemmBias, IsAddedToEveryRowInBothComputes) {

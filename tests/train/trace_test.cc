@@ -106,7 +106,9 @@ class Undeclared final : public Unit {
   }
   size_t input_count(const BatchShape& s) const override { return inner_->input_count(s); }
   size_t output_count(const BatchShape& s) const override { return inner_->output_count(s); }
-  size_t saved_count(const BatchShape& s) const override { return inner_->saved_count(s); }
+  size_t saved_count(const BatchShape& s, GemmCompute compute) const override {
+    return inner_->saved_count(s, compute);
+  }
   size_t scratch_count(const BatchShape& s) const override { return inner_->scratch_count(s); }
 
  private:
