@@ -213,18 +213,20 @@ class GemmOutput {
 
 // The batched product above, multiplied in `compute`:
 //   kFP32  every operand and C fp32 (a bf16 one is an InvalidArgument);
-//   kBF16  bf16 operands are read as they are; fp32 ones are rounded to bf16 (to nearest even,
-//          as convert() does) once per call, into copies the calling thread keeps laid out as
-//          the operand is, or read from a live Bf16Operands scope that holds the operand's
-//          whole extent: either way the primitive reads bf16 values at the operand's own
-//          strides, so an fp32 operand gives the bits of its rounded values given as bf16.
-//          Products are summed in fp32. A bf16 C is the fp32 result rounded with convert(),
-//          bit for bit: the product goes to a kept fp32 buffer laid out as C is, then is
-//          rounded (never by oneDNN's own conversion, which flushes subnormals).
-// One oneDNN matmul primitive per part of the batch, with the batch dimensions and strides
-// in its memory descriptors (no copies of bf16 operands), created once per shape and strides
-// on each thread and kept. Without AVX-512 BF16 (or with ZERODP_GEMM_BF16=fallback) kBF16
-// widens the (rounded) operands to fp32 copies and runs the fp32 primitive.
+//   kBF16  bf16 operands as given; fp32 ones rounded to bf16 (to nearest even, as convert()
+//          does) once per call, or read from a live Bf16Operands scope that holds the
+//          operand's whole extent; products summed in fp32. Every route to the same bf16
+//          values gives the same bits (fp32 values == their rounding given as bf16).
+// A bf16 C is the fp32 C rounded with convert(), bit for bit (never oneDNN's own conversion,
+// which flushes subnormals).
+//
+// How: one oneDNN matmul primitive per part of the batch, created once per shape on each
+// thread and kept. oneDNN 2.6's fast (brgemm) kernels read only dense batches (rows of exactly
+// their columns, entries back to back), so an operand or C laid out otherwise, like a head
+// inside qkv, is copied densely first (and C back after), into buffers the calling thread
+// keeps; a dense fp32 operand or C is used in place. Without AVX-512 BF16 (or with
+// ZERODP_GEMM_BF16=fallback) kBF16 widens the (rounded) operands to fp32 copies and runs the
+// fp32 primitive.
 //
 // Determinism, as gemm(): the batch is cut into parts of whole entries (never a product, never
 // K) as a pure function of the shape and the batch, the calling thread's pool
