@@ -958,6 +958,28 @@ void gemm_batched(GemmCompute compute, Transpose trans_a, Transpose trans_b, siz
   if (t_recording != nullptr) t_recording->push_back({trans_a, trans_b, M, N, K});
   if (M == 0 || N == 0) return;
 
+  if (compute == GemmCompute::kFP32) {
+    // One gemm() per entry, in place: measured faster than the batched primitive for fp32
+    // (gemm.h). The call is recorded once, above.
+    std::vector<GemmShape>* const recording = t_recording;
+    t_recording = nullptr;
+    try {
+      for (size_t o = 0; o < batch.outer; ++o) {
+        for (size_t i = 0; i < batch.inner; ++i) {
+          gemm(compute, trans_a, trans_b, M, N, K, alpha,
+               a.f32().subspan(o * batch.outer_a + i * batch.inner_a), lda,
+               b.f32().subspan(o * batch.outer_b + i * batch.inner_b), ldb, beta,
+               c.f32().subspan(o * batch.outer_c + i * batch.inner_c), ldc);
+        }
+      }
+    } catch (...) {
+      t_recording = recording;
+      throw;
+    }
+    t_recording = recording;
+    return;
+  }
+
   // The fp32 C the primitive writes: the caller's when it is fp32 and dense, else a kept
   // dense buffer (holding C's values first when beta reads them), copied or rounded into C
   // afterwards. Every C layout and type thus runs the same primitive: a bf16 C is the fp32
