@@ -220,15 +220,24 @@ dnnl_status_t run_tile(const GemmArgs& g, Block rb, Block cb) {
                     static_cast<dnnl_dim_t>(g.ldc));
 }
 
+// What a TilePool runs: work() is called on the caller and on every helper, and each call
+// claims parts of the job until none are left.
+struct PoolJob {
+  virtual void work() = 0;
+
+ protected:
+  ~PoolJob() = default;
+};
+
 // The work of one gemm() call, shared by the caller and its helpers. Tiles are claimed from
 // an atomic counter: which thread runs a tile does not matter for the result.
-struct Job {
+struct Job final : PoolJob {
   const GemmArgs* args = nullptr;
   Tiling tiling;
   std::atomic<size_t> next{0};
   std::atomic<int> status{dnnl_success};  // the first failure, if any
 
-  void work() {
+  void work() override {
     for (size_t i = next.fetch_add(1); i < tiling.count(); i = next.fetch_add(1)) {
       const Block rb = part_of(args->M, tiling.parts_m, i / tiling.parts_n);
       const Block cb = part_of(args->N, tiling.parts_n, i % tiling.parts_n);
@@ -282,7 +291,7 @@ class TilePool {
   int helpers() const { return static_cast<int>(threads_.size()); }
 
   // Runs job on the caller and every helper; returns when all have left it.
-  void run(Job& job) {
+  void run(PoolJob& job) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       job_ = &job;
@@ -301,7 +310,7 @@ class TilePool {
     omp_set_num_threads(1);  // this thread only ever runs single-threaded tiles
     uint64_t seen = 0;
     for (;;) {
-      Job* job = nullptr;
+      PoolJob* job = nullptr;
       {
         std::unique_lock<std::mutex> lock(mu_);
         wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -321,7 +330,7 @@ class TilePool {
   uint64_t generation_ = 0;       // bumped per job, so a helper runs each job once
   int busy_ = 0;                  // helpers still inside the current job
   bool stop_ = false;
-  Job* job_ = nullptr;
+  PoolJob* job_ = nullptr;
   std::vector<std::thread> threads_;
 };
 
@@ -664,5 +673,480 @@ GemmRecording::GemmRecording() : outer_(t_recording) { t_recording = &shapes_; }
 GemmRecording::~GemmRecording() { t_recording = outer_; }
 
 size_t gemm_tile_count(size_t M, size_t N, size_t K) { return tiling_for(M, N, K).count(); }
+
+// ---- gemm_batched ----
+//
+// One call: the operands are normalized first (on the calling thread) to one element type
+// the primitive multiplies, bf16 for kBF16 on the oneDNN bf16 path and fp32 otherwise, each
+// either the caller's own memory with its strides or a kept copy packed densely; then the
+// batch is cut into parts (rectangles of the (outer, inner) entries), each one matmul
+// primitive execution on one thread.
+namespace {
+
+// Parts of a batch: halved, along the dimension with more entries per part, while a part
+// holds more than kMaxTileFlops (gemm()'s tile size) and has 2 entries or more along it.
+struct BatchParts {
+  size_t parts_o = 1;
+  size_t parts_i = 1;
+  size_t count() const { return parts_o * parts_i; }
+};
+
+BatchParts batch_parts_for(size_t M, size_t N, size_t K, size_t outer, size_t inner) {
+  BatchParts p;
+  const double entry =
+      2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  auto piece_o = [&] { return (outer + p.parts_o - 1) / p.parts_o; };
+  auto piece_i = [&] { return (inner + p.parts_i - 1) / p.parts_i; };
+  while (static_cast<double>(piece_o() * piece_i()) * entry > kMaxTileFlops) {
+    const bool can_o = piece_o() >= 2;
+    const bool can_i = piece_i() >= 2;
+    if (!can_o && !can_i) break;
+    if (can_o && (piece_o() >= piece_i() || !can_i)) {
+      p.parts_o = std::min(2 * p.parts_o, outer);
+    } else {
+      p.parts_i = std::min(2 * p.parts_i, inner);
+    }
+  }
+  return p;
+}
+
+// Entries [begin, begin + count) of part i of p along a dimension of d entries.
+Block batch_range(size_t d, size_t p, size_t i) {
+  const size_t begin = i * d / p;
+  return {begin, (i + 1) * d / p - begin};
+}
+
+using dt = dnnl::memory::data_type;
+
+// An operand as the primitive reads it: first element, type, row stride and batch strides
+// (0: one matrix read by every entry along that dimension).
+struct BatchedOperand {
+  const void* data = nullptr;
+  dt type = dt::f32;
+  size_t ld = 0, outer = 0, inner = 0;
+};
+
+struct BatchedArgs {
+  bool ta = false, tb = false;
+  size_t M = 0, N = 0, K = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  BatchedOperand a, b;
+  float* c = nullptr;  // fp32 always: a bf16 C is rounded from a kept fp32 copy afterwards
+  size_t ldc = 0, outer_c = 0, inner_c = 0;
+  size_t outer = 1, inner = 1;
+  BatchParts parts;
+};
+
+struct BatchedKey {
+  size_t o, i, m, n, k;
+  size_t lda, oa, ia, ldb, ob, ib, ldc, oc, ic;
+  bool ta, tb;
+  dt type;
+  float alpha, beta;
+  auto operator<=>(const BatchedKey&) const = default;
+};
+
+// A memory descriptor of `count_o` x `count_i` entries of (rows, cols) matrices: stored
+// transposed when `trans` (so rows have stride 1 and columns stride ld). A batch dimension
+// read by every entry (stride 0) has size 1, which oneDNN broadcasts; its stride, and that of
+// any dimension of size 1, is set to a positive one (oneDNN ignores it).
+dnnl::memory::desc batched_md(size_t count_o, size_t count_i, size_t rows, size_t cols, bool trans,
+                              size_t ld, size_t so, size_t si, dt type) {
+  using dim = dnnl::memory::dim;
+  const size_t entry = (trans ? cols : rows) * ld;
+  const size_t n_i = si == 0 ? 1 : count_i;
+  const size_t n_o = so == 0 ? 1 : count_o;
+  const size_t stride_i = n_i == 1 ? entry : si;
+  const size_t stride_o = n_o == 1 ? n_i * stride_i : so;
+  return dnnl::memory::desc(
+      dnnl::memory::dims{static_cast<dim>(n_o), static_cast<dim>(n_i), static_cast<dim>(rows),
+                         static_cast<dim>(cols)},
+      type,
+      dnnl::memory::dims{static_cast<dim>(stride_o), static_cast<dim>(stride_i),
+                         static_cast<dim>(trans ? 1 : ld), static_cast<dim>(trans ? ld : 1)});
+}
+
+size_t elem_bytes(dt type) { return type == dt::bf16 ? 2 : 4; }
+
+const void* offset(const BatchedOperand& x, size_t o, size_t i) {
+  return static_cast<const char*>(x.data) + (o * x.outer + i * x.inner) * elem_bytes(x.type);
+}
+
+dnnl_status_t run_batch_part(const BatchedArgs& g, Block ob, Block ib) {
+  thread_local std::map<BatchedKey, dnnl::matmul> cache;
+  const BatchedKey key{ob.count,  ib.count, g.M,       g.N,       g.K,   g.a.ld,    g.a.outer,
+                       g.a.inner, g.b.ld,   g.b.outer, g.b.inner, g.ldc, g.outer_c, g.inner_c,
+                       g.ta,      g.tb,     g.a.type,  g.alpha,   g.beta};
+  const auto a_md =
+      batched_md(ob.count, ib.count, g.M, g.K, g.ta, g.a.ld, g.a.outer, g.a.inner, g.a.type);
+  const auto b_md =
+      batched_md(ob.count, ib.count, g.K, g.N, g.tb, g.b.ld, g.b.outer, g.b.inner, g.b.type);
+  const auto c_md =
+      batched_md(ob.count, ib.count, g.M, g.N, false, g.ldc, g.outer_c, g.inner_c, dt::f32);
+  try {
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      if (cache.size() >= 256) cache.clear();
+      dnnl::primitive_attr attr;
+      if (g.alpha != 1.0f) attr.set_output_scales(0, {g.alpha});
+      if (g.beta != 0.0f) {
+        dnnl::post_ops ops;
+        ops.append_sum(g.beta);
+        attr.set_post_ops(ops);
+      }
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr,
+                                            cpu_engine());
+      it = cache.emplace(key, dnnl::matmul(pd)).first;
+    }
+    thread_local dnnl::stream stream(cpu_engine());
+    dnnl::memory am(a_md, cpu_engine(), const_cast<void*>(offset(g.a, ob.begin, ib.begin)));
+    dnnl::memory bm(b_md, cpu_engine(), const_cast<void*>(offset(g.b, ob.begin, ib.begin)));
+    dnnl::memory cm(c_md, cpu_engine(), g.c + ob.begin * g.outer_c + ib.begin * g.inner_c);
+    it->second.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    return e.status;
+  }
+  return dnnl_success;
+}
+
+struct BatchedJob final : PoolJob {
+  const BatchedArgs* args = nullptr;
+  std::atomic<size_t> next{0};
+  std::atomic<int> status{dnnl_success};
+
+  void work() override {
+    const BatchParts& p = args->parts;
+    for (size_t i = next.fetch_add(1); i < p.count(); i = next.fetch_add(1)) {
+      const Block ob = batch_range(args->outer, p.parts_o, i / p.parts_i);
+      const Block ib = batch_range(args->inner, p.parts_i, i % p.parts_i);
+      const dnnl_status_t s = run_batch_part(*args, ob, ib);
+      if (s != dnnl_success) {
+        int expected = dnnl_success;
+        status.compare_exchange_strong(expected, s);
+      }
+    }
+  }
+};
+
+// Kept between calls, like gemm()'s copies: packed operands and the fp32 C behind a bf16 one.
+thread_local std::vector<BFloat16> t_batched_a16, t_batched_b16;
+thread_local std::vector<float> t_batched_a32, t_batched_b32, t_batched_c32;
+
+// Elements from an operand's first entry to the end of its last one, all entries of
+// (rows, cols) stored with row stride ld; checks ld and the span's length.
+size_t batched_extent(const char* name, size_t length, size_t rows, size_t cols, size_t ld,
+                      size_t so, size_t si, const GemmBatch& batch, const char* shape) {
+  if (ld < cols) {
+    throw InvalidArgument(
+        fmt::format("gemm_batched: ld{} = {} is less than the {} columns of {} as stored ({}); "
+                    "use ld{} >= {}",
+                    name, ld, cols, name, shape, name, cols));
+  }
+  if (batch.count() == 0 || rows == 0 || cols == 0) return 0;
+  size_t need = extent(rows, cols, ld), step = 0;
+  if (__builtin_mul_overflow(batch.outer - 1, so, &step) ||
+      __builtin_add_overflow(need, step, &need) ||
+      __builtin_mul_overflow(batch.inner - 1, si, &step) ||
+      __builtin_add_overflow(need, step, &need)) {
+    throw InvalidArgument(
+        fmt::format("gemm_batched: {} x {} entries of {} with strides ({}, {}) overflow size_t",
+                    batch.outer, batch.inner, name, so, si));
+  }
+  if (length < need) {
+    throw InvalidArgument(fmt::format(
+        "gemm_batched: {} holds {} elements, but {} x {} entries of ({}, {}) with ld{} = {} at "
+        "strides ({}, {}) span {} ({})",
+        name, length, batch.outer, batch.inner, rows, cols, name, ld, so, si, need, shape));
+  }
+  return need;
+}
+
+// C's entries are disjoint if, ordered by stride, each dimension steps past everything the
+// smaller ones span (a nested layout). Dimensions of one element do not step.
+void check_c_disjoint(size_t M, size_t N, size_t ldc, const GemmBatch& batch) {
+  struct Dim {
+    size_t count, stride;
+  };
+  if (batch.count() == 0 || M == 0 || N == 0) return;
+  Dim dims[] = {{N, 1}, {M, ldc}, {batch.inner, batch.inner_c}, {batch.outer, batch.outer_c}};
+  std::sort(std::begin(dims), std::end(dims),
+            [](const Dim& x, const Dim& y) { return x.stride < y.stride; });
+  size_t spanned = 1;  // elements the smaller dimensions reach past their first, plus one
+  for (const Dim& d : dims) {
+    if (d.count == 1) continue;
+    if (d.stride < spanned) {
+      throw InvalidArgument(fmt::format(
+          "gemm_batched: c's entries overlap: {} x {} entries of ({}, {}) with ldc = {} at "
+          "strides ({}, {}); give each entry its own elements",
+          batch.outer, batch.inner, M, N, ldc, batch.outer_c, batch.inner_c));
+    }
+    spanned += (d.count - 1) * d.stride;
+  }
+}
+
+bool overlaps_bytes(const void* p, size_t p_bytes, const void* q, size_t q_bytes) {
+  if (p_bytes == 0 || q_bytes == 0) return false;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const auto b = reinterpret_cast<uintptr_t>(q);
+  return a < b + q_bytes && b < a + p_bytes;
+}
+
+// Whether a batch of stored (rows, cols) matrices is dense: rows of exactly cols elements,
+// entries back to back (a dimension of stride 0 counts once). oneDNN 2.6's brgemm matmul
+// kernels take only dense batches; anything else goes to its gemm-based matmul, which runs
+// the entries one by one and is no faster than a gemm() call per entry (bench: 64 heads of
+// GPT-small's 64x64x32 scores, fp32 155 us in place with ld = 3C vs 96 us dense, while
+// copying q and k dense costs 25 us).
+bool is_dense(size_t rows, size_t cols, size_t ld, size_t so, size_t si, const GemmBatch& batch) {
+  const size_t n_i = si == 0 ? 1 : batch.inner;
+  const size_t n_o = so == 0 ? 1 : batch.outer;
+  return ld == cols && (n_i == 1 || si == rows * cols) && (n_o == 1 || so == n_i * rows * cols);
+}
+
+// The (outer, inner) entries of a stored (rows, cols) operand copied by
+// `copy_row(dst, src, cols)` densely into `out` (one copy along a dimension of stride 0).
+template <typename To, typename From, typename CopyRow>
+BatchedOperand pack_dense(std::vector<To>& out, const From* x, size_t rows, size_t cols, size_t ld,
+                          size_t so, size_t si, const GemmBatch& batch, dt type, CopyRow copy_row) {
+  const size_t n_o = so == 0 ? 1 : batch.outer;
+  const size_t n_i = si == 0 ? 1 : batch.inner;
+  const size_t entry = rows * cols;
+  out.resize(n_o * n_i * entry);
+  for (size_t o = 0; o < n_o; ++o) {
+    for (size_t i = 0; i < n_i; ++i) {
+      To* dst = out.data() + (o * n_i + i) * entry;
+      const From* src = x + o * so + i * si;
+      for (size_t r = 0; r < rows; ++r) copy_row(dst + r * cols, src + r * ld, cols);
+    }
+  }
+  return {.data = out.data(),
+          .type = type,
+          .ld = cols,
+          .outer = n_o == 1 ? 0 : n_i * entry,
+          .inner = n_i == 1 ? 0 : entry};
+}
+
+void copy_f32(float* d, const float* s, size_t n) { std::copy_n(s, n, d); }
+void copy_bf16(BFloat16* d, const BFloat16* s, size_t n) { std::copy_n(s, n, d); }
+void round_f32(BFloat16* d, const float* s, size_t n) {
+  convert(std::span<const float>(s, n), std::span<BFloat16>(d, n));
+}
+void widen_bf16(float* d, const BFloat16* s, size_t n) {
+  convert(std::span<const BFloat16>(s, n), std::span<float>(d, n));
+}
+// The fallback's kBF16 on an fp32 operand: its values rounded, widened back.
+void round_and_widen(float* d, const float* s, size_t n) {
+  thread_local std::vector<BFloat16> row;
+  row.resize(n);
+  convert(std::span<const float>(s, n), std::span<BFloat16>(row));
+  convert(std::span<const BFloat16>(row), std::span<float>(d, n));
+}
+
+// One operand as the primitive reads it: bf16 on the oneDNN bf16 path, fp32 otherwise, and
+// always dense (read in place when it is so already, else copied densely into own16/own32).
+// On the bf16 path an fp32 operand is read from a live Bf16Operands scope's copy when one
+// holds it, else rounded; so every route to the same bf16 values gives the same primitive
+// and the same bits. `round`: kBF16 on the fallback path.
+BatchedOperand normalize(const GemmInput& x, bool bf16_path, bool round, size_t rows, size_t cols,
+                         size_t ld, size_t so, size_t si, size_t span, const GemmBatch& batch,
+                         std::vector<BFloat16>& own16, std::vector<float>& own32) {
+  so = batch.outer == 1 ? 0 : so;
+  si = batch.inner == 1 ? 0 : si;
+  const bool dense = is_dense(rows, cols, ld, so, si, batch);
+  auto in_place = [&](const void* data, dt type) {
+    return BatchedOperand{.data = data, .type = type, .ld = ld, .outer = so, .inner = si};
+  };
+  if (bf16_path) {
+    const BFloat16* x16 = x.is_bf16() ? x.bf16().data() : scoped_bf16(x.f32().data(), span);
+    if (x16 != nullptr) {
+      return dense ? in_place(x16, dt::bf16)
+                   : pack_dense(own16, x16, rows, cols, ld, so, si, batch, dt::bf16, copy_bf16);
+    }
+    return pack_dense(own16, x.f32().data(), rows, cols, ld, so, si, batch, dt::bf16, round_f32);
+  }
+  if (x.is_bf16()) {
+    return pack_dense(own32, x.bf16().data(), rows, cols, ld, so, si, batch, dt::f32, widen_bf16);
+  }
+  if (round) {
+    return pack_dense(own32, x.f32().data(), rows, cols, ld, so, si, batch, dt::f32,
+                      round_and_widen);
+  }
+  return dense
+             ? in_place(x.f32().data(), dt::f32)
+             : pack_dense(own32, x.f32().data(), rows, cols, ld, so, si, batch, dt::f32, copy_f32);
+}
+
+}  // namespace
+
+void gemm_batched(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, size_t N,
+                  size_t K, float alpha, GemmInput a, size_t lda, GemmInput b, size_t ldb,
+                  float beta, GemmOutput c, size_t ldc, const GemmBatch& batch) {
+  const bool ta = trans_a == Transpose::kYes;
+  const bool tb = trans_b == Transpose::kYes;
+  if (compute == GemmCompute::kFP32 && (a.is_bf16() || b.is_bf16() || c.is_bf16())) {
+    throw InvalidArgument(fmt::format(
+        "gemm_batched: {} is bf16 but compute is fp32; pass fp32 values or compute in bf16",
+        a.is_bf16()   ? "a"
+        : b.is_bf16() ? "b"
+                      : "c"));
+  }
+  if (c.is_bf16() && beta != 0.0f) {
+    throw InvalidArgument(fmt::format(
+        "gemm_batched: a bf16 c cannot be accumulated into (beta = {}); use beta = 0 or a fp32 c",
+        beta));
+  }
+  if ((batch.outer > 1 && batch.outer_c == 0) || (batch.inner > 1 && batch.inner_c == 0)) {
+    throw InvalidArgument(fmt::format(
+        "gemm_batched: c's strides ({}, {}) for {} x {} entries write one matrix for several; "
+        "give each entry its own c",
+        batch.outer_c, batch.inner_c, batch.outer, batch.inner));
+  }
+  const size_t a_rows = ta ? K : M, a_cols = ta ? M : K;
+  const size_t b_rows = tb ? N : K, b_cols = tb ? K : N;
+  const size_t a_span = batched_extent("a", a.size(), a_rows, a_cols, lda, batch.outer_a,
+                                       batch.inner_a, batch, ta ? "A^T: K x M" : "M x K");
+  const size_t b_span = batched_extent("b", b.size(), b_rows, b_cols, ldb, batch.outer_b,
+                                       batch.inner_b, batch, tb ? "B^T: N x K" : "K x N");
+  const size_t c_span =
+      batched_extent("c", c.size(), M, N, ldc, batch.outer_c, batch.inner_c, batch, "M x N");
+  check_c_disjoint(M, N, ldc, batch);
+  const void* a_data = a.is_bf16() ? static_cast<const void*>(a.bf16().data()) : a.f32().data();
+  const void* b_data = b.is_bf16() ? static_cast<const void*>(b.bf16().data()) : b.f32().data();
+  const void* c_data = c.is_bf16() ? static_cast<const void*>(c.bf16().data()) : c.f32().data();
+  const size_t a_bytes = a_span * (a.is_bf16() ? 2 : 4), b_bytes = b_span * (b.is_bf16() ? 2 : 4);
+  const size_t c_bytes = c_span * (c.is_bf16() ? 2 : 4);
+  if (overlaps_bytes(c_data, c_bytes, a_data, a_bytes) ||
+      overlaps_bytes(c_data, c_bytes, b_data, b_bytes)) {
+    throw InvalidArgument(fmt::format(
+        "gemm_batched: c overlaps a or b (M={} N={} K={}, {} x {} entries); write the products "
+        "to a separate buffer",
+        M, N, K, batch.outer, batch.inner));
+  }
+  if (batch.count() == 0) return;
+  if (t_recording != nullptr) t_recording->push_back({trans_a, trans_b, M, N, K});
+  if (M == 0 || N == 0) return;
+
+  if (compute == GemmCompute::kFP32) {
+    // One gemm() per entry, in place: measured faster than the batched primitive for fp32
+    // (gemm.h). The call is recorded once, above.
+    std::vector<GemmShape>* const recording = t_recording;
+    t_recording = nullptr;
+    try {
+      for (size_t o = 0; o < batch.outer; ++o) {
+        for (size_t i = 0; i < batch.inner; ++i) {
+          gemm(compute, trans_a, trans_b, M, N, K, alpha,
+               a.f32().subspan(o * batch.outer_a + i * batch.inner_a), lda,
+               b.f32().subspan(o * batch.outer_b + i * batch.inner_b), ldb, beta,
+               c.f32().subspan(o * batch.outer_c + i * batch.inner_c), ldc);
+        }
+      }
+    } catch (...) {
+      t_recording = recording;
+      throw;
+    }
+    t_recording = recording;
+    return;
+  }
+
+  // The fp32 C the primitive writes: the caller's when it is fp32 and dense, else a kept
+  // dense buffer (holding C's values first when beta reads them), copied or rounded into C
+  // afterwards. Every C layout and type thus runs the same primitive: a bf16 C is the fp32
+  // one rounded with convert(), bit for bit.
+  const size_t so_c = batch.outer == 1 ? 0 : batch.outer_c;
+  const size_t si_c = batch.inner == 1 ? 0 : batch.inner_c;
+  const bool c_in_place = !c.is_bf16() && is_dense(M, N, ldc, so_c, si_c, batch);
+  float* c32 = c.f32().data();
+  auto for_each_c_row = [&](auto&& fn) {  // fn(row of C, row of the dense buffer)
+    for (size_t o = 0; o < batch.outer; ++o) {
+      for (size_t i = 0; i < batch.inner; ++i) {
+        const size_t first = o * batch.outer_c + i * batch.inner_c;
+        const size_t dense_first = (o * batch.inner + i) * M * N;
+        for (size_t r = 0; r < M; ++r) fn(first + r * ldc, dense_first + r * N);
+      }
+    }
+  };
+  if (!c_in_place) {
+    t_batched_c32.resize(batch.count() * M * N);
+    c32 = t_batched_c32.data();
+    if (beta != 0.0f) {
+      for_each_c_row(
+          [&](size_t row, size_t dense) { std::copy_n(c.f32().data() + row, N, c32 + dense); });
+    }
+  }
+  auto write_c = [&] {
+    if (c_in_place) return;
+    for_each_c_row([&](size_t row, size_t dense) {
+      if (c.is_bf16()) {
+        convert(std::span<const float>(c32 + dense, N), c.bf16().subspan(row, N));
+      } else {
+        std::copy_n(c32 + dense, N, c.f32().data() + row);
+      }
+    });
+  };
+
+  // BLAS semantics, as gemm(): C = beta * C without reading A or B.
+  if (K == 0 || alpha == 0.0f) {
+    float* x = c32;
+    const size_t n = batch.count() * M * N;
+    if (beta == 0.0f) {
+      std::fill(x, x + n, 0.0f);
+    } else if (beta != 1.0f) {
+      for (size_t j = 0; j < n; ++j) x[j] *= beta;
+    }
+    write_c();
+    return;
+  }
+
+  const bool bf16 = compute == GemmCompute::kBF16;
+  const bool bf16_path = bf16 && cpu_has_bf16();
+  BatchedArgs args{.ta = ta,
+                   .tb = tb,
+                   .M = M,
+                   .N = N,
+                   .K = K,
+                   .alpha = alpha,
+                   .beta = beta,
+                   .a = normalize(a, bf16_path, bf16, a_rows, a_cols, lda, batch.outer_a,
+                                  batch.inner_a, a_span, batch, t_batched_a16, t_batched_a32),
+                   .b = normalize(b, bf16_path, bf16, b_rows, b_cols, ldb, batch.outer_b,
+                                  batch.inner_b, b_span, batch, t_batched_b16, t_batched_b32),
+                   .c = c32,
+                   .ldc = N,
+                   .outer_c = batch.outer == 1 ? 0 : batch.inner * M * N,
+                   .inner_c = batch.inner == 1 ? 0 : M * N,
+                   .outer = batch.outer,
+                   .inner = batch.inner,
+                   .parts = batch_parts_for(M, N, K, batch.outer, batch.inner)};
+  BatchedJob job;
+  job.args = &args;
+  SingleThreadedOneDnn single;
+  if (args.parts.count() == 1 || t_gemm_threads == 1) {
+    job.work();
+  } else {
+    if (!t_pool || t_pool->helpers() != t_gemm_threads - 1) {
+      t_pool.reset();
+      t_pool = std::make_unique<TilePool>(t_gemm_threads - 1);
+    }
+    t_pool->run(job);
+  }
+  const auto status = static_cast<dnnl_status_t>(job.status.load());
+  if (status != dnnl_success) {
+    throw Error(fmt::format(
+        "gemm_batched: oneDNN's matmul failed with status {} for M={} N={} K={}, {} x {} entries",
+        static_cast<int>(status), M, N, K, batch.outer, batch.inner));
+  }
+  write_c();
+}
+
+size_t gemm_batched_part_count(size_t M, size_t N, size_t K, const GemmBatch& batch) {
+  return batch_parts_for(M, N, K, batch.outer, batch.inner).count();
+}
+
+size_t gemm_batched_copy_bytes() {
+  return (t_batched_a16.capacity() + t_batched_b16.capacity()) * sizeof(BFloat16) +
+         (t_batched_a32.capacity() + t_batched_b32.capacity() + t_batched_c32.capacity()) *
+             sizeof(float);
+}
 
 }  // namespace zerodp

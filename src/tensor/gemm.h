@@ -217,4 +217,105 @@ class GemmRecording {
 // Exposed for tests and benchmarks.
 size_t gemm_tile_count(size_t M, size_t N, size_t K);
 
+// Batched products: many independent products of one shape in one call, for attention's
+// (batch, head) pairs, whose products are too small (64x64x32 at GPT-small) for a gemm()
+// call each: per call, oneDNN's setup and packing cost about as much as the product.
+//
+//   C_e = alpha * op(A_e) * op(B_e) + beta * C_e      for every entry e = (i, j), i < outer,
+//                                                     j < inner
+//
+// Entry (i, j) of X starts i * outer_x + j * inner_x elements after X's first element, and is
+// a matrix stored as gemm() stores it (row stride ldx, op as trans_x). Two batch dimensions
+// describe a head of a sequence inside a (B, T, 3*C) buffer without copies: outer = B with
+// stride T*3*C, inner = NH with stride hs. A stride of 0 (with a count above 1) reads one
+// matrix for every entry along that dimension; C's strides may not be 0 there.
+struct GemmBatch {
+  size_t outer = 1, inner = 1;                   // entries: outer x inner
+  size_t outer_a = 0, outer_b = 0, outer_c = 0;  // elements between consecutive outer entries
+  size_t inner_a = 0, inner_b = 0, inner_c = 0;  // elements between consecutive inner entries
+  size_t count() const { return outer * inner; }
+};
+
+// An operand of gemm_batched: fp32 or bf16 elements, as the caller stores them.
+class GemmInput {
+ public:
+  GemmInput(std::span<const float> v) : f32_(v), size_(v.size()) {}      // NOLINT
+  GemmInput(std::span<float> v) : f32_(v), size_(v.size()) {}            // NOLINT
+  GemmInput(std::span<const BFloat16> v) : bf16_(v), size_(v.size()) {}  // NOLINT
+  GemmInput(std::span<BFloat16> v) : bf16_(v), size_(v.size()) {}        // NOLINT
+  bool is_bf16() const { return bf16_.data() != nullptr; }
+  std::span<const float> f32() const { return f32_; }
+  std::span<const BFloat16> bf16() const { return bf16_; }
+  size_t size() const { return size_; }
+
+ private:
+  std::span<const float> f32_;
+  std::span<const BFloat16> bf16_;
+  size_t size_ = 0;
+};
+
+// The output of gemm_batched: fp32, or bf16 (then beta must be 0).
+class GemmOutput {
+ public:
+  GemmOutput(std::span<float> v) : f32_(v), size_(v.size()) {}      // NOLINT
+  GemmOutput(std::span<BFloat16> v) : bf16_(v), size_(v.size()) {}  // NOLINT
+  bool is_bf16() const { return bf16_.data() != nullptr; }
+  std::span<float> f32() const { return f32_; }
+  std::span<BFloat16> bf16() const { return bf16_; }
+  size_t size() const { return size_; }
+
+ private:
+  std::span<float> f32_;
+  std::span<BFloat16> bf16_;
+  size_t size_ = 0;
+};
+
+// The batched product above, multiplied in `compute`:
+//   kFP32  every operand and C fp32 (a bf16 one is an InvalidArgument);
+//   kBF16  bf16 operands as given; fp32 ones rounded to bf16 (to nearest even, as convert()
+//          does) once per call, or read from a live Bf16Operands scope that holds the
+//          operand's whole extent; products summed in fp32. Every route to the same bf16
+//          values gives the same bits (fp32 values == their rounding given as bf16).
+// A bf16 C is the fp32 C rounded with convert(), bit for bit (never oneDNN's own conversion,
+// which flushes subnormals).
+//
+// kFP32 runs one gemm() per entry (so each entry has gemm()'s bits): oneDNN 2.6's batched
+// fp32 primitive, copies included, was slower than that (bench_layers, attention rows: GPT-small
+// backward 1.04-1.09 ms against 0.93-0.96, medium 3.9-4.0 ms against 2.7-3.2), while for bf16
+// it is faster than a gemm() per entry (small backward 1.01-1.05 ms against 1.42-1.51).
+//
+// How (kBF16): one oneDNN matmul primitive per part of the batch, created once per shape on each
+// thread and kept. oneDNN 2.6's fast (brgemm) kernels read only dense batches (rows of exactly
+// their columns, entries back to back), so an operand or C laid out otherwise, like a head
+// inside qkv, is copied densely first (and C back after), into buffers the calling thread
+// keeps; a dense fp32 operand or C is used in place. Without AVX-512 BF16 (or with
+// ZERODP_GEMM_BF16=fallback) kBF16 widens the (rounded) operands to fp32 copies and runs the
+// fp32 primitive.
+//
+// Determinism, as gemm(): the batch is cut into parts of whole entries (never a product, never
+// K) as a pure function of the shape and the batch, the calling thread's pool
+// (set_gemm_threads) runs the parts in any order, each entry is computed by exactly one part,
+// so the bits do not depend on the thread count or on addresses. Entries of equal shape in a
+// call of equal shape agree; an entry does NOT promise gemm()'s bits for the same product
+// (another kernel), only the same product to fp32 accumulation error.
+//
+// Checked as gemm() is: each span must cover every element its entries read or write,
+// C's extent must not overlap A's or B's, and C's entries must not overlap one another (tested
+// as a nested layout: ordered by stride, each of C's dimensions - columns, rows, inner, outer -
+// steps past everything the smaller ones span; attention's layouts are nested). Throws
+// InvalidArgument naming the operand, its length and what the batch needs.
+//
+// A live GemmRecording records one shape per call with entries: the shape of one entry.
+void gemm_batched(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, size_t N,
+                  size_t K, float alpha, GemmInput a, size_t lda, GemmInput b, size_t ldb,
+                  float beta, GemmOutput c, size_t ldc, const GemmBatch& batch);
+
+// The number of parts gemm_batched cuts a batch into: the most threads it can use. For tests.
+size_t gemm_batched_part_count(size_t M, size_t N, size_t K, const GemmBatch& batch);
+
+// Bytes the calling thread keeps for gemm_batched between calls (rounded or widened operand
+// copies, the fp32 buffer behind a bf16 C); outside any memory ledger, like
+// gemm_bf16_copy_bytes().
+size_t gemm_batched_copy_bytes();
+
 }  // namespace zerodp

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "nn/grad_check.h"
+#include "tensor/dtype.h"
 
 namespace zerodp {
 namespace {
@@ -217,6 +218,88 @@ TEST(Attention, RejectsWronglySizedState) {
   k.scratch.pop_back();
   std::vector<float> dqkv(k.qkv.size());
   EXPECT_THROW(k.backward(dqkv), InvalidArgument);
+}
+
+// Four sequences of 150 positions, two heads: three query blocks, and pairs in two groups of
+// batched products (3 sequences, then 1), so every loop of the batched path runs.
+constexpr AttentionDims kGroupedDims{.B = 4, .T = 150, .C = 8, .NH = 2};
+
+TEST(Attention, GroupedPairsMatchTheDefinition) {
+  expect_forward_matches_the_definition(AttentionCase(kGroupedDims));
+}
+
+TEST(Attention, GroupedPairsBackwardMatchesFiniteDifferences) {
+  expect_backward_matches_finite_differences(AttentionCase(kGroupedDims));
+}
+
+TEST(Attention, ScratchHoldsAGroupOfPairsWithinItsBudget) {
+  // GPT small: 16 of its 64 pairs per batched call, two (64, 64) tiles each.
+  EXPECT_EQ(attention_scratch_count({.B = 16, .T = 64, .C = 128, .NH = 4}), 2u * 16 * 64 * 64);
+  // One sequence: no more pairs than it has heads.
+  EXPECT_EQ(attention_scratch_count({.B = 1, .T = 64, .C = 128, .NH = 4}), 2u * 4 * 64 * 64);
+  // Long sequences: one pair at a time.
+  EXPECT_EQ(attention_scratch_count({.B = 8, .T = 1024, .C = 768, .NH = 12}), 2u * 64 * 1024);
+}
+
+// qkv rounded to bf16 values, as fp32 and as bf16.
+struct Bf16Qkv {
+  std::vector<float> widened;
+  std::vector<BFloat16> narrow;
+  explicit Bf16Qkv(const std::vector<float>& qkv) : widened(qkv.size()), narrow(qkv.size()) {
+    convert(std::span<const float>(qkv), std::span<BFloat16>(narrow));
+    convert(std::span<const BFloat16>(narrow), std::span<float>(widened));
+  }
+};
+
+TEST(AttentionBf16, ForwardIsTheFp32OverloadsOutRounded) {
+  for (const AttentionDims& d : {AttentionCase().d, kLongDims, kGroupedDims}) {
+    AttentionCase k(d);
+    const Bf16Qkv in(k.qkv);
+    attention_forward(k.out, k.saved, k.scratch, in.widened, d, GemmCompute::kBF16);
+    std::vector<BFloat16> want(k.out.size()), got(k.out.size());
+    convert(std::span<const float>(k.out), std::span<BFloat16>(want));
+    std::vector<float> saved(k.saved.size());
+    attention_forward(got, saved, k.scratch, in.narrow, d, GemmCompute::kBF16);
+    ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(BFloat16)))
+        << "T=" << d.T;
+    ASSERT_EQ(0, std::memcmp(saved.data(), k.saved.data(), saved.size() * sizeof(float)));
+    // And it is attention: near the definition, to bf16's precision.
+    const std::vector<double> ref = reference_attention(in.widened, d);
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(to_f32(got[i]), ref[i], 3e-2) << i;
+  }
+}
+
+TEST(AttentionBf16, BackwardIsTheFp32OverloadsBitForBit) {
+  for (const AttentionDims& d : {AttentionCase().d, kLongDims, kGroupedDims}) {
+    AttentionCase k(d);
+    const Bf16Qkv in(k.qkv);
+    std::vector<BFloat16> out16(k.out.size());
+    attention_forward(out16, k.saved, k.scratch, in.narrow, d, GemmCompute::kBF16);
+    const auto prefill = normal_vector(k.qkv.size(), 65);
+    std::vector<float> want = prefill, got = prefill;
+    attention_backward(want, k.scratch, k.dout, in.widened, k.saved, d, GemmCompute::kBF16);
+    attention_backward(got, k.scratch, k.dout, in.narrow, k.saved, d, GemmCompute::kBF16);
+    ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float))) << "T=" << d.T;
+    ASSERT_NE(0, std::memcmp(prefill.data(), got.data(), got.size() * sizeof(float)));
+  }
+}
+
+TEST(AttentionBf16, NeedsBf16Compute) {
+  AttentionCase k;
+  const Bf16Qkv in(k.qkv);
+  std::vector<BFloat16> out16(k.out.size());
+  std::vector<float> dqkv(k.qkv.size());
+  try {
+    attention_forward(out16, k.saved, k.scratch, in.narrow, k.d, GemmCompute::kFP32);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(),
+                 "attention_forward: bf16 qkv needs compute bf16, got fp32; widen qkv to fp32 or "
+                 "compute in bf16");
+  }
+  EXPECT_THROW(
+      attention_backward(dqkv, k.scratch, k.dout, in.narrow, k.saved, k.d, GemmCompute::kFP32),
+      InvalidArgument);
 }
 
 }  // namespace

@@ -622,5 +622,283 @@ TEST(GemmRecording, RecordsEachCallsShapeOnItsThreadWhileItLives) {
   EXPECT_DOUBLE_EQ(want[0].flops(), 2.0 * 6 * 5 * 4);
 }
 
+// ---- gemm_batched ----
+
+// A batch laid out as attention's heads are: each of `outer` blocks holds `inner` entries side
+// by side (entry j at column j * cols), rows at stride inner * cols + pad, blocks `gap`
+// elements apart beyond their rows.
+struct Interleaved {
+  size_t rows, cols, ld, inner_stride, outer_stride, count;
+  Interleaved(size_t r, size_t c, size_t outer, size_t inner, size_t pad, size_t gap)
+      : rows(r), cols(c), ld(inner * c + pad), inner_stride(c), outer_stride(r * ld + gap) {
+    count = outer * outer_stride;
+  }
+  size_t at(size_t o, size_t i, size_t r, size_t col) const {
+    return o * outer_stride + i * inner_stride + r * ld + col;
+  }
+};
+
+struct BatchCase {
+  Transpose ta, tb;
+  size_t M, N, K, outer, inner;
+  size_t pad = 0, gap = 0;
+};
+
+struct BatchOperands {
+  Interleaved la, lb, lc;
+  std::vector<float> a, b, c;
+  GemmBatch batch;
+  BatchOperands(const BatchCase& k, uint32_t seed)
+      : la(k.ta == kT ? k.K : k.M, k.ta == kT ? k.M : k.K, k.outer, k.inner, k.pad, k.gap),
+        lb(k.tb == kT ? k.N : k.K, k.tb == kT ? k.K : k.N, k.outer, k.inner, k.pad, k.gap),
+        lc(k.M, k.N, k.outer, k.inner, k.pad, k.gap) {
+    a = random_vector(la.count, seed);
+    b = random_vector(lb.count, seed + 1);
+    c = random_vector(lc.count, seed + 2);
+    batch = {.outer = k.outer,
+             .inner = k.inner,
+             .outer_a = la.outer_stride,
+             .outer_b = lb.outer_stride,
+             .outer_c = lc.outer_stride,
+             .inner_a = la.inner_stride,
+             .inner_b = lb.inner_stride,
+             .inner_c = lc.inner_stride};
+  }
+  void run(const BatchCase& k, GemmCompute compute, float alpha, float beta) {
+    gemm_batched(compute, k.ta, k.tb, k.M, k.N, k.K, alpha, std::span<const float>(a), la.ld,
+                 std::span<const float>(b), lb.ld, beta, std::span<float>(c), lc.ld, batch);
+  }
+};
+
+// Every entry against the double product of its (optionally rounded) operands; elements
+// outside C's entries keep their values.
+void expect_batch_near_reference(const BatchCase& k, GemmCompute compute, float alpha, float beta) {
+  BatchOperands o(k, static_cast<uint32_t>(k.M * 5 + k.N * 3 + k.K + k.outer));
+  const std::vector<float> before = o.c;
+  auto value = [&](float x) {
+    return static_cast<double>(compute == kBf16 ? to_f32(to_bf16(x)) : x);
+  };
+  std::vector<double> want(o.c.size());
+  std::vector<bool> written(o.c.size());
+  for (size_t e = 0; e < k.outer; ++e) {
+    for (size_t h = 0; h < k.inner; ++h) {
+      for (size_t i = 0; i < k.M; ++i) {
+        for (size_t j = 0; j < k.N; ++j) {
+          double sum = 0.0;
+          for (size_t p = 0; p < k.K; ++p) {
+            sum += value(o.a[k.ta == kT ? o.la.at(e, h, p, i) : o.la.at(e, h, i, p)]) *
+                   value(o.b[k.tb == kT ? o.lb.at(e, h, j, p) : o.lb.at(e, h, p, j)]);
+          }
+          const size_t at = o.lc.at(e, h, i, j);
+          want[at] = alpha * sum + (beta == 0.0f ? 0.0 : beta * static_cast<double>(o.c[at]));
+          written[at] = true;
+        }
+      }
+    }
+  }
+  o.run(k, compute, alpha, beta);
+  const double tol = 4e-7 * static_cast<double>(k.K + 2) * (std::abs(alpha) + std::abs(beta));
+  for (size_t x = 0; x < o.c.size(); ++x) {
+    if (written[x]) {
+      ASSERT_NEAR(o.c[x], want[x], tol)
+          << "M=" << k.M << " N=" << k.N << " K=" << k.K << " ta=" << int(k.ta)
+          << " tb=" << int(k.tb) << " entries " << k.outer << "x" << k.inner << " at " << x;
+    } else {
+      ASSERT_EQ(o.c[x], before[x]) << "written outside the entries at " << x;
+    }
+  }
+}
+
+TEST(GemmBatched, MatchesReferenceForAllTransposesAndBothComputes) {
+  for (GemmCompute compute : {kFp32, kBf16}) {
+    for (Transpose ta : {kN, kT}) {
+      for (Transpose tb : {kN, kT}) {
+        expect_batch_near_reference({ta, tb, 7, 5, 3, 2, 3, 1, 4}, compute, 1.0f, 0.0f);
+        expect_batch_near_reference({ta, tb, 64, 64, 32, 3, 4}, compute, 0.125f, 0.0f);
+        expect_batch_near_reference({ta, tb, 17, 33, 65, 1, 5, 2, 0}, compute, -2.0f, 1.0f);
+        expect_batch_near_reference({ta, tb, 1, 1, 1, 4, 1}, compute, 1.0f, 0.5f);
+      }
+    }
+  }
+}
+
+// Run under `compute` with `threads`, every buffer shifted by `shift` elements; C's bits.
+std::vector<float> batch_bits(const BatchCase& k, GemmCompute compute, int threads, size_t shift) {
+  BatchOperands o(k, 21);
+  std::vector<float> a(o.a.size() + shift), b(o.b.size() + shift), c(o.c.size() + shift);
+  std::copy(o.a.begin(), o.a.end(), a.begin() + static_cast<std::ptrdiff_t>(shift));
+  std::copy(o.b.begin(), o.b.end(), b.begin() + static_cast<std::ptrdiff_t>(shift));
+  std::copy(o.c.begin(), o.c.end(), c.begin() + static_cast<std::ptrdiff_t>(shift));
+  std::vector<float> out;
+  std::thread([&] {
+    set_gemm_threads(threads);
+    gemm_batched(compute, k.ta, k.tb, k.M, k.N, k.K, 0.5f, std::span<const float>(a).subspan(shift),
+                 o.la.ld, std::span<const float>(b).subspan(shift), o.lb.ld, 1.0f,
+                 std::span<float>(c).subspan(shift), o.lc.ld, o.batch);
+    out.assign(c.begin() + static_cast<std::ptrdiff_t>(shift), c.end());
+  }).join();
+  return out;
+}
+
+TEST(GemmBatched, BitsDoNotDependOnThreadCountOrAddresses) {
+  const BatchCase cases[] = {{kN, kT, 64, 128, 64, 8, 12}, {kT, kN, 128, 64, 64, 5, 13, 3, 1}};
+  for (const BatchCase& k : cases) {
+    const GemmBatch b{.outer = k.outer, .inner = k.inner};
+    ASSERT_GE(gemm_batched_part_count(k.M, k.N, k.K, b), 3u);  // the threads have parts to share
+    for (GemmCompute compute : {kFp32, kBf16}) {
+      const std::vector<float> want = batch_bits(k, compute, 1, 0);
+      for (int threads : {2, 3}) {
+        for (size_t shift : {size_t{0}, size_t{3}}) {
+          const std::vector<float> got = batch_bits(k, compute, threads, shift);
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+              << "threads=" << threads << " shift=" << shift << " bf16=" << (compute == kBf16);
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmBatched, PartsAreWholeEntriesAndNeverCutSmallBatches) {
+  EXPECT_EQ(gemm_batched_part_count(64, 64, 32, {.outer = 16, .inner = 4}), 1u);  // GPT small
+  EXPECT_EQ(gemm_batched_part_count(4096, 4096, 64, {.outer = 1, .inner = 1}), 1u);
+  EXPECT_EQ(gemm_batched_part_count(64, 128, 64, {.outer = 8, .inner = 6}), 2u);
+  EXPECT_EQ(gemm_batched_part_count(64, 64, 64, {.outer = 1, .inner = 3}), 1u);
+  EXPECT_EQ(gemm_batched_part_count(512, 512, 512, {.outer = 2, .inner = 3}), 6u);
+}
+
+// Under kBF16 an fp32 operand gives the bits of its rounded values passed as bf16, and a bf16
+// C is the fp32 C rounded with convert(), bit for bit.
+TEST(GemmBatched, Bf16OperandsAndOutputAgreeWithRoundedFp32) {
+  const BatchCase k{kN, kT, 37, 64, 32, 3, 4, 2, 1};
+  BatchOperands o(k, 3);
+  for (auto& x : o.a) x *= 1e-20f;  // some products are subnormal, which convert() keeps
+  std::vector<BFloat16> a16(o.a.size()), b16(o.b.size()), c16(o.c.size());
+  convert(std::span<const float>(o.a), std::span<BFloat16>(a16));
+  convert(std::span<const float>(o.b), std::span<BFloat16>(b16));
+  std::vector<float> c32(o.c.size(), 0.0f);
+  gemm_batched(kBf16, k.ta, k.tb, k.M, k.N, k.K, 1e-20f, std::span<const float>(o.a), o.la.ld,
+               std::span<const float>(o.b), o.lb.ld, 0.0f, std::span<float>(c32), o.lc.ld, o.batch);
+  const std::vector<float> fp32_c = c32;
+  std::fill(c32.begin(), c32.end(), 0.0f);
+  gemm_batched(kBf16, k.ta, k.tb, k.M, k.N, k.K, 1e-20f, std::span<const BFloat16>(a16), o.la.ld,
+               std::span<const BFloat16>(b16), o.lb.ld, 0.0f, std::span<float>(c32), o.lc.ld,
+               o.batch);
+  ASSERT_EQ(0, std::memcmp(fp32_c.data(), c32.data(), c32.size() * sizeof(float)));
+  std::vector<BFloat16> want(c16.size());
+  convert(std::span<const float>(fp32_c), std::span<BFloat16>(want));
+  size_t subnormal = 0;
+  for (size_t x = 0; x < fp32_c.size(); ++x) {
+    subnormal += fp32_c[x] != 0.0f && std::abs(fp32_c[x]) < std::numeric_limits<float>::min();
+  }
+  ASSERT_GT(subnormal, 0u);
+  gemm_batched(kBf16, k.ta, k.tb, k.M, k.N, k.K, 1e-20f, std::span<const BFloat16>(a16), o.la.ld,
+               std::span<const float>(o.b), o.lb.ld, 0.0f, std::span<BFloat16>(c16), o.lc.ld,
+               o.batch);
+  for (size_t e = 0; e < k.outer; ++e) {
+    for (size_t h = 0; h < k.inner; ++h) {
+      for (size_t i = 0; i < k.M; ++i) {
+        for (size_t j = 0; j < k.N; ++j) {
+          const size_t at = o.lc.at(e, h, i, j);
+          ASSERT_EQ(c16[at].bits, want[at].bits) << "at " << at;
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmBatched, AStrideOfZeroReadsOneMatrixForEveryEntry) {
+  const size_t M = 5, N = 6, K = 7, entries = 3;
+  const auto a = random_vector(entries * M * K, 1), b = random_vector(K * N, 2);
+  std::vector<float> c(entries * M * N), one(M * N);
+  for (GemmCompute compute : {kFp32, kBf16}) {
+    gemm_batched(compute, kN, kN, M, N, K, 1.0f, std::span<const float>(a), K,
+                 std::span<const float>(b), N, 0.0f, std::span<float>(c), N,
+                 {.outer = entries, .outer_a = M * K, .outer_b = 0, .outer_c = M * N});
+    for (size_t e = 0; e < entries; ++e) {
+      gemm_batched(compute, kN, kN, M, N, K, 1.0f, std::span<const float>(a).subspan(e * M * K), K,
+                   std::span<const float>(b), N, 0.0f, std::span<float>(one), N, {});
+      ASSERT_EQ(0, std::memcmp(one.data(), c.data() + e * M * N, one.size() * sizeof(float)));
+    }
+  }
+}
+
+TEST(GemmBatched, KZeroScalesEveryEntryByBeta) {
+  std::vector<float> a(1), b(1), c(2 * 3 * 4, 2.0f);
+  gemm_batched(kFp32, kN, kN, 3, 4, 0, 1.0f, std::span<const float>(a), 1,
+               std::span<const float>(b), 4, 0.5f, std::span<float>(c), 4,
+               {.inner = 2, .inner_c = 12});
+  for (float x : c) ASSERT_EQ(x, 1.0f);
+}
+
+TEST(GemmBatched, RejectsWhatItCannotDo) {
+  const GemmBatch two{.inner = 2, .inner_a = 6, .inner_b = 12, .inner_c = 8};
+  std::vector<float> a(12), b(24), c(16);
+  std::vector<BFloat16> a16(12), c16(16);
+  const auto ca = std::span<const float>(a), cb = std::span<const float>(b);
+  const auto oc = std::span<float>(c);
+  EXPECT_NO_THROW(gemm_batched(kFp32, kN, kN, 2, 4, 3, 1.0f, ca, 3, cb, 4, 0.0f, oc, 4, two));
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no InvalidArgument");
+  };
+  // Each span must cover its last entry.
+  EXPECT_NE(message([&] {
+              gemm_batched(kFp32, kN, kN, 2, 4, 3, 1.0f, ca.first(11), 3, cb, 4, 0.0f, oc, 4, two);
+            }).find("a holds 11 elements"),
+            std::string::npos);
+  EXPECT_THROW(gemm_batched(kFp32, kN, kN, 2, 4, 3, 1.0f, ca, 3, cb.first(23), 4, 0.0f, oc, 4, two),
+               InvalidArgument);
+  EXPECT_THROW(gemm_batched(kFp32, kN, kN, 2, 4, 3, 1.0f, ca, 3, cb, 4, 0.0f, oc.first(15), 4, two),
+               InvalidArgument);
+  EXPECT_THROW(gemm_batched(kFp32, kN, kN, 2, 4, 3, 1.0f, ca, 2, cb, 4, 0.0f, oc, 4, two),
+               InvalidArgument);  // lda < K
+  // bf16 values with fp32 compute; a bf16 C accumulated into.
+  EXPECT_NE(message([&] {
+              gemm_batched(kFp32, kN, kN, 2, 4, 3, 1.0f, std::span<const BFloat16>(a16), 3, cb, 4,
+                           0.0f, oc, 4, two);
+            }).find("a is bf16 but compute is fp32"),
+            std::string::npos);
+  EXPECT_THROW(gemm_batched(kFp32, kN, kN, 2, 4, 3, 1.0f, ca, 3, cb, 4, 0.0f,
+                            std::span<BFloat16>(c16), 4, two),
+               InvalidArgument);
+  EXPECT_THROW(gemm_batched(kBf16, kN, kN, 2, 4, 3, 1.0f, ca, 3, cb, 4, 1.0f,
+                            std::span<BFloat16>(c16), 4, two),
+               InvalidArgument);
+  // C's entries overlapping each other (stride 4 < the 2 x 4 an entry spans), or written once
+  // for two entries, or C overlapping an input.
+  GemmBatch overlapping = two;
+  overlapping.inner_c = 4;
+  EXPECT_NE(message([&] {
+              gemm_batched(kFp32, kN, kN, 2, 4, 3, 1.0f, ca, 3, cb, 4, 0.0f, oc, 4, overlapping);
+            }).find("c's entries overlap"),
+            std::string::npos);
+  overlapping.inner_c = 0;
+  EXPECT_THROW(gemm_batched(kFp32, kN, kN, 2, 4, 3, 1.0f, ca, 3, cb, 4, 0.0f, oc, 4, overlapping),
+               InvalidArgument);
+  std::vector<float> shared(64);
+  EXPECT_THROW(gemm_batched(kFp32, kN, kN, 2, 4, 3, 1.0f, std::span<const float>(shared), 3, cb, 4,
+                            0.0f, std::span<float>(shared).subspan(8), 4, two),
+               InvalidArgument);
+  // Heads side by side in columns do not overlap: entry j at column 4 j, rows at stride 8.
+  GemmBatch heads = two;
+  heads.inner_c = 4;
+  EXPECT_NO_THROW(gemm_batched(kFp32, kN, kN, 2, 4, 3, 1.0f, ca, 3, cb, 4, 0.0f, oc, 8, heads));
+}
+
+TEST(GemmBatched, RecordsOneShapePerCallWithEntries) {
+  std::vector<float> a(2 * 6), b(2 * 12), c(2 * 8);
+  const GemmRecording rec;
+  gemm_batched(kFp32, kN, kT, 2, 4, 3, 1.0f, std::span<const float>(a), 3,
+               std::span<const float>(b), 3, 0.0f, std::span<float>(c), 4,
+               {.inner = 2, .inner_a = 6, .inner_b = 12, .inner_c = 8});
+  gemm_batched(kFp32, kN, kT, 2, 4, 3, 1.0f, std::span<const float>(a), 3,
+               std::span<const float>(b), 3, 0.0f, std::span<float>(c), 4, {.outer = 0});
+  EXPECT_EQ(rec.shapes(), (std::vector<GemmShape>{{kN, kT, 2, 4, 3}}));
+}
+
 }  // namespace
 }  // namespace zerodp
