@@ -44,6 +44,28 @@ void layernorm_into(const ProductInput<float>& out, std::span<float> mean, std::
   }
 }
 
+// Attention reads qkv and writes its output in the precision both are kept in (the same).
+void attention_into(const ProductInput<float>& out, std::span<float> saved,
+                    std::span<float> scratch, const ProductInput<float>& qkv,
+                    const AttentionDims& d, GemmCompute compute) {
+  if (qkv.in_bf16) {
+    attention_forward(out.bf16, saved, scratch, qkv.bf16, d, compute);
+  } else {
+    attention_forward(out.f32, saved, scratch, qkv.f32, d, compute);
+  }
+}
+
+void attention_backward_from(std::span<float> dqkv, std::span<float> scratch,
+                             std::span<const float> dout, const ProductInput<const float>& qkv,
+                             std::span<const float> saved, const AttentionDims& d,
+                             GemmCompute compute) {
+  if (qkv.in_bf16) {
+    attention_backward(dqkv, scratch, dout, qkv.bf16, saved, d, compute);
+  } else {
+    attention_backward(dqkv, scratch, dout, qkv.f32, saved, d, compute);
+  }
+}
+
 void gelu_into(const ProductInput<float>& out, std::span<const float> inp) {
   if (out.in_bf16) {
     gelu_forward(out.bf16, inp);
@@ -115,16 +137,17 @@ class EmbeddingUnit final : public GptUnit {
 // ---------------------------------------------------------------- transformer block
 
 // What the block's forward keeps for backward, in this order. `in` (the residual stream
-// entering the block) is not here: the engine keeps it. Under kBF16 the inputs of products
-// (ln1, ln2, GELU's output) are kept in bf16: every product rounds them to that anyway, so the
-// results are the same bits and the block keeps a third less.
+// entering the block) is not here: the engine keeps it. Under kBF16 what only products read
+// (ln1, qkv, attention's output, ln2, GELU's output) is kept in bf16, written so by the layer
+// that produces it: every product rounded those to bf16 anyway, so the results are the same
+// bits, no product rounds them again, and the block keeps 10C + 4 floats per row, not 15C + 4.
 template <typename T>
 struct BlockSaved {
   ProductInput<T> ln1;              // (rows, C) c_attn's input
   std::span<T> ln1_mean, ln1_rstd;  // (rows), (rows)
-  std::span<T> qkv;                 // (rows, 3C)
+  ProductInput<T> qkv;              // (rows, 3C) c_attn's output, attention's input
   std::span<T> att;                 // (attention_saved_count)
-  std::span<T> atty;                // (rows, C) attention output, c_proj's input
+  ProductInput<T> atty;             // (rows, C) attention output, c_proj's input
   std::span<T> res2;                // (rows, C) in + attn branch
   ProductInput<T> ln2;              // (rows, C) c_fc's input
   std::span<T> ln2_mean, ln2_rstd;  // (rows), (rows)
@@ -134,9 +157,9 @@ struct BlockSaved {
   static size_t count(size_t rows, size_t C, const AttentionDims& d, GemmCompute compute) {
     const bool b16 = compute == GemmCompute::kBF16;
     const auto product_input = [&](size_t n) { return ProductInput<T>::floats(n, b16); };
-    return product_input(rows * C) + 2 * rows + rows * 3 * C + attention_saved_count(d) + rows * C +
-           rows * C + product_input(rows * C) + 2 * rows + rows * 4 * C +
-           product_input(rows * 4 * C);
+    return product_input(rows * C) + 2 * rows + product_input(rows * 3 * C) +
+           attention_saved_count(d) + product_input(rows * C) + rows * C + product_input(rows * C) +
+           2 * rows + rows * 4 * C + product_input(rows * 4 * C);
   }
   static BlockSaved carve(std::span<T> buffer, size_t rows, size_t C, const AttentionDims& d,
                           GemmCompute compute) {
@@ -146,9 +169,9 @@ struct BlockSaved {
     k.ln1 = c.take_product_input(rows * C, b16);
     k.ln1_mean = c.take(rows);
     k.ln1_rstd = c.take(rows);
-    k.qkv = c.take(rows * 3 * C);
+    k.qkv = c.take_product_input(rows * 3 * C, b16);
     k.att = c.take(attention_saved_count(d));
-    k.atty = c.take(rows * C);
+    k.atty = c.take_product_input(rows * C, b16);
     k.res2 = c.take(rows * C);
     k.ln2 = c.take_product_input(rows * C, b16);
     k.ln2_mean = c.take(rows);
@@ -221,9 +244,11 @@ class BlockUnit final : public GptUnit {
 
     // x = in + c_proj(attention(c_attn(ln_1(in))))
     layernorm_into(k.ln1, k.ln1_mean, k.ln1_rstd, in, ln1_w_.of(w), ln1_b_.of(w), rows, C);
-    linear_forward(k.qkv, k.ln1.operand(), attn_w_.of(w), attn_b_.of(w), rows, C, 3 * C, compute);
-    attention_forward(k.atty, k.att, att_scratch, k.qkv, d, compute);
-    linear_forward(branch, k.atty, attnproj_w_.of(w), attnproj_b_.of(w), rows, C, C, compute);
+    linear_forward(k.qkv.result(), k.ln1.operand(), attn_w_.of(w), attn_b_.of(w), rows, C, 3 * C,
+                   compute);
+    attention_into(k.atty, k.att, att_scratch, k.qkv, d, compute);
+    linear_forward(branch, k.atty.operand(), attnproj_w_.of(w), attnproj_b_.of(w), rows, C, C,
+                   compute);
     residual_forward(k.res2, in, branch);
     // out = x + c_proj(gelu(c_fc(ln_2(x))))
     layernorm_into(k.ln2, k.ln2_mean, k.ln2_rstd, k.res2, ln2_w_.of(w), ln2_b_.of(w), rows, C);
@@ -267,11 +292,11 @@ class BlockUnit final : public GptUnit {
     // Attention branch. res2 = in + c_proj(atty): d(in) += dres2, d(branch) = dres2.
     for (size_t i = 0; i < din.size(); ++i) din[i] += dres2[i];
     const auto datty = region_b.first(rows * C);  // dfch is consumed
-    linear_backward(datty, attnproj_w_.of(dw), attnproj_b_.of(dw), dres2, k.atty, attnproj_w_.of(w),
-                    rows, C, C, compute, InputGrad::kOverwrite);
+    linear_backward(datty, attnproj_w_.of(dw), attnproj_b_.of(dw), dres2, k.atty.operand(),
+                    attnproj_w_.of(w), rows, C, C, compute, InputGrad::kOverwrite);
     const auto dqkv = region_b.subspan(rows * C, rows * 3 * C);
     zero(dqkv);
-    attention_backward(dqkv, att_scratch, datty, k.qkv, k.att, d, compute);
+    attention_backward_from(dqkv, att_scratch, datty, k.qkv, k.att, d, compute);
     const auto dln1 = region_a.first(rows * C);  // dln2 is consumed
     linear_backward(dln1, attn_w_.of(dw), attn_b_.of(dw), dqkv, k.ln1.operand(), attn_w_.of(w),
                     rows, C, 3 * C, compute, InputGrad::kOverwrite);

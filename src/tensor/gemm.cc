@@ -124,7 +124,6 @@ struct MatmulKey {
   char trans_a, trans_b;
   float alpha, beta;
   bool bias;
-  bool c16;
   auto operator<=>(const MatmulKey&) const = default;
 };
 
@@ -132,6 +131,12 @@ dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   return engine;
 }
+
+// A bf16 C's tile in fp32, on whichever thread runs the tile (run_tile_bf16); kept between
+// calls like the rounded operands.
+thread_local std::vector<float> t_tile32;
+
+size_t gemm_batched_copy_bytes();  // (defined with gemm_batched, below)
 
 dnnl_status_t run_tile_bf16(const GemmArgs& g, Block rb, Block cb) {
   thread_local std::map<MatmulKey, dnnl::matmul> cache;
@@ -147,27 +152,29 @@ dnnl_status_t run_tile_bf16(const GemmArgs& g, Block rb, Block cb) {
                                 ta ? dims{1, lda} : dims{lda, 1});
   const dnnl::memory::desc b_md(dims{static_cast<dim>(g.K), static_cast<dim>(cb.count)}, dt::bf16,
                                 tb ? dims{1, ldb} : dims{ldb, 1});
+  // A bf16 C: the tile's fp32 result in a kept buffer, then rounded by convert(), never by
+  // oneDNN's own conversion (vcvtneps2bf16 flushes subnormals; convert() keeps them).
+  const size_t ldc = g.c16 != nullptr ? cb.count : g.ldc;
   const dnnl::memory::desc c_md(dims{static_cast<dim>(rb.count), static_cast<dim>(cb.count)},
-                                g.c16 != nullptr ? dt::bf16 : dt::f32,
-                                dims{static_cast<dim>(g.ldc), 1});
+                                dt::f32, dims{static_cast<dim>(ldc), 1});
   const dnnl::memory::desc bias_md(dims{1, static_cast<dim>(cb.count)}, dt::f32,
                                    dnnl::memory::format_tag::ab);
   const BFloat16* a = ta ? g.a16 + rb.begin : g.a16 + rb.begin * g.lda16;
   const BFloat16* b = tb ? g.b16 + cb.begin * g.ldb16 : g.b16 + cb.begin;
-  void* c = g.c16 != nullptr ? static_cast<void*>(g.c16 + rb.begin * g.ldc + cb.begin)
-                             : static_cast<void*>(g.c + rb.begin * g.ldc + cb.begin);
+  if (g.c16 != nullptr) t_tile32.resize(rb.count * cb.count);
+  float* c = g.c16 != nullptr ? t_tile32.data() : g.c + rb.begin * g.ldc + cb.begin;
   // oneDNN scales (product + bias) by the output scale, so with alpha != 1 the bias goes into
   // the tile first and the product adds onto it, as on the fp32 path (gemm() never sends a
   // bf16 C here with a bias and alpha != 1).
   const bool bias_arg = g.bias != nullptr && g.alpha == 1.0f;
   float beta = g.beta;
   if (g.bias != nullptr && !bias_arg) {
-    start_rows_at_bias(g, rb, cb, static_cast<float*>(c));
+    start_rows_at_bias(g, rb, cb, c);
     beta = 1.0f;
   }
   try {
-    const MatmulKey key{rb.count,  cb.count,  g.K,     g.lda16, g.ldb16,  g.ldc,
-                        g.trans_a, g.trans_b, g.alpha, beta,    bias_arg, g.c16 != nullptr};
+    const MatmulKey key{rb.count,  cb.count,  g.K,     g.lda16, g.ldb16, ldc,
+                        g.trans_a, g.trans_b, g.alpha, beta,    bias_arg};
     auto it = cache.find(key);
     if (it == cache.end()) {
       if (cache.size() >= 256) cache.clear();
@@ -197,6 +204,12 @@ dnnl_status_t run_tile_bf16(const GemmArgs& g, Block rb, Block cb) {
     stream.wait();
   } catch (const dnnl::error& e) {
     return e.status;
+  }
+  if (g.c16 != nullptr) {
+    for (size_t r = 0; r < rb.count; ++r) {
+      convert(std::span<const float>(c + r * cb.count, cb.count),
+              std::span<BFloat16>(g.c16 + (rb.begin + r) * g.ldc + cb.begin, cb.count));
+    }
   }
   return dnnl_success;
 }
@@ -658,7 +671,7 @@ size_t gemm_bf16_copy_bytes() {
       (t_round_a16.capacity() + t_round_b16.capacity()) * sizeof(BFloat16) +
       (t_round_a32.capacity() + t_round_b32.capacity() + t_result32.capacity()) * sizeof(float);
   for (const Bf16Slot& slot : t_bf16_slots) bytes += slot.own.capacity() * sizeof(BFloat16);
-  return bytes;
+  return bytes + t_tile32.capacity() * sizeof(float) + gemm_batched_copy_bytes();
 }
 
 bool gemm_bf16_native() { return cpu_has_bf16(); }
@@ -948,7 +961,7 @@ void round_and_widen(float* d, const float* s, size_t n) {
 // On the bf16 path an fp32 operand is read from a live Bf16Operands scope's copy when one
 // holds it, else rounded; so every route to the same bf16 values gives the same primitive
 // and the same bits. `round`: kBF16 on the fallback path.
-BatchedOperand normalize(const GemmInput& x, bool bf16_path, bool round, size_t rows, size_t cols,
+BatchedOperand normalize(const GemmOperand& x, bool bf16_path, bool round, size_t rows, size_t cols,
                          size_t ld, size_t so, size_t si, size_t span, const GemmBatch& batch,
                          std::vector<BFloat16>& own16, std::vector<float>& own32) {
   so = batch.outer == 1 ? 0 : so;
@@ -980,8 +993,8 @@ BatchedOperand normalize(const GemmInput& x, bool bf16_path, bool round, size_t 
 }  // namespace
 
 void gemm_batched(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, size_t N,
-                  size_t K, float alpha, GemmInput a, size_t lda, GemmInput b, size_t ldb,
-                  float beta, GemmOutput c, size_t ldc, const GemmBatch& batch) {
+                  size_t K, float alpha, GemmOperand a, size_t lda, GemmOperand b, size_t ldb,
+                  float beta, GemmResult c, size_t ldc, const GemmBatch& batch) {
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;
   if (compute == GemmCompute::kFP32 && (a.is_bf16() || b.is_bf16() || c.is_bf16())) {
@@ -1143,10 +1156,12 @@ size_t gemm_batched_part_count(size_t M, size_t N, size_t K, const GemmBatch& ba
   return batch_parts_for(M, N, K, batch.outer, batch.inner).count();
 }
 
+namespace {
 size_t gemm_batched_copy_bytes() {
   return (t_batched_a16.capacity() + t_batched_b16.capacity()) * sizeof(BFloat16) +
          (t_batched_a32.capacity() + t_batched_b32.capacity() + t_batched_c32.capacity()) *
              sizeof(float);
 }
+}  // namespace
 
 }  // namespace zerodp

@@ -147,7 +147,8 @@ int gemm_threads();
 bool gemm_bf16_native();
 
 // Bytes the calling thread keeps for kBF16 products between calls: operands a product rounds
-// itself, the scopes' rounded copies below, and on the fallback path their fp32 widenings.
+// itself, the scopes' rounded copies below, on the fallback path their fp32 widenings, the
+// fp32 tiles behind a bf16 C, and gemm_batched's dense and rounded copies.
 // They are kept (a step allocates nothing after its first) and live outside any memory
 // ledger, which is why a training report lists them beside it.
 size_t gemm_bf16_copy_bytes();
@@ -236,40 +237,6 @@ struct GemmBatch {
   size_t count() const { return outer * inner; }
 };
 
-// An operand of gemm_batched: fp32 or bf16 elements, as the caller stores them.
-class GemmInput {
- public:
-  GemmInput(std::span<const float> v) : f32_(v), size_(v.size()) {}      // NOLINT
-  GemmInput(std::span<float> v) : f32_(v), size_(v.size()) {}            // NOLINT
-  GemmInput(std::span<const BFloat16> v) : bf16_(v), size_(v.size()) {}  // NOLINT
-  GemmInput(std::span<BFloat16> v) : bf16_(v), size_(v.size()) {}        // NOLINT
-  bool is_bf16() const { return bf16_.data() != nullptr; }
-  std::span<const float> f32() const { return f32_; }
-  std::span<const BFloat16> bf16() const { return bf16_; }
-  size_t size() const { return size_; }
-
- private:
-  std::span<const float> f32_;
-  std::span<const BFloat16> bf16_;
-  size_t size_ = 0;
-};
-
-// The output of gemm_batched: fp32, or bf16 (then beta must be 0).
-class GemmOutput {
- public:
-  GemmOutput(std::span<float> v) : f32_(v), size_(v.size()) {}      // NOLINT
-  GemmOutput(std::span<BFloat16> v) : bf16_(v), size_(v.size()) {}  // NOLINT
-  bool is_bf16() const { return bf16_.data() != nullptr; }
-  std::span<float> f32() const { return f32_; }
-  std::span<BFloat16> bf16() const { return bf16_; }
-  size_t size() const { return size_; }
-
- private:
-  std::span<float> f32_;
-  std::span<BFloat16> bf16_;
-  size_t size_ = 0;
-};
-
 // The batched product above, multiplied in `compute`:
 //   kFP32  every operand and C fp32 (a bf16 one is an InvalidArgument);
 //   kBF16  bf16 operands as given; fp32 ones rounded to bf16 (to nearest even, as convert()
@@ -307,15 +274,10 @@ class GemmOutput {
 //
 // A live GemmRecording records one shape per call with entries: the shape of one entry.
 void gemm_batched(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, size_t N,
-                  size_t K, float alpha, GemmInput a, size_t lda, GemmInput b, size_t ldb,
-                  float beta, GemmOutput c, size_t ldc, const GemmBatch& batch);
+                  size_t K, float alpha, GemmOperand a, size_t lda, GemmOperand b, size_t ldb,
+                  float beta, GemmResult c, size_t ldc, const GemmBatch& batch);
 
 // The number of parts gemm_batched cuts a batch into: the most threads it can use. For tests.
 size_t gemm_batched_part_count(size_t M, size_t N, size_t K, const GemmBatch& batch);
-
-// Bytes the calling thread keeps for gemm_batched between calls (rounded or widened operand
-// copies, the fp32 buffer behind a bf16 C); outside any memory ledger, like
-// gemm_bf16_copy_bytes().
-size_t gemm_batched_copy_bytes();
 
 }  // namespace zerodp

@@ -326,8 +326,9 @@ TEST(GptLength, LongerThanSeqLenIsAnError) {
   }
 }
 
-// Under bf16 products a block keeps its products' inputs (ln_1, ln_2 and GELU outputs, C +
-// C + 4C per row) and the head its ln_f output (C per row) in bf16: half the floats of those.
+// Under bf16 products a block keeps its products' inputs (ln_1, qkv, attention's output,
+// ln_2 and GELU's output: C + 3C + C + C + 4C per row) and the head its ln_f output (C per
+// row) in bf16: half the floats of those.
 TEST(GptUnits, KeepProductInputsInBf16UnderBf16Products) {
   TinyGpt g;
   const BatchShape s = g.mb().shape;
@@ -335,7 +336,7 @@ TEST(GptUnits, KeepProductInputsInBf16UnderBf16Products) {
   const Unit& block = *g.model[1];
   const Unit& head = *g.model.back();
   EXPECT_EQ(block.saved_count(s, GemmCompute::kFP32) - block.saved_count(s, GemmCompute::kBF16),
-            rows * 6 * C / 2);
+            rows * 10 * C / 2);
   EXPECT_EQ(head.saved_count(s, GemmCompute::kFP32) - head.saved_count(s, GemmCompute::kBF16),
             rows * C / 2);
   EXPECT_EQ(g.model[0]->saved_count(s, GemmCompute::kBF16), 0u);

@@ -521,6 +521,22 @@ TEST(GemmBf16Storage, OperandsAndResultsInBf16KeepTheBits) {
   }
 }
 
+// Results below fp32's smallest normal survive into a bf16 C as convert() rounds them (the
+// CPU's own bf16 conversion would flush them to zero). The products' own sums may flush
+// (AVX-512 BF16's dot products do), so the subnormals come from the bias.
+TEST(GemmBf16Storage, ABf16CKeepsSubnormalResults) {
+  std::vector<float> a(2 * 2, 0.0f), b(2 * 3, 1.0f), c(2 * 3);
+  const std::vector<float> bias = {1e-39f, -3e-39f, 5e-40f};
+  std::vector<BFloat16> c16(2 * 3);
+  gemm(kBf16, kN, kN, 2, 3, 2, 1.0f, a, 2, b, 3, 0.0f, c, 3, bias);
+  gemm(kBf16, kN, kN, 2, 3, 2, 1.0f, a, 2, b, 3, 0.0f, c16, 3, bias);
+  for (size_t i = 0; i < c.size(); ++i) {
+    ASSERT_EQ(std::fpclassify(c[i]), FP_SUBNORMAL) << c[i];
+    EXPECT_EQ(c16[i].bits, to_bf16(c[i]).bits) << i;
+    EXPECT_NE(to_f32(c16[i]), 0.0f) << i;
+  }
+}
+
 TEST(GemmBf16Storage, WithKZeroABf16CIsTheBiasRounded) {
   std::vector<float> a(3), b(4);
   std::vector<BFloat16> c(3 * 4, to_bf16(9.0f));
