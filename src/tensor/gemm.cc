@@ -371,6 +371,20 @@ bool cpu_has_bf16() {
 }
 thread_local std::unique_ptr<TilePool> t_pool;
 
+// Runs a job of `parts` independent parts on the calling thread, with its pool's helpers
+// when it has asked for more than one thread and there is more than one part.
+void run_parts(PoolJob& job, size_t parts) {
+  if (parts == 1 || t_gemm_threads == 1) {
+    job.work();
+    return;
+  }
+  if (!t_pool || t_pool->helpers() != t_gemm_threads - 1) {
+    t_pool.reset();
+    t_pool = std::make_unique<TilePool>(t_gemm_threads - 1);
+  }
+  t_pool->run(job);
+}
+
 // The calling thread's live Bf16Operands scopes, innermost last. A lazily rounded copy lives
 // in the slot's own vector, kept between scopes so that a training step, which opens the
 // same scopes every time, allocates nothing after its first.
@@ -612,15 +626,7 @@ void gemm(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, s
   job.args = &args;
   job.tiling = tiling_for(M, N, K);
   SingleThreadedOneDnn single;
-  if (job.tiling.count() == 1 || t_gemm_threads == 1) {
-    job.work();
-  } else {
-    if (!t_pool || t_pool->helpers() != t_gemm_threads - 1) {
-      t_pool.reset();
-      t_pool = std::make_unique<TilePool>(t_gemm_threads - 1);
-    }
-    t_pool->run(job);
-  }
+  run_parts(job, job.tiling.count());
   const auto status = static_cast<dnnl_status_t>(job.status.load());
   if (status != dnnl_success) throw_dnnl(status, M, N, K);
   if (c_via_f32) {
@@ -1134,15 +1140,7 @@ void gemm_batched(GemmCompute compute, Transpose trans_a, Transpose trans_b, siz
   BatchedJob job;
   job.args = &args;
   SingleThreadedOneDnn single;
-  if (args.parts.count() == 1 || t_gemm_threads == 1) {
-    job.work();
-  } else {
-    if (!t_pool || t_pool->helpers() != t_gemm_threads - 1) {
-      t_pool.reset();
-      t_pool = std::make_unique<TilePool>(t_gemm_threads - 1);
-    }
-    t_pool->run(job);
-  }
+  run_parts(job, args.parts.count());
   const auto status = static_cast<dnnl_status_t>(job.status.load());
   if (status != dnnl_success) {
     throw Error(fmt::format(
