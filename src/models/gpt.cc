@@ -281,11 +281,21 @@ class BlockUnit final : public GptUnit {
     const auto dfch_gelu = region_a;  // (rows, 4C)
     linear_backward(dfch_gelu, fcproj_w_.of(dw), fcproj_b_.of(dw), dout, k.fch_gelu.operand(),
                     fcproj_w_.of(w), rows, 4 * C, C, compute, InputGrad::kOverwrite);
-    const auto dfch = region_b;  // (rows, 4C)
-    gelu_backward(dfch, k.fch, dfch_gelu, InputGrad::kOverwrite);
-    const auto dln2 = region_a.first(rows * C);  // dfch_gelu is consumed
-    linear_backward(dln2, fc_w_.of(dw), fc_b_.of(dw), dfch, k.ln2.operand(), fc_w_.of(w), rows, C,
-                    4 * C, compute, InputGrad::kOverwrite);
+    const auto dln2 = region_a.first(rows * C);  // dfch_gelu is consumed by the time it is written
+    if (compute == GemmCompute::kBF16) {
+      // c_fc's products read their output gradient in bf16 anyway: GELU's backward writes it
+      // rounded, into region_b's storage (only ever read as bf16 until region_b is reused
+      // below), and sums c_fc's bias gradient from the fp32 values on the way.
+      const std::span<BFloat16> dfch16(reinterpret_cast<BFloat16*>(region_b.data()), rows * 4 * C);
+      gelu_backward_bf16(dfch16, fc_b_.of(dw), k.fch, dfch_gelu, rows, 4 * C);
+      linear_backward(dln2, fc_w_.of(dw), {}, dfch16, k.ln2.operand(), fc_w_.of(w), rows, C, 4 * C,
+                      compute, InputGrad::kOverwrite);
+    } else {
+      const auto dfch = region_b;  // (rows, 4C)
+      gelu_backward(dfch, k.fch, dfch_gelu, InputGrad::kOverwrite);
+      linear_backward(dln2, fc_w_.of(dw), fc_b_.of(dw), dfch, k.ln2.operand(), fc_w_.of(w), rows, C,
+                      4 * C, compute, InputGrad::kOverwrite);
+    }
     layernorm_backward(dres2, ln2_w_.of(dw), ln2_b_.of(dw), dln2, k.res2, ln2_w_.of(w), k.ln2_mean,
                        k.ln2_rstd, rows, C);
 

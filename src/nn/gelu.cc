@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -104,6 +105,25 @@ void gelu_backward(std::span<float> dinp, std::span<const float> inp, std::span<
     gelu_backward_add(dinp.data(), inp.data(), dout.data(), dinp.size());
   } else {
     gelu_backward_write(dinp.data(), inp.data(), dout.data(), dinp.size());
+  }
+}
+
+void gelu_backward_bf16(std::span<BFloat16> dinp, std::span<float> dbias,
+                        std::span<const float> inp, std::span<const float> dout, size_t rows,
+                        size_t width) {
+  const std::string shape = fmt::format("(rows={}, width={})", rows, width);
+  check_count("gelu_backward_bf16", "dinp", dinp, rows * width, shape);
+  check_count("gelu_backward_bf16", "dbias", dbias, width, shape);
+  check_count("gelu_backward_bf16", "inp", inp, rows * width, shape);
+  check_count("gelu_backward_bf16", "dout", dout, rows * width, shape);
+  // A row at a time through fp32 kept in L1: the same kernel as gelu_backward, the same
+  // row-order bias sum as linear_backward's, the same rounding as convert().
+  thread_local std::vector<float> row;
+  row.resize(width);
+  for (size_t r = 0; r < rows; ++r) {
+    gelu_backward_write(row.data(), inp.data() + r * width, dout.data() + r * width, width);
+    for (size_t o = 0; o < width; ++o) dbias[o] += row[o];
+    convert(std::span<const float>(row), dinp.subspan(r * width, width));
   }
 }
 

@@ -50,10 +50,13 @@ void linear_forward(GemmResult out,                 // (rows, OC) fp32, or bf16 
 
 // dinp may be empty when the input needs no gradient (data), dbias must be empty exactly
 // when the layer has no bias.
+//
+// dout may be stored in bf16 (kBF16 only) when whoever rounded it also summed the bias
+// gradient from its fp32 values (gelu_backward_bf16): then dbias must be empty.
 void linear_backward(std::span<float> dinp,          // (rows, C) += (or = ), or empty
                      std::span<float> dweight,       // (OC, C) +=
                      std::span<float> dbias,         // (OC) +=, or empty
-                     std::span<const float> dout,    // (rows, OC)
+                     GemmOperand dout,               // (rows, OC)
                      GemmOperand inp,                // (rows, C) as given to forward
                      std::span<const float> weight,  // (OC, C)
                      size_t rows, size_t C, size_t OC, GemmCompute compute,
@@ -124,6 +127,18 @@ void gelu_backward(std::span<float> dinp,        // (count) += (or =)
                    std::span<const float> inp,   // (count)
                    std::span<const float> dout,  // (count)
                    InputGrad dinp_mode = InputGrad::kAdd);
+
+// For a GELU whose output fed a Linear with a bias, under bf16 products: dinp (rows, width) =
+// gelu'(inp) * dout as gelu_backward writes it, rounded to bf16 (as convert() rounds) for the
+// products that read it, and dbias (width) += the fp32 dinp summed over rows in row order:
+// the Linear's bias gradient, with the bits linear_backward's own sum would give, so that
+// linear_backward can take the bf16 dinp with no bias of its own. One pass instead of an
+// fp32 write, a rounding pass and a bias pass over the largest gradient of a GPT block.
+void gelu_backward_bf16(std::span<BFloat16> dinp,     // (rows, width) =
+                        std::span<float> dbias,       // (width) +=
+                        std::span<const float> inp,   // (rows, width)
+                        std::span<const float> dout,  // (rows, width)
+                        size_t rows, size_t width);
 
 // ---- Residual: out = inp1 + inp2 ----
 

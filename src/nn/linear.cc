@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "nn/check.h"
 #include "tensor/gemm.h"
 
@@ -29,17 +30,24 @@ void linear_forward(GemmResult out, GemmOperand inp, std::span<const float> weig
 }
 
 void linear_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
-                     std::span<const float> dout, GemmOperand inp, std::span<const float> weight,
-                     size_t rows, size_t C, size_t OC, GemmCompute compute, InputGrad dinp_mode) {
+                     GemmOperand dout, GemmOperand inp, std::span<const float> weight, size_t rows,
+                     size_t C, size_t OC, GemmCompute compute, InputGrad dinp_mode) {
   const std::string shape = fmt::format("(rows={}, C={}, OC={})", rows, C, OC);
   check_optional_count("linear_backward", "dinp", dinp, rows * C, shape);
   check_count("linear_backward", "dweight", dweight, OC * C, shape);
   check_optional_count("linear_backward", "dbias", dbias, OC, shape);
-  check_count("linear_backward", "dout", dout, rows * OC, shape);
+  check_size("linear_backward", "dout", dout.size(), rows * OC, shape);
+  if (dout.is_bf16() && !dbias.empty()) {
+    throw InvalidArgument(fmt::format(
+        "linear_backward: dout is bf16 and dbias is given {}; a bf16 dout's bias gradient is "
+        "summed from its fp32 values by whoever rounded it (gelu_backward_bf16): pass no dbias",
+        shape));
+  }
   check_size("linear_backward", "inp", inp.size(), rows * C, shape);
   check_count("linear_backward", "weight", weight, OC * C, shape);
-  // Both products read dout: with bf16 compute, round it once.
-  const Bf16Operands dout16(compute, dinp.empty() ? std::span<const float>() : dout);
+  // Both products read dout: with bf16 compute, round it once (unless it comes rounded).
+  const Bf16Operands dout16(compute,
+                            dinp.empty() || dout.is_bf16() ? std::span<const float>() : dout.f32());
   // dinp (rows, C) += (or =) dout (rows, OC) @ weight (OC, C)
   if (!dinp.empty()) {
     const float beta = dinp_mode == InputGrad::kAdd ? 1.0f : 0.0f;
@@ -52,7 +60,7 @@ void linear_backward(std::span<float> dinp, std::span<float> dweight, std::span<
   // dbias (OC) += sum over rows of dout, row by row: vectorizes across OC, fixed order.
   if (!dbias.empty()) {
     for (size_t r = 0; r < rows; ++r) {
-      const float* dout_r = dout.data() + r * OC;
+      const float* dout_r = dout.f32().data() + r * OC;
       for (size_t o = 0; o < OC; ++o) dbias[o] += dout_r[o];
     }
   }

@@ -306,6 +306,38 @@ TEST(Bf16Outputs, LayerNormAndGeluRoundTheirFp32Outputs) {
   EXPECT_THROW(gelu_forward(std::span<BFloat16>(g16).first(10), x), InvalidArgument);
 }
 
+// GELU's backward for a bf16 c_fc: its gradient is gelu_backward's rounded, and the bias
+// gradient it sums is the one linear_backward sums from the fp32 gradient, bit for bit; a
+// Linear given that bf16 gradient then takes no bias of its own.
+TEST(Bf16Outputs, GeluBackwardRoundsItsGradientAndSumsTheBiasGradient) {
+  const size_t rows = 9, width = 37, C = 5;
+  const std::vector<float> x = normal_vector(rows * width, 31, 2.0f);
+  const std::vector<float> dout = normal_vector(rows * width, 32);
+  std::vector<float> g(rows * width);
+  gelu_backward(g, x, dout, InputGrad::kOverwrite);
+  // linear_backward's bias sum over g, from a prefilled bias gradient.
+  const std::vector<float> prefill = normal_vector(width, 33);
+  std::vector<float> dbias_want = prefill, dweight(width * C), dinp(rows * C);
+  const std::vector<float> inp = normal_vector(rows * C, 34), weight = normal_vector(width * C, 35);
+  linear_backward(dinp, dweight, dbias_want, g, inp, weight, rows, C, width, kFp32);
+
+  std::vector<BFloat16> g16(rows * width);
+  std::vector<float> dbias = prefill;
+  gelu_backward_bf16(g16, dbias, x, dout, rows, width);
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g16[i].bits, to_bf16(g[i]).bits) << i;
+  for (size_t o = 0; o < width; ++o) EXPECT_EQ(dbias[o], dbias_want[o]) << o;
+
+  std::vector<float> dw16(width * C, 0.0f), dinp16(rows * C);
+  EXPECT_NO_THROW(linear_backward(dinp16, dw16, {}, std::span<const BFloat16>(g16), inp, weight,
+                                  rows, C, width, GemmCompute::kBF16));
+  EXPECT_THROW(linear_backward(dinp16, dw16, dbias, std::span<const BFloat16>(g16), inp, weight,
+                               rows, C, width, GemmCompute::kBF16),
+               InvalidArgument);
+  EXPECT_THROW(linear_backward(dinp16, dw16, {}, std::span<const BFloat16>(g16), inp, weight, rows,
+                               C, width, kFp32),
+               InvalidArgument);
+}
+
 TEST(Gelu, ForwardIsTheExactErfForm) {
   // x * Phi(x), from the standard normal CDF in double.
   const std::vector<float> x{-3.0f, -1.0f, 0.0f, 0.5f, 1.0f, 3.0f};
