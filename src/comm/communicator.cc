@@ -21,6 +21,8 @@ std::string_view reduce_op_name(ReduceOp op) {
       return "avg";
     case ReduceOp::kMax:
       return "max";
+    case ReduceOp::kSumInto:
+      return "sum_into";
   }
   return "unknown";
 }
@@ -184,7 +186,13 @@ Work Communicator::reduce_scatter_async(ConstBuffer in, MutableBuffer out, const
                                         ReduceOp op) {
   constexpr std::string_view kOp = "reduce_scatter";
   check_partition(kOp, part, rank_, size_);
-  check_dtypes(kOp, in.dtype, out.dtype);
+  const bool into = op == ReduceOp::kSumInto;
+  if (into && out.dtype != DType::kF32) {
+    throw InvalidArgument(fmt::format(
+        "{}: sum_into adds into an fp32 accumulator, but the output is {}; pass an f32 buffer", kOp,
+        dtype_name(out.dtype)));
+  }
+  if (!into) check_dtypes(kOp, in.dtype, out.dtype);
   if (in.count != part.length()) {
     throw InvalidArgument(fmt::format("{}: input holds {} elements, partition covers {} (world {})",
                                       kOp, in.count, part.length(), size_));
@@ -197,7 +205,13 @@ Work Communicator::reduce_scatter_async(ConstBuffer in, MutableBuffer out, const
   }
   const size_t w = dtype_size(in.dtype);
   const void* own_range = byte_ptr(in.data) + part.offset(rank_) * w;
-  if (out.data != own_range && overlaps(in.data, in.bytes(), out.data, out.bytes())) {
+  if (into && overlaps(in.data, in.bytes(), out.data, out.bytes())) {
+    throw InvalidArgument(
+        fmt::format("{}: the sum_into accumulator overlaps the input on rank {}; it must be a "
+                    "buffer of its own",
+                    kOp, rank_));
+  }
+  if (!into && out.data != own_range && overlaps(in.data, in.bytes(), out.data, out.bytes())) {
     throw InvalidArgument(fmt::format(
         "{}: output overlaps the input but is not rank {}'s range of it; use that range or "
         "a separate buffer",
@@ -239,6 +253,11 @@ Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const 
 }
 
 Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
+  if (op == ReduceOp::kSumInto) {
+    throw InvalidArgument(
+        "all_reduce: sum_into accumulates into a separate fp32 buffer, which an in-place "
+        "all-reduce does not have; use reduce_scatter with sum_into, or sum, avg or max");
+  }
   const Partition part(buf.count, size_);
   const size_t w = dtype_size(buf.dtype);
   const size_t mine = part.count(rank_);

@@ -35,7 +35,15 @@
 
 namespace zerodp {
 
-enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
+// kSum, kAvg and kMax reduce into an output of the input's dtype (reduce.h: summed in fp32 in
+// rank order, divided by the world for kAvg, rounded once). kSumInto is the accumulating
+// form, for reduce-scatter only: the output is an fp32 accumulator of the rank's range and
+// out[i] = ((out[i] + in_0[i]) + in_1[i]) + ... + in_{n-1}[i], in fp32, nothing divided or
+// rounded. Called once per micro-step with the ranks' micro-batch gradients, it adds them to
+// the owner's accumulator in the order i = k * n + r (micro-step k, rank r): the one order of
+// a step's M = A * n micro-batches whatever n is, which is what lets a run's bits not depend
+// on its rank count.
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kSumInto };
 
 struct CommOptions {
   // A collective that waits longer than this fails with CommTimeout.
@@ -103,7 +111,9 @@ class Communicator {
 
   // Reduce-scatter: `in` holds part.length() elements on every rank; `out` receives
   // part.count(rank()) elements, rank rank()'s range reduced over all ranks. `out` may be
-  // exactly rank()'s range of `in` (in place); no other overlap is allowed.
+  // exactly rank()'s range of `in` (in place); no other overlap is allowed. With kSumInto,
+  // `out` is an fp32 accumulator (whatever `in`'s dtype) that must not overlap `in` at all.
+  // all_reduce takes kSum, kAvg and kMax only.
   Work reduce_scatter_async(ConstBuffer in, MutableBuffer out, const Partition& part, ReduceOp op);
   // All-gather: `shard` holds part.count(rank()) elements; `out` receives part.length(),
   // each rank's shard at its range. `shard` may be exactly rank()'s range of `out`.

@@ -356,7 +356,8 @@ class MpiCommunicator final : public Communicator {
             peer == me ? in_bytes + (part.offset(me) + begin) * w
                        : static_cast<const void*>(scratch_.data() + slot * piece_bytes);
       }
-      reduce_rank_order(inputs, out_bytes + begin * w, std::min(chunk, mine - begin), in.dtype, op);
+      reduce_rank_order(inputs, out_bytes + begin * dtype_size(out.dtype),
+                        std::min(chunk, mine - begin), in.dtype, op);
     }
   }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <type_traits>
 
 namespace zerodp {
 namespace {
@@ -57,11 +58,45 @@ void reduce_typed(std::span<const void* const> inputs, T* out, size_t count, Red
   }
 }
 
+// kSumInto: the accumulator is the fold's start; inputs are widened exactly.
+template <typename T>
+void sum_into_typed(std::span<const void* const> inputs, float* out, size_t count) {
+  alignas(64) std::array<float, kBlock> wide;
+  for (size_t begin = 0; begin < count; begin += kBlock) {
+    const size_t n = std::min(kBlock, count - begin);
+    float* acc = out + begin;
+    for (const void* input : inputs) {
+      const T* x = static_cast<const T*>(input) + begin;
+      if constexpr (std::is_same_v<T, float>) {
+        accumulate(acc, x, n, ReduceOp::kSum);
+      } else {
+        convert(std::span<const T>(x, n), std::span<float>(wide.data(), n));
+        accumulate(acc, wide.data(), n, ReduceOp::kSum);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void reduce_rank_order(std::span<const void* const> inputs, void* out, size_t count, DType dtype,
                        ReduceOp op) {
   if (inputs.empty() || count == 0) return;
+  if (op == ReduceOp::kSumInto) {
+    auto* acc = static_cast<float*>(out);
+    switch (dtype) {
+      case DType::kF32:
+        sum_into_typed<float>(inputs, acc, count);
+        break;
+      case DType::kF16:
+        sum_into_typed<Float16>(inputs, acc, count);
+        break;
+      case DType::kBF16:
+        sum_into_typed<BFloat16>(inputs, acc, count);
+        break;
+    }
+    return;
+  }
   switch (dtype) {
     case DType::kF32:
       reduce_typed(inputs, static_cast<float*>(out), count, op);

@@ -14,6 +14,10 @@
 
 namespace zerodp {
 
+//
+// kSumInto: `out` is fp32 (whatever `dtype`, the inputs' type), and the fold starts from it:
+// out[i] = ((out[i] + in[0][i]) + in[1][i]) + ...; nothing is divided or rounded. `out` must
+// not alias an input.
 void reduce_rank_order(std::span<const void* const> inputs, void* out, size_t count, DType dtype,
                        ReduceOp op);
 

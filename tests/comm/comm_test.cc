@@ -4,6 +4,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -303,6 +304,67 @@ TEST(Collectives, RejectsMismatchedBuffersNamingSizesAndRank) {
                                         part, ReduceOp::kSum),
         InvalidArgument);
     // Nothing was issued, so the ranks are still in step.
+    comm.barrier();
+  });
+}
+
+// sum_into, the fold world-size-invariant training builds on: M = 12 contributions, rank r
+// giving contribution k * N + r at micro-step k, added to the owners' fp32 accumulators. For
+// every world N dividing M, every range ends with the same bits: the accumulator's start
+// plus contributions 0, 1, ..., 11, in that order, in fp32.
+TYPED_TEST(CollectiveTest, SumIntoFoldsMicroStepsInOneOrderForEveryWorld) {
+  using T = TypeParam;
+  constexpr int kM = 12;
+  constexpr size_t kCount = 101;
+  std::vector<float> want(kCount);
+  for (size_t j = 0; j < kCount; ++j) {
+    float acc = input_value(kM + 5, j);
+    for (int i = 0; i < kM; ++i) acc += widen(from_float<T>(input_value(i, j)));
+    want[j] = acc;
+  }
+  for (int world : {1, 2, 3, 4, 6, 12}) {
+    const Partition part(kCount, world);
+    std::vector<float> got(kCount);
+    std::mutex mu;
+    run_local(world, kOptions, [&](Communicator& comm) {
+      const int r = comm.rank();
+      std::vector<float> acc(part.count(r));
+      for (size_t j = 0; j < acc.size(); ++j) acc[j] = input_value(kM + 5, part.offset(r) + j);
+      for (int k = 0; k < kM / world; ++k) {
+        const std::vector<T> in = make_input<T>(k * world + r, kCount);
+        comm.reduce_scatter(std::span<const T>(in), std::span<float>(acc), part,
+                            ReduceOp::kSumInto);
+      }
+      std::lock_guard lock(mu);
+      std::copy(acc.begin(), acc.end(), got.begin() + static_cast<std::ptrdiff_t>(part.offset(r)));
+    });
+    for (size_t j = 0; j < kCount; ++j) {
+      ASSERT_TRUE(same_bits(got[j], want[j]))
+          << "world " << world << " element " << j << ": " << got[j] << " vs " << want[j];
+    }
+  }
+}
+
+TEST(Collectives, SumIntoNeedsAnFp32AccumulatorOfItsOwn) {
+  run_local(2, kOptions, [&](Communicator& comm) {
+    const Partition part(10, 2);
+    std::vector<BFloat16> in(10), acc16(5);
+    std::vector<float> in32(10);
+    try {
+      (void)comm.reduce_scatter_async(std::span<const BFloat16>(in), std::span<BFloat16>(acc16),
+                                      part, ReduceOp::kSumInto);
+      ADD_FAILURE() << "a bf16 accumulator was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("fp32 accumulator"), std::string::npos) << e.what();
+    }
+    // The own range of an fp32 input is not an accumulator of its own.
+    EXPECT_THROW(
+        (void)comm.reduce_scatter_async(std::span<const float>(in32),
+                                        std::span<float>(in32.data() + part.offset(comm.rank()), 5),
+                                        part, ReduceOp::kSumInto),
+        InvalidArgument);
+    EXPECT_THROW((void)comm.all_reduce_async(std::span<float>(in32), ReduceOp::kSumInto),
+                 InvalidArgument);
     comm.barrier();
   });
 }

@@ -173,6 +173,48 @@ TEST_P(MpiReduceTest, ReduceScatterMatchesLocalBackend) {
   }
 }
 
+// sum_into: three micro-steps of every count and layout into fp32 accumulators, in the
+// default chunks and in 4 KiB ones (rounds that cut 16-bit inputs and the fp32 accumulator at
+// different byte offsets), byte for byte the local backend's.
+std::vector<Bytes> sum_into_sweep(Communicator& c, DType dtype) {
+  std::vector<Bytes> outputs;
+  for (size_t count : kCounts) {
+    for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+      const Partition part = make_partition(count, c.size(), layout);
+      const size_t mine = part.count(c.rank());
+      Bytes acc = make_input(DType::kF32, c.size() + 3, mine, part.offset(c.rank()));
+      for (int k = 0; k < 3; ++k) {
+        const Bytes in = make_input(dtype, k * c.size() + c.rank(), count);
+        c.reduce_scatter({in.data(), count, dtype}, {acc.data(), mine, DType::kF32}, part,
+                         ReduceOp::kSumInto);
+      }
+      outputs.push_back(acc);
+    }
+  }
+  return outputs;
+}
+
+TEST(MpiSumIntoTest, MatchesLocalBackendInAnyChunkSize) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const auto expected =
+        local_reference([&](Communicator& c) { return sum_into_sweep(c, dtype); });
+    for (const char* chunk : {"4096", "default"}) {
+      if (std::string(chunk) == "4096") {
+        ASSERT_EQ(setenv(kChunkEnv, chunk, 1), 0);
+      }
+      auto comm = make_mpi();
+      ASSERT_EQ(unsetenv(kChunkEnv), 0);
+      const auto actual = sum_into_sweep(*comm, dtype);
+      ASSERT_EQ(actual.size(), expected.size());
+      for (size_t i = 0; i < actual.size(); ++i) {
+        EXPECT_SAME_BYTES(actual[i], expected[i],
+                          fmt::format("sum_into {} sweep entry {} chunk {} world {}",
+                                      dtype_name(dtype), i, chunk, world()));
+      }
+    }
+  }
+}
+
 TEST_P(MpiReduceTest, AllReduceMatchesLocalBackend) {
   const auto [dtype, op] = GetParam();
   const auto expected =
