@@ -33,17 +33,6 @@ size_t rows_of(const BatchShape& s) { return static_cast<size_t>(s.B) * static_c
 
 void zero(std::span<float> x) { std::fill(x.begin(), x.end(), 0.0f); }
 
-// LayerNorm and GELU write a product's input in the precision it is kept in.
-void layernorm_into(const ProductInput<float>& out, std::span<float> mean, std::span<float> rstd,
-                    std::span<const float> inp, std::span<const float> weight,
-                    std::span<const float> bias, size_t rows, size_t C) {
-  if (out.in_bf16) {
-    layernorm_forward(out.bf16, mean, rstd, inp, weight, bias, rows, C);
-  } else {
-    layernorm_forward(out.f32, mean, rstd, inp, weight, bias, rows, C);
-  }
-}
-
 // Attention reads qkv and writes its output in the precision both are kept in (the same).
 void attention_into(const ProductInput<float>& out, std::span<float> saved,
                     std::span<float> scratch, const ProductInput<float>& qkv,
@@ -63,14 +52,6 @@ void attention_backward_from(std::span<float> dqkv, std::span<float> scratch,
     attention_backward(dqkv, scratch, dout, qkv.bf16, saved, d, compute);
   } else {
     attention_backward(dqkv, scratch, dout, qkv.f32, saved, d, compute);
-  }
-}
-
-void gelu_into(const ProductInput<float>& out, std::span<const float> inp) {
-  if (out.in_bf16) {
-    gelu_forward(out.bf16, inp);
-  } else {
-    gelu_forward(out.f32, inp);
   }
 }
 
@@ -243,7 +224,8 @@ class BlockUnit final : public GptUnit {
     const auto att_scratch = scratch.subspan(rows * C, attention_scratch_count(d));
 
     // x = in + c_proj(attention(c_attn(ln_1(in))))
-    layernorm_into(k.ln1, k.ln1_mean, k.ln1_rstd, in, ln1_w_.of(w), ln1_b_.of(w), rows, C);
+    layernorm_forward(k.ln1.result(), k.ln1_mean, k.ln1_rstd, in, ln1_w_.of(w), ln1_b_.of(w), rows,
+                      C);
     linear_forward(k.qkv.result(), k.ln1.operand(), attn_w_.of(w), attn_b_.of(w), rows, C, 3 * C,
                    compute);
     attention_into(k.atty, k.att, att_scratch, k.qkv, d, compute);
@@ -251,9 +233,10 @@ class BlockUnit final : public GptUnit {
                    compute);
     residual_forward(k.res2, in, branch);
     // out = x + c_proj(gelu(c_fc(ln_2(x))))
-    layernorm_into(k.ln2, k.ln2_mean, k.ln2_rstd, k.res2, ln2_w_.of(w), ln2_b_.of(w), rows, C);
+    layernorm_forward(k.ln2.result(), k.ln2_mean, k.ln2_rstd, k.res2, ln2_w_.of(w), ln2_b_.of(w),
+                      rows, C);
     linear_forward(k.fch, k.ln2.operand(), fc_w_.of(w), fc_b_.of(w), rows, C, 4 * C, compute);
-    gelu_into(k.fch_gelu, k.fch);
+    gelu_forward(k.fch_gelu.result(), k.fch);
     linear_forward(branch, k.fch_gelu.operand(), fcproj_w_.of(w), fcproj_b_.of(w), rows, 4 * C, C,
                    compute);
     residual_forward(out, k.res2, branch);
@@ -374,7 +357,8 @@ class HeadUnit final : public GptUnit {
     check_batch("forward", s);
     const size_t rows = rows_of(s);
     const auto k = HeadSaved<float>::carve(saved, rows, C_, V_, compute);
-    layernorm_into(k.lnf, k.lnf_mean, k.lnf_rstd, in, lnf_w_.of(w), lnf_b_.of(w), rows, C_);
+    layernorm_forward(k.lnf.result(), k.lnf_mean, k.lnf_rstd, in, lnf_w_.of(w), lnf_b_.of(w), rows,
+                      C_);
     linear_forward(k.logits, k.lnf.operand(), lm_w_.of(w), {}, rows, C_, V_, compute);
     out[0] = cross_entropy_forward_backward({}, k.logits, mb.targets, rows, V_);
   }

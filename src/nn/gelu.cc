@@ -28,6 +28,7 @@
 namespace zerodp {
 
 using nn_detail::check_count;
+using nn_detail::check_size;
 using nn_detail::exp_nonpositive;
 
 namespace {
@@ -79,20 +80,19 @@ ZERODP_NN_CLONES void gelu_backward_write(float* __restrict g, const float* __re
 
 }  // namespace
 
-void gelu_forward(std::span<float> out, std::span<const float> inp) {
-  check_count("gelu_forward", "inp", inp, out.size(), fmt::format("(count={})", out.size()));
-  gelu_forward_loop(out.data(), inp.data(), out.size());
-}
-
-void gelu_forward(std::span<BFloat16> out, std::span<const float> inp) {
-  check_count("gelu_forward", "inp", inp, out.size(), fmt::format("(count={})", out.size()));
+void gelu_forward(GemmResult out, std::span<const float> inp) {
+  check_size("gelu_forward", "inp", inp.size(), out.size(), fmt::format("(count={})", out.size()));
+  if (!out.is_bf16()) {
+    gelu_forward_loop(out.f32().data(), inp.data(), out.size());
+    return;
+  }
   // Through an L1-sized fp32 chunk, rounded as convert() rounds: no fp32 copy in memory.
   constexpr size_t kChunk = 2048;
   float chunk[kChunk];
   for (size_t i = 0; i < out.size(); i += kChunk) {
     const size_t n = std::min(kChunk, out.size() - i);
     gelu_forward_loop(chunk, inp.data() + i, n);
-    convert(std::span<const float>(chunk, n), out.subspan(i, n));
+    convert(std::span<const float>(chunk, n), out.bf16().subspan(i, n));
   }
 }
 

@@ -134,16 +134,14 @@ void layernorm_forward_rows(std::span<Out> out, std::span<float> mean, std::span
 
 }  // namespace
 
-void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
+void layernorm_forward(GemmResult out, std::span<float> mean, std::span<float> rstd,
                        std::span<const float> inp, std::span<const float> weight,
                        std::span<const float> bias, size_t rows, size_t C) {
-  layernorm_forward_rows(out, mean, rstd, inp, weight, bias, rows, C);
-}
-
-void layernorm_forward(std::span<BFloat16> out, std::span<float> mean, std::span<float> rstd,
-                       std::span<const float> inp, std::span<const float> weight,
-                       std::span<const float> bias, size_t rows, size_t C) {
-  layernorm_forward_rows(out, mean, rstd, inp, weight, bias, rows, C);
+  if (out.is_bf16()) {
+    layernorm_forward_rows(out.bf16(), mean, rstd, inp, weight, bias, rows, C);
+  } else {
+    layernorm_forward_rows(out.f32(), mean, rstd, inp, weight, bias, rows, C);
+  }
 }
 
 void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,

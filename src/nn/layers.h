@@ -88,15 +88,9 @@ void encoder_backward(std::span<float> dwte,            // (V, C) +=
 
 inline constexpr float kLayerNormEps = 1e-5f;
 
-void layernorm_forward(std::span<float> out,           // (rows, C)
-                       std::span<float> mean,          // (rows) saved for backward
-                       std::span<float> rstd,          // (rows) saved for backward
-                       std::span<const float> inp,     // (rows, C)
-                       std::span<const float> weight,  // (C)
-                       std::span<const float> bias,    // (C)
-                       size_t rows, size_t C);
-// The same, the output rounded to bf16 (as convert() rounds) for products under kBF16.
-void layernorm_forward(std::span<BFloat16> out,        // (rows, C)
+// `out` is fp32, or bf16 (each value rounded as convert() rounds) for products under kBF16:
+// the same GemmResult a product writes.
+void layernorm_forward(GemmResult out,                 // (rows, C)
                        std::span<float> mean,          // (rows) saved for backward
                        std::span<float> rstd,          // (rows) saved for backward
                        std::span<const float> inp,     // (rows, C)
@@ -117,10 +111,8 @@ void layernorm_backward(std::span<float> dinp,          // (rows, C) +=
 // ---- GELU, exact: 0.5 x (1 + erf(x / sqrt 2)), PyTorch nn.GELU()'s default ----
 // (not the tanh approximation GPT-2 was trained with: the exact form is what the peer computes)
 
-void gelu_forward(std::span<float> out,         // (count)
-                  std::span<const float> inp);  // (count)
-// The same, the output rounded to bf16 (as convert() rounds) for products under kBF16.
-void gelu_forward(std::span<BFloat16> out,      // (count)
+// `out` is fp32, or bf16 (each value rounded as convert() rounds) for products under kBF16.
+void gelu_forward(GemmResult out,               // (count)
                   std::span<const float> inp);  // (count)
 
 void gelu_backward(std::span<float> dinp,        // (count) += (or =)

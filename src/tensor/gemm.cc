@@ -238,28 +238,37 @@ dnnl_status_t run_tile(const GemmArgs& g, Block rb, Block cb) {
 struct PoolJob {
   virtual void work() = 0;
 
- protected:
-  ~PoolJob() = default;
-};
-
-// The work of one gemm() call, shared by the caller and its helpers. Tiles are claimed from
-// an atomic counter: which thread runs a tile does not matter for the result.
-struct Job final : PoolJob {
-  const GemmArgs* args = nullptr;
-  Tiling tiling;
-  std::atomic<size_t> next{0};
   std::atomic<int> status{dnnl_success};  // the first failure, if any
 
-  void work() override {
-    for (size_t i = next.fetch_add(1); i < tiling.count(); i = next.fetch_add(1)) {
-      const Block rb = part_of(args->M, tiling.parts_m, i / tiling.parts_n);
-      const Block cb = part_of(args->N, tiling.parts_n, i % tiling.parts_n);
-      const dnnl_status_t s = run_tile(*args, rb, cb);
+ protected:
+  ~PoolJob() = default;
+  // Claims parts 0..count-1 from an atomic counter until none are left, running each with
+  // run_part(i): which thread runs a part does not matter for the result.
+  template <typename RunPart>
+  void claim_parts(size_t count, RunPart run_part) {
+    for (size_t i = next_.fetch_add(1); i < count; i = next_.fetch_add(1)) {
+      const dnnl_status_t s = run_part(i);
       if (s != dnnl_success) {
         int expected = dnnl_success;
         status.compare_exchange_strong(expected, s);
       }
     }
+  }
+
+ private:
+  std::atomic<size_t> next_{0};
+};
+
+// The work of one gemm() call, shared by the caller and its helpers: its tiles.
+struct Job final : PoolJob {
+  const GemmArgs* args = nullptr;
+  Tiling tiling;
+
+  void work() override {
+    claim_parts(tiling.count(), [this](size_t i) {
+      return run_tile(*args, part_of(args->M, tiling.parts_m, i / tiling.parts_n),
+                      part_of(args->N, tiling.parts_n, i % tiling.parts_n));
+    });
   }
 };
 
@@ -470,6 +479,20 @@ bool overlaps(Bytes p, Bytes q) {
   return p.begin < q.begin + q.size && q.begin < p.begin + p.size;
 }
 
+// What gemm() and gemm_batched ask of bf16 storage: bf16 compute, and a bf16 C only written.
+void check_storage(std::string_view fn, GemmCompute compute, const GemmOperand& a,
+                   const GemmOperand& b, const GemmResult& c, float beta) {
+  if (compute != GemmCompute::kBF16 && (a.is_bf16() || b.is_bf16() || c.is_bf16())) {
+    throw InvalidArgument(fmt::format(
+        "{}: {} is bf16 but compute is fp32; bf16 operands and results need GemmCompute::kBF16", fn,
+        a.is_bf16() ? "a" : (b.is_bf16() ? "b" : "c")));
+  }
+  if (c.is_bf16() && beta != 0.0f) {
+    throw InvalidArgument(fmt::format(
+        "{}: c is bf16 and beta is {}; a bf16 c is only written, so beta must be 0", fn, beta));
+  }
+}
+
 void throw_dnnl(dnnl_status_t s, size_t M, size_t N, size_t K) {
   throw Error(fmt::format("gemm: dnnl_sgemm failed with status {} for M={} N={} K={}",
                           static_cast<int>(s), M, N, K));
@@ -528,16 +551,7 @@ void gemm(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, s
         "gemm: bias holds {} values with beta = {}; a bias needs N = {} values and beta = 0",
         bias.size(), beta, N));
   }
-  if (compute != GemmCompute::kBF16 && (a.is_bf16() || b.is_bf16() || c.is_bf16())) {
-    throw InvalidArgument(fmt::format(
-        "gemm: {} is stored in bf16 but the compute is fp32; bf16 operands and results need "
-        "GemmCompute::kBF16",
-        a.is_bf16() ? "a" : (b.is_bf16() ? "b" : "c")));
-  }
-  if (c.is_bf16() && beta != 0.0f) {
-    throw InvalidArgument(fmt::format(
-        "gemm: c is bf16 and beta is {}; a bf16 c is only written, so beta must be 0", beta));
-  }
+  check_storage("gemm", compute, a, b, c, beta);
   if (t_recording != nullptr) t_recording->push_back({trans_a, trans_b, M, N, K});
   if (M == 0 || N == 0) return;
 
@@ -831,20 +845,13 @@ dnnl_status_t run_batch_part(const BatchedArgs& g, Block ob, Block ib) {
 
 struct BatchedJob final : PoolJob {
   const BatchedArgs* args = nullptr;
-  std::atomic<size_t> next{0};
-  std::atomic<int> status{dnnl_success};
 
   void work() override {
     const BatchParts& p = args->parts;
-    for (size_t i = next.fetch_add(1); i < p.count(); i = next.fetch_add(1)) {
-      const Block ob = batch_range(args->outer, p.parts_o, i / p.parts_i);
-      const Block ib = batch_range(args->inner, p.parts_i, i % p.parts_i);
-      const dnnl_status_t s = run_batch_part(*args, ob, ib);
-      if (s != dnnl_success) {
-        int expected = dnnl_success;
-        status.compare_exchange_strong(expected, s);
-      }
-    }
+    claim_parts(p.count(), [this, &p](size_t i) {
+      return run_batch_part(*args, batch_range(args->outer, p.parts_o, i / p.parts_i),
+                            batch_range(args->inner, p.parts_i, i % p.parts_i));
+    });
   }
 };
 
@@ -902,13 +909,6 @@ void check_c_disjoint(size_t M, size_t N, size_t ldc, const GemmBatch& batch) {
     }
     spanned += (d.count - 1) * d.stride;
   }
-}
-
-bool overlaps_bytes(const void* p, size_t p_bytes, const void* q, size_t q_bytes) {
-  if (p_bytes == 0 || q_bytes == 0) return false;
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  const auto b = reinterpret_cast<uintptr_t>(q);
-  return a < b + q_bytes && b < a + p_bytes;
 }
 
 // Whether a batch of stored (rows, cols) matrices is dense: rows of exactly cols elements,
@@ -1003,18 +1003,7 @@ void gemm_batched(GemmCompute compute, Transpose trans_a, Transpose trans_b, siz
                   float beta, GemmResult c, size_t ldc, const GemmBatch& batch) {
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;
-  if (compute == GemmCompute::kFP32 && (a.is_bf16() || b.is_bf16() || c.is_bf16())) {
-    throw InvalidArgument(fmt::format(
-        "gemm_batched: {} is bf16 but compute is fp32; pass fp32 values or compute in bf16",
-        a.is_bf16()   ? "a"
-        : b.is_bf16() ? "b"
-                      : "c"));
-  }
-  if (c.is_bf16() && beta != 0.0f) {
-    throw InvalidArgument(fmt::format(
-        "gemm_batched: a bf16 c cannot be accumulated into (beta = {}); use beta = 0 or a fp32 c",
-        beta));
-  }
+  check_storage("gemm_batched", compute, a, b, c, beta);
   if ((batch.outer > 1 && batch.outer_c == 0) || (batch.inner > 1 && batch.inner_c == 0)) {
     throw InvalidArgument(fmt::format(
         "gemm_batched: c's strides ({}, {}) for {} x {} entries write one matrix for several; "
@@ -1030,13 +1019,8 @@ void gemm_batched(GemmCompute compute, Transpose trans_a, Transpose trans_b, siz
   const size_t c_span =
       batched_extent("c", c.size(), M, N, ldc, batch.outer_c, batch.inner_c, batch, "M x N");
   check_c_disjoint(M, N, ldc, batch);
-  const void* a_data = a.is_bf16() ? static_cast<const void*>(a.bf16().data()) : a.f32().data();
-  const void* b_data = b.is_bf16() ? static_cast<const void*>(b.bf16().data()) : b.f32().data();
-  const void* c_data = c.is_bf16() ? static_cast<const void*>(c.bf16().data()) : c.f32().data();
-  const size_t a_bytes = a_span * (a.is_bf16() ? 2 : 4), b_bytes = b_span * (b.is_bf16() ? 2 : 4);
-  const size_t c_bytes = c_span * (c.is_bf16() ? 2 : 4);
-  if (overlaps_bytes(c_data, c_bytes, a_data, a_bytes) ||
-      overlaps_bytes(c_data, c_bytes, b_data, b_bytes)) {
+  const Bytes c_bytes = bytes_of(c, c_span);
+  if (overlaps(c_bytes, bytes_of(a, a_span)) || overlaps(c_bytes, bytes_of(b, b_span))) {
     throw InvalidArgument(fmt::format(
         "gemm_batched: c overlaps a or b (M={} N={} K={}, {} x {} entries); write the products "
         "to a separate buffer",

@@ -86,7 +86,8 @@ class GemmOperand {
 
 // Where gemm() writes C: fp32, or bf16 (each element the fp32 result rounded to nearest even,
 // exactly as convert() rounds it; only with kBF16 compute and beta == 0, since a bf16 C is
-// never read back).
+// never read back). The layers that write a product's input (LayerNorm, GELU) take the same
+// type for their output.
 class GemmResult {
  public:
   GemmResult() = default;  // no values (fp32)

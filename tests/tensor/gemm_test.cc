@@ -557,7 +557,8 @@ TEST(GemmBf16Storage, NeedsBf16ComputeAndAWrittenOnlyC) {
     gemm(kFp32, kN, kN, 2, 4, 3, 1.0f, a16, 3, b, 4, 0.0f, c, 4);
     FAIL() << "a bf16 operand was multiplied in fp32";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("a is stored in bf16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a is bf16 but compute is fp32"), std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(gemm(kFp32, kN, kN, 2, 4, 3, 1.0f, a, 3, b, 4, 0.0f, c16, 4), InvalidArgument);
   try {
