@@ -20,38 +20,43 @@ constexpr uint8_t kAllFinite = 0;
 constexpr uint8_t kSawInf = 1;
 constexpr uint8_t kSawNaN = 2;
 
-// One element as an fp32 value m * 2^(e - 150), so x^2 = m2 * 2^(2e - 300) with m2 = m^2 below
-// 2^48. Non-finite elements get e = 255, and m2 = 2^46 exactly for Inf (larger for NaN).
-struct Decoded {
-  uint32_t e;
-  uint64_t m2;
-};
+// Each element is read as an fp32 value m * 2^(e - 150): its square is m2 * 2^(2e - 300), m2 =
+// m^2 below 2^48. Decoders write a block of (slot, m2): the slot is e, except that fp32
+// subnormals (e = 1, no hidden bit) go to slot 0 so that decoding needs no max(); non-finite
+// elements go to slot 255, with m2 = 2^46 exactly for Inf (larger for NaN). Loops of plain
+// integer operations over a block, so the compiler vectorizes them; memcpy is a plain load
+// that does not alias the caller's element type.
 constexpr uint32_t kNonFiniteSlot = 255;
 constexpr uint64_t kInfSquare = uint64_t{1} << 46;
 
-inline Decoded decode_f32_bits(uint32_t bits) {
-  const uint32_t biased = (bits >> 23) & 0xff;
-  const uint32_t m = (bits & 0x7fffff) | (uint32_t{biased != 0} << 23);
-  // Subnormals share the exponent of the smallest normal, without the hidden bit.
-  return {biased + uint32_t{biased == 0}, uint64_t{m} * m};
-}
+inline uint32_t slot_exponent(uint32_t slot) { return std::max(slot, 1u); }
 
-// Each decoder reads element i of a byte buffer (memcpy: a plain load, without aliasing the
-// caller's element type).
 struct DecodeF32 {
-  Decoded operator()(const std::byte* p, size_t i) const {
-    uint32_t bits;
-    std::memcpy(&bits, p + 4 * i, 4);
-    return decode_f32_bits(bits);
+  static constexpr size_t kBytes = 4;
+  static void decode(const std::byte* p, size_t n, uint32_t* slot, uint64_t* m2) {
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, p + 4 * i, 4);
+      const uint32_t e = (bits >> 23) & 0xffu;
+      const uint32_t m = (bits & 0x7fffffu) | (e != 0 ? 0x800000u : 0u);
+      slot[i] = e;
+      m2[i] = uint64_t{m} * m;
+    }
   }
 };
 
 // A bf16 is the top half of an fp32.
 struct DecodeBF16 {
-  Decoded operator()(const std::byte* p, size_t i) const {
-    uint16_t bits;
-    std::memcpy(&bits, p + 2 * i, 2);
-    return decode_f32_bits(uint32_t{bits} << 16);
+  static constexpr size_t kBytes = 2;
+  static void decode(const std::byte* p, size_t n, uint32_t* slot, uint64_t* m2) {
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, p + 2 * i, 2);
+      const uint32_t e = (bits >> 7) & 0xffu;
+      const uint32_t m = ((bits & 0x7fu) | (e != 0 ? 0x80u : 0u)) << 16;
+      slot[i] = e;
+      m2[i] = uint64_t{m} * m;
+    }
   }
 };
 
@@ -60,42 +65,49 @@ struct DecodeBF16 {
 // Subnormal f16 values widen to normal fp32 values with another (e', m), but the same x^2:
 // the bins differ, the exact total does not.
 struct DecodeF16 {
-  Decoded operator()(const std::byte* p, size_t i) const {
-    uint16_t bits;
-    std::memcpy(&bits, p + 2 * i, 2);
-    const uint32_t biased = (bits >> 10) & 0x1fu;
-    const uint32_t m = (bits & 0x3ffu) | (uint32_t{biased != 0} << 10);
-    const uint32_t e = biased == 31 ? kNonFiniteSlot : biased + uint32_t{biased == 0} + 112;
-    return {e, (uint64_t{m} * m) << 26};
+  static constexpr size_t kBytes = 2;
+  static void decode(const std::byte* p, size_t n, uint32_t* slot, uint64_t* m2) {
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, p + 2 * i, 2);
+      const uint32_t e = (bits >> 10) & 0x1fu;
+      const uint32_t m = (bits & 0x3ffu) | (e != 0 ? 0x400u : 0u);
+      // max(e, 1) + 112, and 255 for e = 31, in operations SSE2 has.
+      slot[i] = e + 112 + (e == 0 ? 1u : 0u) + (e == 31 ? kNonFiniteSlot - 143 : 0u);
+      m2[i] = (uint64_t{m} * m) << 26;
+    }
   }
 };
 
-using Bins = std::array<U128, 256>;  // Bins[e]: Σ m2 over the elements of slot e
+using Bins = std::array<U128, 256>;  // Bins[slot]: Σ m2 over the elements of that slot
 
 // Squares go to kTables tables of uint64 in turn, so consecutive elements of one exponent do
 // not wait on each other's store; each table takes at most 2^16 squares below 2^48 before it is
-// flushed into the 128-bit bins, so it cannot overflow.
+// flushed into the 128-bit bins, so it cannot overflow. Elements are decoded kBlock at a time.
 constexpr size_t kTables = 4;
 constexpr size_t kChunk = kTables << 16;
+constexpr size_t kBlock = 256;
+static_assert(kChunk % kBlock == 0 && kBlock % kTables == 0);
 
 // Adds the squares of x[0, n) to `bins`; returns the non-finite state of x.
 template <typename Decode>
-uint8_t accumulate(const std::byte* x, size_t n, Decode decode, Bins& bins) {
+uint8_t accumulate(const std::byte* x, size_t n, Bins& bins) {
   alignas(64) uint64_t table[kTables][256];
+  alignas(64) uint32_t slot[kBlock];
+  alignas(64) uint64_t m2[kBlock];
   uint8_t state = kAllFinite;
   for (size_t begin = 0; begin < n; begin += kChunk) {
     const size_t end = std::min(n, begin + kChunk);
     std::memset(table, 0, sizeof table);
-    size_t i = begin;
-    for (; i + kTables <= end; i += kTables) {
-      for (size_t t = 0; t < kTables; ++t) {
-        const Decoded d = decode(x, i + t);
-        table[t][d.e] += d.m2;
+    for (size_t block = begin; block < end; block += kBlock) {
+      const size_t count = std::min(kBlock, end - block);
+      Decode::decode(x + block * Decode::kBytes, count, slot, m2);
+      size_t i = 0;
+      for (; i + kTables <= count; i += kTables) {
+        for (size_t t = 0; t < kTables; ++t) table[t][slot[i + t]] += m2[i + t];
       }
-    }
-    for (; i < end; ++i) {
-      const Decoded d = decode(x, i);
-      table[(i - begin) % kTables][d.e] += d.m2;
+      // Only the last block of a chunk is short, so table t still takes element t mod kTables.
+      for (; i < count; ++i) table[i % kTables][slot[i]] += m2[i];
     }
     uint64_t non_finite = 0;
     for (size_t t = 0; t < kTables; ++t) {
@@ -105,22 +117,25 @@ uint8_t accumulate(const std::byte* x, size_t n, Decode decode, Bins& bins) {
     // Rare: tell NaN from Inf only for a chunk that holds either.
     if (non_finite != 0) {
       state = std::max(state, kSawInf);
-      for (size_t k = begin; k < end; ++k) {
-        const Decoded d = decode(x, k);
-        if (d.e == kNonFiniteSlot && d.m2 != kInfSquare) state = kSawNaN;
+      for (size_t block = begin; block < end; block += kBlock) {
+        const size_t count = std::min(kBlock, end - block);
+        Decode::decode(x + block * Decode::kBytes, count, slot, m2);
+        for (size_t i = 0; i < count; ++i) {
+          if (slot[i] == kNonFiniteSlot && m2[i] != kInfSquare) state = kSawNaN;
+        }
       }
     }
   }
   return state;
 }
 
-// limbs += Σ_e bins[e] * 2^(2e - 2), in units of 2^-298 (2e - 300 + 298). Each limb takes at
+// limbs += Σ bins[slot] * 2^(2e - 2), in units of 2^-298 (2e - 300 + 298). Each limb takes at
 // most two 32-bit addends per bin, so the uint64 limbs cannot overflow before normalizing.
 void fold(const Bins& bins, std::array<uint64_t, SquareSum::kLimbs>& limbs) {
-  for (uint32_t e = 1; e < kNonFiniteSlot; ++e) {
-    const U128 b = bins[e];
+  for (uint32_t slot = 0; slot < kNonFiniteSlot; ++slot) {
+    const U128 b = bins[slot];
     if (b == 0) continue;
-    const uint32_t shift = 2 * e - 2;
+    const uint32_t shift = 2 * slot_exponent(slot) - 2;
     const size_t limb = shift / 32;  // at most 15: the four words below reach limb 19
     for (size_t j = 0; j < 4; ++j) {
       const uint64_t word = static_cast<uint32_t>(b >> (32 * j));
@@ -143,10 +158,10 @@ void normalize(std::array<uint64_t, SquareSum::kLimbs>& limbs) {
 }
 
 template <typename Decode>
-uint8_t add_to(std::array<uint64_t, SquareSum::kLimbs>& limbs, const void* x, size_t n,
-               Decode decode) {
+uint8_t add_to(std::array<uint64_t, SquareSum::kLimbs>& limbs, const void* x, size_t n) {
+  if (n == 0) return kAllFinite;
   Bins bins{};
-  const uint8_t state = accumulate(static_cast<const std::byte*>(x), n, decode, bins);
+  const uint8_t state = accumulate<Decode>(static_cast<const std::byte*>(x), n, bins);
   fold(bins, limbs);
   normalize(limbs);
   return state;
@@ -155,7 +170,7 @@ uint8_t add_to(std::array<uint64_t, SquareSum::kLimbs>& limbs, const void* x, si
 }  // namespace
 
 void SquareSum::add(std::span<const float> x) {
-  nonfinite_ = std::max(nonfinite_, add_to(limbs_, x.data(), x.size(), DecodeF32{}));
+  nonfinite_ = std::max(nonfinite_, add_to<DecodeF32>(limbs_, x.data(), x.size()));
 }
 
 void SquareSum::add(const void* data, DType dtype, size_t first, size_t count) {
@@ -169,13 +184,13 @@ void SquareSum::add(const void* data, DType dtype, size_t first, size_t count) {
   uint8_t state = kAllFinite;
   switch (dtype) {
     case DType::kF32:
-      state = add_to(limbs_, bytes, count, DecodeF32{});
+      state = add_to<DecodeF32>(limbs_, bytes, count);
       break;
     case DType::kF16:
-      state = add_to(limbs_, bytes, count, DecodeF16{});
+      state = add_to<DecodeF16>(limbs_, bytes, count);
       break;
     case DType::kBF16:
-      state = add_to(limbs_, bytes, count, DecodeBF16{});
+      state = add_to<DecodeBF16>(limbs_, bytes, count);
       break;
     default:
       throw InvalidArgument(fmt::format("square sum: dtype code {} is not one of f32, f16, bf16",
