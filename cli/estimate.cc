@@ -31,6 +31,7 @@ struct Flags {
   std::string precision = "bf16";
   int grad_accum = 1;
   std::string accumulate;  // empty = the stage's default
+  std::string invariant = "auto";
   std::string memory_per_rank;
   bool json = false;
   // Activations and step time (GPT shapes only).
@@ -156,6 +157,20 @@ int run_estimate(const Flags& f) {
   if (!f.accumulate.empty()) {
     accumulate = parse_accumulate_flag(f.accumulate);
   }
+  std::optional<bool> invariant;
+  if (f.invariant == "on" || f.invariant == "true") {
+    invariant = true;
+  } else if (f.invariant == "off" || f.invariant == "false") {
+    invariant = false;
+  } else if (f.invariant != "auto") {
+    throw InvalidArgument(
+        fmt::format("--invariant '{}' is unknown; use on, off or auto", f.invariant));
+  }
+  if (invariant.value_or(false) && accumulate == AccumulatePolicy::kLocal) {
+    throw InvalidArgument(
+        "--invariant on needs --accumulate reduce: a local sum adds a rank's own micro-batches "
+        "before the ranks' sums meet, in an order that depends on the rank count");
+  }
 
   if (f.micro_batch < 1) {
     throw InvalidArgument(
@@ -216,10 +231,15 @@ int run_estimate(const Flags& f) {
   for (int n : f.ranks) {
     std::optional<int> cheapest;
     for (int stage : stages) {
-      const AccumulatePolicy policy = accumulate.value_or(default_accumulate(stage, f.grad_accum));
+      // As train resolves them: --invariant on makes reduce the default.
+      const AccumulatePolicy policy =
+          accumulate.value_or(invariant.value_or(false) ? AccumulatePolicy::kReduce
+                                                        : default_accumulate(stage, f.grad_accum));
+      const bool canonical = invariant.value_or(policy == AccumulatePolicy::kReduce);
       const StateBytes s = max_model_state_bytes(units, n, stage, precision);
       const uint64_t all = all_ranks_model_state_bytes(units, n, stage, precision).total();
-      const CommBytes c = comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy, 0);
+      const CommBytes c =
+          comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy, canonical, 0);
       std::optional<TransientBytes> t;
       if (built) {
         t = transient_bytes(*built,
@@ -227,6 +247,8 @@ int run_estimate(const Flags& f) {
                                           .stage = stage,
                                           .precision = precision,
                                           .policy = policy,
+                                          .grad_accum = f.grad_accum,
+                                          .canonical = canonical,
                                           .prefetch = f.prefetch,
                                           .checkpoint_activations = f.checkpoint_activations,
                                           .micro_batch = f.micro_batch,
@@ -240,7 +262,7 @@ int run_estimate(const Flags& f) {
         st.compute = flops_per_step(n) / *flops;
         const double U = static_cast<double>(units.size());
         const double A = f.grad_accum;
-        const StagePlan sp = StagePlan::make(stage, policy);
+        const StagePlan sp = StagePlan::make(stage, policy, canonical && f.grad_accum > 1);
         const bool during_backward = sp.micro_batch_reduce != StagePlan::Reduce::kNone;
         const double a_red = during_backward ? A : 1;
         const auto cost = [&](uint64_t bytes, double ring_steps) {
@@ -257,7 +279,7 @@ int run_estimate(const Flags& f) {
         (during_backward ? st.comm_overlap : st.comm_serial) += reduce;
         if (sp.gather_before_compute) {
           st.comm_overlap += cost(c.all_gather, U * 2 * A * peers);
-        } else if (sp.gather_after_update) {
+        } else if (sp.gather_after_update || sp.gather_grads) {
           st.comm_serial += cost(c.all_gather, U * peers);
         }
         time = st;
@@ -270,6 +292,7 @@ int run_estimate(const Flags& f) {
              {"stage", stage},
              {"precision", std::string(precision_name(precision))},
              {"accumulate", std::string(accumulate_name(policy))},
+             {"invariant", canonical ? "on" : "off"},
              {"model_state_bytes",
               {{"params", s.params},
                {"grads", s.grads},
@@ -287,6 +310,7 @@ int run_estimate(const Flags& f) {
                                                     {"workspace", t->workspace},
                                                     {"gathered", t->gathered},
                                                     {"grad_buckets", t->grad_buckets},
+                                                    {"grad_accum", t->grad_accum},
                                                     {"comm_buffers", t->comm_buffers},
                                                     {"total", t->total()}}
                                    : nlohmann::json()},
@@ -368,6 +392,10 @@ Runner add_estimate(CLI::App& app) {
   app.add_option("--precision", f->precision, "bf16, fp16 or fp32")->capture_default_str();
   app.add_option("--grad-accum", f->grad_accum, "Micro-batches per step")->capture_default_str();
   app.add_option("--accumulate", f->accumulate, "local or reduce (default: the stage's)");
+  app.add_option("--invariant", f->invariant,
+                 "on, off or auto (on under reduce): the canonical gradient order, whose fp32 "
+                 "accumulator and stage-0 traffic the estimate then counts")
+      ->capture_default_str();
   app.add_option("--memory-per-rank", f->memory_per_rank, "Budget per rank, e.g. 80GB");
   app.add_option("--micro-batch", f->micro_batch, "GPT: sequences per rank per micro-batch")
       ->capture_default_str();

@@ -30,6 +30,7 @@ struct Flags {
   std::string backend = "local";
   std::string precision = "bf16";
   std::string accumulate;  // empty = the stage's default
+  std::string invariant = "auto";
   std::string memory_per_rank;
   std::string timeout = "300";
   std::string link_bandwidth;
@@ -45,6 +46,7 @@ struct Flags {
   bool no_progress = false;
   std::vector<std::string> inject;
   bool ranks_given = false;
+  const CLI::Option* grad_accum_option = nullptr;
   // Shape overrides the user gave: 0 in TrainConfig means "the preset's", so a given 0 must
   // be told apart from none.
   std::vector<std::pair<std::string, const CLI::Option*>> shape_options;
@@ -171,10 +173,19 @@ int run_train(Flags& f, Launch args) {
   if (backend == Backend::kMpi && !f.ranks_given) c.launch.ranks = 0;
   c.precision = parse_precision_flag(f.precision);
   (void)Sharding::for_stage(c.stage);
-  if (f.accumulate.empty()) {
-    c.accumulate = default_accumulate(c.stage, c.grad_accum);
-  } else {
-    c.accumulate = parse_accumulate_flag(f.accumulate);
+  if (f.grad_accum_option->count() > 0 && c.grad_accum < 1) {
+    throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", c.grad_accum));
+  }
+  // Both defaults wait for the micro-batches per step, which a resume may derive.
+  c.accumulate_default = f.accumulate.empty();
+  if (!f.accumulate.empty()) c.accumulate = parse_accumulate_flag(f.accumulate);
+  if (f.invariant == "on" || f.invariant == "true") {
+    c.invariant = true;
+  } else if (f.invariant == "off" || f.invariant == "false") {
+    c.invariant = false;
+  } else if (f.invariant != "auto") {
+    throw InvalidArgument(
+        fmt::format("--invariant '{}' is unknown; use on, off or auto", f.invariant));
   }
   c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout");
   if (!(c.launch.comm.timeout_seconds > 0)) {
@@ -326,11 +337,19 @@ Runner add_train(CLI::App& app) {
   par->add_option("--micro-batch", c.micro_batch,
                   "Sequences per rank per micro-batch (default: the size preset's)")
       ->check(CLI::Range(1, 1 << 20));
-  par->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")
-      ->capture_default_str();
+  f->grad_accum_option = par->add_option(
+      "--grad-accum", c.grad_accum,
+      "Micro-batches per rank per optimizer step (default 1; on a resume, the checkpoint's "
+      "micro-batches per step over --ranks, so the batch is kept)");
   par->add_option("--accumulate", f->accumulate,
                   "local (sum, reduce at the boundary) or reduce (every micro-batch, overlapping "
                   "backward); default reduce at stages 2-3 or with --grad-accum 1, else local");
+  par->add_option("--invariant", f->invariant,
+                  "on: sum gradients in the one order that gives the same bits for every rank "
+                  "count dividing the micro-batches per step (needs --accumulate reduce; an "
+                  "fp32 accumulator of 4 bytes per owned element when --grad-accum > 1); off; "
+                  "auto: on under --accumulate reduce (docs/determinism.md)")
+      ->capture_default_str();
   par->add_option("--initial-loss-scale", c.initial_loss_scale,
                   "fp16: the dynamic loss scale to start from (a power of two)")
       ->capture_default_str();
@@ -396,7 +415,8 @@ Runner add_train(CLI::App& app) {
   out->add_option("--eval-every", c.eval_every,
                   "Validation loss every K steps (0 = at the end only)")
       ->capture_default_str();
-  out->add_option("--eval-batches", c.eval_batches, "Validation micro-batches per rank")
+  out->add_option("--eval-batches", c.eval_batches,
+                  "Validation micro-batches in all, shared among the ranks")
       ->capture_default_str();
   out->add_option("--metrics", c.metrics_path, "Write one JSON line per step here");
   out->add_option("--report", c.report_path, "Write the run's report (docs/report.md) here");

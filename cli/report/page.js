@@ -16,11 +16,13 @@
   var RUN_COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b',
                     '#e377c2', '#17becf', '#bcbd22', '#7f7f7f'];
   var STATE_CATS = ['params', 'grads', 'master', 'adam_m', 'adam_v'];
-  var PEAK_CATS = ['gathered', 'grad_buckets', 'activations', 'comm_buffers', 'workspace'];
+  var PEAK_CATS = ['gathered', 'grad_buckets', 'grad_accum', 'activations', 'comm_buffers',
+    'workspace'];
   var COMM_CATS = ['all_reduce', 'reduce_scatter', 'all_gather', 'broadcast', 'control'];
   var CAT_COLORS = {
     params: '#4e79a7', grads: '#f28e2b', master: '#e15759', adam_m: '#59a14f',
-    adam_v: '#76b7b2', gathered: '#edc948', grad_buckets: '#b07aa1', activations: '#ff9da7',
+    adam_v: '#76b7b2', gathered: '#edc948', grad_buckets: '#b07aa1', grad_accum: '#d37295',
+    activations: '#ff9da7',
     comm_buffers: '#9c755f', workspace: '#bab0ac', all_reduce: '#4e79a7',
     reduce_scatter: '#e15759', all_gather: '#59a14f', broadcast: '#f28e2b', control: '#bab0ac'
   };
@@ -394,7 +396,7 @@
     var groups = data.runs.map(function (r, i) {
       return {label: r.label, sub: runSub(r), color: runColor(i), bars: r.ranks.map(function (k) {
         var segs = STATE_CATS.map(function (c) { return {cat: c, value: k.states[c]}; })
-          .concat(PEAK_CATS.map(function (c) { return {cat: c, value: k.peaks[c], pale: true}; }));
+          .concat(PEAK_CATS.map(function (c) { return {cat: c, value: k.peaks[c] || 0, pale: true}; }));
         return {label: String(k.rank), segs: segs,
                 marks: [{value: k.peak_total, title: 'peak of the sum (peak_bytes.total)'}]};
       })};

@@ -2,7 +2,7 @@
 //
 // Categories follow the ZeRO accounting: the persistent model states (params, grads, master,
 // adam_m, adam_v) and the transient buffers (gathered stage-3 unit params, grad_buckets,
-// activations, comm_buffers, workspace). `peak_total` is the peak of the sum over
+// grad_accum (the canonical order's fp32 accumulator), activations, comm_buffers, workspace). `peak_total` is the peak of the sum over
 // categories, not the sum of their peaks. An optional budget (the accelerator's capacity,
 // `--memory-per-rank`) makes a reservation past it fail with OutOfMemory naming the rank,
 // the category, the request, the budget and what is held, plus the caller's advice on
@@ -32,11 +32,12 @@ enum class MemCategory : uint8_t {
   kAdamV,
   kGathered,
   kGradBuckets,
+  kGradAccum,
   kActivations,
   kCommBuffers,
   kWorkspace,
 };
-inline constexpr int kNumMemCategories = 10;
+inline constexpr int kNumMemCategories = 11;
 std::string_view mem_category_name(MemCategory c);  // "params", "adam_m", "grad_buckets", ...
 
 class MemoryLedger {

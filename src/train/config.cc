@@ -114,8 +114,19 @@ void resolve_config(TrainConfig& c) {
   if (c.micro_batch < 1) {
     throw InvalidArgument(fmt::format("--micro-batch {} is invalid; use 1 or more", c.micro_batch));
   }
+  if (c.grad_accum == 0) c.grad_accum = 1;
   if (c.grad_accum < 1) {
     throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", c.grad_accum));
+  }
+  if (c.accumulate_default) {
+    c.accumulate = c.invariant.value_or(false) ? AccumulatePolicy::kReduce
+                                               : default_accumulate(c.stage, c.grad_accum);
+    c.accumulate_default = false;
+  }
+  if (c.invariant.value_or(false) && c.accumulate == AccumulatePolicy::kLocal) {
+    throw InvalidArgument(
+        "--invariant on needs --accumulate reduce: a local sum adds a rank's own micro-batches "
+        "before the ranks' sums meet, in an order that depends on the rank count");
   }
   if (c.steps < 1)
     throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
@@ -186,6 +197,10 @@ void resolve_config(TrainConfig& c) {
   }
 }
 
+bool canonical_order(const TrainConfig& c) {
+  return c.invariant.value_or(c.accumulate == AccumulatePolicy::kReduce);
+}
+
 nlohmann::json config_json(const TrainConfig& c) {
   nlohmann::json j;
   j["model"] = c.model;
@@ -198,6 +213,7 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["micro_batch"] = c.micro_batch;
   j["grad_accum"] = c.grad_accum;
   j["accumulate"] = std::string(accumulate_name(c.accumulate));
+  j["invariant"] = canonical_order(c) ? "on" : "off";
   j["prefetch"] = c.prefetch;
   j["checkpoint_activations"] = c.checkpoint_activations;
   j["steps"] = c.steps;

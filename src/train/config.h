@@ -69,8 +69,17 @@ struct TrainConfig {
   int stage = 0;
   Precision precision = Precision::kBF16;
   int micro_batch = 0;  // 0 = the size preset's
-  int grad_accum = 1;
+  // 0 = derived: 1 on a fresh start; on a resume, the checkpoint's global batch over this
+  // run's ranks (refused when the ranks do not divide it).
+  int grad_accum = 0;
   AccumulatePolicy accumulate = AccumulatePolicy::kLocal;
+  // --accumulate was not given: resolve_config sets default_accumulate(stage, grad_accum)
+  // once grad_accum is known.
+  bool accumulate_default = false;
+  // The canonical gradient order (docs/determinism.md): every micro-batch's gradient rounded
+  // once and added, in global micro-batch order, to its owner's fp32 accumulator, divided
+  // by the step's micro-batch count once. nullopt = on exactly when accumulate is reduce.
+  std::optional<bool> invariant;
   int prefetch = 1;
   bool checkpoint_activations = false;
   // Optimization.
@@ -85,7 +94,7 @@ struct TrainConfig {
   bool decay_all = false;
   // Evaluation and output.
   int64_t eval_every = 0;  // 0 = only at the end
-  int eval_batches = 8;
+  int eval_batches = 16;  // in all, shared among the ranks
   std::optional<uint64_t> memory_per_rank;
   std::string metrics_path;
   std::string report_path;
@@ -115,6 +124,10 @@ struct TrainConfig {
 
 // Resolves size presets and defaults in place; throws InvalidArgument naming bad values.
 void resolve_config(TrainConfig& config);
+
+// Whether the run sums gradients in the canonical order: its bits are then the same for
+// every rank count that divides its micro-batches per step (docs/determinism.md).
+bool canonical_order(const TrainConfig& c);
 
 // Every resolved option, keyed by its flag name with '_' for '-' (the report's "config";
 // a --config file may be one). Options left unset (no simulated link) are null.

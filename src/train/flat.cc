@@ -79,15 +79,7 @@ void accumulate(std::span<const float> in, void* data, DType dtype, size_t first
   }
 }
 
-// Both reuse the optimizer's kernels (fixed summation order, vectorized) chunk by chunk;
-// chunks start at `first`, so the order depends only on the range, as the contract needs.
-double sum_squares(const void* data, DType dtype, size_t first, size_t count) {
-  double sum = 0;
-  for_each_chunk(data, dtype, first, count,
-                 [&](std::span<const float> c) { sum += sum_of_squares(c); });
-  return sum;
-}
-
+// Reuses the optimizer's kernel chunk by chunk.
 bool all_finite(const void* data, DType dtype, size_t first, size_t count) {
   bool ok = true;
   for_each_chunk(data, dtype, first, count,

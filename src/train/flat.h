@@ -16,8 +16,6 @@ void narrow(std::span<const float> in, void* data, DType dtype, size_t first);
 // Element (first + i) = round(widen(element) + in[i]): one rounding per accumulation, the
 // fixed order and dtype in which micro-batch gradients are summed.
 void accumulate(std::span<const float> in, void* data, DType dtype, size_t first);
-// Sum of squares of elements [first, first + count), in order, in double.
-double sum_squares(const void* data, DType dtype, size_t first, size_t count);
 // Whether every element of [first, first + count) is finite.
 bool all_finite(const void* data, DType dtype, size_t first, size_t count);
 

@@ -14,6 +14,8 @@ GradientReducer::GradientReducer(ShardedState& state, const TransientLayout& lay
   const DType t = state.dtype();
   for (uint64_t n : layout.accum_full)
     accum_full_.emplace_back(ledger, MemCategory::kGradBuckets, t, n);
+  for (uint64_t n : layout.accumulator)
+    accumulators_.emplace_back(ledger, MemCategory::kGradAccum, n);
   for (int k = 0; k < layout.buckets; ++k) {
     buckets_.emplace_back(ledger, MemCategory::kGradBuckets, t, layout.bucket);
     if (layout.reduced > 0)
@@ -24,6 +26,7 @@ GradientReducer::GradientReducer(ShardedState& state, const TransientLayout& lay
 void GradientReducer::begin_step() {
   for (auto& u : state_.units()) u.grads.zero();
   for (auto& f : accum_full_) f.zero();
+  for (auto& a : accumulators_) std::fill(a.span().begin(), a.span().end(), 0.0f);
 }
 
 void GradientReducer::add(size_t ui, std::span<const float> dw) {
@@ -42,7 +45,12 @@ void GradientReducer::add(size_t ui, std::span<const float> dw) {
   Flat& bucket = buckets_[slot];
   narrow(dw, bucket.data(), t, 0);
   Pending p{ui, Work(), slot};
-  if (plan_.micro_batch_reduce == StagePlan::Reduce::kAllReduce) {
+  if (plan_.fp32_accumulator) {
+    const std::span<float> acc = accumulators_[ui].span();
+    p.work = comm_.reduce_scatter_async(bucket.range(0, u.numel),
+                                        MutableBuffer{acc.data(), acc.size(), DType::kF32}, u.part,
+                                        ReduceOp::kSumInto);
+  } else if (plan_.micro_batch_reduce == StagePlan::Reduce::kAllReduce) {
     p.work = comm_.all_reduce_async(bucket.range(0, u.numel), ReduceOp::kAvg);
   } else {
     p.work = comm_.reduce_scatter_async(
@@ -56,6 +64,11 @@ void GradientReducer::finish_pending(bool all) {
     Pending& p = pending_.front();
     p.work.wait();
     UnitState& u = state_.units()[p.unit];
+    if (plan_.fp32_accumulator) {
+      pending_.pop_front();
+      if (!all) break;
+      continue;
+    }
     // With one micro-batch per step the reduced gradient is the step's whole gradient and the
     // target was zeroed: copy it (adding it to zeros, widened and rounded back, gives the same
     // values at the cost of two more passes; only a zero's sign can differ, which no update
@@ -93,7 +106,32 @@ void GradientReducer::add_widened(const void* from, size_t count, void* grads, s
   }
 }
 
+// grads (own range) = round(acc / M), the one division and rounding of the canonical order;
+// the divisor and operation are the averaging reduction's (comm/reduce.h), so A = 1 and
+// A > 1 agree.
+void GradientReducer::finish_accumulators() {
+  const float m = static_cast<float>(grad_accum_) * static_cast<float>(comm_.size());
+  std::vector<UnitState>& units = state_.units();
+  works_.clear();
+  for (size_t i = 0; i < units.size(); ++i) {
+    UnitState& u = units[i];
+    const std::span<float> acc = accumulators_[i].span();
+    for (float& x : acc) x /= m;
+    narrow(acc, u.grads.data(), state_.dtype(), u.grads_own);
+    if (plan_.gather_grads) {
+      works_.push_back(comm_.all_gather_async(u.grads.range(u.grads_own, u.own.count()),
+                                              u.grads.buffer(), u.part));
+    }
+  }
+  for (auto& w : works_) w.wait();
+  works_.clear();
+}
+
 void GradientReducer::finish_step() {
+  if (plan_.fp32_accumulator) {
+    finish_accumulators();
+    return;
+  }
   if (plan_.boundary_reduce == StagePlan::Reduce::kNone) return;
   works_.clear();
   std::vector<UnitState>& units = state_.units();

@@ -9,6 +9,13 @@
 // grads, or a full-size sum when grads holds only the own range) and reduced once at the
 // step's boundary. Either way, after finish_step() the grads buffer holds the averaged
 // gradient of every range the rank's optimizer reads, summed in a fixed order.
+//
+// The canonical order (docs/determinism.md) with A > 1 micro-batches per step: each
+// micro-batch's gradient (seeded with the loss scale alone, not divided by A) is rounded
+// once into a bucket and reduce-scattered into the owner's fp32 accumulator, which adds the
+// N ranks' contributions in rank order: micro-batch i = k * N + r is added i-th, for every
+// N. The boundary divides by M = A * N once and rounds once into the grads buffer; stage 0
+// then all-gathers it. With A = 1 that is what the averaging reduction computes already.
 #pragma once
 
 #include <cstddef>
@@ -32,7 +39,8 @@ class GradientReducer {
 
   // Zeroes what the step's gradients accumulate into.
   void begin_step();
-  // Unit `ui`'s gradient of one micro-batch (fp32, already scaled by 1/A and the loss scale).
+  // Unit `ui`'s gradient of one micro-batch (fp32, scaled by the loss scale and, outside
+  // the canonical order, by 1/A).
   void add(size_t ui, std::span<const float> dw);
   // The micro-batch's backward is done: every reduction it started has landed.
   void finish_micro_batch() { finish_pending(true); }
@@ -48,6 +56,7 @@ class GradientReducer {
   void finish_pending(bool all);
   void add_widened(const void* from, size_t count, void* grads, size_t first);
   void copy_reduced(const void* from, size_t count, void* grads, size_t first);
+  void finish_accumulators();
 
   ShardedState& state_;
   const StagePlan& plan_;
@@ -57,6 +66,7 @@ class GradientReducer {
   std::vector<Flat> accum_full_;  // per unit, when the plan accumulates full-size sums
   std::vector<Flat> buckets_;
   std::vector<Flat> reduced_;
+  std::vector<Buffer<float>> accumulators_;  // per unit, the own range (canonical, A > 1)
   std::deque<Pending> pending_;
   int next_bucket_ = 0;
   std::vector<Work> works_;  // the boundary's collectives in flight; capacity kept

@@ -42,7 +42,7 @@ OwnGradients OptimizerStep::inspect() const {
         !all_finite(u.grads.data(), state_.dtype(), u.grads_own, u.own.count())) {
       g.first_bad_unit = i + 1;
     }
-    g.sum_squares += sum_squares(u.grads.data(), state_.dtype(), u.grads_own, u.own.count());
+    g.sum_squares.add(u.grads.data(), state_.dtype(), u.grads_own, u.own.count());
   }
   return g;
 }

@@ -13,6 +13,7 @@
 #include "comm/communicator.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "optim/square_sum.h"
 #include "train/config.h"
 #include "train/sharded_state.h"
 
@@ -20,7 +21,8 @@ namespace zerodp {
 
 // This rank's own gradient ranges, the same data at every stage.
 struct OwnGradients {
-  double sum_squares = 0;
+  // Exact, so the ranks' partials merge to the same norm whatever the partition.
+  SquareSum sum_squares;
   size_t first_bad_unit = 0;  // index + 1 of the first unit holding a non-finite value, 0 if none
 };
 

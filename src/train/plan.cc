@@ -94,9 +94,9 @@ PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precis
 
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
-                              int rank) {
+                              bool canonical, int rank) {
   check_rank(world, rank);
-  const StagePlan sp = StagePlan::make(stage, policy);
+  const StagePlan sp = StagePlan::make(stage, policy, canonical && grad_accum > 1);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
   const uint64_t a = static_cast<uint64_t>(grad_accum);
   // Reductions per step: one per micro-batch, or one at the boundary.
@@ -105,7 +105,9 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                                        ? sp.micro_batch_reduce
                                        : sp.boundary_reduce;
   // Gathers per step: before every forward and backward, or once after the update.
-  const uint64_t gathers = sp.gather_before_compute ? 2 * a : sp.gather_after_update ? 1 : 0;
+  const uint64_t gathers = sp.gather_before_compute              ? 2 * a
+                           : sp.gather_after_update || sp.gather_grads ? 1
+                                                                       : 0;
   const uint64_t peers = static_cast<uint64_t>(world - 1);
   CommBytes b;
   for (uint64_t numel : unit_numel) {
@@ -128,7 +130,7 @@ GemmCompute compute_for(Precision p) {
 
 TransientLayout transient_layout(const Model& model, const TransientPlan& p, int rank) {
   check_rank(p.world, rank);
-  const StagePlan sp = StagePlan::make(p.stage, p.policy);
+  const StagePlan sp = StagePlan::make(p.stage, p.policy, p.canonical && p.grad_accum > 1);
   const BatchShape shape{.B = p.micro_batch, .T = p.seq_len};
   const GemmCompute compute = compute_for(p.precision);
   TransientLayout l;
@@ -142,6 +144,7 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
     l.stream.push_back(u->input_count(shape));
     if (!p.checkpoint_activations) l.saved.push_back(u->saved_count(shape, compute));
     if (sp.accumulate_full) l.accum_full.push_back(u->numel());
+    if (sp.fp32_accumulator) l.accumulator.push_back(own_count(u->numel(), p.world, rank));
   }
   // Checkpointing keeps only each unit's input; one buffer serves every recompute.
   if (p.checkpoint_activations) l.saved.push_back(max_saved);
@@ -162,7 +165,10 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
     // Two buckets: one reduces while the next unit's backward fills the other.
     l.buckets = 2;
     l.bucket = max_numel;
-    if (sp.micro_batch_reduce == StagePlan::Reduce::kReduceScatter) l.reduced = max_own;
+    // The accumulating reduce-scatter writes straight into the accumulator.
+    if (sp.micro_batch_reduce == StagePlan::Reduce::kReduceScatter && !sp.fp32_accumulator) {
+      l.reduced = max_own;
+    }
   }
   return l;
 }
@@ -179,6 +185,7 @@ TransientBytes transient_bytes(const TransientLayout& l) {
   b.gathered = static_cast<uint64_t>(l.gathered_slots) * l.gathered * l.dtype_bytes;
   b.grad_buckets =
       (sum(l.accum_full) + static_cast<uint64_t>(l.buckets) * l.bucket) * l.dtype_bytes;
+  b.grad_accum = 4 * sum(l.accumulator);
   b.comm_buffers = static_cast<uint64_t>(l.buckets) * l.reduced * l.dtype_bytes;
   return b;
 }

@@ -52,6 +52,8 @@ PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precis
 // definitions), for A micro-batches under the accumulation policy: stage 0 all-reduces
 // each unit A_red times; stages 1-2 reduce-scatter A_red times and all-gather once; stage 3
 // reduce-scatters A_red times and all-gathers 2A times (A_red = A for kReduce, 1 for kLocal).
+// `canonical` (the canonical order, with A > 1): stage 0 reduce-scatters A times and
+// all-gathers the averaged gradient once instead.
 struct CommBytes {
   uint64_t all_reduce = 0;
   uint64_t reduce_scatter = 0;
@@ -60,7 +62,7 @@ struct CommBytes {
 };
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
-                              int rank);
+                              bool canonical, int rank);
 
 // What the products of a --precision multiply in: bf16 runs multiply in bf16 (operands
 // rounded, fp32 sums), as PyTorch's autocast does; fp16 runs keep fp32 products, since
@@ -77,6 +79,8 @@ struct TransientPlan {
   int stage = 0;
   Precision precision = Precision::kBF16;
   AccumulatePolicy policy = AccumulatePolicy::kLocal;
+  int grad_accum = 1;
+  bool canonical = false;  // the canonical order (canonical_order())
   int prefetch = 1;
   bool checkpoint_activations = false;
   int micro_batch = 1;
@@ -111,6 +115,8 @@ struct TransientLayout {
   int buckets = 0;
   uint64_t bucket = 0;
   uint64_t reduced = 0;  // per bucket; 0 when buckets are all-reduced in place
+  // fp32: the canonical order's accumulator of each unit's own range (A > 1 only).
+  std::vector<uint64_t> accumulator;
 };
 TransientLayout transient_layout(const Model& model, const TransientPlan& plan, int rank);
 
@@ -120,9 +126,10 @@ struct TransientBytes {
   uint64_t workspace = 0;
   uint64_t gathered = 0;
   uint64_t grad_buckets = 0;
+  uint64_t grad_accum = 0;
   uint64_t comm_buffers = 0;
   uint64_t total() const {
-    return activations + workspace + gathered + grad_buckets + comm_buffers;
+    return activations + workspace + gathered + grad_buckets + grad_accum + comm_buffers;
   }
 };
 TransientBytes transient_bytes(const TransientLayout& layout);

@@ -34,6 +34,8 @@ TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int
       .stage = cfg.stage,
       .precision = cfg.precision,
       .policy = cfg.accumulate,
+      .grad_accum = cfg.grad_accum,
+      .canonical = canonical_order(cfg),
       .prefetch = cfg.prefetch,
       .checkpoint_activations = cfg.checkpoint_activations,
       .micro_batch = cfg.micro_batch,
@@ -94,7 +96,9 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                               .micro_batch = cfg.micro_batch,
                               .grad_accum = cfg.grad_accum,
                               .seed = cfg.seed}),
-      state_(model_, StagePlan::make(cfg.stage, cfg.accumulate), cfg.precision,
+      state_(model_,
+             StagePlan::make(cfg.stage, cfg.accumulate, canonical_order(cfg) && cfg.grad_accum > 1),
+             cfg.precision,
              products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed, comm.size(), comm.rank(),
              ledger_),
       buf_(ledger_, layout_, state_.dtype()),
@@ -221,13 +225,17 @@ StepRecord RankTrainer::step(int64_t step_index) {
   StepRecord rec;
   rec.step = step_index;
   const int A = cfg_.grad_accum;
+  const int N = comm_.size();
   const double scale = optimizer_.loss_scale();
-  mb_.loss_grad_scale = static_cast<float>(scale / A);
+  // The canonical order seeds every micro-batch alike and divides by the step's
+  // micro-batches once, at the boundary (grad_reducer.h).
+  mb_.loss_grad_scale =
+      static_cast<float>(state_.plan().fp32_accumulator ? scale : scale / A);
   reducer_.begin_step();
-  double loss_sum = 0;
+  losses_.resize(static_cast<size_t>(A));
   for (int a = 0; a < A; ++a) {
     load_micro_batch(a);
-    loss_sum += forward();
+    losses_[static_cast<size_t>(a)] = forward();
     backward();
   }
   {
@@ -237,35 +245,46 @@ StepRecord RankTrainer::step(int64_t step_index) {
   faults_.gradients_reduced(step_index, state_);
 
   // The control exchange: each rank's sum of squares, the first unit (index + 1) whose owned
-  // gradient is not finite (so a stop can name it), its loss, and its stop request. The
-  // request rides here because ranks see a signal at different moments, and this makes all
-  // of them stop after the same step.
+  // gradient is not finite (so a stop can name it), its stop request and its micro-batches'
+  // losses. The request rides here because ranks see a signal at different moments, and
+  // this makes all of them stop after the same step.
   const OwnGradients own = optimizer_.inspect();
-  constexpr size_t kFields = 4;
-  const double partial[kFields] = {own.sum_squares, static_cast<double>(own.first_bad_unit),
-                                   loss_sum / A, static_cast<double>(stop_requested())};
+  constexpr size_t kSquares = SquareSum::kExchangeDoubles;
+  constexpr size_t kHead = kSquares + 2;
+  const size_t fields = kHead + static_cast<size_t>(A);
+  control_ = own.sum_squares.to_doubles();
+  control_.push_back(static_cast<double>(own.first_bad_unit));
+  control_.push_back(static_cast<double>(stop_requested()));
+  control_.insert(control_.end(), losses_.begin(), losses_.end());
   std::vector<double> all;
   {
     const Tracer::Span span(tracer_, "verdict", "wait");
-    all = comm_.gather_control(partial);
+    all = comm_.gather_control(control_);
   }
-  // Summed in rank order, as sum_control() would.
-  double totals[3] = {0, 0, 0};
-  for (int r = 0; r < comm_.size(); ++r) {
-    const double* mine = &all[static_cast<size_t>(r) * kFields];
-    for (size_t k = 0; k < 3; ++k) totals[k] += mine[k];
-    if (rec.bad_rank < 0 && mine[1] > 0) {
+  SquareSum squares;
+  bool bad = false;
+  for (int r = 0; r < N; ++r) {
+    const double* mine = &all[static_cast<size_t>(r) * fields];
+    squares.merge(SquareSum::from_doubles(std::span(mine, kSquares)));
+    const double first_bad = mine[kSquares];
+    if (rec.bad_rank < 0 && first_bad > 0) {
+      bad = true;
       rec.bad_rank = r;
-      rec.bad_unit = model_[static_cast<size_t>(mine[1]) - 1]->name();
+      rec.bad_unit = model_[static_cast<size_t>(first_bad) - 1]->name();
     }
-    const int signal = static_cast<int>(mine[3]);
+    const int signal = static_cast<int>(mine[kSquares + 1]);
     if (signal > 0 && (rec.stop_signal == 0 || signal < rec.stop_signal)) rec.stop_signal = signal;
   }
-  rec.loss = totals[2] / comm_.size();
-  const bool overflow = totals[1] > 0 || !std::isfinite(totals[2]);
+  // The step's loss: the M micro-batch losses in global order i = k * N + r, whatever N is.
+  double loss_sum = 0;
+  for (int k = 0; k < A; ++k) {
+    for (int r = 0; r < N; ++r) loss_sum += all[static_cast<size_t>(r) * fields + kHead + k];
+  }
+  rec.loss = loss_sum / (static_cast<double>(A) * N);
+  const bool overflow = bad || !std::isfinite(rec.loss);
   std::optional<Tracer::Span> span;
   if (!overflow) span.emplace(tracer_, "optimizer");
-  const UpdateOutcome out = optimizer_.apply(step_index, totals[0], overflow);
+  const UpdateOutcome out = optimizer_.apply(step_index, squares.value(), overflow);
   span.reset();
   rec.lr = out.lr;
   rec.grad_norm = out.grad_norm;
@@ -274,26 +293,38 @@ StepRecord RankTrainer::step(int64_t step_index) {
   rec.skipped = out.skipped;
   sampler_.advance();
   rec.tokens = static_cast<uint64_t>(shape_.B) * static_cast<uint64_t>(shape_.T) *
-               static_cast<uint64_t>(A) * static_cast<uint64_t>(comm_.size());
+               static_cast<uint64_t>(A) * static_cast<uint64_t>(N);
   rec.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return rec;
 }
 
+// Validation batch k (samples [k b, (k + 1) b)) is rank k mod N's; the losses are folded in
+// k's order, so the result does not depend on N.
 double RankTrainer::evaluate() {
   const uint64_t size = dataset_size(data_.validation);
   const uint64_t b = static_cast<uint64_t>(shape_.B);
   const uint64_t n = static_cast<uint64_t>(comm_.size());
-  const uint64_t batches =
-      std::min<uint64_t>(static_cast<uint64_t>(cfg_.eval_batches), size / (b * n));
-  double sum = 0;
+  const uint64_t rank = static_cast<uint64_t>(comm_.rank());
+  const uint64_t batches = std::min<uint64_t>(static_cast<uint64_t>(cfg_.eval_batches), size / b);
+  const uint64_t per_rank = (batches + n - 1) / n;
+  std::vector<double> mine(per_rank, 0.0);
   std::vector<uint64_t> idx(b);
-  for (uint64_t k = 0; k < batches; ++k) {
-    for (uint64_t j = 0; j < b; ++j) idx[j] = (k * n + static_cast<uint64_t>(comm_.rank())) * b + j;
+  // Stage 3's forward gathers collectively, so a rank whose share is one batch short
+  // runs its last batch again (and discards it) to keep in step.
+  const bool in_step = state_.plan().gather_before_compute;
+  for (uint64_t j = 0; j < per_rank; ++j) {
+    const uint64_t k = j * n + rank;
+    if (k >= batches && !in_step) break;
+    for (uint64_t e = 0; e < b; ++e) idx[e] = std::min(k, batches - 1) * b + e;
     fill_micro_batch(data_.validation, idx);
-    sum += forward();
+    const double loss = forward();
+    if (k < batches) mine[j] = loss;
   }
-  const double total = comm_.sum_control(sum);
-  return batches == 0 ? std::nan("") : total / static_cast<double>(batches * n);
+  if (batches == 0) return std::nan("");
+  const std::vector<double> all = comm_.gather_control(mine);
+  double sum = 0;
+  for (uint64_t k = 0; k < batches; ++k) sum += all[(k % n) * per_rank + k / n];
+  return sum / static_cast<double>(batches);
 }
 
 std::string RankTrainer::weights_sha256(std::vector<float>* keep) {

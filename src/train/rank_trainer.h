@@ -56,8 +56,9 @@ class RankTrainer {
               const ModelFactory& make_model);
 
   StepRecord step(int64_t step_index);
-  // Mean loss over up to cfg.eval_batches validation micro-batches per rank, the ranks'
-  // slices disjoint; forward only. NaN when the validation set is too small for one.
+  // Mean loss over the first cfg.eval_batches validation micro-batches (fewer when the set
+  // is smaller), shared among the ranks and folded in order; forward only. NaN when the
+  // validation set is too small for one.
   double evaluate();
   // sha256 of the consolidated fp32 master weights, units and tensors in canonical order;
   // with `keep`, the weights too (collective: every rank calls it).
@@ -128,7 +129,9 @@ class RankTrainer {
   FaultPlan faults_;
   Sha256 samples_hash_;
   MicroBatch mb_;
-  Tracer* tracer_ = nullptr;  // --trace: null when off
+  std::vector<double> losses_;   // the step's micro-batch losses; capacity kept
+  std::vector<double> control_;  // the step's control exchange; capacity kept
+  Tracer* tracer_ = nullptr;     // --trace: null when off
 };
 
 }  // namespace zerodp

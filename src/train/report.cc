@@ -137,7 +137,7 @@ nlohmann::json report_json(const TrainResult& r) {
                            {name(MemCategory::kAdamV), s.adam_v},
                            {key::kTotal, s.total()}});
     const CommBytes cb = comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision,
-                                             c.grad_accum, c.accumulate, rank);
+                                             c.grad_accum, c.accumulate, canonical_order(c), rank);
     plan_comm.push_back({{name(CommKind::kAllReduce), cb.all_reduce},
                          {name(CommKind::kReduceScatter), cb.reduce_scatter},
                          {name(CommKind::kAllGather), cb.all_gather},
@@ -157,8 +157,8 @@ std::string summary_table(const TrainResult& r) {
   for (const auto& rank : r.ranks) {
     const auto& p = rank.peak;
     auto cat = [&](MemCategory c) { return static_cast<double>(p[static_cast<int>(c)]); };
-    const double other = cat(MemCategory::kGradBuckets) + cat(MemCategory::kCommBuffers) +
-                         cat(MemCategory::kWorkspace);
+    const double other = cat(MemCategory::kGradBuckets) + cat(MemCategory::kGradAccum) +
+                         cat(MemCategory::kCommBuffers) + cat(MemCategory::kWorkspace);
     uint64_t comm = 0;
     for (int k = 0; k < kNumCommKinds; ++k) comm += rank.comm_train[k].bytes;
     out += fmt::format(
@@ -191,7 +191,8 @@ std::string formula_table(const TrainResult& r) {
       if (static_cast<CommKind>(k) != CommKind::kControl) comm += rank.comm_train[k].bytes;
     }
     const CommBytes cplan = comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision,
-                                                c.grad_accum, c.accumulate, rank.rank);
+                                                c.grad_accum, c.accumulate, canonical_order(c),
+                                                rank.rank);
     const double per_step = static_cast<double>(comm) / steps;
     out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", rank.rank,
                        format_bytes(static_cast<double>(states)),

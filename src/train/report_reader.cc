@@ -152,6 +152,8 @@ ReportRank read_rank(const Fields& F, const json& rk, const std::string& where) 
     r.model_state[k] = F.count(states, states_at, category(k).c_str());
   }
   for (int k = kLastStateCategory + 1; k < kNumMemCategories; ++k) {
+    // Reports written before the canonical order's accumulator existed have no grad_accum.
+    if (k == static_cast<int>(MemCategory::kGradAccum) && !peaks.contains(category(k))) continue;
     r.peak[k] = F.count(peaks, peaks_at, category(k).c_str());
   }
   r.peak_total = F.count(peaks, peaks_at, key::kTotal);

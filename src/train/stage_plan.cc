@@ -3,7 +3,7 @@
 
 namespace zerodp {
 
-StagePlan StagePlan::make(int stage, AccumulatePolicy policy) {
+StagePlan StagePlan::make(int stage, AccumulatePolicy policy, bool fp32_accumulator) {
   const Sharding sh = Sharding::for_stage(stage);
   const auto extent = [](bool sharded) { return sharded ? Extent::kOwn : Extent::kFull; };
   StagePlan p;
@@ -20,6 +20,11 @@ StagePlan StagePlan::make(int stage, AccumulatePolicy policy) {
   } else {
     p.boundary_reduce = reduce;
     p.accumulate_full = sh.gradients;
+  }
+  if (fp32_accumulator && policy == AccumulatePolicy::kReduce) {
+    p.fp32_accumulator = true;
+    p.micro_batch_reduce = Reduce::kReduceScatter;
+    p.gather_grads = !sh.optimizer_states;
   }
   p.gather_before_compute = sh.parameters;
   p.gather_after_update = sh.optimizer_states && !sh.parameters;

@@ -13,6 +13,11 @@
 // The micro-batch column applies under --accumulate reduce (every micro-batch reduced as
 // its backward produces it), the boundary column under --accumulate local (micro-batches
 // summed on the rank, one reduction per step).
+//
+// The canonical order with more than one micro-batch per step (docs/determinism.md) reduces
+// every micro-batch at every stage by a reduce-scatter that adds into the owner's fp32
+// accumulator; the owner divides once at the boundary, and stage 0, whose ranks all update
+// the whole model, then all-gathers the averaged gradient.
 #pragma once
 
 #include <cstddef>
@@ -50,8 +55,15 @@ struct StagePlan {
   // Stages 1-2: after the update, each rank's own range is all-gathered into the full
   // parameters every rank keeps.
   bool gather_after_update = false;
+  // The canonical order over several micro-batches: reductions add into an fp32 accumulator
+  // of the own range, and the boundary divides it into the grads buffer.
+  bool fp32_accumulator = false;
+  // Stage 0 under fp32_accumulator: the boundary all-gathers the averaged gradient.
+  bool gather_grads = false;
 
-  static StagePlan make(int stage, AccumulatePolicy policy);
+  // `fp32_accumulator`: the canonical order with more than one micro-batch per step (only
+  // under kReduce).
+  static StagePlan make(int stage, AccumulatePolicy policy, bool fp32_accumulator = false);
 
   // The range of the unit a buffer of `extent` holds.
   static Range held(Extent extent, Range own, size_t numel) {

@@ -50,9 +50,9 @@ TEST(Plan, StageOneSavesAboutTwoPointNineTimesAtEightRanks) {
 TEST(Plan, StageThreeMovesOneAndAHalfTimesTheBytesOfDataParallel) {
   const uint64_t units[] = {4'000'000, 1'000'000};
   const auto dp =
-      comm_bytes_per_step(units, 8, 0, Precision::kBF16, 1, AccumulatePolicy::kLocal, 0);
+      comm_bytes_per_step(units, 8, 0, Precision::kBF16, 1, AccumulatePolicy::kLocal, false, 0);
   const auto z3 =
-      comm_bytes_per_step(units, 8, 3, Precision::kBF16, 1, AccumulatePolicy::kReduce, 0);
+      comm_bytes_per_step(units, 8, 3, Precision::kBF16, 1, AccumulatePolicy::kReduce, true, 0);
   EXPECT_DOUBLE_EQ(static_cast<double>(z3.total()) / static_cast<double>(dp.total()), 1.5);
 }
 

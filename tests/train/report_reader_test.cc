@@ -163,7 +163,7 @@ void expect_same(const TrainResult& want, const RunReport& got) {
     EXPECT_EQ(p.model_state_total, s.total());
     EXPECT_EQ(p.comm_bytes_per_step,
               comm_bytes_per_step(want.unit_numel, want.world_size, c.stage, c.precision,
-                                  c.grad_accum, c.accumulate, rank)
+                                  c.grad_accum, c.accumulate, canonical_order(c), rank)
                   .total());
   }
 }

@@ -116,15 +116,23 @@ TEST(StageAccounting, ModelStateBytesEqualTheZeroFormulaPerRank) {
   }
 }
 
-// Comm bytes of the training steps, summed over ranks, equal the brief's formulas.
+// Comm bytes of the training steps, summed over ranks, equal the formulas of docs/zero.md
+// and docs/determinism.md.
 TEST(StageAccounting, CommBytesPerStepEqualTheFormulas) {
+  struct Mode {
+    AccumulatePolicy policy;
+    bool canonical;
+  };
   for (int n : {2, 3}) {
     for (int a : {1, 2}) {
-      for (AccumulatePolicy policy : {AccumulatePolicy::kLocal, AccumulatePolicy::kReduce}) {
+      for (Mode mode : {Mode{AccumulatePolicy::kLocal, false}, Mode{AccumulatePolicy::kReduce, false},
+                        Mode{AccumulatePolicy::kReduce, true}}) {
+        const AccumulatePolicy policy = mode.policy;
         for (int stage = 0; stage <= 3; ++stage) {
           TrainConfig c = tiny_config(n, stage);
           c.grad_accum = a;
           c.accumulate = policy;
+          c.invariant = mode.canonical;
           const TrainResult r = run(c);
           const uint64_t steps = r.steps.size();
           const uint64_t w = 2;
@@ -140,10 +148,15 @@ TEST(StageAccounting, CommBytesPerStepEqualTheFormulas) {
             }
           }
           auto get = [&](CommKind k) { return sum[static_cast<int>(k)]; };
-          const std::string where =
-              fmt::format("N={} A={} {} stage {}", n, a, accumulate_name(policy), stage);
+          const std::string where = fmt::format("N={} A={} {}{} stage {}", n, a,
+                                                accumulate_name(policy),
+                                                mode.canonical ? " canonical" : "", stage);
           uint64_t ar = 0, rs = 0, ag = 0;
-          if (stage == 0) {
+          if (stage == 0 && mode.canonical && a > 1) {
+            // A reduce-scatters into the owners' accumulators, one gather of the average.
+            rs = static_cast<uint64_t>(a) * ring;
+            ag = ring;
+          } else if (stage == 0) {
             ar = a_red * 2 * ring;
           } else if (stage <= 2) {
             rs = a_red * ring;
@@ -158,8 +171,8 @@ TEST(StageAccounting, CommBytesPerStepEqualTheFormulas) {
           EXPECT_EQ(get(CommKind::kBroadcast).bytes, 0u) << where;
           // The planner's per-rank prediction, rank by rank.
           for (const auto& rank : r.ranks) {
-            const CommBytes plan =
-                comm_bytes_per_step(r.unit_numel, n, stage, Precision::kBF16, a, policy, rank.rank);
+            const CommBytes plan = comm_bytes_per_step(r.unit_numel, n, stage, Precision::kBF16, a,
+                                                       policy, mode.canonical, rank.rank);
             EXPECT_EQ(rank.comm_train[static_cast<int>(CommKind::kAllReduce)].bytes,
                       plan.all_reduce * steps)
                 << where;
