@@ -2,8 +2,9 @@
 //
 // Categories follow the ZeRO accounting: the persistent model states (params, grads, master,
 // adam_m, adam_v) and the transient buffers (gathered stage-3 unit params, grad_buckets,
-// grad_accum (the canonical order's fp32 accumulator), activations, comm_buffers, workspace). `peak_total` is the peak of the sum over
-// categories, not the sum of their peaks. An optional budget (the accelerator's capacity,
+// grad_accum (the canonical order's fp32 accumulator), activations, comm_buffers, workspace).
+// `peak_total` is the peak of the sum over categories, not the sum of their peaks. An optional
+// budget (the accelerator's capacity,
 // `--memory-per-rank`) makes a reservation past it fail with OutOfMemory naming the rank,
 // the category, the request, the budget and what is held, plus the caller's advice on
 // which stage or rank count would fit.

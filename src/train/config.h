@@ -94,7 +94,7 @@ struct TrainConfig {
   bool decay_all = false;
   // Evaluation and output.
   int64_t eval_every = 0;  // 0 = only at the end
-  int eval_batches = 16;  // in all, shared among the ranks
+  int eval_batches = 16;   // in all, shared among the ranks
   std::optional<uint64_t> memory_per_rank;
   std::string metrics_path;
   std::string report_path;

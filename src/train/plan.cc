@@ -105,7 +105,7 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                                        ? sp.micro_batch_reduce
                                        : sp.boundary_reduce;
   // Gathers per step: before every forward and backward, or once after the update.
-  const uint64_t gathers = sp.gather_before_compute              ? 2 * a
+  const uint64_t gathers = sp.gather_before_compute                    ? 2 * a
                            : sp.gather_after_update || sp.gather_grads ? 1
                                                                        : 0;
   const uint64_t peers = static_cast<uint64_t>(world - 1);

@@ -98,9 +98,8 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                               .seed = cfg.seed}),
       state_(model_,
              StagePlan::make(cfg.stage, cfg.accumulate, canonical_order(cfg) && cfg.grad_accum > 1),
-             cfg.precision,
-             products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed, comm.size(), comm.rank(),
-             ledger_),
+             cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed, comm.size(),
+             comm.rank(), ledger_),
       buf_(ledger_, layout_, state_.dtype()),
       reducer_(state_, layout_, cfg.grad_accum, comm, ledger_, chunk_),
       optimizer_(cfg, state_, comm, chunk_),
@@ -229,8 +228,7 @@ StepRecord RankTrainer::step(int64_t step_index) {
   const double scale = optimizer_.loss_scale();
   // The canonical order seeds every micro-batch alike and divides by the step's
   // micro-batches once, at the boundary (grad_reducer.h).
-  mb_.loss_grad_scale =
-      static_cast<float>(state_.plan().fp32_accumulator ? scale : scale / A);
+  mb_.loss_grad_scale = static_cast<float>(state_.plan().fp32_accumulator ? scale : scale / A);
   reducer_.begin_step();
   losses_.resize(static_cast<size_t>(A));
   for (int a = 0; a < A; ++a) {

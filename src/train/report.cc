@@ -190,9 +190,9 @@ std::string formula_table(const TrainResult& r) {
     for (int k = 0; k < kNumCommKinds; ++k) {
       if (static_cast<CommKind>(k) != CommKind::kControl) comm += rank.comm_train[k].bytes;
     }
-    const CommBytes cplan = comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision,
-                                                c.grad_accum, c.accumulate, canonical_order(c),
-                                                rank.rank);
+    const CommBytes cplan =
+        comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
+                            c.accumulate, canonical_order(c), rank.rank);
     const double per_step = static_cast<double>(comm) / steps;
     out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", rank.rank,
                        format_bytes(static_cast<double>(states)),

@@ -63,8 +63,8 @@ TEST(PlanScale, PerRankStatesAndCommMatchThePartitionForEveryRank) {
           sum.adam_v += got.adam_v;
           // Comm: all-gather brings every range but mine, reduce-scatter my range from
           // each peer.
-          const CommBytes c =
-              comm_bytes_per_step(kUnits, world, stage, p, 2, AccumulatePolicy::kReduce, false, rank);
+          const CommBytes c = comm_bytes_per_step(kUnits, world, stage, p, 2,
+                                                  AccumulatePolicy::kReduce, false, rank);
           const uint64_t w = p == Precision::kFP32 ? 4 : 2;
           uint64_t rs = 0, ag = 0;
           for (uint64_t numel : kUnits) {
@@ -114,8 +114,8 @@ TEST(PlanScale, LargestWorldNeedsNoPerRankTable) {
   EXPECT_EQ(model_state_bytes(units, world, 3, Precision::kBF16, world - 1).total(), 3u * 16);
   EXPECT_EQ(all_ranks_model_state_bytes(units, world, 3, Precision::kBF16).total(),
             7'500'000'000u * 16);
-  EXPECT_EQ(comm_bytes_per_step(units, world, 3, Precision::kBF16, 1, AccumulatePolicy::kReduce, false,
-                                world - 1)
+  EXPECT_EQ(comm_bytes_per_step(units, world, 3, Precision::kBF16, 1, AccumulatePolicy::kReduce,
+                                false, world - 1)
                 .all_gather,
             2 * (7'500'000'000u - 3) * 2);
   const Model model = make_gpt({.layers = 1, .heads = 1, .embd = 8, .seq_len = 4, .vocab = 5});

@@ -125,8 +125,9 @@ TEST(StageAccounting, CommBytesPerStepEqualTheFormulas) {
   };
   for (int n : {2, 3}) {
     for (int a : {1, 2}) {
-      for (Mode mode : {Mode{AccumulatePolicy::kLocal, false}, Mode{AccumulatePolicy::kReduce, false},
-                        Mode{AccumulatePolicy::kReduce, true}}) {
+      for (Mode mode :
+           {Mode{AccumulatePolicy::kLocal, false}, Mode{AccumulatePolicy::kReduce, false},
+            Mode{AccumulatePolicy::kReduce, true}}) {
         const AccumulatePolicy policy = mode.policy;
         for (int stage = 0; stage <= 3; ++stage) {
           TrainConfig c = tiny_config(n, stage);
@@ -148,9 +149,9 @@ TEST(StageAccounting, CommBytesPerStepEqualTheFormulas) {
             }
           }
           auto get = [&](CommKind k) { return sum[static_cast<int>(k)]; };
-          const std::string where = fmt::format("N={} A={} {}{} stage {}", n, a,
-                                                accumulate_name(policy),
-                                                mode.canonical ? " canonical" : "", stage);
+          const std::string where =
+              fmt::format("N={} A={} {}{} stage {}", n, a, accumulate_name(policy),
+                          mode.canonical ? " canonical" : "", stage);
           uint64_t ar = 0, rs = 0, ag = 0;
           if (stage == 0 && mode.canonical && a > 1) {
             // A reduce-scatters into the owners' accumulators, one gather of the average.
