@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include "checkpoint/store.h"
 #include "comm/communicator.h"
@@ -105,6 +106,38 @@ std::filesystem::path resume_point(const TrainConfig& cfg) {
                     cfg.checkpoint_dir, cfg.checkpoint_dir));
   }
   return *latest;
+}
+
+// A continuation keeps the checkpoint's samples per optimizer step, K = N b A, unless
+// --grad-accum was given: A' = K / (N' b') on N' ranks of micro-batch b'. A rank count that
+// cannot split K evenly is refused, naming the counts that can. `default_policy`: the
+// accumulation policy is the default, chosen again for A'.
+void keep_global_batch(TrainConfig& cfg, const std::filesystem::path& from,
+                       const checkpoint::Meta& m, int world, bool default_policy) {
+  const uint64_t k = m.samples_per_step;
+  const uint64_t b = static_cast<uint64_t>(cfg.micro_batch);
+  const uint64_t n = static_cast<uint64_t>(world);
+  if (k == 0 || k % (n * b) != 0) {
+    std::vector<uint64_t> fits;
+    for (uint64_t r = 1; r <= k / b; ++r) {
+      if (k % (r * b) == 0) fits.push_back(r);
+    }
+    const auto saved = [&](const char* key) {
+      return m.config.count(key) ? m.config.at(key) : std::string("?");
+    };
+    throw InvalidArgument(fmt::format(
+        "--resume {}: the checkpoint's steps take {} samples ({} ranks x --micro-batch {} x "
+        "--grad-accum {}), which {} ranks of --micro-batch {} cannot split evenly; {}, or pass "
+        "--grad-accum to change the batch",
+        from.string(), k, m.world_size, saved("micro_batch"), saved("grad_accum"), world, b,
+        fits.empty() ? std::string("no rank count can at this micro-batch")
+                     : fmt::format("use --ranks {}", fmt::join(fits, ", "))));
+  }
+  cfg.grad_accum = static_cast<int>(k / (n * b));
+  if (default_policy) {
+    cfg.accumulate = cfg.invariant.value_or(false) ? AccumulatePolicy::kReduce
+                                                   : default_accumulate(cfg.stage, cfg.grad_accum);
+  }
 }
 
 DataSplits open_training_data(const TrainConfig& cfg) {
@@ -345,6 +378,8 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
 TrainResult train(const TrainConfig& config, int& argc, char**& argv, const StepCallback& on_step,
                   const ModelFactory& make_model) {
   TrainConfig cfg = config;
+  const bool derive_batch = cfg.grad_accum == 0;
+  const bool default_policy = cfg.accumulate_default;
   resolve_config(cfg);
   check_launch_environment(cfg.launch);
   check_outputs(cfg);
@@ -354,6 +389,10 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   if (local) dir_lock.emplace(cfg.checkpoint_dir);
   const DataSplits data = open_training_data(cfg);
   const std::filesystem::path resume_from = resume_point(cfg);
+  std::optional<checkpoint::Meta> saved;
+  if (derive_batch && !resume_from.empty()) saved = checkpoint::read_meta(resume_from);
+  // Under MPI the world is known once launched; each process holds its own cfg.
+  if (saved && local) keep_global_batch(cfg, resume_from, *saved, cfg.launch.ranks, default_policy);
   // Local ranks are threads of this process: every one of them is checked here, once,
   // before any thread starts (MPI processes each check themselves below), and before the
   // calibration times products of the micro-batch's shapes.
@@ -383,7 +422,10 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   // MPI ranks each write their own (the path with ".rankR" before the extension).
   std::vector<std::unique_ptr<Tracer>> tracers(local ? static_cast<size_t>(cfg.launch.ranks) : 1);
   launch(cfg.launch, argc, argv, [&](Communicator& comm) {
-    if (!local) preflight(cfg, data, make_model, comm.size(), comm.rank());
+    if (!local) {
+      if (saved) keep_global_batch(cfg, resume_from, *saved, comm.size(), default_policy);
+      preflight(cfg, data, make_model, comm.size(), comm.rank());
+    }
     std::optional<CheckpointDirLock> rank0_lock;
     if (!local && comm.rank() == 0) rank0_lock.emplace(cfg.checkpoint_dir);
     Tracer* tracer = nullptr;
