@@ -196,8 +196,9 @@ void resolve_config(TrainConfig& c) {
   if (c.max_restarts > 0 && c.launch.backend != Backend::kLocal) {
     throw InvalidArgument(fmt::format(
         "--max-restarts {} works on the local backend only: under MPI a failed rank ends the "
-        "job; relaunch it on the ranks left, e.g. mpirun -np 3 zerodp train ... --backend mpi "
-        "--checkpoint-dir DIR --resume latest (without --grad-accum the batch is kept)",
+        "job; relaunch it with mpirun -np N' zerodp train --backend mpi ... --checkpoint-dir DIR "
+        "--resume latest, N' any rank count dividing the step's micro-batches (without "
+        "--grad-accum the batch is kept)",
         c.max_restarts));
   }
   if (c.max_restarts > 0 && c.checkpoint_every == 0) {
