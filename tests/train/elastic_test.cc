@@ -148,6 +148,23 @@ TEST(Elastic, TheMlpRestartsToTheSameBitsToo) {
   expect_restarted_to_the_same_bits(run_elastic(c), whole);
 }
 
+TEST(Elastic, ARankThatStopsArrivingIsRestartedToo) {
+  TempDir whole_dir, elastic_dir;
+  const TrainResult whole = testing::run(twelve_micro_batches(whole_dir));
+  TrainConfig c = twelve_micro_batches(elastic_dir);
+  c.launch.comm.timeout_seconds = 2;
+  c.max_restarts = 1;
+  c.inject = {parse_injection("hang@7:2")};
+  const Outcome o = run_elastic(c);
+  ASSERT_EQ(o.result.restarts.size(), 1u);
+  const Restart& x = o.result.restarts[0];
+  EXPECT_EQ(x.failed_step, 7);
+  EXPECT_EQ(x.failed_rank, 2);  // the late rank the peers' timeout names
+  EXPECT_TRUE(has(x.cause, "timed out after 2 s")) << x.cause;
+  EXPECT_EQ(x.ranks_after, 3);
+  EXPECT_EQ(o.result.weights_sha256, whole.weights_sha256);
+}
+
 TEST(Elastic, WithoutMaxRestartsAFailureEndsTheRunAsBefore) {
   TempDir tmp;
   TrainConfig c = twelve_micro_batches(tmp);
