@@ -435,6 +435,7 @@ Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
   std::string message;
   bool timeout = false;
   bool comm_error = false;
+  bool untyped = false;  // zerodp::Error itself: a typed root is never restarted
   int failed_rank = -1;
   try {
     std::rethrow_exception(error);
@@ -446,6 +447,7 @@ Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
     comm_error = true;
     message = e.what();
   } catch (const std::exception& e) {
+    untyped = typeid(e) == typeid(Error);
     message = e.what();
   } catch (...) {
   }
@@ -459,7 +461,9 @@ Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
   }
   // A failure outside the step loop (start-up, loading, the final evaluation) is not
   // restarted either: a restart would meet it again.
-  if (root == nullptr || !(timeout || root->restartable)) std::rethrow_exception(error);
+  if (root == nullptr || !(timeout || (untyped && root->restartable))) {
+    std::rethrow_exception(error);
+  }
 
   const auto refuse = [&](const std::string& why) {
     const std::string what =
