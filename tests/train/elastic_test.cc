@@ -289,6 +289,19 @@ TEST(Elastic, AFailedCheckpointWriteIsNotRestarted) {
   EXPECT_TRUE(told.empty());
 }
 
+TEST(Elastic, AFailedAllocationIsNotRestarted) {
+  TempDir tmp;
+  TrainConfig c = twelve_micro_batches(tmp);
+  c.max_restarts = 1;
+  c.inject = {parse_injection("oom@4:1")};
+  // std::bad_alloc reaches the caller as Error, as without --max-restarts; on fewer ranks
+  // each would hold more.
+  const auto [what, told] = fails<Error>(c);
+  EXPECT_TRUE(has(what, "rank 1 of 4, step 4")) << what;
+  EXPECT_FALSE(has(what, "restart")) << what;
+  EXPECT_TRUE(told.empty());
+}
+
 TEST(Elastic, TheOptionIsCheckedBeforeAnyRankStarts) {
   TempDir tmp;
   TrainConfig c = twelve_micro_batches(tmp);
