@@ -238,6 +238,7 @@ int run_train(Flags& f, Launch args) {
   // its target) rather than replaced at the end; train() has checked it can be written.
   std::unique_ptr<std::ofstream> metrics;
   Progress progress(c.progress);
+  int restarts = 0;
   StepCallback on_step = [&](const StepRecord& s, int64_t total) {
     if (!c.metrics_path.empty()) {
       if (!metrics) {
@@ -255,10 +256,19 @@ int run_train(Flags& f, Launch args) {
       progress.note(fmt::format("step {}: checkpoint committed: {}", s.step, s.checkpoint));
     }
   };
+  // The survivors' launch prints its own steps from the checkpoint on.
+  RestartCallback on_restart = [&](const Restart& x) {
+    progress.note(fmt::format(
+        "{} failed at step {} ({}); restarting on {} ranks x --grad-accum {} from the checkpoint "
+        "of step {} (restart {} of --max-restarts {})",
+        x.failed_rank >= 0 ? fmt::format("rank {}", x.failed_rank) : std::string("a rank"),
+        x.failed_step, x.cause, x.ranks_after, x.grad_accum_after, x.resumed_step, ++restarts,
+        c.max_restarts));
+  };
   const StopOnSignals stop_on_signals;
   TrainResult r;
   try {
-    r = train(c, args.argc, args.argv, on_step);
+    r = train(c, args.argc, args.argv, on_step, {}, on_restart);
   } catch (const Interrupted& e) {
     fmt::print(stderr, "zerodp: {}\n", e.what());
     return 128 + e.signal();
@@ -411,6 +421,13 @@ Runner add_train(CLI::App& app) {
                   "hang, kill, nan, io, oom, term (a stop request, as SIGTERM on that rank alone) "
                   "(repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  rel->add_option("--max-restarts", c.max_restarts,
+                  "Local backend: when a rank fails, reload the latest checkpoint and go on with "
+                  "the ranks left (the largest count below that divides the step's "
+                  "micro-batches, the batch kept), at most this many times (0 = a failure ends "
+                  "the run). Needs --checkpoint-dir and --checkpoint-every; under MPI relaunch "
+                  "with mpirun -np N' ... --resume latest")
+      ->capture_default_str();
   auto* out = app.add_option_group("Output");
   out->add_option("--eval-every", c.eval_every,
                   "Validation loss every K steps (0 = at the end only)")

@@ -189,6 +189,26 @@ void resolve_config(TrainConfig& c) {
           fmt::format("--inject at rank {}: the run has ranks 0..{}", i.rank, c.launch.ranks - 1));
     }
   }
+  if (c.max_restarts < 0) {
+    throw InvalidArgument(fmt::format(
+        "--max-restarts {} is invalid; use 0 (a failure ends the run) or more", c.max_restarts));
+  }
+  if (c.max_restarts > 0 && c.launch.backend != Backend::kLocal) {
+    throw InvalidArgument(fmt::format(
+        "--max-restarts {} works on the local backend only: under MPI a failed rank ends the "
+        "job; relaunch it with mpirun -np N' zerodp train --backend mpi ... --checkpoint-dir DIR "
+        "--resume latest, N' any rank count dividing the step's micro-batches (without "
+        "--grad-accum the batch is kept)",
+        c.max_restarts));
+  }
+  if (c.max_restarts > 0 && c.checkpoint_every == 0) {
+    // --checkpoint-every without --checkpoint-dir is refused above.
+    throw InvalidArgument(fmt::format(
+        "--max-restarts {} needs checkpoints along the way to restart from; pass {}",
+        c.max_restarts,
+        c.checkpoint_dir.empty() ? "--checkpoint-dir DIR and --checkpoint-every K"
+                                 : "--checkpoint-every K (a restart repeats at most K steps)"));
+  }
   if (c.keep < 0) {
     throw InvalidArgument(fmt::format("--keep {} is invalid; use 0 (keep all) or more", c.keep));
   }
@@ -241,6 +261,7 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["stop_after"] = c.stop_after;
   j["trace"] = c.trace_path;
   j["max_skips"] = c.max_skips;
+  j["max_restarts"] = c.max_restarts;
   return j;
 }
 

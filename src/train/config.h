@@ -116,6 +116,10 @@ struct TrainConfig {
   // naming the first unit and rank with a bad value; 0 = never stop.
   int max_skips = 25;
   std::vector<Injection> inject;
+  // Elastic restarts (local backend): a rank's failure reloads the latest checkpoint and
+  // continues on the largest rank count that divides the step's micro-batches and is below
+  // the ranks that ran, at most this many times (train/engine.h). 0 = a failure ends the run.
+  int max_restarts = 0;
   // fp16: the dynamic loss scale to start from (a power of two, 1..2^24).
   float initial_loss_scale = 65536.0f;
   // Return the consolidated fp32 weights in TrainResult (tools and tests; costs 4Φ on rank 0).

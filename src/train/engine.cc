@@ -7,9 +7,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
+#include <typeinfo>
 #include <variant>
 #include <vector>
 
@@ -208,6 +211,45 @@ class SkipStreak {
   StepRecord start_;
 };
 
+// A local rank's failure inside its step loop, recorded by its own thread and read once
+// every thread has ended: the evidence a restart is decided on (--max-restarts).
+struct RankFailure {
+  bool failed = false;
+  int64_t step = 0;
+  // Its own failure, not a collective failing because a peer did (CommError).
+  bool own = false;
+  // A failure of this rank that the survivors, restarted from a checkpoint, can get past:
+  // zerodp::Error itself, the type for what no other type describes (the injected throw, a
+  // library's exception the step wrapped). Not the typed errors: InvalidArgument, CorruptData
+  // (the same input fails again), OutOfMemory (on fewer ranks each holds more), IoError (the
+  // disk stays full), Interrupted (the user asked to stop); nor std::bad_alloc (the same),
+  // nor any other std::exception (a defect the same step meets again).
+  bool restartable = false;
+  std::string message;  // as thrown, before the rank and step are put in front
+};
+
+RankFailure failure_of(const std::exception_ptr& error, int64_t step) {
+  RankFailure f;
+  f.failed = true;
+  f.step = step;
+  try {
+    std::rethrow_exception(error);
+  } catch (const CommError& e) {
+    f.message = e.what();
+  } catch (const Error& e) {
+    f.own = true;
+    f.restartable = typeid(e) == typeid(Error);
+    f.message = e.what();
+  } catch (const std::exception& e) {
+    f.own = true;
+    f.message = e.what();
+  } catch (...) {
+    f.own = true;
+    f.message = "unknown exception";
+  }
+  return f;
+}
+
 // What every rank's run needs, decided before any rank starts.
 struct RunPlan {
   const TrainConfig& cfg;
@@ -217,6 +259,9 @@ struct RunPlan {
   double flops_per_token = 0;
   double gemm_flops_per_core = 0;
   std::optional<double> model_shapes_flops_per_core;  // nullopt: the model declares no products
+  std::span<const Restart> restarts;                  // before this launch
+  // Local ranks: one slot per rank, each written by its own thread only.
+  std::vector<RankFailure>* failures = nullptr;
 };
 
 // A rank's run after its steps, before the summary exchange.
@@ -304,6 +349,10 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
             checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(s)).string();
       }
     } catch (...) {
+      if (plan.failures != nullptr) {
+        (*plan.failures)[static_cast<size_t>(comm.rank())] =
+            failure_of(std::current_exception(), s);
+      }
       // Under MPI the launcher names the rank.
       rethrow_with_context(local
                                ? fmt::format("rank {} of {}, step {}", comm.rank(), comm.size(), s)
@@ -339,6 +388,7 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
   result.final_loss = run.steps.empty() ? std::nan("") : run.steps.back().loss;
   result.resumed_from = plan.resume_from.string();
   result.first_step = run.first;
+  result.restarts.assign(plan.restarts.begin(), plan.restarts.end());
   for (int r = 0; r < comm.size(); ++r) {
     result.ranks.push_back(
         unpack_summary(summaries.subspan(static_cast<size_t>(r) * per_rank, per_rank), r));
@@ -373,120 +423,240 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
   }
 }
 
+// After a local launch ended with `error`: the restart the survivors make, with cfg set
+// for their launch; or `error` rethrown: unchanged when it is not a rank's failure a
+// restart gets past, with the reason appended when it is but no restart can be made.
+Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
+                     const std::vector<RankFailure>& failures, std::span<const Restart> done,
+                     bool default_policy) {
+  // The root cause run_local rethrew: a timeout names the rank that stopped arriving; any
+  // other collective failure (a mismatch) is a defect, not a lost rank; else the root is
+  // the first rank in rank order whose own failure was recorded.
+  std::string message;
+  bool timeout = false;
+  bool comm_error = false;
+  bool untyped = false;  // zerodp::Error itself: a typed root is never restarted
+  int failed_rank = -1;
+  try {
+    std::rethrow_exception(error);
+  } catch (const CommTimeout& e) {
+    timeout = true;
+    failed_rank = e.failed_rank();
+    message = e.what();
+  } catch (const CommError& e) {
+    comm_error = true;
+    message = e.what();
+  } catch (const std::exception& e) {
+    untyped = typeid(e) == typeid(Error);
+    message = e.what();
+  } catch (...) {
+  }
+  const RankFailure* root = nullptr;
+  for (size_t r = 0; r < failures.size() && !comm_error; ++r) {
+    const RankFailure& f = failures[r];
+    if (!f.failed || !(timeout || f.own)) continue;
+    root = &f;
+    if (!timeout) failed_rank = static_cast<int>(r);
+    break;
+  }
+  // A failure outside the step loop (start-up, loading, the final evaluation) is not
+  // restarted either: a restart would meet it again.
+  if (root == nullptr || !(timeout || (untyped && root->restartable))) {
+    std::rethrow_exception(error);
+  }
+
+  const auto refuse = [&](const std::string& why) {
+    const std::string what =
+        fmt::format("{}; not restarted (--max-restarts {}): {}", message, cfg.max_restarts, why);
+    if (timeout) throw CommTimeout(what, failed_rank);
+    throw Error(what);
+  };
+  if (done.size() >= static_cast<size_t>(cfg.max_restarts)) {
+    std::vector<std::string> earlier;
+    for (const Restart& r : done) {
+      earlier.push_back(
+          fmt::format("step {} on {} ranks -> {}", r.failed_step, r.ranks_before, r.ranks_after));
+    }
+    refuse(fmt::format("all {} used ({}); pass a larger --max-restarts to go on", done.size(),
+                       fmt::join(earlier, ", ")));
+  }
+  const int ranks = cfg.launch.ranks;
+  if (ranks < 2) refuse("the run had 1 rank, so none is left to continue");
+  const std::optional<std::filesystem::path> latest = checkpoint::find_latest(cfg.checkpoint_dir);
+  if (!latest) {
+    refuse(fmt::format(
+        "no checkpoint was committed in {} before the failure (the first was due at step {}), "
+        "and a restart continues from one, never from scratch",
+        cfg.checkpoint_dir, cfg.checkpoint_every));
+  }
+  // The step's micro-batches M = N x A stay; the survivors are N - 1, and the largest of
+  // them that divides M trains on, each rank taking M / N' of them.
+  const int micro_batches = ranks * cfg.grad_accum;
+  int survivors = ranks - 1;
+  while (micro_batches % survivors != 0) --survivors;
+  const checkpoint::Meta meta = checkpoint::read_meta(*latest);
+  Restart restart{.failed_step = root->step,
+                  .failed_rank = failed_rank,
+                  .cause = timeout ? message : root->message,
+                  .ranks_before = ranks,
+                  .ranks_after = survivors,
+                  .grad_accum_before = cfg.grad_accum,
+                  .resumed_step = static_cast<int64_t>(meta.step),
+                  .checkpoint = latest->string()};
+  keep_global_batch(cfg, *latest, meta, survivors, default_policy);
+  restart.grad_accum_after = cfg.grad_accum;
+  cfg.launch.ranks = survivors;
+  cfg.resume = "latest";
+  // Injections are one-shot per process: the failed step's, and those before it, fired.
+  std::erase_if(cfg.inject, [&](const Injection& i) { return i.step <= root->step; });
+  return restart;
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& config, int& argc, char**& argv, const StepCallback& on_step,
-                  const ModelFactory& make_model) {
+                  const ModelFactory& make_model, const RestartCallback& on_restart) {
   TrainConfig cfg = config;
-  const bool derive_batch = cfg.grad_accum == 0;
   const bool default_policy = cfg.accumulate_default;
+  bool derive_batch = cfg.grad_accum == 0;
   resolve_config(cfg);
   check_launch_environment(cfg.launch);
   check_outputs(cfg);
   const bool local = cfg.launch.backend == Backend::kLocal;
-  // Under MPI the rank-0 process takes it, below, once it knows it is rank 0.
+  // Under MPI the rank-0 process takes it, below, once it knows it is rank 0. Held across
+  // restarts: no other run may commit into the directory between two launches.
   std::optional<CheckpointDirLock> dir_lock;
   if (local) dir_lock.emplace(cfg.checkpoint_dir);
   const DataSplits data = open_training_data(cfg);
-  const std::filesystem::path resume_from = resume_point(cfg);
-  std::optional<checkpoint::Meta> saved;
-  if (derive_batch && !resume_from.empty()) saved = checkpoint::read_meta(resume_from);
-  // Under MPI the world is known once launched; each process holds its own cfg.
-  if (saved && local) keep_global_batch(cfg, resume_from, *saved, cfg.launch.ranks, default_policy);
-  // Local ranks are threads of this process: every one of them is checked here, once,
-  // before any thread starts (MPI processes each check themselves below), and before the
-  // calibration times products of the micro-batch's shapes.
-  if (local) {
-    check_startable_threads(cfg.launch.ranks);
-    preflight(cfg, data, make_model, cfg.launch.ranks, 0);
-  }
-  // MFU's terms before any rank starts: the calibrations want the cores to themselves.
-  const ModelCost cost = model_cost(cfg, data, make_model);
-  const GemmCompute compute = compute_for(cfg.precision);
-  const RunPlan plan{.cfg = cfg,
-                     .data = data,
-                     .make_model = make_model,
-                     .resume_from = resume_from,
-                     .flops_per_token = cost.flops_per_token,
-                     .gemm_flops_per_core = gemm_flops_per_core(compute),
-                     .model_shapes_flops_per_core = gemm_flops_per_core(compute, cost.products)};
-  if (const int signal = stop_requested()) {
-    throw Interrupted(fmt::format("interrupted by {} before the first step; nothing was trained",
-                                  signal_name(signal)),
-                      signal);
-  }
+  // MFU's terms, calibrated before the first launch's ranks start (they want the cores to
+  // themselves) and kept for any restart's.
+  std::optional<ModelCost> cost;
+  double gemm_peak = 0;
+  std::optional<double> model_shapes_peak;
+  std::vector<Restart> restarts;
 
-  TrainResult result;
-  std::mutex mu;
-  // --trace: one tracer per rank. Local ranks share one file, written after they finish;
-  // MPI ranks each write their own (the path with ".rankR" before the extension).
-  std::vector<std::unique_ptr<Tracer>> tracers(local ? static_cast<size_t>(cfg.launch.ranks) : 1);
-  launch(cfg.launch, argc, argv, [&](Communicator& comm) {
-    if (!local) {
-      if (saved) keep_global_batch(cfg, resume_from, *saved, comm.size(), default_policy);
-      preflight(cfg, data, make_model, comm.size(), comm.rank());
+  // One launch of every rank, from a fresh start or a checkpoint, to the end of the run;
+  // a rank's failure is rethrown, `failures` (local) saying which rank and step.
+  const auto launch_once = [&](std::vector<RankFailure>* failures) {
+    const std::filesystem::path resume_from = resume_point(cfg);
+    std::optional<checkpoint::Meta> saved;
+    if (derive_batch && !resume_from.empty()) saved = checkpoint::read_meta(resume_from);
+    // Under MPI the world is known once launched; each process holds its own cfg.
+    if (saved && local)
+      keep_global_batch(cfg, resume_from, *saved, cfg.launch.ranks, default_policy);
+    // Local ranks are threads of this process: every one of them is checked here, once,
+    // before any thread starts (MPI processes each check themselves below), and before the
+    // calibration times products of the micro-batch's shapes.
+    if (local) {
+      check_startable_threads(cfg.launch.ranks);
+      preflight(cfg, data, make_model, cfg.launch.ranks, 0);
     }
-    std::optional<CheckpointDirLock> rank0_lock;
-    if (!local && comm.rank() == 0) rank0_lock.emplace(cfg.checkpoint_dir);
-    Tracer* tracer = nullptr;
-    if (!cfg.trace_path.empty()) {
-      auto& slot = tracers[local ? comm.rank() : 0];
-      slot = std::make_unique<Tracer>(comm.rank());
-      tracer = slot.get();
-      tracer->attach(comm);
+    if (!cost) {
+      cost = model_cost(cfg, data, make_model);
+      const GemmCompute compute = compute_for(cfg.precision);
+      gemm_peak = gemm_flops_per_core(compute);
+      model_shapes_peak = gemm_flops_per_core(compute, cost->products);
     }
-    check_same_config(cfg, comm);
-    // Every rank verifies the whole checkpoint before any state exists, so a corrupt one
-    // fails every rank the same way.
-    std::optional<checkpoint::Checkpoint> from;
-    if (!plan.resume_from.empty()) from.emplace(plan.resume_from);
-    RankTrainer trainer(cfg, comm, data, make_model);
-    trainer.set_tracer(tracer);
-    RankRun run = run_steps(plan, trainer, from, on_step);
-    const bool reporter = comm.rank() == 0;
-    // Memory as training left it; the evaluation and hash below are not training.
-    const MemorySnapshot mem{trainer.ledger().current_table(), trainer.ledger().peak_table(),
-                             trainer.ledger().peak_total(), gemm_bf16_copy_bytes()};
-    CommPhaseScope other(comm.ledger(), CommPhase::kOther);
-    // An interrupted run ends as soon as it can: mpirun, for one, kills its processes
-    // shortly after forwarding the signal.
-    const bool interrupted = run.stopped && run.stopped->reason == EarlyStop::Reason::kSignal;
-    const double val = interrupted ? std::nan("") : trainer.evaluate();
-    std::vector<float> kept;
-    const std::string weights =
-        trainer.weights_sha256(cfg.keep_final_weights && reporter ? &kept : nullptr);
-    const std::vector<double> mine = pack_summary(mem, comm, trainer.samples_sha256());
-    // Snapshot taken: the gather below is the last collective and is not in the summary.
-    const std::vector<double> all = comm.gather_control(mine);
-    if (tracer != nullptr) {
-      comm.set_trace_hook(nullptr);
+    const RunPlan plan{.cfg = cfg,
+                       .data = data,
+                       .make_model = make_model,
+                       .resume_from = resume_from,
+                       .flops_per_token = cost->flops_per_token,
+                       .gemm_flops_per_core = gemm_peak,
+                       .model_shapes_flops_per_core = model_shapes_peak,
+                       .restarts = restarts,
+                       .failures = failures};
+    if (const int signal = stop_requested()) {
+      throw Interrupted(fmt::format("interrupted by {} before the first step; nothing was trained",
+                                    signal_name(signal)),
+                        signal);
+    }
+
+    TrainResult result;
+    std::mutex mu;
+    // --trace: one tracer per rank. Local ranks share one file, written after they finish;
+    // MPI ranks each write their own (the path with ".rankR" before the extension).
+    std::vector<std::unique_ptr<Tracer>> tracers(local ? static_cast<size_t>(cfg.launch.ranks) : 1);
+    launch(cfg.launch, argc, argv, [&](Communicator& comm) {
       if (!local) {
-        std::filesystem::path p(cfg.trace_path);
-        p.replace_filename(
-            fmt::format("{}.rank{}{}", p.stem().string(), comm.rank(), p.extension().string()));
-        const Tracer* one[] = {tracer};
-        write_trace(p, one);
+        if (saved) keep_global_batch(cfg, resume_from, *saved, comm.size(), default_policy);
+        preflight(cfg, data, make_model, comm.size(), comm.rank());
       }
+      std::optional<CheckpointDirLock> rank0_lock;
+      if (!local && comm.rank() == 0) rank0_lock.emplace(cfg.checkpoint_dir);
+      Tracer* tracer = nullptr;
+      if (!cfg.trace_path.empty()) {
+        auto& slot = tracers[local ? comm.rank() : 0];
+        slot = std::make_unique<Tracer>(comm.rank());
+        tracer = slot.get();
+        tracer->attach(comm);
+      }
+      check_same_config(cfg, comm);
+      // Every rank verifies the whole checkpoint before any state exists, so a corrupt one
+      // fails every rank the same way.
+      std::optional<checkpoint::Checkpoint> from;
+      if (!plan.resume_from.empty()) from.emplace(plan.resume_from);
+      RankTrainer trainer(cfg, comm, data, make_model);
+      trainer.set_tracer(tracer);
+      RankRun run = run_steps(plan, trainer, from, on_step);
+      const bool reporter = comm.rank() == 0;
+      // Memory as training left it; the evaluation and hash below are not training.
+      const MemorySnapshot mem{trainer.ledger().current_table(), trainer.ledger().peak_table(),
+                               trainer.ledger().peak_total(), gemm_bf16_copy_bytes()};
+      CommPhaseScope other(comm.ledger(), CommPhase::kOther);
+      // An interrupted run ends as soon as it can: mpirun, for one, kills its processes
+      // shortly after forwarding the signal.
+      const bool interrupted = run.stopped && run.stopped->reason == EarlyStop::Reason::kSignal;
+      const double val = interrupted ? std::nan("") : trainer.evaluate();
+      std::vector<float> kept;
+      const std::string weights =
+          trainer.weights_sha256(cfg.keep_final_weights && reporter ? &kept : nullptr);
+      const std::vector<double> mine = pack_summary(mem, comm, trainer.samples_sha256());
+      // Snapshot taken: the gather below is the last collective and is not in the summary.
+      const std::vector<double> all = comm.gather_control(mine);
+      if (tracer != nullptr) {
+        comm.set_trace_hook(nullptr);
+        if (!local) {
+          std::filesystem::path p(cfg.trace_path);
+          p.replace_filename(
+              fmt::format("{}.rank{}{}", p.stem().string(), comm.rank(), p.extension().string()));
+          const Tracer* one[] = {tracer};
+          write_trace(p, one);
+        }
+      }
+      std::lock_guard lock(mu);
+      result.stopped = run.stopped;  // every rank's is the same, and every process needs it
+      if (!reporter) return;
+      fill_result(result, plan, trainer, run, all, mine.size());
+      if (std::isfinite(val)) result.val_loss = val;
+      result.weights_sha256 = weights;
+      result.final_weights = std::move(kept);
+      // Written here, before MPI is finalized: under mpirun a job being stopped may not get
+      // past the finalize before the launcher's SIGKILL, and the report must not be lost.
+      if (!cfg.report_path.empty()) {
+        files::write_output("--report", cfg.report_path, report_json(result).dump(2) + "\n");
+      }
+    });
+    if (!cfg.trace_path.empty() && local) {
+      std::vector<const Tracer*> all;
+      for (const auto& t : tracers) all.push_back(t.get());
+      write_trace(cfg.trace_path, all);
     }
-    std::lock_guard lock(mu);
-    result.stopped = run.stopped;  // every rank's is the same, and every process needs it
-    if (!reporter) return;
-    fill_result(result, plan, trainer, run, all, mine.size());
-    if (std::isfinite(val)) result.val_loss = val;
-    result.weights_sha256 = weights;
-    result.final_weights = std::move(kept);
-    // Written here, before MPI is finalized: under mpirun a job being stopped may not get
-    // past the finalize before the launcher's SIGKILL, and the report must not be lost.
-    if (!cfg.report_path.empty()) {
-      files::write_output("--report", cfg.report_path, report_json(result).dump(2) + "\n");
+    return result;
+  };
+
+  for (;;) {
+    std::vector<RankFailure> failures(local ? static_cast<size_t>(cfg.launch.ranks) : 0);
+    try {
+      return launch_once(local ? &failures : nullptr);
+    } catch (...) {
+      if (!local || cfg.max_restarts == 0) throw;
+      restarts.push_back(
+          plan_restart(cfg, std::current_exception(), failures, restarts, default_policy));
     }
-  });
-  if (!cfg.trace_path.empty() && local) {
-    std::vector<const Tracer*> all;
-    for (const auto& t : tracers) all.push_back(t.get());
-    write_trace(cfg.trace_path, all);
+    derive_batch = false;  // plan_restart kept the batch
+    if (on_restart) on_restart(restarts.back());
   }
-  return result;
 }
 
 }  // namespace zerodp

@@ -92,6 +92,20 @@ nlohmann::json report_json(const TrainResult& r) {
   } else {
     j[key::kStopped] = nullptr;
   }
+  // Restarts (--max-restarts): the launch this report describes came after these.
+  j[key::kRestarts] = nlohmann::json::array();
+  for (const Restart& x : r.restarts) {
+    j[key::kRestarts].push_back(
+        {{key::kFailedStep, x.failed_step},
+         {key::kFailedRank, x.failed_rank >= 0 ? nlohmann::json(x.failed_rank) : nlohmann::json()},
+         {key::kCause, x.cause},
+         {key::kRanksBefore, x.ranks_before},
+         {key::kRanksAfter, x.ranks_after},
+         {key::kGradAccumBefore, x.grad_accum_before},
+         {key::kGradAccumAfter, x.grad_accum_after},
+         {key::kResumedStep, x.resumed_step},
+         {key::kCheckpoint, x.checkpoint}});
+  }
   j[key::kThroughput] = {{key::kTokensPerSecond, r.tokens_per_second},
                          {key::kMfu, r.mfu},
                          {key::kFlopsPerToken, r.flops_per_token},

@@ -34,6 +34,7 @@ inline constexpr char kProcess[] = "process";
 inline constexpr char kUnits[] = "units";
 inline constexpr char kRanks[] = "ranks";
 inline constexpr char kPlan[] = "plan";
+inline constexpr char kRestarts[] = "restarts";
 // A step (`steps[i]`, `history[i]`, a --metrics line); `final` has `loss` and `val_loss` too.
 inline constexpr char kStep[] = "step";
 inline constexpr char kLoss[] = "loss";
@@ -53,6 +54,15 @@ inline constexpr char kReason[] = "reason";
 inline constexpr char kSignal[] = "signal";
 inline constexpr char kAfterStep[] = "after_step";
 inline constexpr char kMessage[] = "message";
+// `restarts[i]` (TrainResult::restarts).
+inline constexpr char kFailedStep[] = "failed_step";
+inline constexpr char kFailedRank[] = "failed_rank";
+inline constexpr char kCause[] = "cause";
+inline constexpr char kRanksBefore[] = "ranks_before";
+inline constexpr char kRanksAfter[] = "ranks_after";
+inline constexpr char kGradAccumBefore[] = "grad_accum_before";
+inline constexpr char kGradAccumAfter[] = "grad_accum_after";
+inline constexpr char kResumedStep[] = "resumed_step";
 inline constexpr char kTokensPerSecond[] = "tokens_per_second";
 inline constexpr char kFlopsPerToken[] = "flops_per_token";
 inline constexpr char kPeakFlops[] = "peak_flops";

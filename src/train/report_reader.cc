@@ -178,6 +178,20 @@ ReportPlanRank read_plan_rank(const Fields& F, const json& states, const json& c
   return p;
 }
 
+ReportRestart read_restart(const Fields& F, const json& x, const std::string& where) {
+  if (!x.is_object()) F.bad(where, "is not an object");
+  ReportRestart r;
+  r.failed_step = F.count(x, where, key::kFailedStep);
+  if (!F.at(x, where, key::kFailedRank).is_null()) {
+    r.failed_rank = F.count(x, where, key::kFailedRank);
+  }
+  r.cause = F.string(x, where, key::kCause);
+  r.ranks_before = F.count(x, where, key::kRanksBefore);
+  r.ranks_after = F.count(x, where, key::kRanksAfter);
+  r.resumed_step = F.count(x, where, key::kResumedStep);
+  return r;
+}
+
 }  // namespace
 
 RunReport report_from_json(const json& root, const std::string& file) {
@@ -223,6 +237,13 @@ RunReport report_from_json(const json& root, const std::string& file) {
     r.history = read_steps(F.array(root, "", key::kHistory), key::kHistory, F.refuse());
   }
   r.steps = read_steps(steps, key::kSteps, F.refuse());
+  // Reports before elastic restarts have no `restarts`.
+  if (root.contains(key::kRestarts)) {
+    const json& restarts = F.array(root, "", key::kRestarts);
+    for (size_t i = 0; i < restarts.size(); ++i) {
+      r.restarts.push_back(read_restart(F, restarts[i], fmt::format("{}[{}]", key::kRestarts, i)));
+    }
+  }
 
   // The plan is newer than the report format; older reports simply lack it.
   const json* plan_states = nullptr;

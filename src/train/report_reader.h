@@ -6,7 +6,7 @@
 // one line naming the file and the key's path in the report, e.g. "report 'r.json' is not a
 // zerodp train report: 'ranks[1].comm' is not an object" (InvalidArgument); a file that is
 // not JSON is CorruptData, one that cannot be read IoError. Keys it does not read may hold
-// anything, and reports of earlier versions (no `history`, no `plan`) still read.
+// anything, and reports of earlier versions (no `history`, `plan` or `restarts`) still read.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +57,16 @@ struct ReportModel {
   std::optional<std::string> size;  // the gpt's size preset, when a string
 };
 
+// An element of `restarts` (--max-restarts): a rank failed and the run went on with fewer.
+struct ReportRestart {
+  uint64_t failed_step = 0;
+  std::optional<uint64_t> failed_rank;  // nullopt: null, the rank was not known
+  std::string cause;
+  uint64_t ranks_before = 0;
+  uint64_t ranks_after = 0;
+  uint64_t resumed_step = 0;  // the checkpoint's step it went on from
+};
+
 struct RunReport {
   std::string zerodp_version;
   uint64_t params = 0;  // Φ
@@ -76,6 +86,7 @@ struct RunReport {
   std::vector<ReportStep> steps;                    // this run's own
   std::vector<ReportRank> ranks;                    // world_size of them
   std::optional<std::vector<ReportPlanRank>> plan;  // world_size of them; nullopt when missing
+  std::vector<ReportRestart> restarts;              // empty when missing (earlier versions)
 };
 
 // A report file; messages start "report '<path>'". A --metrics log passed as a report is

@@ -45,6 +45,20 @@ struct EarlyStop {
   std::string message;     // one line for the user, led by the step
 };
 
+// A rank's failure the run got past (--max-restarts, train/engine.h): it reloaded the
+// latest checkpoint and went on with fewer ranks, the samples per step kept.
+struct Restart {
+  int64_t failed_step = 0;  // the step in progress when the rank failed
+  int failed_rank = -1;     // -1 when unknown
+  std::string cause;        // the failure's message
+  int ranks_before = 0;
+  int ranks_after = 0;
+  int grad_accum_before = 0;
+  int grad_accum_after = 0;
+  int64_t resumed_step = 0;  // the checkpoint's step: steps after it were taken again
+  std::string checkpoint;    // the checkpoint directory it reloaded
+};
+
 struct RankSummary {
   int rank = 0;
   MemoryLedger::Table model_state{};  // current bytes at the end (steady state)
@@ -99,6 +113,10 @@ struct TrainResult {
   // Set when the run stopped early: a signal (train/stop.h) or --max-skips. The steps,
   // checkpoint (a signal, with --checkpoint-dir) and summary are those of the steps taken.
   std::optional<EarlyStop> stopped;
+  // The restarts before the launch that finished, in order; everything above (config,
+  // world_size, steps, ranks, throughput) is that last launch's, and `history` carries the
+  // steps before it from the checkpoint it reloaded.
+  std::vector<Restart> restarts;
 };
 
 }  // namespace zerodp

@@ -115,3 +115,13 @@ else
   echo "FAIL: train --config REPORT: $(cat "$tm/err")"; fail=1
 fi
 rm -rf "$tm"
+
+# --max-restarts: what a restart needs, and where it cannot be done in-process.
+expect "--max-restarts -1 is invalid" train --max-restarts -1 --data synthetic
+expect "--max-restarts 1 needs checkpoints along the way to restart from; pass --checkpoint-dir DIR and --checkpoint-every K" \
+  train --max-restarts 1 --data synthetic
+expect "pass --checkpoint-every K" train --max-restarts 1 --checkpoint-dir /nonexistent/ck \
+  --data synthetic
+expect "--max-restarts 2 works on the local backend only: under MPI a failed rank ends the job; relaunch it with mpirun -np N'" \
+  train --max-restarts 2 --backend mpi --checkpoint-dir /nonexistent/ck --checkpoint-every 2 \
+  --data synthetic
