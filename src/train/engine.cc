@@ -121,6 +121,8 @@ void keep_global_batch(TrainConfig& cfg, const std::filesystem::path& from,
   const uint64_t b = static_cast<uint64_t>(cfg.micro_batch);
   const uint64_t n = static_cast<uint64_t>(world);
   if (k == 0 || k % (n * b) != 0) {
+    // A damaged checkpoint is the graver news (exit 3): verify before refusing the batch.
+    (void)checkpoint::Checkpoint(from);
     std::vector<uint64_t> fits;
     for (uint64_t r = 1; r <= k / b; ++r) {
       if (k % (r * b) == 0) fits.push_back(r);

@@ -18,6 +18,9 @@ inline TrainConfig tiny_config(int ranks, int stage, Precision precision = Preci
   c.stage = stage;
   c.precision = precision;
   c.micro_batch = 4;
+  // Given, so a resume on another rank count changes the batch as tests ask (0 would keep
+  // the checkpoint's).
+  c.grad_accum = 1;
   c.steps = 3;
   c.eval_batches = 1;
   c.progress = false;
