@@ -236,8 +236,10 @@ int run_estimate(const Flags& f) {
           accumulate.value_or(invariant.value_or(false) ? AccumulatePolicy::kReduce
                                                         : default_accumulate(stage, f.grad_accum));
       const bool canonical = invariant.value_or(policy == AccumulatePolicy::kReduce);
-      const StateBytes s = max_model_state_bytes(units, n, stage, precision);
-      const uint64_t all = all_ranks_model_state_bytes(units, n, stage, precision).total();
+      const bool accumulator = canonical && f.grad_accum > 1;
+      const StateBytes s = max_model_state_bytes(units, n, stage, precision, accumulator);
+      const uint64_t all =
+          all_ranks_model_state_bytes(units, n, stage, precision, accumulator).total();
       const CommBytes c =
           comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy, canonical, 0);
       std::optional<TransientBytes> t;
@@ -343,7 +345,9 @@ int run_estimate(const Flags& f) {
                          "and buffers come on top)",
                    gb(*budget));
       } else {
-        std::string why = budget_advice(units, n, precision, *budget);
+        // Stages 2-3 reduce by default, so the canonical order unless --invariant off.
+        const bool accumulator3 = invariant.value_or(true) && f.grad_accum > 1;
+        std::string why = budget_advice(units, n, precision, *budget, accumulator3);
         if (built) {
           // What the activations would need with less of them kept, at stage 3.
           const auto at_stage3 = [&](bool ckpt, int b) {
@@ -352,12 +356,14 @@ int run_estimate(const Flags& f) {
                                                           .stage = 3,
                                                           .precision = precision,
                                                           .policy = AccumulatePolicy::kReduce,
+                                                          .grad_accum = f.grad_accum,
+                                                          .canonical = accumulator3,
                                                           .prefetch = f.prefetch,
                                                           .checkpoint_activations = ckpt,
                                                           .micro_batch = b,
                                                           .seq_len = gpt->seq_len},
                                             0);
-            return max_model_state_bytes(units, n, 3, precision).total() + tb.total();
+            return max_model_state_bytes(units, n, 3, precision, accumulator3).total() + tb.total();
           };
           const uint64_t ck = at_stage3(true, f.micro_batch);
           const uint64_t small = at_stage3(f.checkpoint_activations, 1);

@@ -221,6 +221,8 @@ bool canonical_order(const TrainConfig& c) {
   return c.invariant.value_or(c.accumulate == AccumulatePolicy::kReduce);
 }
 
+bool fp32_accumulator(const TrainConfig& c) { return canonical_order(c) && c.grad_accum > 1; }
+
 nlohmann::json config_json(const TrainConfig& c) {
   nlohmann::json j;
   j["model"] = c.model;

@@ -132,6 +132,9 @@ void resolve_config(TrainConfig& config);
 // Whether the run sums gradients in the canonical order: its bits are then the same for
 // every rank count that divides its micro-batches per step (docs/determinism.md).
 bool canonical_order(const TrainConfig& c);
+// The canonical order with more than one micro-batch per step: gradients are summed in an
+// fp32 accumulator of the own range (at stages 2-3 the gradient buffer itself).
+bool fp32_accumulator(const TrainConfig& c);
 
 // Every resolved option, keyed by its flag name with '_' for '-' (the report's "config";
 // a --config file may be one). Options left unset (no simulated link) are null.

@@ -55,7 +55,7 @@ void FaultPlan::gradients_reduced(int64_t step, ShardedState& state) const {
     UnitState& u = units[i];
     if (u.own.count() == 0) continue;
     const float nan = std::numeric_limits<float>::quiet_NaN();
-    narrow(std::span<const float>(&nan, 1), u.grads.data(), state.dtype(), u.grads_own);
+    narrow(std::span<const float>(&nan, 1), u.grads.data(), u.grads.dtype, u.grads_own);
     return;
   }
 }

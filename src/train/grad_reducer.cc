@@ -29,6 +29,12 @@ void GradientReducer::begin_step() {
   for (auto& a : accumulators_) std::fill(a.span().begin(), a.span().end(), 0.0f);
 }
 
+std::span<float> GradientReducer::accumulator(size_t ui) {
+  if (!plan_.grads_fp32) return accumulators_[ui].span();
+  UnitState& u = state_.units()[ui];
+  return {static_cast<float*>(u.grads.data()), u.own.count()};
+}
+
 void GradientReducer::add(size_t ui, std::span<const float> dw) {
   UnitState& u = state_.units()[ui];
   const DType t = state_.dtype();
@@ -46,10 +52,8 @@ void GradientReducer::add(size_t ui, std::span<const float> dw) {
   narrow(dw, bucket.data(), t, 0);
   Pending p{ui, Work(), slot};
   if (plan_.fp32_accumulator) {
-    const std::span<float> acc = accumulators_[ui].span();
-    p.work = comm_.reduce_scatter_async(bucket.range(0, u.numel),
-                                        MutableBuffer{acc.data(), acc.size(), DType::kF32}, u.part,
-                                        ReduceOp::kSumInto);
+    const std::span<float> acc = accumulator(ui);
+    p.work = comm_.reduce_scatter_async(bucket.range(0, u.numel), acc, u.part, ReduceOp::kSumInto);
   } else if (plan_.micro_batch_reduce == StagePlan::Reduce::kAllReduce) {
     p.work = comm_.all_reduce_async(bucket.range(0, u.numel), ReduceOp::kAvg);
   } else {
@@ -115,8 +119,17 @@ void GradientReducer::finish_accumulators() {
   works_.clear();
   for (size_t i = 0; i < units.size(); ++i) {
     UnitState& u = units[i];
-    const std::span<float> acc = accumulators_[i].span();
+    const std::span<float> acc = accumulator(i);
     for (float& x : acc) x /= m;
+    if (plan_.grads_fp32) {
+      // Rounded to the run's dtype and held widened, in place, chunk by chunk.
+      for (size_t b = 0; state_.dtype() != DType::kF32 && b < acc.size(); b += chunk_.size()) {
+        const std::span<float> piece = acc.subspan(b, std::min(chunk_.size(), acc.size() - b));
+        narrow(piece, chunk_.data(), state_.dtype(), 0);
+        widen(chunk_.data(), state_.dtype(), 0, piece);
+      }
+      continue;
+    }
     narrow(acc, u.grads.data(), state_.dtype(), u.grads_own);
     if (plan_.gather_grads) {
       works_.push_back(comm_.all_gather_async(u.grads.range(u.grads_own, u.own.count()),

@@ -15,7 +15,9 @@
 // once into a bucket and reduce-scattered into the owner's fp32 accumulator, which adds the
 // N ranks' contributions in rank order: micro-batch i = k * N + r is added i-th, for every
 // N. The boundary divides by M = A * N once and rounds once into the grads buffer; stage 0
-// then all-gathers it. With A = 1 that is what the averaging reduction computes already.
+// then all-gathers it. At stages 2-3 the grads buffer, which holds only the own range, is
+// the accumulator itself (StagePlan::grads_fp32): the rounded average stays in it, widened.
+// With A = 1 that is what the averaging reduction computes already.
 #pragma once
 
 #include <cstddef>
@@ -57,6 +59,8 @@ class GradientReducer {
   void add_widened(const void* from, size_t count, void* grads, size_t first);
   void copy_reduced(const void* from, size_t count, void* grads, size_t first);
   void finish_accumulators();
+  // Unit `ui`'s fp32 accumulator: its own, or the grads buffer itself (grads_fp32).
+  std::span<float> accumulator(size_t ui);
 
   ShardedState& state_;
   const StagePlan& plan_;

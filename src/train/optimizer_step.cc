@@ -39,10 +39,10 @@ OwnGradients OptimizerStep::inspect() const {
   for (size_t i = 0; i < units.size(); ++i) {
     const UnitState& u = units[i];
     if (g.first_bad_unit == 0 &&
-        !all_finite(u.grads.data(), state_.dtype(), u.grads_own, u.own.count())) {
+        !all_finite(u.grads.data(), u.grads.dtype, u.grads_own, u.own.count())) {
       g.first_bad_unit = i + 1;
     }
-    g.sum_squares.add(u.grads.data(), state_.dtype(), u.grads_own, u.own.count());
+    g.sum_squares.add(u.grads.data(), u.grads.dtype, u.grads_own, u.own.count());
   }
   return g;
 }
@@ -85,12 +85,12 @@ void OptimizerStep::update(double lr, double coef) {
         for (size_t b = s.begin; b < s.end; b += chunk_.size()) {
           const size_t len = std::min(chunk_.size(), s.end - b);
           std::span<const float> grad;
-          if (fp32) {
+          if (u.grads.dtype == DType::kF32) {
             grad = std::span<const float>(
                 static_cast<const float*>(u.grads.data()) + u.grads_opt + b, len);
           } else {
             const std::span<float> piece = chunk_.first(len);
-            widen(u.grads.data(), t, u.grads_opt + b, piece);
+            widen(u.grads.data(), u.grads.dtype, u.grads_opt + b, piece);
             grad = piece;
           }
           const AdamWShard shard{.master = master.subspan(b, len),

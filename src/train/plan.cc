@@ -32,16 +32,17 @@ uint64_t own_count(uint64_t numel, int world, int rank) {
 }  // namespace
 
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                             Precision precision, int rank) {
+                             Precision precision, int rank, bool fp32_accumulator) {
   check_rank(world, rank);
-  const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce);
+  const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce, fp32_accumulator);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
+  const uint64_t gw = sp.grads_fp32 ? 4 : w;
   StateBytes b;
   for (uint64_t numel : unit_numel) {
     const uint64_t own = own_count(numel, world, rank);
     const uint64_t opt = StagePlan::count(sp.optimizer, own, numel);
     b.params += StagePlan::count(sp.params, own, numel) * w;
-    b.grads += StagePlan::count(sp.grads, own, numel) * w;
+    b.grads += StagePlan::count(sp.grads, own, numel) * gw;
     b.master += precision == Precision::kFP32 ? 0 : opt * 4;
     b.adam_m += opt * 4;
     b.adam_v += opt * 4;
@@ -50,16 +51,17 @@ StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, in
 }
 
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                                 Precision precision) {
+                                 Precision precision, bool fp32_accumulator) {
   // Balanced partitions give rank 0 the largest range of every unit.
-  return model_state_bytes(unit_numel, world, stage, precision, 0);
+  return model_state_bytes(unit_numel, world, stage, precision, 0, fp32_accumulator);
 }
 
 StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                                       Precision precision) {
+                                       Precision precision, bool fp32_accumulator) {
   check_rank(world, 0);
-  const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce);
+  const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce, fp32_accumulator);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
+  const uint64_t gw = sp.grads_fp32 ? 4 : w;
   const uint64_t n = static_cast<uint64_t>(world);
   StateBytes b;
   for (uint64_t numel : unit_numel) {
@@ -67,7 +69,7 @@ StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int
     const auto total = [&](StagePlan::Extent e) { return StagePlan::count(e, numel, n * numel); };
     const uint64_t opt = total(sp.optimizer);
     b.params += total(sp.params) * w;
-    b.grads += total(sp.grads) * w;
+    b.grads += total(sp.grads) * gw;
     b.master += precision == Precision::kFP32 ? 0 : opt * 4;
     b.adam_m += opt * 4;
     b.adam_v += opt * 4;
@@ -144,7 +146,9 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
     l.stream.push_back(u->input_count(shape));
     if (!p.checkpoint_activations) l.saved.push_back(u->saved_count(shape, compute));
     if (sp.accumulate_full) l.accum_full.push_back(u->numel());
-    if (sp.fp32_accumulator) l.accumulator.push_back(own_count(u->numel(), p.world, rank));
+    if (sp.fp32_accumulator && !sp.grads_fp32) {
+      l.accumulator.push_back(own_count(u->numel(), p.world, rank));
+    }
   }
   // Checkpointing keeps only each unit's input; one buffer serves every recompute.
   if (p.checkpoint_activations) l.saved.push_back(max_saved);
@@ -191,16 +195,18 @@ TransientBytes transient_bytes(const TransientLayout& l) {
 }
 
 std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,
-                          uint64_t budget_bytes) {
+                          uint64_t budget_bytes, bool fp32_accumulator) {
   std::string s = fmt::format("model states per rank at {} ranks:", world);
   for (int stage = 0; stage <= 3; ++stage) {
-    const uint64_t need = max_model_state_bytes(unit_numel, world, stage, precision).total();
+    const uint64_t need =
+        max_model_state_bytes(unit_numel, world, stage, precision, fp32_accumulator).total();
     s += fmt::format(" stage {} {}{}", stage, format_bytes(static_cast<double>(need)),
                      need <= budget_bytes ? " (fits)" : "");
     s += stage < 3 ? "," : "";
   }
   const auto fits = [&](int stage, int ranks) {
-    return max_model_state_bytes(unit_numel, ranks, stage, precision).total() <= budget_bytes;
+    return max_model_state_bytes(unit_numel, ranks, stage, precision, fp32_accumulator).total() <=
+           budget_bytes;
   };
   const std::string tail =
       " (activations and buffers come on top; zerodp never changes stage by itself)";
@@ -211,20 +217,23 @@ std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Preci
   if (fits(3, world)) return s + "; use a stage marked (fits)" + tail;
   int ranks = world;
   while (ranks < (1 << 20) &&
-         max_model_state_bytes(unit_numel, ranks, 3, precision).total() > budget_bytes) {
+         max_model_state_bytes(unit_numel, ranks, 3, precision, fp32_accumulator).total() >
+             budget_bytes) {
     ranks = ranks * 2;
   }
   // Refine the doubling to the fewest ranks.
   int lo = std::max(world, ranks / 2), hi = ranks;
   while (lo < hi) {
     const int mid = lo + (hi - lo) / 2;
-    if (max_model_state_bytes(unit_numel, mid, 3, precision).total() <= budget_bytes) {
+    if (max_model_state_bytes(unit_numel, mid, 3, precision, fp32_accumulator).total() <=
+        budget_bytes) {
       hi = mid;
     } else {
       lo = mid + 1;
     }
   }
-  if (max_model_state_bytes(unit_numel, hi, 3, precision).total() <= budget_bytes) {
+  if (max_model_state_bytes(unit_numel, hi, 3, precision, fp32_accumulator).total() <=
+      budget_bytes) {
     s += fmt::format("; stage 3 needs at least {} ranks for the states to fit", hi);
   } else {
     s += "; no rank count makes the states fit";

@@ -28,16 +28,17 @@ struct StateBytes {
 
 // Rank `rank`'s persistent model states: params and grads in the run's precision (2 bytes,
 // or 4 at fp32), fp32 master (none at fp32) and Adam moments; each full or the rank's
-// partition range of every unit, as the stage's switches say.
+// partition range of every unit, as the stage's switches say. `fp32_accumulator` (the
+// canonical order with A > 1, config.h): at stages 2-3 the grads are held in fp32.
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                             Precision precision, int rank);
+                             Precision precision, int rank, bool fp32_accumulator = false);
 // The largest over ranks (rank 0 holds the largest ranges).
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                                 Precision precision);
+                                 Precision precision, bool fp32_accumulator = false);
 // The sum over all `world` ranks of model_state_bytes, in closed form: the ranges of a unit
 // add up to the unit, so a sharded state sums to one copy and a replicated one to `world`.
 StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                                       Precision precision);
+                                       Precision precision, bool fp32_accumulator = false);
 
 // The ZeRO paper's per-rank model-state bytes: every sharded state Φ/N, unrounded (real
 // partitions are whole elements, which model_state_bytes counts). What the report sets the
@@ -115,7 +116,8 @@ struct TransientLayout {
   int buckets = 0;
   uint64_t bucket = 0;
   uint64_t reduced = 0;  // per bucket; 0 when buckets are all-reduced in place
-  // fp32: the canonical order's accumulator of each unit's own range (A > 1 only).
+  // fp32: the canonical order's accumulator of each unit's own range (A > 1 only, and at
+  // stages 0-1: at stages 2-3 the grads buffer is the accumulator).
   std::vector<uint64_t> accumulator;
 };
 TransientLayout transient_layout(const Model& model, const TransientPlan& plan, int rank);
@@ -140,7 +142,7 @@ inline TransientBytes transient_bytes(const Model& model, const TransientPlan& p
 // One sentence for a budget error: the model-state bytes per rank of every stage at this N,
 // and the fewest ranks with which stage 3's states fit the budget.
 std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,
-                          uint64_t budget_bytes);
+                          uint64_t budget_bytes, bool fp32_accumulator = false);
 
 // Training FLOPs per token, the one definition MFU and the step-time estimate share: 6 per
 // parameter (forward and backward) plus, for a transformer, attention's 12 x layers x T x C

@@ -52,7 +52,7 @@ std::string budget_advice_for(const TrainConfig& cfg, const Model& model, int wo
   if (!cfg.memory_per_rank) return {};
   std::vector<uint64_t> numel;
   for (const auto& u : model) numel.push_back(u->numel());
-  return budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank);
+  return budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank, fp32_accumulator(cfg));
 }
 
 // Native bf16 products read 16-bit weights from their stored copy (weights_for).
@@ -96,8 +96,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                               .micro_batch = cfg.micro_batch,
                               .grad_accum = cfg.grad_accum,
                               .seed = cfg.seed}),
-      state_(model_,
-             StagePlan::make(cfg.stage, cfg.accumulate, canonical_order(cfg) && cfg.grad_accum > 1),
+      state_(model_, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg)),
              cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed, comm.size(),
              comm.rank(), ledger_),
       buf_(ledger_, layout_, state_.dtype()),

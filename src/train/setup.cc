@@ -119,8 +119,10 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
   uint64_t process = 0, worst = 0;
   int worst_rank = my_rank;
   for (int r = local ? 0 : my_rank; r < (local ? world : my_rank + 1); ++r) {
-    const uint64_t need = model_state_bytes(numel, world, cfg.stage, cfg.precision, r).total() +
-                          transient_bytes(model, plan, r).total();
+    const uint64_t need =
+        model_state_bytes(numel, world, cfg.stage, cfg.precision, r, fp32_accumulator(cfg))
+            .total() +
+        transient_bytes(model, plan, r).total();
     process += need;
     if (need > worst) {
       worst = need;
@@ -134,7 +136,7 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
         "--micro-batch",
         worst_rank, format_bytes(static_cast<double>(worst)),
         format_bytes(static_cast<double>(*cfg.memory_per_rank)),
-        budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank)));
+        budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank, fp32_accumulator(cfg))));
   }
   const auto available = available_memory();
   if (available && process > *available) {

@@ -78,8 +78,8 @@ ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision 
     u.grads_opt = E::offset(plan.grads, u.own, u.opt_range.begin);
     u.opt_own = u.own.begin - u.opt_range.begin;
     u.params = Flat(ledger, MemCategory::kParams, dtype_, u.held.count());
-    u.grads =
-        Flat(ledger, MemCategory::kGrads, dtype_, E::held(plan.grads, u.own, u.numel).count());
+    u.grads = Flat(ledger, MemCategory::kGrads, plan.grads_fp32 ? DType::kF32 : dtype_,
+                   E::held(plan.grads, u.own, u.numel).count());
     const size_t opt = u.opt_range.count();
     if (!fp32()) u.master = Buffer<float>(ledger, MemCategory::kMaster, opt);
     u.adam_m = Buffer<float>(ledger, MemCategory::kAdamM, opt);

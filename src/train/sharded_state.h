@@ -3,7 +3,8 @@
 //
 // Per unit (Φ_u elements, own range c_u of its partition):
 //   params  the run's dtype (bf16, fp16; fp32 at --precision fp32)   Φ_u, or c_u at stage 3
-//   grads   the same dtype                                            Φ_u, or c_u at stages 2-3
+//   grads   the same dtype (fp32 when it is the canonical order's     Φ_u, or c_u at stages 2-3
+//           accumulator, StagePlan::grads_fp32)
 //   master  fp32 (none at fp32: the params are the master)            Φ_u, or c_u at stages 1-3
 //   adam_m, adam_v  fp32                                              as master
 // Every offset the step needs ("where does my own range start in this buffer") is computed

@@ -25,6 +25,7 @@ StagePlan StagePlan::make(int stage, AccumulatePolicy policy, bool fp32_accumula
     p.fp32_accumulator = true;
     p.micro_batch_reduce = Reduce::kReduceScatter;
     p.gather_grads = !sh.optimizer_states;
+    p.grads_fp32 = sh.gradients;
   }
   p.gather_before_compute = sh.parameters;
   p.gather_after_update = sh.optimizer_states && !sh.parameters;

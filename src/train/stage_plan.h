@@ -60,6 +60,10 @@ struct StagePlan {
   bool fp32_accumulator = false;
   // Stage 0 under fp32_accumulator: the boundary all-gathers the averaged gradient.
   bool gather_grads = false;
+  // Stages 2-3 under fp32_accumulator: the grads buffer, which holds only the own range,
+  // is the accumulator, in fp32; the boundary leaves the average in it, rounded to the
+  // run's dtype and held widened (the values the 16-bit buffer would hold).
+  bool grads_fp32 = false;
 
   // `fp32_accumulator`: the canonical order with more than one micro-batch per step (only
   // under kReduce).

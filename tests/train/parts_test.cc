@@ -101,7 +101,8 @@ TEST(RankTrainer, AllocatesWhatThePlannerDescribesAndNothingPerStep) {
         RankTrainer t(c, comm, data, {});
         std::vector<uint64_t> numel;
         for (const auto& u : t.model()) numel.push_back(u->numel());
-        const StateBytes s = model_state_bytes(numel, comm.size(), stage, c.precision, comm.rank());
+        const StateBytes s = model_state_bytes(numel, comm.size(), stage, c.precision, comm.rank(),
+                                               fp32_accumulator(c));
         const TransientBytes tb =
             transient_bytes(t.model(), transient_plan(c, data, comm.size()), comm.rank());
         const MemoryLedger::Table before = t.ledger().current_table();
@@ -115,6 +116,7 @@ TEST(RankTrainer, AllocatesWhatThePlannerDescribesAndNothingPerStep) {
             {MemCategory::kWorkspace, tb.workspace},
             {MemCategory::kGathered, tb.gathered},
             {MemCategory::kGradBuckets, tb.grad_buckets},
+            {MemCategory::kGradAccum, tb.grad_accum},
             {MemCategory::kCommBuffers, tb.comm_buffers}};
         std::string bad;
         for (const auto& [cat, bytes] : want) {

@@ -134,5 +134,38 @@ TEST(PlanScale, RefusesRanksOutsideTheWorld) {
   EXPECT_THROW(all_ranks_model_state_bytes(units, 0, 0, Precision::kBF16), InvalidArgument);
 }
 
+// The canonical order with A > 1 keeps its fp32 accumulator in the grads buffer at stages
+// 2-3 (4 bytes per owned element, nothing in grad_accum) and beside the full 16-bit grads
+// at stages 0-1 (grad_accum, 4 bytes per owned element).
+TEST(PlanScale, TheCanonicalAccumulatorIsTheGradsBufferAtStagesTwoAndThree) {
+  const std::vector<uint64_t> units = {1000, 37, 4097};
+  const Model model = make_gpt({.layers = 1, .heads = 2, .embd = 16, .seq_len = 8, .vocab = 11});
+  std::vector<uint64_t> gpt;
+  for (const auto& u : model) gpt.push_back(u->numel());
+  for (int world : {1, 3, 4}) {
+    for (int rank = 0; rank < world; ++rank) {
+      uint64_t own = 0, gpt_own = 0;
+      for (uint64_t n : units) own += Partition(n, world).count(rank);
+      for (uint64_t n : gpt) gpt_own += Partition(n, world).count(rank);
+      for (int stage = 0; stage <= 3; ++stage) {
+        const std::string what = fmt::format("world {} rank {} stage {}", world, rank, stage);
+        const StateBytes plain = model_state_bytes(units, world, stage, Precision::kBF16, rank);
+        const StateBytes acc = model_state_bytes(units, world, stage, Precision::kBF16, rank, true);
+        EXPECT_EQ(acc.grads, stage >= 2 ? 4 * own : plain.grads) << what;
+        EXPECT_EQ(acc.total() - acc.grads, plain.total() - plain.grads) << what;
+        const TransientPlan p{.world = world,
+                              .stage = stage,
+                              .precision = Precision::kBF16,
+                              .policy = AccumulatePolicy::kReduce,
+                              .grad_accum = 2,
+                              .canonical = true,
+                              .micro_batch = 1,
+                              .seq_len = 8};
+        EXPECT_EQ(transient_bytes(model, p, rank).grad_accum, stage >= 2 ? 0 : 4 * gpt_own) << what;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zerodp

@@ -152,8 +152,8 @@ void expect_same(const TrainResult& want, const RunReport& got) {
   const TrainConfig& c = want.config;
   for (int rank = 0; rank < want.world_size; ++rank) {
     SCOPED_TRACE(fmt::format("plan rank {}", rank));
-    const StateBytes s =
-        model_state_bytes(want.unit_numel, want.world_size, c.stage, c.precision, rank);
+    const StateBytes s = model_state_bytes(want.unit_numel, want.world_size, c.stage, c.precision,
+                                           rank, fp32_accumulator(c));
     const ReportPlanRank& p = (*got.plan)[rank];
     EXPECT_EQ(p.model_state.params, s.params);
     EXPECT_EQ(p.model_state.grads, s.grads);
