@@ -209,6 +209,13 @@ int run_estimate(const Flags& f) {
   if (!f.json) {
     fmt::print("{}\n{}; model states and comm per step per rank (rank 0, the largest)\n", model,
                precision_name(precision));
+    if (f.grad_accum > 1 && invariant.value_or(true)) {
+      fmt::print(
+          "--grad-accum {}: the canonical gradient order (the same bits on any rank count) {}: "
+          "an fp32 accumulator, grads at 4 bytes per owned element at stages 2-3 "
+          "(docs/determinism.md)\n",
+          f.grad_accum, invariant ? "at every stage" : "where the policy is reduce");
+    }
     if (gpt) {
       fmt::print(
           "activations for micro-batch {} x {} tokens{}; peak/rank = states + activations "
