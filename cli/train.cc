@@ -378,6 +378,9 @@ Runner add_train(CLI::App& app) {
                   "Simulate a network: each collective takes at least bytes / this, e.g. 1GB/s");
   par->add_option("--link-latency", f->link_latency,
                   "Simulated per-step latency of each collective's ring, e.g. 20us");
+  par->add_option("--node-ranks", c.launch.comm.node_ranks,
+                  "Ranks per node: consecutive ranks share a node, and the comm ledger counts "
+                  "the bytes that cross nodes apart (docs/topology.md); default: one node");
   auto* opt = app.add_option_group("Optimization");
   opt->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
   opt->add_option("--seed", f->seed, "Seed for init and data order (0..2^64-1)")

@@ -131,7 +131,20 @@ class Communicator::Worker {
 };
 
 Communicator::Communicator(int rank, int size, const CommOptions& options)
-    : rank_(rank), size_(size), options_(options), worker_(std::make_unique<Worker>()) {}
+    : rank_(rank), size_(size), options_(options), worker_(std::make_unique<Worker>()) {
+  if (options.node_ranks < 0 || (options.node_ranks > 0 && size % options.node_ranks != 0)) {
+    throw InvalidArgument(fmt::format(
+        "--node-ranks {} does not divide the world of {} ranks: a world is whole nodes; use a "
+        "divisor of {}",
+        options.node_ranks, size, size));
+  }
+}
+
+size_t Communicator::node_count(const Partition& part) const {
+  const int first = node_first();
+  const int end = first + node_ranks();
+  return (end < size_ ? part.offset(end) : part.length()) - part.offset(first);
+}
 
 double Communicator::link_seconds(uint64_t bytes, int steps) const {
   double t = 0;
@@ -218,7 +231,8 @@ Work Communicator::reduce_scatter_async(ConstBuffer in, MutableBuffer out, const
         kOp, rank_));
   }
   const uint64_t bytes = static_cast<uint64_t>(size_ - 1) * mine * w;
-  ledger_.record(CommKind::kReduceScatter, bytes);
+  ledger_.record(CommKind::kReduceScatter, bytes,
+                 static_cast<uint64_t>(size_ - node_ranks()) * mine * w);
   return submit([=, this] { run_reduce_scatter(in, out, part, op); }, CommKind::kReduceScatter,
                 bytes, link_seconds(bytes, size_ - 1));
 }
@@ -247,7 +261,7 @@ Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const 
         kOp, rank_));
   }
   const uint64_t bytes = (part.length() - mine) * w;
-  ledger_.record(CommKind::kAllGather, bytes);
+  ledger_.record(CommKind::kAllGather, bytes, (part.length() - node_count(part)) * w);
   return submit([=, this] { run_all_gather(shard, out, part); }, CommKind::kAllGather, bytes,
                 link_seconds(bytes, size_ - 1));
 }
@@ -262,7 +276,9 @@ Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
   const size_t w = dtype_size(buf.dtype);
   const size_t mine = part.count(rank_);
   const uint64_t bytes = (static_cast<uint64_t>(size_ - 1) * mine + (part.length() - mine)) * w;
-  ledger_.record(CommKind::kAllReduce, bytes);
+  const uint64_t cross =
+      (static_cast<uint64_t>(size_ - node_ranks()) * mine + (part.length() - node_count(part))) * w;
+  ledger_.record(CommKind::kAllReduce, bytes, cross);
   return submit(
       [=, this] {
         MutableBuffer shard(static_cast<char*>(buf.data) + part.offset(rank_) * w, mine, buf.dtype);
@@ -278,7 +294,9 @@ Work Communicator::broadcast_async(MutableBuffer buf, int root) {
         fmt::format("broadcast: root {} is outside the world of {} ranks", root, size_));
   }
   // Every rank waits for the whole transfer, the root included.
-  ledger_.record(CommKind::kBroadcast, rank_ == root ? 0 : buf.bytes());
+  const bool root_elsewhere = root < node_first() || root >= node_first() + node_ranks();
+  ledger_.record(CommKind::kBroadcast, rank_ == root ? 0 : buf.bytes(),
+                 root_elsewhere ? buf.bytes() : 0);
   return submit([=, this] { run_broadcast(buf, root); }, CommKind::kBroadcast,
                 rank_ == root ? 0 : buf.bytes(), link_seconds(buf.bytes(), size_ - 1));
 }
@@ -286,7 +304,8 @@ Work Communicator::broadcast_async(MutableBuffer buf, int root) {
 std::vector<double> Communicator::gather_control(std::span<const double> mine) {
   std::vector<double> all(mine.size() * static_cast<size_t>(size_));
   ledger_.record(CommKind::kControl,
-                 static_cast<uint64_t>(size_ - 1) * mine.size() * sizeof(double));
+                 static_cast<uint64_t>(size_ - 1) * mine.size() * sizeof(double),
+                 static_cast<uint64_t>(size_ - node_ranks()) * mine.size() * sizeof(double));
   submit([&, this] { run_gather_control(mine, all); }, CommKind::kControl,
          static_cast<uint64_t>(size_ - 1) * mine.size() * sizeof(double))
       .wait();

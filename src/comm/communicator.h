@@ -59,6 +59,10 @@ struct CommOptions {
   // or broadcast, 2(N-1) for an all-reduce.
   double link_bandwidth = 0;  // bytes per second
   double link_latency = 0;    // seconds per step
+  // Ranks per node: ranks node * T .. node * T + T - 1 share a node (docs/topology.md).
+  // 0 = every rank on one node. The world must be a whole number of nodes. It decides what
+  // the ledger counts as crossing nodes; the collectives themselves are flat.
+  int node_ranks = 0;
 };
 std::string_view reduce_op_name(ReduceOp op);
 
@@ -176,6 +180,12 @@ class Communicator {
   Work submit(std::function<void()> op, CommKind kind, uint64_t bytes, double min_seconds = 0);
   // The simulated link's time for `bytes` received over `steps` ring steps (0 when off).
   double link_seconds(uint64_t bytes, int steps) const;
+  // Ranks per node (the world when CommOptions::node_ranks is 0), and this rank's node's
+  // first rank.
+  int node_ranks() const { return options_.node_ranks > 0 ? options_.node_ranks : size_; }
+  int node_first() const { return rank_ / node_ranks() * node_ranks(); }
+  // Elements of `part` held by the ranks of this rank's node.
+  size_t node_count(const Partition& part) const;
 
   int rank_;
   int size_;

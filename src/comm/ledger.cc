@@ -23,6 +23,7 @@ CommCounter CommLedger::total(CommKind kind) const {
   for (const auto& t : tables_) {
     sum.calls += t[static_cast<int>(kind)].calls;
     sum.bytes += t[static_cast<int>(kind)].bytes;
+    sum.cross_node_bytes += t[static_cast<int>(kind)].cross_node_bytes;
   }
   return sum;
 }

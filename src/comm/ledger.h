@@ -8,6 +8,12 @@
 //   control         scalars: (N-1) * k * 8 for k doubles per rank (a barrier is k = 1)
 // Summed over ranks each reduce-scatter or all-gather is (N-1) * C * w.
 //
+// Levels: with T ranks per node (CommOptions::node_ranks), the part of those bytes that came
+// from peers on other nodes is counted apart, as cross_node_bytes:
+//   reduce_scatter  (N-T) * c_r * w      all_gather  (C - c_node) * w
+// (c_node: the elements the ranks of r's node own), the all-reduce both, a broadcast all
+// of it when the root is on another node, control (N-T) * k * 8.
+//
 // Traffic is kept apart by phase, so a report can show what a training step costs
 // separately from initialization, evaluation and checkpoints. Not thread-safe: owned and
 // used by the rank's own thread.
@@ -28,6 +34,7 @@ enum class CommPhase : uint8_t { kTrain, kOther };
 struct CommCounter {
   uint64_t calls = 0;
   uint64_t bytes = 0;
+  uint64_t cross_node_bytes = 0;  // the part of `bytes` from peers on other nodes
   bool operator==(const CommCounter&) const = default;
 };
 
@@ -35,10 +42,11 @@ class CommLedger {
  public:
   using Table = std::array<CommCounter, kNumCommKinds>;
 
-  void record(CommKind kind, uint64_t bytes) {
+  void record(CommKind kind, uint64_t bytes, uint64_t cross_node_bytes = 0) {
     auto& c = tables_[static_cast<int>(phase_)][static_cast<int>(kind)];
     c.calls += 1;
     c.bytes += bytes;
+    c.cross_node_bytes += cross_node_bytes;
   }
   void set_phase(CommPhase phase) { phase_ = phase; }
   CommPhase phase() const { return phase_; }

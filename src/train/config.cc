@@ -215,6 +215,17 @@ void resolve_config(TrainConfig& c) {
   if (c.launch.backend == Backend::kLocal && c.launch.ranks < 1) {
     throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", c.launch.ranks));
   }
+  const int t = c.launch.comm.node_ranks;
+  if (t < 0) {
+    throw InvalidArgument(fmt::format(
+        "--node-ranks {} is invalid; use the ranks per node (1 or more), or leave it out", t));
+  }
+  if (t > 0 && c.launch.backend == Backend::kLocal && c.launch.ranks % t != 0) {
+    throw InvalidArgument(fmt::format(
+        "--node-ranks {} does not divide --ranks {}: a world is whole nodes; use a divisor of "
+        "{}",
+        t, c.launch.ranks, c.launch.ranks));
+  }
 }
 
 bool canonical_order(const TrainConfig& c) {
@@ -255,6 +266,8 @@ nlohmann::json config_json(const TrainConfig& c) {
   const auto set = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(); };
   j["link_bandwidth"] = set(c.launch.comm.link_bandwidth);
   j["link_latency"] = set(c.launch.comm.link_latency);
+  j["node_ranks"] =
+      c.launch.comm.node_ranks > 0 ? nlohmann::json(c.launch.comm.node_ranks) : nlohmann::json();
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
   j["checkpoint_dir"] = c.checkpoint_dir;
   j["checkpoint_every"] = c.checkpoint_every;

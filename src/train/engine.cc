@@ -57,6 +57,7 @@ std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
     for (const auto& c : comm.ledger().table(phase)) {
       v.push_back(static_cast<double>(c.calls));
       v.push_back(static_cast<double>(c.bytes));
+      v.push_back(static_cast<double>(c.cross_node_bytes));
     }
   }
   // The samples digest as 32 bytes.
@@ -76,6 +77,7 @@ RankSummary unpack_summary(std::span<const double> v, int rank) {
     for (auto& c : *table) {
       c.calls = static_cast<uint64_t>(v[k++]);
       c.bytes = static_cast<uint64_t>(v[k++]);
+      c.cross_node_bytes = static_cast<uint64_t>(v[k++]);
     }
   }
   std::string hex;

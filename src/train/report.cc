@@ -44,8 +44,10 @@ namespace {
 nlohmann::json comm_json(const CommLedger::Table& t) {
   nlohmann::json j;
   for (int k = 0; k < kNumCommKinds; ++k) {
-    j[std::string(comm_kind_name(static_cast<CommKind>(k)))] = {{key::kCalls, t[k].calls},
-                                                                {key::kBytes, t[k].bytes}};
+    j[std::string(comm_kind_name(static_cast<CommKind>(k)))] = {
+        {key::kCalls, t[k].calls},
+        {key::kBytes, t[k].bytes},
+        {key::kCrossNodeBytes, t[k].cross_node_bytes}};
   }
   return j;
 }
@@ -166,24 +168,31 @@ std::string summary_table(const TrainResult& r) {
   std::string out;
   const double steps = static_cast<double>(std::max<size_t>(1, r.steps.size()));
   out += fmt::format("Per-rank memory (peak bytes by category) and communication per step:\n");
-  out += fmt::format("{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}\n",
-                     "rank", "params", "grads", "master", "adam_m+v", "gathered", "activations",
-                     "other", "total", "comm/step");
+  // Nodes given: the part of the traffic that crossed them, a column of its own.
+  const bool nodes = r.config.launch.comm.node_ranks > 0;
+  out +=
+      fmt::format("{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}{}\n",
+                  "rank", "params", "grads", "master", "adam_m+v", "gathered", "activations",
+                  "other", "total", "comm/step", nodes ? fmt::format(" {:>11}", "cross-node") : "");
   for (const auto& rank : r.ranks) {
     const auto& p = rank.peak;
     auto cat = [&](MemCategory c) { return static_cast<double>(p[static_cast<int>(c)]); };
     const double other = cat(MemCategory::kGradBuckets) + cat(MemCategory::kGradAccum) +
                          cat(MemCategory::kCommBuffers) + cat(MemCategory::kWorkspace);
-    uint64_t comm = 0;
-    for (int k = 0; k < kNumCommKinds; ++k) comm += rank.comm_train[k].bytes;
+    uint64_t comm = 0, cross = 0;
+    for (int k = 0; k < kNumCommKinds; ++k) {
+      comm += rank.comm_train[k].bytes;
+      cross += rank.comm_train[k].cross_node_bytes;
+    }
     out += fmt::format(
-        "{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}\n", rank.rank,
+        "{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}{}\n", rank.rank,
         format_bytes(cat(MemCategory::kParams)), format_bytes(cat(MemCategory::kGrads)),
         format_bytes(cat(MemCategory::kMaster)),
         format_bytes(cat(MemCategory::kAdamM) + cat(MemCategory::kAdamV)),
         format_bytes(cat(MemCategory::kGathered)), format_bytes(cat(MemCategory::kActivations)),
         format_bytes(other), format_bytes(static_cast<double>(rank.peak_total)),
-        format_bytes(static_cast<double>(comm) / steps));
+        format_bytes(static_cast<double>(comm) / steps),
+        nodes ? fmt::format(" {:>11}", format_bytes(static_cast<double>(cross) / steps)) : "");
   }
   return out;
 }

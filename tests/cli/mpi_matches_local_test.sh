@@ -11,12 +11,15 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 common=(train --size tiny --data synthetic --steps 3 --micro-batch 4 --no-progress
         --collective-timeout 60)
 fail=0
-for case in "2 0 bf16" "2 3 bf16" "3 1 fp16" "3 2 fp32"; do
-  read -r n stage precision <<<"$case"
+# The last case puts every rank on a node of its own: the cross-node bytes match too.
+for case in "2 0 bf16 -" "2 3 bf16 -" "3 1 fp16 -" "3 2 fp32 -" "3 3 bf16 1"; do
+  read -r n stage precision nodes <<<"$case"
+  extra=()
+  [[ $nodes != - ]] && extra=(--node-ranks "$nodes")
   "$zerodp" "${common[@]}" --ranks "$n" --stage "$stage" --precision "$precision" \
-    --report "$tmp/local.json" >/dev/null
+    "${extra[@]}" --report "$tmp/local.json" >/dev/null
   "$mpirun" -np "$n" "$zerodp" "${common[@]}" --backend mpi --stage "$stage" \
-    --precision "$precision" --report "$tmp/mpi.json" >/dev/null
+    --precision "$precision" "${extra[@]}" --report "$tmp/mpi.json" >/dev/null
   if ! /usr/bin/env python3 - "$tmp/local.json" "$tmp/mpi.json" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])

@@ -261,6 +261,70 @@ TEST(CommLedger, CountsExactlyTheBytesPeersSend) {
   });
 }
 
+// With T ranks per node, the bytes from peers on other nodes are counted apart: each
+// collective's cross-node part equals the sum over those peers of what each sends, for
+// P = 1..3 nodes of T = 1..3 ranks and ragged partitions (some shorter than the world).
+TEST(CommLedger, CountsTheBytesThatCrossNodesApart) {
+  for (int nodes : {1, 2, 3}) {
+    for (int per_node : {1, 2, 3}) {
+      const int world = nodes * per_node;
+      for (size_t count : {size_t{1013}, size_t{5}}) {
+        CommOptions options = kOptions;
+        options.node_ranks = per_node;
+        run_local(world, options, [&](Communicator& comm) {
+          CommPhaseScope train(comm.ledger(), CommPhase::kTrain);
+          const Partition part(count, world);
+          const int r = comm.rank();
+          const size_t mine = part.count(r);
+          std::vector<BFloat16> in(count), shard(mine), out(count);
+          comm.reduce_scatter(std::span<const BFloat16>(in), std::span<BFloat16>(shard), part,
+                              ReduceOp::kAvg);
+          comm.all_gather(std::span<const BFloat16>(shard), std::span<BFloat16>(out), part);
+          comm.all_reduce(std::span<BFloat16>(out), ReduceOp::kSum);
+          std::vector<float> f(count);
+          comm.broadcast(std::span<float>(f), world - 1);
+          (void)comm.sum_control(1.0);
+          // What each peer on another node sends this rank.
+          uint64_t rs = 0, ag = 0, control = 0;
+          for (int p = 0; p < world; ++p) {
+            if (p / per_node == r / per_node) continue;
+            rs += mine * 2;
+            ag += part.count(p) * 2;
+            control += 8;
+          }
+          const bool root_away = (world - 1) / per_node != r / per_node;
+          const CommLedger& l = comm.ledger();
+          const auto cross = [&](CommKind k) {
+            return l.get(CommPhase::kTrain, k).cross_node_bytes;
+          };
+          const std::string where = std::to_string(nodes) + " nodes x " + std::to_string(per_node) +
+                                    " ranks, " + std::to_string(count) + " elements, rank " +
+                                    std::to_string(r);
+          EXPECT_EQ(cross(CommKind::kReduceScatter), rs) << where;
+          EXPECT_EQ(cross(CommKind::kAllGather), ag) << where;
+          EXPECT_EQ(cross(CommKind::kAllReduce), rs + ag) << where;
+          EXPECT_EQ(cross(CommKind::kBroadcast), root_away ? count * 4 : 0) << where;
+          EXPECT_EQ(cross(CommKind::kControl), control) << where;
+        });
+      }
+    }
+  }
+}
+
+// A world is whole nodes.
+TEST(CommLedger, RefusesNodesThatDoNotDivideTheWorld) {
+  CommOptions options = kOptions;
+  options.node_ranks = 2;
+  try {
+    run_local(3, options, [](Communicator&) {});
+    ADD_FAILURE() << "3 ranks in nodes of 2 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--node-ranks 2 does not divide the world of 3 ranks"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CommLedger, SumOverRanksOfReduceScatterIsTheRingVolume) {
   for (int world : {2, 3, 4, 5, 8}) {
     const size_t count = 1013;
