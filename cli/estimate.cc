@@ -32,6 +32,7 @@ struct Flags {
   int grad_accum = 1;
   std::string accumulate;  // empty = the stage's default
   std::string invariant = "auto";
+  int node_ranks = 0;  // 0: one node
   std::string memory_per_rank;
   bool json = false;
   // Activations and step time (GPT shapes only).
@@ -141,6 +142,12 @@ int run_estimate(const Flags& f) {
   for (uint64_t u : units) elements += static_cast<double>(u);
   for (int n : f.ranks) {
     if (n < 1) throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", n));
+    if (f.node_ranks < 0 || (f.node_ranks > 0 && n % f.node_ranks != 0)) {
+      throw InvalidArgument(fmt::format(
+          "--node-ranks {} does not divide --ranks {}: a world is whole nodes; use rank counts "
+          "that are multiples of it",
+          f.node_ranks, n));
+    }
     // Every byte count below is under 16 bytes per element per rank (all ranks' states) or
     // per micro-batch (a step's traffic, where a unit smaller than the world still moves
     // one element per peer); past 2^64 they would wrap silently.
@@ -231,6 +238,7 @@ int run_estimate(const Flags& f) {
     fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>13} {:>13} {:>5}", "ranks",
                "stage", "params", "grads", "master", "adam m+v", "per rank", "all ranks",
                "comm/step", "fits");
+    if (f.node_ranks > 0) fmt::print(" {:>11}", "cross-node");
     if (gpt) fmt::print(" {:>11} {:>11}", "activations", "peak/rank");
     if (flops && gpt) fmt::print(" {:>9} {:>9} {:>9}", "compute s", "comm s", "step s");
     fmt::print("\n");
@@ -247,8 +255,8 @@ int run_estimate(const Flags& f) {
       const StateBytes s = max_model_state_bytes(units, n, stage, precision, accumulator);
       const uint64_t all =
           all_ranks_model_state_bytes(units, n, stage, precision, accumulator).total();
-      const CommBytes c =
-          comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy, canonical, 0);
+      const CommBytes c = comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy,
+                                              canonical, 0, f.node_ranks);
       std::optional<TransientBytes> t;
       if (built) {
         t = transient_bytes(*built,
@@ -314,7 +322,12 @@ int run_estimate(const Flags& f) {
               {{"all_reduce", c.all_reduce},
                {"reduce_scatter", c.reduce_scatter},
                {"all_gather", c.all_gather},
-               {"total", c.total()}}},
+               {"total", c.total()},
+               {"cross_node",
+                {{"all_reduce", c.cross_all_reduce},
+                 {"reduce_scatter", c.cross_reduce_scatter},
+                 {"all_gather", c.cross_all_gather},
+                 {"total", c.cross_total()}}}}},
              {"transient_bytes", t ? nlohmann::json{{"activations", t->activations},
                                                     {"workspace", t->workspace},
                                                     {"gathered", t->gathered},
@@ -335,6 +348,7 @@ int run_estimate(const Flags& f) {
         fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>13} {:>13} {:>5}", n, stage,
                    gb(s.params), gb(s.grads), gb(s.master), gb(s.adam_m + s.adam_v), gb(s.total()),
                    gb(all), gb(c.total()), budget ? (fits ? "yes" : "no") : "-");
+        if (f.node_ranks > 0) fmt::print(" {:>11}", gb(c.cross_total()));
         if (t) fmt::print(" {:>11} {:>11}", gb(t->activations), gb(need));
         if (time) {
           fmt::print(" {:>9.3g} {:>9.3g} {:>9.3g}", time->compute, time->comm(),
@@ -405,6 +419,9 @@ Runner add_estimate(CLI::App& app) {
   app.add_option("--precision", f->precision, "bf16, fp16 or fp32")->capture_default_str();
   app.add_option("--grad-accum", f->grad_accum, "Micro-batches per step")->capture_default_str();
   app.add_option("--accumulate", f->accumulate, "local or reduce (default: the stage's)");
+  app.add_option("--node-ranks", f->node_ranks,
+                 "Ranks per node: also show the comm bytes per step that cross nodes "
+                 "(docs/topology.md)");
   app.add_option("--invariant", f->invariant,
                  "on, off or auto (on under reduce): the canonical gradient order, whose fp32 "
                  "accumulator and stage-0 traffic the estimate then counts")

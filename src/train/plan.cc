@@ -29,6 +29,13 @@ uint64_t own_count(uint64_t numel, int world, int rank) {
   return numel / n + (static_cast<uint64_t>(rank) < numel % n ? 1 : 0);
 }
 
+// Where rank `rank`'s range starts (numel for rank == world), in closed form.
+uint64_t own_offset(uint64_t numel, int world, int rank) {
+  const uint64_t n = static_cast<uint64_t>(world);
+  const uint64_t r = static_cast<uint64_t>(rank);
+  return r * (numel / n) + std::min(r, numel % n);
+}
+
 }  // namespace
 
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
@@ -96,8 +103,16 @@ PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precis
 
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
-                              bool canonical, int rank) {
+                              bool canonical, int rank, int node_ranks) {
   check_rank(world, rank);
+  if (node_ranks < 0 || (node_ranks > 0 && world % node_ranks != 0)) {
+    throw InvalidArgument(fmt::format(
+        "--node-ranks {} does not divide the world of {} ranks: a world is whole nodes; use a "
+        "divisor of {}",
+        node_ranks, world, world));
+  }
+  const int per_node = node_ranks > 0 ? node_ranks : world;
+  const int first = rank / per_node * per_node;
   const StagePlan sp = StagePlan::make(stage, policy, canonical && grad_accum > 1);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
   const uint64_t a = static_cast<uint64_t>(grad_accum);
@@ -111,17 +126,26 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                            : sp.gather_after_update || sp.gather_grads ? 1
                                                                        : 0;
   const uint64_t peers = static_cast<uint64_t>(world - 1);
+  const uint64_t away = static_cast<uint64_t>(world - per_node);
   CommBytes b;
   for (uint64_t numel : unit_numel) {
     const uint64_t own = own_count(numel, world, rank);
     const uint64_t rs = peers * own * w;    // from each peer, its copy of my range
     const uint64_t ag = (numel - own) * w;  // every range but mine
+    // The same from the peers on other nodes only.
+    const uint64_t rs_away = away * own * w;
+    const uint64_t ag_away =
+        (numel - (own_offset(numel, world, first + per_node) - own_offset(numel, world, first))) *
+        w;
     if (reduce == StagePlan::Reduce::kAllReduce) {
       b.all_reduce += reductions * (rs + ag);
+      b.cross_all_reduce += reductions * (rs_away + ag_away);
     } else {
       b.reduce_scatter += reductions * rs;
+      b.cross_reduce_scatter += reductions * rs_away;
     }
     b.all_gather += gathers * ag;
+    b.cross_all_gather += gathers * ag_away;
   }
   return b;
 }

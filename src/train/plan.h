@@ -55,15 +55,23 @@ PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precis
 // reduce-scatters A_red times and all-gathers 2A times (A_red = A for kReduce, 1 for kLocal).
 // `canonical` (the canonical order, with A > 1): stage 0 reduce-scatters A times and
 // all-gathers the averaged gradient once instead.
+// `node_ranks` T (0 = one node): the part of each that comes from peers on other nodes, as
+// the comm ledger counts it (comm/ledger.h; the collectives are flat, docs/topology.md).
 struct CommBytes {
   uint64_t all_reduce = 0;
   uint64_t reduce_scatter = 0;
   uint64_t all_gather = 0;
+  uint64_t cross_all_reduce = 0;
+  uint64_t cross_reduce_scatter = 0;
+  uint64_t cross_all_gather = 0;
   uint64_t total() const { return all_reduce + reduce_scatter + all_gather; }
+  uint64_t cross_total() const {
+    return cross_all_reduce + cross_reduce_scatter + cross_all_gather;
+  }
 };
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
-                              bool canonical, int rank);
+                              bool canonical, int rank, int node_ranks = 0);
 
 // What the products of a --precision multiply in: bf16 runs multiply in bf16 (operands
 // rounded, fp32 sums), as PyTorch's autocast does; fp16 runs keep fp32 products, since

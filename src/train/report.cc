@@ -153,12 +153,14 @@ nlohmann::json report_json(const TrainResult& r) {
                            {name(MemCategory::kAdamM), s.adam_m},
                            {name(MemCategory::kAdamV), s.adam_v},
                            {key::kTotal, s.total()}});
-    const CommBytes cb = comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision,
-                                             c.grad_accum, c.accumulate, canonical_order(c), rank);
+    const CommBytes cb =
+        comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
+                            c.accumulate, canonical_order(c), rank, c.launch.comm.node_ranks);
     plan_comm.push_back({{name(CommKind::kAllReduce), cb.all_reduce},
                          {name(CommKind::kReduceScatter), cb.reduce_scatter},
                          {name(CommKind::kAllGather), cb.all_gather},
-                         {key::kTotal, cb.total()}});
+                         {key::kTotal, cb.total()},
+                         {key::kCrossNodeBytes, cb.cross_total()}});
   }
   j[key::kPlan] = {{key::kModelStateBytes, plan_states}, {key::kCommBytesPerStep, plan_comm}};
   return j;
