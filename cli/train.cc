@@ -34,6 +34,8 @@ struct Flags {
   std::string memory_per_rank;
   std::string timeout = "300";
   std::string link_bandwidth;
+  std::string inter_node_bandwidth;
+  std::string inter_node_latency;
   std::string link_latency;
   std::string config_file;
   // Parsed here rather than by CLI11, to refuse what it would wrap, clamp or round to inf
@@ -201,6 +203,13 @@ int run_train(Flags& f, Launch args) {
   }
   if (!f.link_latency.empty()) {
     c.launch.comm.link_latency = parse_seconds(f.link_latency, "--link-latency");
+  }
+  if (!f.inter_node_bandwidth.empty()) {
+    c.launch.comm.inter_node_bandwidth =
+        parse_bandwidth(f.inter_node_bandwidth, "--inter-node-bandwidth");
+  }
+  if (!f.inter_node_latency.empty()) {
+    c.launch.comm.inter_node_latency = parse_seconds(f.inter_node_latency, "--inter-node-latency");
   }
   c.progress = !f.no_progress;
   for (const std::string& text : f.inject) c.inject.push_back(parse_injection(text));
@@ -378,6 +387,11 @@ Runner add_train(CLI::App& app) {
                   "Simulate a network: each collective takes at least bytes / this, e.g. 1GB/s");
   par->add_option("--link-latency", f->link_latency,
                   "Simulated per-step latency of each collective's ring, e.g. 20us");
+  par->add_option("--inter-node-bandwidth", f->inter_node_bandwidth,
+                  "Simulate a slower link between nodes (needs --node-ranks): a flat "
+                  "collective over several nodes runs at this rate, e.g. 1GB/s");
+  par->add_option("--inter-node-latency", f->inter_node_latency,
+                  "Simulated per-step latency between nodes (needs --node-ranks), e.g. 50us");
   par->add_option("--node-ranks", c.launch.comm.node_ranks,
                   "Ranks per node: consecutive ranks share a node, and the comm ledger counts "
                   "the bytes that cross nodes apart (docs/topology.md); default: one node");

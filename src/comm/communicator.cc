@@ -147,9 +147,16 @@ size_t Communicator::node_count(const Partition& part) const {
 }
 
 double Communicator::link_seconds(uint64_t bytes, int steps) const {
+  const bool spans_nodes = node_ranks() < size_;
+  const double bandwidth = spans_nodes && options_.inter_node_bandwidth > 0
+                               ? options_.inter_node_bandwidth
+                               : options_.link_bandwidth;
+  const double latency = spans_nodes && options_.inter_node_latency > 0
+                             ? options_.inter_node_latency
+                             : options_.link_latency;
   double t = 0;
-  if (options_.link_bandwidth > 0) t += static_cast<double>(bytes) / options_.link_bandwidth;
-  if (options_.link_latency > 0) t += steps * options_.link_latency;
+  if (bandwidth > 0) t += static_cast<double>(bytes) / bandwidth;
+  if (latency > 0) t += steps * latency;
   return t;
 }
 

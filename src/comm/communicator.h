@@ -63,6 +63,12 @@ struct CommOptions {
   // 0 = every rank on one node. The world must be a whole number of nodes. It decides what
   // the ledger counts as crossing nodes; the collectives themselves are flat.
   int node_ranks = 0;
+  // The simulated link between nodes (0 = as link_bandwidth / link_latency). A flat ring
+  // over several nodes has a hop between nodes at every step, and every step waits for its
+  // slowest hop, so when the world spans nodes a collective takes at least
+  // bytes / inter_node_bandwidth + steps x inter_node_latency.
+  double inter_node_bandwidth = 0;
+  double inter_node_latency = 0;
 };
 std::string_view reduce_op_name(ReduceOp op);
 

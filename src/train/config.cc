@@ -216,6 +216,12 @@ void resolve_config(TrainConfig& c) {
     throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", c.launch.ranks));
   }
   const int t = c.launch.comm.node_ranks;
+  if (t == 0 && (c.launch.comm.inter_node_bandwidth > 0 || c.launch.comm.inter_node_latency > 0)) {
+    throw InvalidArgument(fmt::format("{} needs --node-ranks T to say which ranks share a node",
+                                      c.launch.comm.inter_node_bandwidth > 0
+                                          ? "--inter-node-bandwidth"
+                                          : "--inter-node-latency"));
+  }
   if (t < 0) {
     throw InvalidArgument(fmt::format(
         "--node-ranks {} is invalid; use the ranks per node (1 or more), or leave it out", t));
@@ -268,6 +274,8 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["link_latency"] = set(c.launch.comm.link_latency);
   j["node_ranks"] =
       c.launch.comm.node_ranks > 0 ? nlohmann::json(c.launch.comm.node_ranks) : nlohmann::json();
+  j["inter_node_bandwidth"] = set(c.launch.comm.inter_node_bandwidth);
+  j["inter_node_latency"] = set(c.launch.comm.inter_node_latency);
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
   j["checkpoint_dir"] = c.checkpoint_dir;
   j["checkpoint_every"] = c.checkpoint_every;

@@ -460,5 +460,27 @@ TEST(SimulatedLink, CollectivesTakeAtLeastBytesOverBandwidthPlusLatency) {
   });
 }
 
+// A world that spans nodes runs its flat collectives at the slower link between nodes
+// (every ring step has a hop between nodes); inside one node the general link applies.
+TEST(SimulatedLink, AWorldOverSeveralNodesRunsAtTheLinkBetweenThem) {
+  CommOptions two_nodes;
+  two_nodes.timeout_seconds = 30;
+  two_nodes.link_bandwidth = 4e9;        // fast inside a node
+  two_nodes.inter_node_bandwidth = 4e6;  // 4 MB/s between nodes
+  two_nodes.inter_node_latency = 1e-3;
+  two_nodes.node_ranks = 1;
+  const size_t count = 100000;  // 400 KB of f32
+  run_local(2, two_nodes, [&](Communicator& comm) {
+    std::vector<float> buf(count, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    comm.all_reduce(std::span<float>(buf), ReduceOp::kSum);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // 400 KB received at 4 MB/s, plus 2 ring steps of 1 ms between nodes.
+    EXPECT_GE(took, 0.102);
+    EXPECT_EQ(buf[0], 2.0f);
+  });
+}
+
 }  // namespace
 }  // namespace zerodp
