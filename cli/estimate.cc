@@ -164,20 +164,8 @@ int run_estimate(const Flags& f) {
   if (!f.accumulate.empty()) {
     accumulate = parse_accumulate_flag(f.accumulate);
   }
-  std::optional<bool> invariant;
-  if (f.invariant == "on" || f.invariant == "true") {
-    invariant = true;
-  } else if (f.invariant == "off" || f.invariant == "false") {
-    invariant = false;
-  } else if (f.invariant != "auto") {
-    throw InvalidArgument(
-        fmt::format("--invariant '{}' is unknown; use on, off or auto", f.invariant));
-  }
-  if (invariant.value_or(false) && accumulate == AccumulatePolicy::kLocal) {
-    throw InvalidArgument(
-        "--invariant on needs --accumulate reduce: a local sum adds a rank's own micro-batches "
-        "before the ranks' sums meet, in an order that depends on the rank count");
-  }
+  const std::optional<bool> invariant = parse_invariant_flag(f.invariant);
+  if (accumulate) check_invariant_policy(invariant, *accumulate);
 
   if (f.micro_batch < 1) {
     throw InvalidArgument(
@@ -248,8 +236,7 @@ int run_estimate(const Flags& f) {
     for (int stage : stages) {
       // As train resolves them: --invariant on makes reduce the default.
       const AccumulatePolicy policy =
-          accumulate.value_or(invariant.value_or(false) ? AccumulatePolicy::kReduce
-                                                        : default_accumulate(stage, f.grad_accum));
+          accumulate.value_or(default_accumulate(stage, f.grad_accum, invariant));
       const bool canonical = invariant.value_or(policy == AccumulatePolicy::kReduce);
       const bool accumulator = canonical && f.grad_accum > 1;
       const StateBytes s = max_model_state_bytes(units, n, stage, precision, accumulator);

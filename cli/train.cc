@@ -181,14 +181,7 @@ int run_train(Flags& f, Launch args) {
   // Both defaults wait for the micro-batches per step, which a resume may derive.
   c.accumulate_default = f.accumulate.empty();
   if (!f.accumulate.empty()) c.accumulate = parse_accumulate_flag(f.accumulate);
-  if (f.invariant == "on" || f.invariant == "true") {
-    c.invariant = true;
-  } else if (f.invariant == "off" || f.invariant == "false") {
-    c.invariant = false;
-  } else if (f.invariant != "auto") {
-    throw InvalidArgument(
-        fmt::format("--invariant '{}' is unknown; use on, off or auto", f.invariant));
-  }
+  c.invariant = parse_invariant_flag(f.invariant);
   c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout");
   if (!(c.launch.comm.timeout_seconds > 0)) {
     throw InvalidArgument(fmt::format(

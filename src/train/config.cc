@@ -58,8 +58,24 @@ std::string_view accumulate_name(AccumulatePolicy p) {
   return p == AccumulatePolicy::kLocal ? "local" : "reduce";
 }
 
-AccumulatePolicy default_accumulate(int stage, int grad_accum) {
-  return stage >= 2 || grad_accum == 1 ? AccumulatePolicy::kReduce : AccumulatePolicy::kLocal;
+AccumulatePolicy default_accumulate(int stage, int grad_accum, std::optional<bool> invariant) {
+  return invariant.value_or(false) || stage >= 2 || grad_accum == 1 ? AccumulatePolicy::kReduce
+                                                                    : AccumulatePolicy::kLocal;
+}
+
+std::optional<bool> parse_invariant_flag(std::string_view text) {
+  if (text == "on" || text == "true") return true;
+  if (text == "off" || text == "false") return false;
+  if (text == "auto") return std::nullopt;
+  throw InvalidArgument(fmt::format("--invariant '{}' is unknown; use on, off or auto", text));
+}
+
+void check_invariant_policy(std::optional<bool> invariant, AccumulatePolicy policy) {
+  if (invariant.value_or(false) && policy == AccumulatePolicy::kLocal) {
+    throw InvalidArgument(
+        "--invariant on needs --accumulate reduce: a local sum adds a rank's own micro-batches "
+        "before the ranks' sums meet, in an order that depends on the rank count");
+  }
 }
 
 Injection parse_injection(std::string_view text) {
@@ -119,15 +135,10 @@ void resolve_config(TrainConfig& c) {
     throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", c.grad_accum));
   }
   if (c.accumulate_default) {
-    c.accumulate = c.invariant.value_or(false) ? AccumulatePolicy::kReduce
-                                               : default_accumulate(c.stage, c.grad_accum);
+    c.accumulate = default_accumulate(c.stage, c.grad_accum, c.invariant);
     c.accumulate_default = false;
   }
-  if (c.invariant.value_or(false) && c.accumulate == AccumulatePolicy::kLocal) {
-    throw InvalidArgument(
-        "--invariant on needs --accumulate reduce: a local sum adds a rank's own micro-batches "
-        "before the ranks' sums meet, in an order that depends on the rank count");
-  }
+  check_invariant_policy(c.invariant, c.accumulate);
   if (c.steps < 1)
     throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
   if (c.prefetch < 0 || c.prefetch > 8) {

@@ -42,7 +42,13 @@ std::string_view accumulate_name(AccumulatePolicy p);
 // buffer) and whenever a step has one micro-batch, where both policies reduce the same
 // gradient once and reduce issues each unit's reduction as soon as its backward ends, so it
 // overlaps the rest of backward (DDP's buckets); local otherwise (least comm).
-AccumulatePolicy default_accumulate(int stage, int grad_accum);
+// --invariant on (`invariant` true) asks for reduce everywhere.
+AccumulatePolicy default_accumulate(int stage, int grad_accum,
+                                    std::optional<bool> invariant = std::nullopt);
+// --invariant's value: on/true, off/false, or auto (nullopt); InvalidArgument otherwise.
+std::optional<bool> parse_invariant_flag(std::string_view text);
+// InvalidArgument when --invariant on meets --accumulate local, which cannot keep the order.
+void check_invariant_policy(std::optional<bool> invariant, AccumulatePolicy policy);
 
 // A fault to inject (--inject KIND@STEP[:RANK]), for tests and demos of failure handling
 // (docs/reliability.md). Rank defaults to 0.

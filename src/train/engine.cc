@@ -142,8 +142,7 @@ void keep_global_batch(TrainConfig& cfg, const std::filesystem::path& from,
   }
   cfg.grad_accum = static_cast<int>(k / (n * b));
   if (default_policy) {
-    cfg.accumulate = cfg.invariant.value_or(false) ? AccumulatePolicy::kReduce
-                                                   : default_accumulate(cfg.stage, cfg.grad_accum);
+    cfg.accumulate = default_accumulate(cfg.stage, cfg.grad_accum, cfg.invariant);
   }
 }
 
