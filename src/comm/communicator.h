@@ -61,8 +61,20 @@ struct CommOptions {
   double link_latency = 0;    // seconds per step
   // Ranks per node: ranks node * T .. node * T + T - 1 share a node (docs/topology.md).
   // 0 = every rank on one node. The world must be a whole number of nodes. It decides what
-  // the ledger counts as crossing nodes; the collectives themselves are flat.
+  // the ledger counts as crossing nodes, and the shape of the two-level collectives.
   int node_ranks = 0;
+  // Two-level reduce-scatter and all-gather (all-reduce is the two): with P = N / T nodes,
+  // rank r = p * T + l (node p, local index l) exchanges across nodes only with the P - 1
+  // ranks of its local index, so a rank's cross-node bytes drop from (N - T) * c_r * w to
+  // (P - 1) * c_r * w. Reduce-scatter: inside node p, local rank l folds the node's T
+  // inputs of every range (q, l) in local rank order in fp32 and rounds it to the dtype
+  // (the node partial, what crosses nodes); then the owner folds the P partials of its
+  // range in node order in fp32 (kSumInto: onto its accumulator), divides by N for kAvg
+  // and rounds once. All-gather: across nodes among the ranks of one local index first,
+  // then inside the node. A fixed order, the same on every backend for the same (P, T), but
+  // not the flat rank-order fold, so not the canonical order (docs/determinism.md).
+  // Broadcast and control stay flat. Off (flat) by default.
+  bool two_level = false;
   // The simulated link between nodes (0 = as link_bandwidth / link_latency). A flat ring
   // over several nodes has a hop between nodes at every step, and every step waits for its
   // slowest hop, so when the world spans nodes a collective takes at least

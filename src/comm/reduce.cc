@@ -23,14 +23,15 @@ inline void accumulate(float* acc, const float* x, size_t n, ReduceOp op) {
   }
 }
 
-inline void finish(float* acc, size_t n, ReduceOp op, int world) {
+inline void finish(float* acc, size_t n, ReduceOp op, int divisor_count) {
   if (op != ReduceOp::kAvg) return;
-  const float divisor = static_cast<float>(world);
+  const float divisor = static_cast<float>(divisor_count);
   for (size_t j = 0; j < n; ++j) acc[j] /= divisor;
 }
 
 template <typename T>
-void reduce_typed(std::span<const void* const> inputs, T* out, size_t count, ReduceOp op) {
+void reduce_typed(std::span<const void* const> inputs, T* out, size_t count, ReduceOp op,
+                  int divisor) {
   const int world = static_cast<int>(inputs.size());
   alignas(64) std::array<float, kBlock> acc;
   alignas(64) std::array<float, kBlock> wide;
@@ -49,7 +50,7 @@ void reduce_typed(std::span<const void* const> inputs, T* out, size_t count, Red
         if (k > 0) accumulate(acc.data(), wide.data(), n, op);
       }
     }
-    finish(acc.data(), n, op, world);
+    finish(acc.data(), n, op, divisor);
     if constexpr (std::is_same_v<T, float>) {
       std::memcpy(out + begin, acc.data(), n * sizeof(float));
     } else {
@@ -80,8 +81,9 @@ void sum_into_typed(std::span<const void* const> inputs, float* out, size_t coun
 }  // namespace
 
 void reduce_rank_order(std::span<const void* const> inputs, void* out, size_t count, DType dtype,
-                       ReduceOp op) {
+                       ReduceOp op, int divisor) {
   if (inputs.empty() || count == 0) return;
+  if (divisor <= 0) divisor = static_cast<int>(inputs.size());
   if (op == ReduceOp::kSumInto) {
     auto* acc = static_cast<float*>(out);
     switch (dtype) {
@@ -99,13 +101,13 @@ void reduce_rank_order(std::span<const void* const> inputs, void* out, size_t co
   }
   switch (dtype) {
     case DType::kF32:
-      reduce_typed(inputs, static_cast<float*>(out), count, op);
+      reduce_typed(inputs, static_cast<float*>(out), count, op, divisor);
       break;
     case DType::kF16:
-      reduce_typed(inputs, static_cast<Float16*>(out), count, op);
+      reduce_typed(inputs, static_cast<Float16*>(out), count, op, divisor);
       break;
     case DType::kBF16:
-      reduce_typed(inputs, static_cast<BFloat16*>(out), count, op);
+      reduce_typed(inputs, static_cast<BFloat16*>(out), count, op, divisor);
       break;
   }
 }

@@ -18,7 +18,17 @@ namespace zerodp {
 // kSumInto: `out` is fp32 (whatever `dtype`, the inputs' type), and the fold starts from it:
 // out[i] = ((out[i] + in[0][i]) + in[1][i]) + ...; nothing is divided or rounded. `out` must
 // not alias an input.
+//
+// `divisor`: what kAvg divides by (0: the number of inputs). The second level of a two-level
+// reduction folds P node partials but averages over the N ranks.
 void reduce_rank_order(std::span<const void* const> inputs, void* out, size_t count, DType dtype,
-                       ReduceOp op);
+                       ReduceOp op, int divisor = 0);
+
+// The first level of a two-level reduction (CommOptions::two_level): how a node's T inputs
+// are folded into its partial. Sums for kSum, kAvg and kSumInto (the average and the
+// accumulator belong to the second level), max for kMax.
+inline ReduceOp node_partial_op(ReduceOp op) {
+  return op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
+}
 
 }  // namespace zerodp
