@@ -146,6 +146,50 @@ size_t Communicator::node_count(const Partition& part) const {
   return (end < size_ ? part.offset(end) : part.length()) - part.offset(first);
 }
 
+size_t Communicator::column_count(const Partition& part) const {
+  const int t = node_ranks();
+  size_t n = 0;
+  for (int r = rank_ % t; r < size_; r += t) n += part.count(r);
+  return n;
+}
+
+double Communicator::two_level_seconds(uint64_t intra, uint64_t cross) const {
+  const double inter_bandwidth =
+      options_.inter_node_bandwidth > 0 ? options_.inter_node_bandwidth : options_.link_bandwidth;
+  const double inter_latency =
+      options_.inter_node_latency > 0 ? options_.inter_node_latency : options_.link_latency;
+  const int t = node_ranks();
+  const int p = size_ / t;
+  double s = 0;
+  if (options_.link_bandwidth > 0) s += static_cast<double>(intra) / options_.link_bandwidth;
+  if (options_.link_latency > 0) s += (t - 1) * options_.link_latency;
+  if (inter_bandwidth > 0) s += static_cast<double>(cross) / inter_bandwidth;
+  if (inter_latency > 0) s += (p - 1) * inter_latency;
+  return s;
+}
+
+Communicator::Traffic Communicator::reduce_scatter_traffic(const Partition& part,
+                                                           size_t w) const {
+  const uint64_t mine = part.count(rank_);
+  if (two_level()) {
+    const uint64_t intra = static_cast<uint64_t>(node_ranks() - 1) * column_count(part) * w;
+    const uint64_t cross = static_cast<uint64_t>(size_ / node_ranks() - 1) * mine * w;
+    return {intra + cross, cross, two_level_seconds(intra, cross)};
+  }
+  const uint64_t bytes = static_cast<uint64_t>(size_ - 1) * mine * w;
+  return {bytes, static_cast<uint64_t>(size_ - node_ranks()) * mine * w,
+          link_seconds(bytes, size_ - 1)};
+}
+
+Communicator::Traffic Communicator::all_gather_traffic(const Partition& part, size_t w) const {
+  const uint64_t bytes = (part.length() - part.count(rank_)) * w;
+  if (two_level()) {
+    const uint64_t cross = (column_count(part) - part.count(rank_)) * w;
+    return {bytes, cross, two_level_seconds(bytes - cross, cross)};
+  }
+  return {bytes, (part.length() - node_count(part)) * w, link_seconds(bytes, size_ - 1)};
+}
+
 double Communicator::link_seconds(uint64_t bytes, int steps) const {
   const bool spans_nodes = node_ranks() < size_;
   const double bandwidth = spans_nodes && options_.inter_node_bandwidth > 0
@@ -237,11 +281,10 @@ Work Communicator::reduce_scatter_async(ConstBuffer in, MutableBuffer out, const
         "a separate buffer",
         kOp, rank_));
   }
-  const uint64_t bytes = static_cast<uint64_t>(size_ - 1) * mine * w;
-  ledger_.record(CommKind::kReduceScatter, bytes,
-                 static_cast<uint64_t>(size_ - node_ranks()) * mine * w);
+  const Traffic t = reduce_scatter_traffic(part, w);
+  ledger_.record(CommKind::kReduceScatter, t.bytes, t.cross);
   return submit([=, this] { run_reduce_scatter(in, out, part, op); }, CommKind::kReduceScatter,
-                bytes, link_seconds(bytes, size_ - 1));
+                t.bytes, t.seconds);
 }
 
 Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const Partition& part) {
@@ -267,10 +310,10 @@ Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const 
         "separate buffer",
         kOp, rank_));
   }
-  const uint64_t bytes = (part.length() - mine) * w;
-  ledger_.record(CommKind::kAllGather, bytes, (part.length() - node_count(part)) * w);
-  return submit([=, this] { run_all_gather(shard, out, part); }, CommKind::kAllGather, bytes,
-                link_seconds(bytes, size_ - 1));
+  const Traffic t = all_gather_traffic(part, w);
+  ledger_.record(CommKind::kAllGather, t.bytes, t.cross);
+  return submit([=, this] { run_all_gather(shard, out, part); }, CommKind::kAllGather, t.bytes,
+                t.seconds);
 }
 
 Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
@@ -282,17 +325,18 @@ Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
   const Partition part(buf.count, size_);
   const size_t w = dtype_size(buf.dtype);
   const size_t mine = part.count(rank_);
-  const uint64_t bytes = (static_cast<uint64_t>(size_ - 1) * mine + (part.length() - mine)) * w;
-  const uint64_t cross =
-      (static_cast<uint64_t>(size_ - node_ranks()) * mine + (part.length() - node_count(part))) * w;
-  ledger_.record(CommKind::kAllReduce, bytes, cross);
+  const Traffic rs = reduce_scatter_traffic(part, w);
+  const Traffic ag = all_gather_traffic(part, w);
+  const uint64_t bytes = rs.bytes + ag.bytes;
+  ledger_.record(CommKind::kAllReduce, bytes, rs.cross + ag.cross);
   return submit(
       [=, this] {
         MutableBuffer shard(static_cast<char*>(buf.data) + part.offset(rank_) * w, mine, buf.dtype);
         run_reduce_scatter(buf, shard, part, op);
         run_all_gather(shard, buf, part);
       },
-      CommKind::kAllReduce, bytes, link_seconds(bytes, 2 * (size_ - 1)));
+      CommKind::kAllReduce, bytes,
+      two_level() ? rs.seconds + ag.seconds : link_seconds(bytes, 2 * (size_ - 1)));
 }
 
 Work Communicator::broadcast_async(MutableBuffer buf, int root) {

@@ -192,18 +192,37 @@ class Communicator {
   virtual void run_gather_control(std::span<const double> mine, std::span<double> all) = 0;
   // Must be called by the backend's destructor before its members go away.
   void stop_worker();
+  // Ranks per node (the world when CommOptions::node_ranks is 0).
+  int node_ranks() const { return options_.node_ranks > 0 ? options_.node_ranks : size_; }
+  // Whether reduce-scatter and all-gather run the two-level algorithms (CommOptions::two_level
+  // over more than one node of more than one rank; otherwise the two are the flat ones).
+  bool two_level() const { return options_.two_level && node_ranks() > 1 && node_ranks() < size_; }
 
  private:
   class Worker;
   Work submit(std::function<void()> op, CommKind kind, uint64_t bytes, double min_seconds = 0);
   // The simulated link's time for `bytes` received over `steps` ring steps (0 when off).
   double link_seconds(uint64_t bytes, int steps) const;
-  // Ranks per node (the world when CommOptions::node_ranks is 0), and this rank's node's
-  // first rank.
-  int node_ranks() const { return options_.node_ranks > 0 ? options_.node_ranks : size_; }
+  // What this rank receives in a reduce-scatter or an all-gather over `part` with `w` bytes
+  // per element: in all, and from peers on other nodes (ledger.h), for the flat or the
+  // two-level algorithm as the options say; and how long the simulated link makes it last.
+  struct Traffic {
+    uint64_t bytes = 0;
+    uint64_t cross = 0;
+    double seconds = 0;
+  };
+  Traffic reduce_scatter_traffic(const Partition& part, size_t w) const;
+  Traffic all_gather_traffic(const Partition& part, size_t w) const;
+  // The two-level algorithms' time: the intra-node phase at the general link over T - 1
+  // steps, the cross-node phase at the link between nodes over P - 1 steps.
+  double two_level_seconds(uint64_t intra, uint64_t cross) const;
+  // This rank's node's first rank.
   int node_first() const { return rank_ / node_ranks() * node_ranks(); }
   // Elements of `part` held by the ranks of this rank's node.
   size_t node_count(const Partition& part) const;
+  // Elements of `part` held by the ranks of this rank's local index on every node: the
+  // ranges a two-level collective moves across nodes for this rank.
+  size_t column_count(const Partition& part) const;
 
   int rank_;
   int size_;

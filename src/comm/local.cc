@@ -182,7 +182,11 @@ class LocalCommunicator final : public Communicator {
     for (int k = 0; k < size(); ++k) {
       inputs[k] = static_cast<const char*>(shared_->slots[k].in) + offset_bytes;
     }
-    reduce_rank_order(inputs, out.data, out.count, in.dtype, op);
+    if (two_level()) {
+      reduce_two_level(inputs, out, in.dtype, op);
+    } else {
+      reduce_rank_order(inputs, out.data, out.count, in.dtype, op);
+    }
     depart(f);
   }
 
@@ -239,6 +243,37 @@ class LocalCommunicator final : public Communicator {
     }
   }
 
+  // The two-level order (CommOptions::two_level) over this rank's range: each node's
+  // partial folded from its ranks' inputs and rounded to the dtype, then the partials folded
+  // in node order. Computed here from the peers' inputs directly, in pieces of kPiece
+  // elements so the partials' scratch stays small; the bits are those of the exchange the
+  // mpi backend runs, which computes the same partials on the ranks of each node.
+  void reduce_two_level(std::span<const void* const> inputs, MutableBuffer out, DType dtype,
+                        ReduceOp op) {
+    constexpr size_t kPiece = 16384;
+    const int t = node_ranks();
+    const int p = size() / t;
+    const size_t w = dtype_size(dtype);
+    const size_t out_w = dtype_size(out.dtype);
+    const size_t piece = std::min(kPiece, out.count);
+    partials_.resize(static_cast<size_t>(p) * piece * w);
+    std::vector<const void*> node_inputs(static_cast<size_t>(t));
+    std::vector<const void*> partials(static_cast<size_t>(p));
+    for (size_t begin = 0; begin < out.count; begin += piece) {
+      const size_t n = std::min(piece, out.count - begin);
+      for (int q = 0; q < p; ++q) {
+        for (int l = 0; l < t; ++l) {
+          node_inputs[l] = static_cast<const char*>(inputs[q * t + l]) + begin * w;
+        }
+        void* partial = partials_.data() + static_cast<size_t>(q) * piece * w;
+        reduce_rank_order(node_inputs, partial, n, dtype, node_partial_op(op));
+        partials[q] = partial;
+      }
+      reduce_rank_order(partials, static_cast<char*>(out.data) + begin * out_w, n, dtype, op,
+                        size());
+    }
+  }
+
   // Waits until every peer is done reading this rank's buffers, so the caller may reuse them.
   void depart(const Fingerprint& f) {
     shared_->arrive_and_wait(rank(), fmt::format("{} #{} (completion)", describe(f), sequence_));
@@ -246,6 +281,7 @@ class LocalCommunicator final : public Communicator {
 
   std::shared_ptr<LocalWorld::Shared> shared_;
   uint64_t sequence_ = 0;
+  std::vector<std::byte> partials_;  // two-level: the P node partials of a piece
 };
 
 }  // namespace

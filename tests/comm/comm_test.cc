@@ -311,6 +311,196 @@ TEST(CommLedger, CountsTheBytesThatCrossNodesApart) {
   }
 }
 
+// The two-level algorithms' bytes, counted message by message as CommOptions::two_level
+// describes them: a reduce-scatter receives, from each peer of its node, that peer's copy of
+// the ranges of every rank sharing its local index, and from each rank of its local index on
+// another node, that node's partial of its own range; an all-gather receives, across nodes,
+// the shards of its local index, then from each peer of its node the shards of that peer's
+// local index.
+TEST(CommLedger, TwoLevelCollectivesCountEachLevelMessageByMessage) {
+  for (int nodes : {1, 2, 3}) {
+    for (int per_node : {1, 2, 3}) {
+      const int world = nodes * per_node;
+      for (size_t count : {size_t{1013}, size_t{5}}) {
+        CommOptions options = kOptions;
+        options.node_ranks = per_node;
+        options.two_level = true;
+        run_local(world, options, [&](Communicator& comm) {
+          CommPhaseScope train(comm.ledger(), CommPhase::kTrain);
+          const Partition part(count, world);
+          const int r = comm.rank();
+          const int node = r / per_node;
+          const int local = r % per_node;
+          const size_t mine = part.count(r);
+          std::vector<BFloat16> in(count), shard(mine), out(count);
+          comm.reduce_scatter(std::span<const BFloat16>(in), std::span<BFloat16>(shard), part,
+                              ReduceOp::kAvg);
+          comm.all_gather(std::span<const BFloat16>(shard), std::span<BFloat16>(out), part);
+          comm.all_reduce(std::span<BFloat16>(out), ReduceOp::kSum);
+          const auto column = [&](int l) {
+            size_t n = 0;
+            for (int q = 0; q < nodes; ++q) n += part.count(q * per_node + l);
+            return n;
+          };
+          uint64_t rs = 0, rs_cross = 0, ag = 0, ag_cross = 0;
+          for (int l = 0; l < per_node; ++l) {
+            if (l == local) continue;
+            rs += column(local) * 2;
+            ag += column(l) * 2;
+          }
+          for (int q = 0; q < nodes; ++q) {
+            if (q == node) continue;
+            rs_cross += mine * 2;
+            ag_cross += part.count(q * per_node + local) * 2;
+          }
+          const Partition even(count, world);  // all_reduce's own partition
+          ASSERT_EQ(even.count(r), part.count(r));
+          const CommLedger& l = comm.ledger();
+          const auto got = [&](CommKind k) { return l.get(CommPhase::kTrain, k); };
+          const std::string where = std::to_string(nodes) + " nodes x " + std::to_string(per_node) +
+                                    " ranks, " + std::to_string(count) + " elements, rank " +
+                                    std::to_string(r);
+          EXPECT_EQ(got(CommKind::kReduceScatter).bytes, rs + rs_cross) << where;
+          EXPECT_EQ(got(CommKind::kReduceScatter).cross_node_bytes, rs_cross) << where;
+          EXPECT_EQ(got(CommKind::kAllGather).bytes, ag + ag_cross) << where;
+          EXPECT_EQ(got(CommKind::kAllGather).cross_node_bytes, ag_cross) << where;
+          EXPECT_EQ(got(CommKind::kAllReduce).bytes, rs + rs_cross + ag + ag_cross) << where;
+          EXPECT_EQ(got(CommKind::kAllReduce).cross_node_bytes, rs_cross + ag_cross) << where;
+          // Whatever the algorithm, an all-gather brings every range but one's own.
+          EXPECT_EQ(ag + ag_cross, (count - mine) * 2) << where;
+        });
+      }
+    }
+  }
+}
+
+// The two-level fold, computed here with plain float arithmetic: node partials rounded to
+// the dtype, then folded in node order, divided by the world for avg, rounded once. With
+// one node, or one rank per node, it is the flat fold.
+template <typename T>
+std::vector<T> two_level_reference(const std::vector<std::vector<T>>& inputs, int per_node,
+                                   const Partition& part, int rank, ReduceOp op) {
+  const int world = static_cast<int>(inputs.size());
+  std::vector<T> out(part.count(rank));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const size_t at = part.offset(rank) + i;
+    float acc = 0;
+    for (int q = 0; q < world / per_node; ++q) {
+      float node = widen(inputs[q * per_node][at]);
+      for (int l = 1; l < per_node; ++l) {
+        const float x = widen(inputs[q * per_node + l][at]);
+        node = op == ReduceOp::kMax ? std::max(node, x) : node + x;
+      }
+      // One node is the flat fold: nothing crosses nodes, so nothing is rounded between.
+      const float partial = world == per_node ? node : widen(from_float<T>(node));
+      acc = q == 0 ? partial : op == ReduceOp::kMax ? std::max(acc, partial) : acc + partial;
+    }
+    if (op == ReduceOp::kAvg) acc /= static_cast<float>(world);
+    out[i] = from_float<T>(acc);
+  }
+  return out;
+}
+
+template <typename T>
+void check_two_level_reduce_scatter(ReduceOp op) {
+  for (const auto& [nodes, per_node] : {std::pair{2, 2}, {3, 2}, {2, 3}, {1, 3}, {3, 1}}) {
+    const int world = nodes * per_node;
+    for (size_t count : {size_t{1}, size_t{7}, size_t{20011}}) {
+      std::vector<std::vector<T>> inputs(static_cast<size_t>(world), std::vector<T>(count));
+      for (int r = 0; r < world; ++r) {
+        for (size_t i = 0; i < count; ++i) inputs[r][i] = from_float<T>(input_value(r, i));
+      }
+      const Partition part(count, world);
+      CommOptions options = kOptions;
+      options.node_ranks = per_node;
+      options.two_level = true;
+      run_local(world, options, [&](Communicator& comm) {
+        const int r = comm.rank();
+        std::vector<T> out(part.count(r));
+        comm.reduce_scatter(std::span<const T>(inputs[r]), std::span<T>(out), part, op);
+        const std::vector<T> want = two_level_reference(inputs, per_node, part, r, op);
+        for (size_t i = 0; i < out.size(); ++i) {
+          ASSERT_EQ(std::memcmp(&out[i], &want[i], sizeof(T)), 0)
+              << nodes << " x " << per_node << ", " << count << " elements, rank " << r
+              << ", element " << i << ": " << widen(out[i]) << " vs " << widen(want[i]);
+        }
+      });
+    }
+  }
+}
+
+TEST(TwoLevel, ReduceScatterFoldsEachNodeThenTheNodesInOrder) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    check_two_level_reduce_scatter<float>(op);
+    check_two_level_reduce_scatter<BFloat16>(op);
+    check_two_level_reduce_scatter<Float16>(op);
+  }
+}
+
+// The accumulating form adds the node partials, in node order, onto the fp32 accumulator.
+TEST(TwoLevel, SumIntoAddsTheNodePartialsOntoTheAccumulator) {
+  const int per_node = 2, world = 4;
+  const size_t count = 1001;
+  CommOptions options = kOptions;
+  options.node_ranks = per_node;
+  options.two_level = true;
+  run_local(world, options, [&](Communicator& comm) {
+    const Partition part(count, world);
+    const int r = comm.rank();
+    std::vector<BFloat16> in(count);
+    for (size_t i = 0; i < count; ++i) in[i] = to_bf16(input_value(r, i));
+    std::vector<float> acc(part.count(r), 0.5f);
+    comm.reduce_scatter(std::span<const BFloat16>(in), std::span<float>(acc), part,
+                        ReduceOp::kSumInto);
+    for (size_t i = 0; i < acc.size(); ++i) {
+      const size_t at = part.offset(r) + i;
+      float want = 0.5f;
+      for (int q = 0; q < 2; ++q) {
+        const float node = widen(to_bf16(input_value(2 * q, at))) +
+                           widen(to_bf16(input_value(2 * q + 1, at)));
+        want += widen(to_bf16(node));
+      }
+      ASSERT_EQ(acc[i], want) << "rank " << r << ", element " << i;
+    }
+  });
+}
+
+// Not the flat fold: a test that would catch a backend running flat under two_level.
+// 1e8 + 1 rounds to 1e8 in fp32, so the flat fold ((1e8 + 1) - 1e8) + 1 is 1, while the
+// nodes' partials 1e8 and -1e8 cancel to 0.
+TEST(TwoLevel, IsNotTheFlatOrder) {
+  const float x[4] = {1e8f, 1.0f, -1e8f, 1.0f};
+  for (bool two_level : {false, true}) {
+    CommOptions options = kOptions;
+    options.node_ranks = 2;
+    options.two_level = two_level;
+    run_local(4, options, [&](Communicator& comm) {
+      std::vector<float> buf(4, x[comm.rank()]);
+      comm.all_reduce(std::span<float>(buf), ReduceOp::kSum);
+      EXPECT_EQ(buf[0], two_level ? 0.0f : 1.0f) << (two_level ? "two-level" : "flat");
+    });
+  }
+}
+
+TEST(TwoLevel, AllGatherPlacesEveryShard) {
+  CommOptions options = kOptions;
+  options.node_ranks = 3;
+  options.two_level = true;
+  const size_t count = 1013;
+  run_local(6, options, [&](Communicator& comm) {
+    const Partition part(count, 6);
+    const int r = comm.rank();
+    std::vector<float> shard(part.count(r)), out(count, -1.0f);
+    for (size_t i = 0; i < shard.size(); ++i) shard[i] = input_value(r, i);
+    comm.all_gather(std::span<const float>(shard), std::span<float>(out), part);
+    for (int k = 0; k < 6; ++k) {
+      for (size_t i = 0; i < part.count(k); ++i) {
+        ASSERT_EQ(out[part.offset(k) + i], input_value(k, i)) << "rank " << r << " of " << k;
+      }
+    }
+  });
+}
+
 // A world is whole nodes.
 TEST(CommLedger, RefusesNodesThatDoNotDivideTheWorld) {
   CommOptions options = kOptions;
@@ -479,6 +669,32 @@ TEST(SimulatedLink, AWorldOverSeveralNodesRunsAtTheLinkBetweenThem) {
     // 400 KB received at 4 MB/s, plus 2 ring steps of 1 ms between nodes.
     EXPECT_GE(took, 0.102);
     EXPECT_EQ(buf[0], 2.0f);
+  });
+}
+
+// The two-level collectives spend their cross-node bytes at the link between nodes over
+// P - 1 steps, and the rest at the general link over T - 1 steps.
+TEST(SimulatedLink, TwoLevelCollectivesPayEachLinkForItsOwnLevel) {
+  CommOptions options;
+  options.timeout_seconds = 30;
+  options.link_bandwidth = 4e9;
+  options.inter_node_bandwidth = 4e6;  // 4 MB/s between nodes
+  options.inter_node_latency = 1e-3;
+  options.node_ranks = 2;
+  options.two_level = true;
+  const size_t count = 100000;  // 400 KB of f32
+  run_local(4, options, [&](Communicator& comm) {
+    std::vector<float> buf(count, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    comm.all_reduce(std::span<float>(buf), ReduceOp::kSum);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Across nodes: 25,000 elements of the own range in, and the same out, at 4 MB/s, plus
+    // one step of 1 ms each way: 2 x (100 KB / 4 MB/s + 1 ms) = 52 ms (flat would move
+    // 400 KB across at that link).
+    EXPECT_GE(took, 0.052);
+    EXPECT_EQ(buf[0], 4.0f);
+    EXPECT_EQ(comm.ledger().total(CommKind::kAllReduce).cross_node_bytes, 200000u);
   });
 }
 
