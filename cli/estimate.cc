@@ -33,6 +33,7 @@ struct Flags {
   std::string accumulate;  // empty = the stage's default
   std::string invariant = "auto";
   int node_ranks = 0;  // 0: one node
+  std::string collectives = "flat";
   std::string memory_per_rank;
   bool json = false;
   // Activations and step time (GPT shapes only).
@@ -42,10 +43,15 @@ struct Flags {
   std::string flops;           // sustained FLOP/s per rank, e.g. 365e9
   std::string link_bandwidth;  // e.g. 10GB/s
   std::string link_latency;    // e.g. 20us
+  std::string inter_node_bandwidth;
+  std::string inter_node_latency;
 };
 
 // Per-rank step time from the cost model: compute = model FLOPs / --flops; comm = bytes /
-// --link-bandwidth + ring steps x --link-latency, split by when the engine issues it.
+// --link-bandwidth + ring steps x --link-latency, split by when the engine issues it. Over
+// several nodes (--node-ranks) the simulated link's rules apply: a flat collective runs at
+// the link between nodes; a two-level one pays the link inside a node for its intra-node
+// bytes over T - 1 steps and the link between nodes for its cross-node bytes over P - 1.
 // Overlappable: reductions issued during backward (--accumulate reduce) and stage 3's
 // prefetched gathers; serial: reductions at the step's boundary (--accumulate local) and
 // stages 1-2's gather of the updated parameters. The step is max(compute, overlappable) +
@@ -166,6 +172,12 @@ int run_estimate(const Flags& f) {
   }
   const std::optional<bool> invariant = parse_invariant_flag(f.invariant);
   if (accumulate) check_invariant_policy(invariant, *accumulate);
+  const bool two_level = parse_collectives_flag(f.collectives);
+  check_invariant_collectives(invariant, two_level);
+  if (two_level && f.node_ranks == 0) {
+    throw InvalidArgument(
+        "--collectives two-level needs --node-ranks T to say which ranks share a node");
+  }
 
   if (f.micro_batch < 1) {
     throw InvalidArgument(
@@ -187,6 +199,18 @@ int run_estimate(const Flags& f) {
   }
   if (!f.link_bandwidth.empty()) bandwidth = parse_bandwidth(f.link_bandwidth, "--link-bandwidth");
   if (!f.link_latency.empty()) latency = parse_seconds(f.link_latency, "--link-latency");
+  std::optional<double> inter_bandwidth = bandwidth, inter_latency = latency;
+  if (!f.inter_node_bandwidth.empty()) {
+    inter_bandwidth = parse_bandwidth(f.inter_node_bandwidth, "--inter-node-bandwidth");
+  }
+  if (!f.inter_node_latency.empty()) {
+    inter_latency = parse_seconds(f.inter_node_latency, "--inter-node-latency");
+  }
+  if (f.node_ranks == 0 && (!f.inter_node_bandwidth.empty() || !f.inter_node_latency.empty())) {
+    throw InvalidArgument(fmt::format("{} needs --node-ranks T to say which ranks share a node",
+                                      f.inter_node_bandwidth.empty() ? "--inter-node-latency"
+                                                                     : "--inter-node-bandwidth"));
+  }
   std::optional<Model> built;
   if (gpt) built = make_gpt(*gpt);
   // Recomputing forward under --checkpoint-activations adds a third of the model FLOPs.
@@ -237,13 +261,14 @@ int run_estimate(const Flags& f) {
       // As train resolves them: --invariant on makes reduce the default.
       const AccumulatePolicy policy =
           accumulate.value_or(default_accumulate(stage, f.grad_accum, invariant));
-      const bool canonical = invariant.value_or(policy == AccumulatePolicy::kReduce);
+      const bool canonical =
+          invariant.value_or(policy == AccumulatePolicy::kReduce && !two_level);
       const bool accumulator = canonical && f.grad_accum > 1;
       const StateBytes s = max_model_state_bytes(units, n, stage, precision, accumulator);
       const uint64_t all =
           all_ranks_model_state_bytes(units, n, stage, precision, accumulator).total();
       const CommBytes c = comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy,
-                                              canonical, 0, f.node_ranks);
+                                              canonical, 0, f.node_ranks, two_level);
       std::optional<TransientBytes> t;
       if (built) {
         t = transient_bytes(*built,
@@ -269,22 +294,38 @@ int run_estimate(const Flags& f) {
         const StagePlan sp = StagePlan::make(stage, policy, canonical && f.grad_accum > 1);
         const bool during_backward = sp.micro_batch_reduce != StagePlan::Reduce::kNone;
         const double a_red = during_backward ? A : 1;
-        const auto cost = [&](uint64_t bytes, double ring_steps) {
-          double sec = 0;
-          if (bandwidth) sec += static_cast<double>(bytes) / *bandwidth;
-          if (latency) sec += ring_steps * *latency;
-          return sec;
+        const int per_node = f.node_ranks > 0 ? f.node_ranks : n;
+        const bool spans = per_node < n;
+        const bool levels = two_level && spans && per_node > 1;
+        const auto at = [](const std::optional<double>& rate, double bytes) {
+          return rate ? bytes / *rate : 0.0;
         };
-        const double peers = n - 1;
+        const auto wait = [](const std::optional<double>& step, double steps) {
+          return step ? steps * *step : 0.0;
+        };
+        // `bytes` of which `cross` between nodes, over `calls` collectives of `phases` ring
+        // passes each (2 for an all-reduce).
+        const auto cost = [&](uint64_t bytes, uint64_t cross, double calls, double phases) {
+          const double total = static_cast<double>(bytes);
+          if (levels) {
+            const double p = static_cast<double>(n / per_node);
+            return at(bandwidth, total - static_cast<double>(cross)) +
+                   wait(latency, calls * phases * (per_node - 1)) +
+                   at(inter_bandwidth, static_cast<double>(cross)) +
+                   wait(inter_latency, calls * phases * (p - 1));
+          }
+          return spans ? at(inter_bandwidth, total) + wait(inter_latency, calls * phases * (n - 1))
+                       : at(bandwidth, total) + wait(latency, calls * phases * (n - 1));
+        };
         const StagePlan::Reduce kind = during_backward ? sp.micro_batch_reduce : sp.boundary_reduce;
         const double reduce = kind == StagePlan::Reduce::kAllReduce
-                                  ? cost(c.all_reduce, U * a_red * 2 * peers)
-                                  : cost(c.reduce_scatter, U * a_red * peers);
+                                  ? cost(c.all_reduce, c.cross_all_reduce, U * a_red, 2)
+                                  : cost(c.reduce_scatter, c.cross_reduce_scatter, U * a_red, 1);
         (during_backward ? st.comm_overlap : st.comm_serial) += reduce;
         if (sp.gather_before_compute) {
-          st.comm_overlap += cost(c.all_gather, U * 2 * A * peers);
+          st.comm_overlap += cost(c.all_gather, c.cross_all_gather, U * 2 * A, 1);
         } else if (sp.gather_after_update || sp.gather_grads) {
-          st.comm_serial += cost(c.all_gather, U * peers);
+          st.comm_serial += cost(c.all_gather, c.cross_all_gather, U, 1);
         }
         time = st;
       }
@@ -297,6 +338,7 @@ int run_estimate(const Flags& f) {
              {"precision", std::string(precision_name(precision))},
              {"accumulate", std::string(accumulate_name(policy))},
              {"invariant", canonical ? "on" : "off"},
+             {"collectives", std::string(collectives_name(two_level))},
              {"model_state_bytes",
               {{"params", s.params},
                {"grads", s.grads},
@@ -409,6 +451,10 @@ Runner add_estimate(CLI::App& app) {
   app.add_option("--node-ranks", f->node_ranks,
                  "Ranks per node: also show the comm bytes per step that cross nodes "
                  "(docs/topology.md)");
+  app.add_option("--collectives", f->collectives,
+                 "flat or two-level (with --node-ranks): the collectives whose bytes and time "
+                 "to count")
+      ->capture_default_str();
   app.add_option("--invariant", f->invariant,
                  "on, off or auto (on under reduce): the canonical gradient order, whose fp32 "
                  "accumulator and stage-0 traffic the estimate then counts")
@@ -423,6 +469,11 @@ Runner add_estimate(CLI::App& app) {
                  "Sustained FLOP/s per rank for the step-time estimate, e.g. 365e9");
   app.add_option("--link-bandwidth", f->link_bandwidth, "Per-rank link bandwidth, e.g. 10GB/s");
   app.add_option("--link-latency", f->link_latency, "Per ring step latency, e.g. 20us");
+  app.add_option("--inter-node-bandwidth", f->inter_node_bandwidth,
+                 "The link between nodes (with --node-ranks; default: --link-bandwidth), e.g. "
+                 "1GB/s");
+  app.add_option("--inter-node-latency", f->inter_node_latency,
+                 "Per step latency between nodes (with --node-ranks), e.g. 50us");
   app.add_flag("--json", f->json, "One JSON array of rows on stdout");
   return [f](Launch) { return run_estimate(*f); };
 }

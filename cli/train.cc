@@ -36,6 +36,7 @@ struct Flags {
   std::string link_bandwidth;
   std::string inter_node_bandwidth;
   std::string inter_node_latency;
+  std::string collectives = "flat";
   std::string link_latency;
   std::string config_file;
   // Parsed here rather than by CLI11, to refuse what it would wrap, clamp or round to inf
@@ -182,6 +183,7 @@ int run_train(Flags& f, Launch args) {
   c.accumulate_default = f.accumulate.empty();
   if (!f.accumulate.empty()) c.accumulate = parse_accumulate_flag(f.accumulate);
   c.invariant = parse_invariant_flag(f.invariant);
+  c.launch.comm.two_level = parse_collectives_flag(f.collectives);
   c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout");
   if (!(c.launch.comm.timeout_seconds > 0)) {
     throw InvalidArgument(fmt::format(
@@ -388,6 +390,12 @@ Runner add_train(CLI::App& app) {
   par->add_option("--node-ranks", c.launch.comm.node_ranks,
                   "Ranks per node: consecutive ranks share a node, and the comm ledger counts "
                   "the bytes that cross nodes apart (docs/topology.md); default: one node");
+  par->add_option("--collectives", f->collectives,
+                  "flat: every rank exchanges with every rank; two-level (with --node-ranks): "
+                  "inside each node, then across nodes with one rank per node and local "
+                  "index, T times fewer bytes between nodes, in an order that depends on T "
+                  "(so not --invariant on; docs/topology.md)")
+      ->capture_default_str();
   auto* opt = app.add_option_group("Optimization");
   opt->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
   opt->add_option("--seed", f->seed, "Seed for init and data order (0..2^64-1)")

@@ -70,6 +70,26 @@ std::optional<bool> parse_invariant_flag(std::string_view text) {
   throw InvalidArgument(fmt::format("--invariant '{}' is unknown; use on, off or auto", text));
 }
 
+bool parse_collectives_flag(std::string_view text) {
+  if (text == "flat") return false;
+  if (text == "two-level") return true;
+  throw InvalidArgument(fmt::format(
+      "--collectives '{}' is unknown; use flat (every rank with every rank) or two-level "
+      "(inside each node, then across nodes; needs --node-ranks)",
+      text));
+}
+
+std::string_view collectives_name(bool two_level) { return two_level ? "two-level" : "flat"; }
+
+void check_invariant_collectives(std::optional<bool> invariant, bool two_level) {
+  if (invariant.value_or(false) && two_level) {
+    throw InvalidArgument(
+        "--invariant on needs --collectives flat: two-level collectives add each node's ranks "
+        "first and round that partial, so the sum depends on the ranks per node "
+        "(docs/determinism.md)");
+  }
+}
+
 void check_invariant_policy(std::optional<bool> invariant, AccumulatePolicy policy) {
   if (invariant.value_or(false) && policy == AccumulatePolicy::kLocal) {
     throw InvalidArgument(
@@ -139,6 +159,7 @@ void resolve_config(TrainConfig& c) {
     c.accumulate_default = false;
   }
   check_invariant_policy(c.invariant, c.accumulate);
+  check_invariant_collectives(c.invariant, c.launch.comm.two_level);
   if (c.steps < 1)
     throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
   if (c.prefetch < 0 || c.prefetch > 8) {
@@ -237,6 +258,10 @@ void resolve_config(TrainConfig& c) {
     throw InvalidArgument(fmt::format(
         "--node-ranks {} is invalid; use the ranks per node (1 or more), or leave it out", t));
   }
+  if (t == 0 && c.launch.comm.two_level) {
+    throw InvalidArgument(
+        "--collectives two-level needs --node-ranks T to say which ranks share a node");
+  }
   if (t > 0 && c.launch.backend == Backend::kLocal && c.launch.ranks % t != 0) {
     throw InvalidArgument(fmt::format(
         "--node-ranks {} does not divide --ranks {}: a world is whole nodes; use a divisor of "
@@ -246,7 +271,8 @@ void resolve_config(TrainConfig& c) {
 }
 
 bool canonical_order(const TrainConfig& c) {
-  return c.invariant.value_or(c.accumulate == AccumulatePolicy::kReduce);
+  return c.invariant.value_or(c.accumulate == AccumulatePolicy::kReduce &&
+                              !c.launch.comm.two_level);
 }
 
 bool fp32_accumulator(const TrainConfig& c) { return canonical_order(c) && c.grad_accum > 1; }
@@ -287,6 +313,7 @@ nlohmann::json config_json(const TrainConfig& c) {
       c.launch.comm.node_ranks > 0 ? nlohmann::json(c.launch.comm.node_ranks) : nlohmann::json();
   j["inter_node_bandwidth"] = set(c.launch.comm.inter_node_bandwidth);
   j["inter_node_latency"] = set(c.launch.comm.inter_node_latency);
+  j["collectives"] = std::string(collectives_name(c.launch.comm.two_level));
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
   j["checkpoint_dir"] = c.checkpoint_dir;
   j["checkpoint_every"] = c.checkpoint_every;

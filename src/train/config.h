@@ -49,6 +49,13 @@ AccumulatePolicy default_accumulate(int stage, int grad_accum,
 std::optional<bool> parse_invariant_flag(std::string_view text);
 // InvalidArgument when --invariant on meets --accumulate local, which cannot keep the order.
 void check_invariant_policy(std::optional<bool> invariant, AccumulatePolicy policy);
+// --collectives: flat (false) or two-level (true; CommOptions::two_level); InvalidArgument
+// otherwise.
+bool parse_collectives_flag(std::string_view text);
+std::string_view collectives_name(bool two_level);
+// InvalidArgument when --invariant on meets --collectives two-level, whose node partials
+// make the sum depend on the ranks per node.
+void check_invariant_collectives(std::optional<bool> invariant, bool two_level);
 
 // A fault to inject (--inject KIND@STEP[:RANK]), for tests and demos of failure handling
 // (docs/reliability.md). Rank defaults to 0.
@@ -136,7 +143,8 @@ struct TrainConfig {
 void resolve_config(TrainConfig& config);
 
 // Whether the run sums gradients in the canonical order: its bits are then the same for
-// every rank count that divides its micro-batches per step (docs/determinism.md).
+// every rank count that divides its micro-batches per step (docs/determinism.md). --invariant
+// auto: on when the policy is reduce and the collectives are flat.
 bool canonical_order(const TrainConfig& c);
 // The canonical order with more than one micro-batch per step: gradients are summed in an
 // fp32 accumulator of the own range (at stages 2-3 the gradient buffer itself).

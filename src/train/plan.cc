@@ -103,7 +103,7 @@ PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precis
 
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
-                              bool canonical, int rank, int node_ranks) {
+                              bool canonical, int rank, int node_ranks, bool two_level) {
   check_rank(world, rank);
   if (node_ranks < 0 || (node_ranks > 0 && world % node_ranks != 0)) {
     throw InvalidArgument(fmt::format(
@@ -127,16 +127,26 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                                                                        : 0;
   const uint64_t peers = static_cast<uint64_t>(world - 1);
   const uint64_t away = static_cast<uint64_t>(world - per_node);
+  const bool levels = two_level && per_node > 1 && per_node < world;
+  const uint64_t other_nodes = static_cast<uint64_t>(world / per_node - 1);
   CommBytes b;
   for (uint64_t numel : unit_numel) {
     const uint64_t own = own_count(numel, world, rank);
-    const uint64_t rs = peers * own * w;    // from each peer, its copy of my range
-    const uint64_t ag = (numel - own) * w;  // every range but mine
+    uint64_t rs = peers * own * w;    // from each peer, its copy of my range
+    uint64_t ag = (numel - own) * w;  // every range but mine
     // The same from the peers on other nodes only.
-    const uint64_t rs_away = away * own * w;
-    const uint64_t ag_away =
+    uint64_t rs_away = away * own * w;
+    uint64_t ag_away =
         (numel - (own_offset(numel, world, first + per_node) - own_offset(numel, world, first))) *
         w;
+    if (levels) {
+      // The ranges of my local index on every node: what crosses nodes for me.
+      uint64_t column = 0;
+      for (int r = rank % per_node; r < world; r += per_node) column += own_count(numel, world, r);
+      rs_away = other_nodes * own * w;  // each other node's partial of my range
+      rs = static_cast<uint64_t>(per_node - 1) * column * w + rs_away;
+      ag_away = (column - own) * w;
+    }
     if (reduce == StagePlan::Reduce::kAllReduce) {
       b.all_reduce += reductions * (rs + ag);
       b.cross_all_reduce += reductions * (rs_away + ag_away);

@@ -56,7 +56,8 @@ PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precis
 // `canonical` (the canonical order, with A > 1): stage 0 reduce-scatters A times and
 // all-gathers the averaged gradient once instead.
 // `node_ranks` T (0 = one node): the part of each that comes from peers on other nodes, as
-// the comm ledger counts it (comm/ledger.h; the collectives are flat, docs/topology.md).
+// the comm ledger counts it (comm/ledger.h, docs/topology.md), for flat collectives or, with
+// `two_level`, the two-level ones (CommOptions::two_level).
 struct CommBytes {
   uint64_t all_reduce = 0;
   uint64_t reduce_scatter = 0;
@@ -71,7 +72,8 @@ struct CommBytes {
 };
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
-                              bool canonical, int rank, int node_ranks = 0);
+                              bool canonical, int rank, int node_ranks = 0,
+                              bool two_level = false);
 
 // What the products of a --precision multiply in: bf16 runs multiply in bf16 (operands
 // rounded, fp32 sums), as PyTorch's autocast does; fp16 runs keep fp32 products, since

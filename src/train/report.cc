@@ -155,7 +155,8 @@ nlohmann::json report_json(const TrainResult& r) {
                            {key::kTotal, s.total()}});
     const CommBytes cb =
         comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
-                            c.accumulate, canonical_order(c), rank, c.launch.comm.node_ranks);
+                            c.accumulate, canonical_order(c), rank, c.launch.comm.node_ranks,
+                            c.launch.comm.two_level);
     plan_comm.push_back({{name(CommKind::kAllReduce), cb.all_reduce},
                          {name(CommKind::kReduceScatter), cb.reduce_scatter},
                          {name(CommKind::kAllGather), cb.all_gather},
@@ -218,7 +219,8 @@ std::string formula_table(const TrainResult& r) {
     }
     const CommBytes cplan =
         comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
-                            c.accumulate, canonical_order(c), rank.rank);
+                            c.accumulate, canonical_order(c), rank.rank,
+                            c.launch.comm.node_ranks, c.launch.comm.two_level);
     const double per_step = static_cast<double>(comm) / steps;
     out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", rank.rank,
                        format_bytes(static_cast<double>(states)),

@@ -10,10 +10,11 @@ shape=(--layers 2 --heads 2 --embd 32 --seq-len 32)
 fail=0
 for case in "3 0 bf16 1 -" "3 1 fp16 2 -" "4 2 bf16 2 --checkpoint-activations" "3 3 fp32 1 -" \
   "2 3 bf16 2 --checkpoint-activations" "3 0 bf16 3 --invariant=on" "2 1 fp16 2 --invariant=on" "4 3 bf16 2 --node-ranks=2" \
-  "6 0 fp32 1 --node-ranks=3"; do
+  "6 0 fp32 1 --node-ranks=3" "6 3 bf16 2 --node-ranks=3,--collectives=two-level" \
+  "6 0 fp16 1 --node-ranks=2,--collectives=two-level"; do
   read -r n stage precision accum ckpt <<<"$case"
   extra=()
-  [[ $ckpt != - ]] && extra=("$ckpt")
+  [[ $ckpt != - ]] && IFS=, read -r -a extra <<<"$ckpt"
   "$zerodp" train --size tiny --data synthetic --steps 2 --micro-batch 2 --no-progress \
     --ranks "$n" --stage "$stage" --precision "$precision" --grad-accum "$accum" \
     "${extra[@]}" --report "$tmp/r.json" >/dev/null
