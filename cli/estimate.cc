@@ -207,9 +207,9 @@ int run_estimate(const Flags& f) {
     inter_latency = parse_seconds(f.inter_node_latency, "--inter-node-latency");
   }
   if (f.node_ranks == 0 && (!f.inter_node_bandwidth.empty() || !f.inter_node_latency.empty())) {
-    throw InvalidArgument(fmt::format("{} needs --node-ranks T to say which ranks share a node",
-                                      f.inter_node_bandwidth.empty() ? "--inter-node-latency"
-                                                                     : "--inter-node-bandwidth"));
+    throw InvalidArgument(fmt::format(
+        "{} needs --node-ranks T to say which ranks share a node",
+        f.inter_node_bandwidth.empty() ? "--inter-node-latency" : "--inter-node-bandwidth"));
   }
   std::optional<Model> built;
   if (gpt) built = make_gpt(*gpt);
@@ -261,8 +261,7 @@ int run_estimate(const Flags& f) {
       // As train resolves them: --invariant on makes reduce the default.
       const AccumulatePolicy policy =
           accumulate.value_or(default_accumulate(stage, f.grad_accum, invariant));
-      const bool canonical =
-          invariant.value_or(policy == AccumulatePolicy::kReduce && !two_level);
+      const bool canonical = invariant.value_or(policy == AccumulatePolicy::kReduce && !two_level);
       const bool accumulator = canonical && f.grad_accum > 1;
       const StateBytes s = max_model_state_bytes(units, n, stage, precision, accumulator);
       const uint64_t all =

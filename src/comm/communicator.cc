@@ -168,8 +168,7 @@ double Communicator::two_level_seconds(uint64_t intra, uint64_t cross) const {
   return s;
 }
 
-Communicator::Traffic Communicator::reduce_scatter_traffic(const Partition& part,
-                                                           size_t w) const {
+Communicator::Traffic Communicator::reduce_scatter_traffic(const Partition& part, size_t w) const {
   const uint64_t mine = part.count(rank_);
   if (two_level()) {
     const uint64_t intra = static_cast<uint64_t>(node_ranks() - 1) * column_count(part) * w;

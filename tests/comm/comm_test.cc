@@ -456,8 +456,8 @@ TEST(TwoLevel, SumIntoAddsTheNodePartialsOntoTheAccumulator) {
       const size_t at = part.offset(r) + i;
       float want = 0.5f;
       for (int q = 0; q < 2; ++q) {
-        const float node = widen(to_bf16(input_value(2 * q, at))) +
-                           widen(to_bf16(input_value(2 * q + 1, at)));
+        const float node =
+            widen(to_bf16(input_value(2 * q, at))) + widen(to_bf16(input_value(2 * q + 1, at)));
         want += widen(to_bf16(node));
       }
       ASSERT_EQ(acc[i], want) << "rank " << r << ", element " << i;
