@@ -72,8 +72,7 @@ struct CommBytes {
 };
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
-                              bool canonical, int rank, int node_ranks = 0,
-                              bool two_level = false);
+                              bool canonical, int rank, int node_ranks = 0, bool two_level = false);
 
 // What the products of a --precision multiply in: bf16 runs multiply in bf16 (operands
 // rounded, fp32 sums), as PyTorch's autocast does; fp16 runs keep fp32 products, since

@@ -153,10 +153,9 @@ nlohmann::json report_json(const TrainResult& r) {
                            {name(MemCategory::kAdamM), s.adam_m},
                            {name(MemCategory::kAdamV), s.adam_v},
                            {key::kTotal, s.total()}});
-    const CommBytes cb =
-        comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
-                            c.accumulate, canonical_order(c), rank, c.launch.comm.node_ranks,
-                            c.launch.comm.two_level);
+    const CommBytes cb = comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision,
+                                             c.grad_accum, c.accumulate, canonical_order(c), rank,
+                                             c.launch.comm.node_ranks, c.launch.comm.two_level);
     plan_comm.push_back({{name(CommKind::kAllReduce), cb.all_reduce},
                          {name(CommKind::kReduceScatter), cb.reduce_scatter},
                          {name(CommKind::kAllGather), cb.all_gather},
@@ -217,10 +216,9 @@ std::string formula_table(const TrainResult& r) {
     for (int k = 0; k < kNumCommKinds; ++k) {
       if (static_cast<CommKind>(k) != CommKind::kControl) comm += rank.comm_train[k].bytes;
     }
-    const CommBytes cplan =
-        comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
-                            c.accumulate, canonical_order(c), rank.rank,
-                            c.launch.comm.node_ranks, c.launch.comm.two_level);
+    const CommBytes cplan = comm_bytes_per_step(
+        r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum, c.accumulate,
+        canonical_order(c), rank.rank, c.launch.comm.node_ranks, c.launch.comm.two_level);
     const double per_step = static_cast<double>(comm) / steps;
     out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", rank.rank,
                        format_bytes(static_cast<double>(states)),
