@@ -315,6 +315,39 @@ Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const 
                 t.seconds);
 }
 
+Work Communicator::node_all_gather_async(ConstBuffer shard, MutableBuffer out,
+                                         const Partition& node_part) {
+  constexpr std::string_view kOp = "node_all_gather";
+  const int t = node_ranks();
+  if (node_part.world_size() != t) {
+    throw InvalidArgument(fmt::format("{}: partition has {} ranges but a node has {} ranks", kOp,
+                                      node_part.world_size(), t));
+  }
+  check_dtypes(kOp, shard.dtype, out.dtype);
+  const int local = rank_ - node_first();
+  const size_t mine = node_part.count(local);
+  if (shard.count != mine || out.count != node_part.length()) {
+    throw InvalidArgument(fmt::format(
+        "{}: shard holds {} and output {} elements; local rank {} of a node of {} owns {} of {}",
+        kOp, shard.count, out.count, local, t, mine, node_part.length()));
+  }
+  const size_t w = dtype_size(out.dtype);
+  const void* own_range = byte_ptr(out.data) + node_part.offset(local) * w;
+  if (shard.data != own_range && overlaps(shard.data, shard.bytes(), out.data, out.bytes())) {
+    throw InvalidArgument(fmt::format(
+        "{}: shard overlaps the output but is not local rank {}'s range of it; use that range "
+        "or a separate buffer",
+        kOp, local));
+  }
+  const uint64_t bytes = (node_part.length() - mine) * w;
+  ledger_.record(CommKind::kAllGather, bytes, 0);
+  double seconds = 0;
+  if (options_.link_bandwidth > 0) seconds += static_cast<double>(bytes) / options_.link_bandwidth;
+  if (options_.link_latency > 0) seconds += (t - 1) * options_.link_latency;
+  return submit([=, this] { run_node_all_gather(shard, out, node_part); }, CommKind::kAllGather,
+                bytes, seconds);
+}
+
 Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
   if (op == ReduceOp::kSumInto) {
     throw InvalidArgument(

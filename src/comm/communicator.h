@@ -140,6 +140,12 @@ class Communicator {
   // All-gather: `shard` holds part.count(rank()) elements; `out` receives part.length(),
   // each rank's shard at its range. `shard` may be exactly rank()'s range of `out`.
   Work all_gather_async(ConstBuffer shard, MutableBuffer out, const Partition& part);
+  // All-gather among the T ranks of this rank's node only (hpZ's gather of a node's
+  // secondary copy): `node_part` has T ranges, and the rank of local index l = rank() % T
+  // holds range l in `shard`; `out` receives node_part.length(). Every rank of the world
+  // calls it (each node gathers its own), so it keeps the collectives' one order. Recorded
+  // as an all_gather of which nothing crosses nodes.
+  Work node_all_gather_async(ConstBuffer shard, MutableBuffer out, const Partition& node_part);
   // All-reduce in place: exactly a reduce-scatter over Partition(count, size()) followed by
   // an all-gather, recorded as one all_reduce call.
   Work all_reduce_async(MutableBuffer buf, ReduceOp op);
@@ -188,12 +194,16 @@ class Communicator {
   virtual void run_reduce_scatter(ConstBuffer in, MutableBuffer out, const Partition& part,
                                   ReduceOp op) = 0;
   virtual void run_all_gather(ConstBuffer shard, MutableBuffer out, const Partition& part) = 0;
+  virtual void run_node_all_gather(ConstBuffer shard, MutableBuffer out,
+                                   const Partition& node_part) = 0;
   virtual void run_broadcast(MutableBuffer buf, int root) = 0;
   virtual void run_gather_control(std::span<const double> mine, std::span<double> all) = 0;
   // Must be called by the backend's destructor before its members go away.
   void stop_worker();
-  // Ranks per node (the world when CommOptions::node_ranks is 0).
+  // Ranks per node (the world when CommOptions::node_ranks is 0), and this rank's node's
+  // first rank.
   int node_ranks() const { return options_.node_ranks > 0 ? options_.node_ranks : size_; }
+  int node_first() const { return rank_ / node_ranks() * node_ranks(); }
   // Whether reduce-scatter and all-gather run the two-level algorithms (CommOptions::two_level
   // over more than one node of more than one rank; otherwise the two are the flat ones).
   bool two_level() const { return options_.two_level && node_ranks() > 1 && node_ranks() < size_; }
@@ -216,8 +226,6 @@ class Communicator {
   // The two-level algorithms' time: the intra-node phase at the general link over T - 1
   // steps, the cross-node phase at the link between nodes over P - 1 steps.
   double two_level_seconds(uint64_t intra, uint64_t cross) const;
-  // This rank's node's first rank.
-  int node_first() const { return rank_ / node_ranks() * node_ranks(); }
   // Elements of `part` held by the ranks of this rank's node.
   size_t node_count(const Partition& part) const;
   // Elements of `part` held by the ranks of this rank's local index on every node: the

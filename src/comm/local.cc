@@ -54,6 +54,7 @@ std::string describe(const Fingerprint& f) {
   std::string s = fmt::format("{}({} x {}", comm_kind_name(f.kind), f.count, dtype_name(f.dtype));
   if (f.kind == CommKind::kReduceScatter) s += fmt::format(", {}", reduce_op_name(f.op));
   if (f.kind == CommKind::kBroadcast) s += fmt::format(", root {}", f.root);
+  if (f.kind == CommKind::kAllGather && f.root == -2) s += ", inside each node";
   return s + ")";
 }
 
@@ -198,6 +199,21 @@ class LocalCommunicator final : public Communicator {
       void* dst = static_cast<char*>(out.data) + part.offset(k) * w;
       const void* src = shared_->slots[k].in;
       if (dst != src && part.count(k) > 0) std::memcpy(dst, src, part.count(k) * w);
+    }
+    depart(f);
+  }
+
+  void run_node_all_gather(ConstBuffer shard, MutableBuffer out,
+                           const Partition& node_part) override {
+    // Root -2 tells this gather from a world all-gather of the same count.
+    const Fingerprint f{CommKind::kAllGather, out.dtype, ReduceOp::kSum, -2, out.count};
+    publish(f, shard.data, out.data);
+    const size_t w = dtype_size(out.dtype);
+    const int first = node_first();
+    for (int l = 0; l < node_part.world_size(); ++l) {
+      void* dst = static_cast<char*>(out.data) + node_part.offset(l) * w;
+      const void* src = shared_->slots[first + l].in;
+      if (dst != src && node_part.count(l) > 0) std::memcpy(dst, src, node_part.count(l) * w);
     }
     depart(f);
   }

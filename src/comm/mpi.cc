@@ -383,6 +383,10 @@ class MpiCommunicator final : public Communicator {
     exchange(what, kAllGatherTag, sends, recvs, deadline);
   }
 
+  void run_node_all_gather(ConstBuffer, MutableBuffer, const Partition&) override {
+    throw InvalidArgument("mpi: node_all_gather is not built yet");
+  }
+
   void run_broadcast(MutableBuffer buf, int root) override {
     constexpr std::string_view what = "broadcast";
     check_usable(what);

@@ -501,6 +501,35 @@ TEST(TwoLevel, AllGatherPlacesEveryShard) {
   });
 }
 
+// hpZ's gather: each node gathers its own ranks' shards, and nothing crosses nodes.
+TEST(NodeAllGather, GathersTheShardsOfThisNodeOnly) {
+  for (const auto& [nodes, per_node] : {std::pair{2, 3}, {3, 2}, {1, 4}, {4, 1}}) {
+    const int world = nodes * per_node;
+    CommOptions options = kOptions;
+    options.node_ranks = per_node;
+    const size_t count = 1013;
+    run_local(world, options, [&](Communicator& comm) {
+      const Partition part(count, per_node);
+      const int r = comm.rank();
+      const int node = r / per_node;
+      std::vector<BFloat16> shard(part.count(r % per_node)), out(count);
+      for (size_t i = 0; i < shard.size(); ++i) shard[i] = to_bf16(input_value(r, i));
+      comm.node_all_gather_async(std::span<const BFloat16>(shard), std::span<BFloat16>(out), part)
+          .wait();
+      for (int l = 0; l < per_node; ++l) {
+        for (size_t i = 0; i < part.count(l); ++i) {
+          ASSERT_EQ(widen(out[part.offset(l) + i]),
+                    widen(to_bf16(input_value(node * per_node + l, i))))
+              << nodes << " x " << per_node << ": rank " << r << ", local " << l << ", " << i;
+        }
+      }
+      const CommCounter& c = comm.ledger().total(CommKind::kAllGather);
+      EXPECT_EQ(c.bytes, (count - shard.size()) * 2);
+      EXPECT_EQ(c.cross_node_bytes, 0u);
+    });
+  }
+}
+
 // A world is whole nodes.
 TEST(CommLedger, RefusesNodesThatDoNotDivideTheWorld) {
   CommOptions options = kOptions;
