@@ -115,9 +115,9 @@ std::string describe(std::string_view op, DType dtype, size_t count, Layout layo
 // Runs `body` on a LocalWorld of world() threads and returns what rank my_rank() produced:
 // the reference the mpi backend must match byte for byte.
 template <typename Body>
-auto local_reference(const Body& body) {
+auto local_reference(const Body& body, const CommOptions& options = kOptions) {
   std::vector<decltype(body(std::declval<Communicator&>()))> results(static_cast<size_t>(world()));
-  run_local(world(), kOptions,
+  run_local(world(), options,
             [&](Communicator& c) { results[static_cast<size_t>(c.rank())] = body(c); });
   return results[static_cast<size_t>(my_rank())];
 }
@@ -129,6 +129,9 @@ struct ReduceParam {
   DType dtype;
   ReduceOp op;
 };
+void PrintTo(const ReduceParam& p, std::ostream* os) {
+  *os << dtype_name(p.dtype) << " " << reduce_op_name(p.op);
+}
 
 class MpiReduceTest : public testing::TestWithParam<ReduceParam> {};
 
@@ -543,6 +546,56 @@ TEST_P(MpiTwoLevelTest, AllReduceIsTwoLevelReduceScatterThenAllGather) {
         EXPECT_SAME_BYTES(all_reduced, expected, what);
         EXPECT_SAME_BYTES(gathered, all_reduced, what + " vs reduce_scatter + all_gather");
       }
+    }
+  }
+}
+
+// The local backend's two-level collectives give the same bytes as the mpi backend's.
+TEST_P(MpiTwoLevelTest, MatchesLocalBackend) {
+  const auto [dtype, op] = GetParam();
+  const int n = world();
+  if (two_level_node_sizes(n).empty()) GTEST_SKIP() << kNoTwoLevel;
+  auto body = [dtype = dtype, op = op](Communicator& c) {
+    std::vector<Bytes> outputs;
+    const size_t w = dtype_size(dtype);
+    for (size_t count : two_level_counts(c.size())) {
+      for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+        const Partition part = make_partition(count, c.size(), layout);
+        const size_t mine = part.count(c.rank());
+        const Bytes in = make_input(dtype, c.rank(), count);
+        if (op == ReduceOp::kSumInto) {
+          Bytes acc = make_input(DType::kF32, c.size() + 3, mine, part.offset(c.rank()));
+          c.reduce_scatter({in.data(), count, dtype}, {acc.data(), mine, DType::kF32}, part, op);
+          outputs.push_back(std::move(acc));
+          continue;
+        }
+        Bytes out(mine * w);
+        c.reduce_scatter({in.data(), count, dtype}, {out.data(), mine, dtype}, part, op);
+        outputs.push_back(out);
+        Bytes gathered(count * w);
+        c.all_gather({out.data(), mine, dtype}, {gathered.data(), count, dtype}, part);
+        outputs.push_back(std::move(gathered));
+        if (layout == Layout::kBalanced) {
+          Bytes buf = in;
+          c.all_reduce({buf.data(), count, dtype}, op);
+          outputs.push_back(std::move(buf));
+        }
+      }
+    }
+    return outputs;
+  };
+  for (int t : two_level_node_sizes(n)) {
+    CommOptions options = kOptions;
+    options.node_ranks = t;
+    options.two_level = true;
+    const auto expected = local_reference(body, options);
+    auto comm = make_two_level(t, "16");
+    const auto actual = body(*comm);
+    ASSERT_EQ(actual.size(), expected.size());
+    for (size_t i = 0; i < actual.size(); ++i) {
+      EXPECT_SAME_BYTES(actual[i], expected[i],
+                        fmt::format("two-level {} {} T {} world {} output {}", dtype_name(dtype),
+                                    reduce_op_name(op), t, n, i));
     }
   }
 }
