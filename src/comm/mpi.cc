@@ -12,11 +12,28 @@
 //                   into its range of `out`; no staging.
 //   broadcast       MPI_Ibcast of bytes.
 //   control         r sends its k doubles to every peer; a barrier sends 0 bytes.
+// Two-level (CommOptions::two_level, T ranks per node with 1 < T < N, P = N / T nodes,
+// r = p * T + l, S_l = the elements owned by the P ranks of local index l):
+//   reduce_scatter  in rounds of K elements of each range, two phases per round. Inside the
+//                   node, r sends each local peer (p, l') its pieces of every range (q, l')
+//                   and receives theirs of every range (q, l), then folds the node's T pieces
+//                   of each (q, l) in local rank order into a node partial of the dtype.
+//                   Across nodes, r sends partial q to (q, l) and receives the P - 1 partials
+//                   of its own range, then folds the P partials in node order. Scratch:
+//                   (T - 1) * P pieces, P partials and P - 1 foreign partials, kept between
+//                   calls. Received: (T - 1) * S_l * w inside the node, (P - 1) * c_r * w
+//                   across.
+//   all_gather      across nodes first: r sends its shard to every (q, l) and receives theirs
+//                   into `out`; then inside the node: r sends each local peer the S_l
+//                   elements of local index l now in `out` and receives their S_l' into
+//                   `out`. No staging. Received: (S_l - c_r) * w across, (C - S_l) * w inside.
+//   Broadcast and control stay flat.
 // Every message is split into pieces of at most chunk_bytes, so counts of any size fit
 // MPI 3's int counts. Point-to-point rather than MPI_Ialltoallv / MPI_Iallgatherv for three
 // reasons: their displacements are int (2 GiB); own data need not travel to itself; and a
 // timeout can name the peers whose messages did not arrive. Each rank receives exactly the
-// bytes the ledger records (ledger.h), the ring algorithm's volume.
+// bytes the ledger records (ledger.h): the ring algorithm's volume when flat, the volumes
+// above when two-level.
 //
 // Threads: MPI is initialized at MPI_THREAD_SERIALIZED. Collectives run on each
 // communicator's worker thread, while init, finalize, abort() and abort_job() run on the
@@ -77,6 +94,12 @@ constexpr int kAllGatherTag = 2;
 constexpr int kControlTag = 3;
 constexpr int kNoticeTag = 4;
 constexpr int kFingerprintTag = 5;
+// The two phases of the two-level collectives: a message of one phase can never be taken
+// for one of the other, whatever the peers' timing.
+constexpr int kReduceScatterNodeTag = 6;
+constexpr int kReduceScatterCrossTag = 7;
+constexpr int kAllGatherCrossTag = 8;
+constexpr int kAllGatherNodeTag = 9;
 
 // What a rank says it is about to do; ranks must agree before any data moves.
 struct Fingerprint {
@@ -316,6 +339,10 @@ class MpiCommunicator final : public Communicator {
     const auto deadline = deadline_after(options_.timeout_seconds);
     agree(what, {1, part.length(), static_cast<uint64_t>(in.dtype), static_cast<uint64_t>(op)},
           deadline);
+    if (two_level()) {
+      reduce_scatter_two_level(in, out, part, op, deadline);
+      return;
+    }
     const int me = rank();
     const int n = size();
     const size_t w = dtype_size(in.dtype);
@@ -371,6 +398,10 @@ class MpiCommunicator final : public Communicator {
     auto* out_bytes = static_cast<std::byte*>(out.data);
     std::byte* own = out_bytes + part.offset(me) * w;
     if (shard.count > 0 && shard.data != own) std::memcpy(own, shard.data, shard.bytes());
+    if (two_level()) {
+      all_gather_two_level(out, part, deadline);
+      return;
+    }
     std::vector<Message> sends;
     std::vector<Message> recvs;
     for (int peer = 0; peer < size(); ++peer) {
@@ -449,6 +480,152 @@ class MpiCommunicator final : public Communicator {
     int failed_rank = -1;
     bool from_notice = false;
   };
+
+  // Two-level collectives run when the world spans several nodes of several ranks; with one
+  // node, or one rank per node, the two-level order is the flat one.
+  bool two_level() const {
+    const int t = options_.node_ranks;
+    return options_.two_level && t > 1 && t < size();
+  }
+
+  // The two-level reduce-scatter (see the top of this file). Messages of 0 bytes are not
+  // sent: both sides derive every length from the partition and the round, and messages of
+  // one phase between two ranks are posted in the same order (node q ascending) on both, so
+  // MPI's non-overtaking order matches them.
+  void reduce_scatter_two_level(ConstBuffer in, MutableBuffer out, const Partition& part,
+                                ReduceOp op, Clock::time_point deadline) {
+    constexpr std::string_view what = "reduce_scatter";
+    const int t = options_.node_ranks;
+    const int nodes = size() / t;
+    const int node = rank() / t;
+    const int local = rank() % t;
+    auto rank_of = [t](int q, int l) { return q * t + l; };
+    const size_t w = dtype_size(in.dtype);
+    const size_t chunk = std::max<size_t>(1, chunk_bytes_ / w);  // elements per round
+    const size_t rounds = (part.max_count() + chunk - 1) / chunk;
+    // Elements of rank x's range in the round starting at `begin`.
+    auto piece = [&](int x, size_t begin) {
+      const size_t c = part.count(x);
+      return begin < c ? std::min(chunk, c - begin) : size_t{0};
+    };
+    size_t widest = 0;  // the largest range of local index `local`
+    for (int q = 0; q < nodes; ++q) widest = std::max(widest, part.count(rank_of(q, local)));
+    const size_t slot = std::min(chunk, widest) * w;                  // a piece or a partial
+    const size_t own_slot = std::min(chunk, part.count(rank())) * w;  // a foreign partial
+    const size_t peer_pieces = static_cast<size_t>((t - 1) * nodes);
+    const size_t needed = (peer_pieces + static_cast<size_t>(nodes)) * slot +
+                          static_cast<size_t>(nodes - 1) * own_slot;
+    if (scratch_.size() < needed) scratch_.resize(needed);
+    // Scratch: [local peer l' (skipping `local`)][node q] pieces, then [node q] partials, then
+    // [node q (skipping `node`)] partials of this rank's range from the other nodes.
+    auto peer_index = [local](int l) { return static_cast<size_t>(l < local ? l : l - 1); };
+    auto node_index = [node](int q) { return static_cast<size_t>(q < node ? q : q - 1); };
+    std::byte* const pieces = scratch_.data();
+    std::byte* const partials = pieces + peer_pieces * slot;
+    std::byte* const foreign = partials + static_cast<size_t>(nodes) * slot;
+    auto piece_slot = [&](int l, int q) {
+      return pieces + (peer_index(l) * static_cast<size_t>(nodes) + static_cast<size_t>(q)) * slot;
+    };
+    auto partial_slot = [&](int q) { return partials + static_cast<size_t>(q) * slot; };
+    auto foreign_slot = [&](int q) { return foreign + node_index(q) * own_slot; };
+
+    auto* in_bytes = const_cast<std::byte*>(static_cast<const std::byte*>(in.data));
+    auto* out_bytes = static_cast<std::byte*>(out.data);
+    const ReduceOp node_op = node_partial_op(op);
+    std::vector<const void*> node_inputs(static_cast<size_t>(t));
+    std::vector<const void*> node_partials(static_cast<size_t>(nodes));
+    std::vector<Message> sends;
+    std::vector<Message> recvs;
+    for (size_t k = 0; k < rounds; ++k) {
+      const size_t begin = k * chunk;  // element offset of this round within each range
+      // Inside the node: every local peer's pieces of the ranges of local index `local`.
+      sends.clear();
+      recvs.clear();
+      for (int l = 0; l < t; ++l) {
+        if (l == local) continue;
+        const int peer = rank_of(node, l);
+        for (int q = 0; q < nodes; ++q) {
+          const int theirs = rank_of(q, l);
+          if (const size_t n = piece(theirs, begin); n > 0) {
+            sends.push_back({peer, in_bytes + (part.offset(theirs) + begin) * w, n * w});
+          }
+          if (const size_t n = piece(rank_of(q, local), begin); n > 0) {
+            recvs.push_back({peer, piece_slot(l, q), n * w});
+          }
+        }
+      }
+      exchange(what, kReduceScatterNodeTag, sends, recvs, deadline);
+      for (int q = 0; q < nodes; ++q) {
+        const int owner = rank_of(q, local);
+        const size_t n = piece(owner, begin);
+        if (n == 0) continue;
+        for (int l = 0; l < t; ++l) {
+          node_inputs[static_cast<size_t>(l)] =
+              l == local ? static_cast<const void*>(in_bytes + (part.offset(owner) + begin) * w)
+                         : piece_slot(l, q);
+        }
+        reduce_rank_order(node_inputs, partial_slot(q), n, in.dtype, node_op);
+      }
+      // Across nodes, among the ranks of local index `local`: the partials of each range go
+      // to its owner.
+      sends.clear();
+      recvs.clear();
+      const size_t mine = piece(rank(), begin);
+      for (int q = 0; q < nodes; ++q) {
+        if (q == node) continue;
+        const int peer = rank_of(q, local);
+        if (const size_t n = piece(peer, begin); n > 0) {
+          sends.push_back({peer, partial_slot(q), n * w});
+        }
+        if (mine > 0) recvs.push_back({peer, foreign_slot(q), mine * w});
+      }
+      exchange(what, kReduceScatterCrossTag, sends, recvs, deadline);
+      if (mine == 0) continue;
+      for (int q = 0; q < nodes; ++q) {
+        node_partials[static_cast<size_t>(q)] = q == node ? partial_slot(q) : foreign_slot(q);
+      }
+      reduce_rank_order(node_partials, out_bytes + begin * dtype_size(out.dtype), mine, in.dtype,
+                        op, size());
+    }
+  }
+
+  // The two-level all-gather, once this rank's shard is at its range of `out`.
+  void all_gather_two_level(MutableBuffer out, const Partition& part, Clock::time_point deadline) {
+    constexpr std::string_view what = "all_gather";
+    const int t = options_.node_ranks;
+    const int nodes = size() / t;
+    const int node = rank() / t;
+    const int local = rank() % t;
+    auto rank_of = [t](int q, int l) { return q * t + l; };
+    const size_t w = dtype_size(out.dtype);
+    auto* out_bytes = static_cast<std::byte*>(out.data);
+    // Rank x's range of `out`, as a message to or from `peer`.
+    auto range_of = [&](int peer, int x) {
+      return Message{peer, out_bytes + part.offset(x) * w, part.count(x) * w};
+    };
+    std::vector<Message> sends;
+    std::vector<Message> recvs;
+    // Across nodes, among the ranks of local index `local`.
+    for (int q = 0; q < nodes; ++q) {
+      if (q == node) continue;
+      const int peer = rank_of(q, local);
+      if (part.count(rank()) > 0) sends.push_back(range_of(peer, rank()));
+      if (part.count(peer) > 0) recvs.push_back(range_of(peer, peer));
+    }
+    exchange(what, kAllGatherCrossTag, sends, recvs, deadline);
+    // Inside the node: the shards of local index `local` to every local peer, theirs back.
+    sends.clear();
+    recvs.clear();
+    for (int l = 0; l < t; ++l) {
+      if (l == local) continue;
+      const int peer = rank_of(node, l);
+      for (int q = 0; q < nodes; ++q) {
+        if (part.count(rank_of(q, local)) > 0) sends.push_back(range_of(peer, rank_of(q, local)));
+        if (part.count(rank_of(q, l)) > 0) recvs.push_back(range_of(peer, rank_of(q, l)));
+      }
+    }
+    exchange(what, kAllGatherNodeTag, sends, recvs, deadline);
+  }
 
   // Posts every receive, then every send, each split into pieces of at most chunk_bytes_
   // (a message of 0 bytes is sent as one empty piece), and waits for all of them.
@@ -610,7 +787,7 @@ class MpiCommunicator final : public Communicator {
   size_t chunk_bytes_;
   uint64_t sequence_ = 0;                  // collectives this rank has run
   std::vector<Fingerprint> fingerprints_;  // every rank's, for the collective being agreed
-  std::vector<std::byte> scratch_;         // reduce-scatter pieces from peers: (N-1) * piece bytes
+  std::vector<std::byte> scratch_;         // reduce-scatter pieces and partials (see the top)
 
   // Abort notices: one receive posted for the communicator's life (polled by the worker).
   std::array<char, kMaxNoticeBytes> notice_buffer_{};

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,9 +19,18 @@
 
 #include "comm/local.h"
 #include "comm/mpi.h"
+#include "comm/reduce.h"
 #include "core/error.h"
 
 namespace zerodp {
+
+// Ledger mismatches print as numbers (found by argument-dependent lookup, so outside the
+// unnamed namespace).
+void PrintTo(const CommCounter& c, std::ostream* os) {
+  *os << fmt::format("{{calls {}, bytes {}, cross-node bytes {}}}", c.calls, c.bytes,
+                     c.cross_node_bytes);
+}
+
 namespace {
 
 MpiSession* g_session = nullptr;  // set by main() for the life of the tests
@@ -105,9 +115,9 @@ std::string describe(std::string_view op, DType dtype, size_t count, Layout layo
 // Runs `body` on a LocalWorld of world() threads and returns what rank my_rank() produced:
 // the reference the mpi backend must match byte for byte.
 template <typename Body>
-auto local_reference(const Body& body) {
+auto local_reference(const Body& body, const CommOptions& options = kOptions) {
   std::vector<decltype(body(std::declval<Communicator&>()))> results(static_cast<size_t>(world()));
-  run_local(world(), kOptions,
+  run_local(world(), options,
             [&](Communicator& c) { results[static_cast<size_t>(c.rank())] = body(c); });
   return results[static_cast<size_t>(my_rank())];
 }
@@ -119,6 +129,9 @@ struct ReduceParam {
   DType dtype;
   ReduceOp op;
 };
+void PrintTo(const ReduceParam& p, std::ostream* os) {
+  *os << dtype_name(p.dtype) << " " << reduce_op_name(p.op);
+}
 
 class MpiReduceTest : public testing::TestWithParam<ReduceParam> {};
 
@@ -374,6 +387,378 @@ INSTANTIATE_TEST_SUITE_P(AllDtypes, MpiMoveTest,
                          testing::Values(DType::kF32, DType::kF16, DType::kBF16), dtype_param_name);
 
 // ---------------------------------------------------------------------------------------
+// Two-level collectives (CommOptions::two_level). The reference is the order the option
+// promises, computed in this process from every rank's input: for each node, its ranks'
+// inputs folded in local rank order and rounded; then the node partials folded in node order.
+
+// The node sizes T with 1 < T < N that divide the world: where two-level is not flat.
+std::vector<int> two_level_node_sizes(int n) {
+  std::vector<int> sizes;
+  for (int t = 2; t < n; ++t) {
+    if (n % t == 0) sizes.push_back(t);
+  }
+  return sizes;
+}
+
+constexpr const char* kNoTwoLevel = "no node size T with 1 < T < N divides this world";
+
+// A two-level communicator of `node_ranks` ranks per node, with messages and reduce-scatter
+// rounds of at most `chunk` bytes ("default": the backend's own).
+std::unique_ptr<Communicator> make_two_level(int node_ranks, const std::string& chunk,
+                                             bool two_level = true) {
+  CommOptions options = kOptions;
+  options.node_ranks = node_ranks;
+  options.two_level = two_level;
+  if (chunk != "default") {
+    EXPECT_EQ(setenv(kChunkEnv, chunk.c_str(), 1), 0);
+  }
+  auto comm = make_mpi(options);
+  EXPECT_EQ(unsetenv(kChunkEnv), 0);
+  return comm;
+}
+
+// Lengths with ranges of 0, 1 and several elements; with 16-byte chunks every one past the
+// first few takes several rounds.
+std::vector<size_t> two_level_counts(int n) {
+  return {1, static_cast<size_t>(n - 1), static_cast<size_t>(7 * n + 3), 200};
+}
+
+// Every rank's input, rank order: rank r's is make_input(dtype, seed + r, count).
+std::vector<Bytes> all_inputs(DType dtype, int n, size_t count, int seed = 0) {
+  std::vector<Bytes> inputs;
+  for (int r = 0; r < n; ++r) inputs.push_back(make_input(dtype, seed + r, count));
+  return inputs;
+}
+
+// What `rank` must hold after a two-level reduce-scatter of `inputs` with `node_ranks` ranks per
+// node. kSumInto folds onto `acc`, this rank's fp32 accumulator.
+Bytes two_level_reference(const std::vector<Bytes>& inputs, DType dtype, ReduceOp op,
+                          const Partition& part, int node_ranks, int rank, Bytes acc = {}) {
+  const int n = part.world_size();
+  const int nodes = n / node_ranks;
+  const size_t w = dtype_size(dtype);
+  const size_t count = part.count(rank);
+  const size_t first = part.offset(rank);
+  std::vector<Bytes> partials(static_cast<size_t>(nodes), Bytes(count * w));
+  std::vector<const void*> partial_ptrs;
+  for (int q = 0; q < nodes; ++q) {
+    std::vector<const void*> node_inputs;
+    for (int l = 0; l < node_ranks; ++l) {
+      node_inputs.push_back(inputs[static_cast<size_t>(q * node_ranks + l)].data() + first * w);
+    }
+    Bytes& partial = partials[static_cast<size_t>(q)];
+    reduce_rank_order(node_inputs, partial.data(), count, dtype, node_partial_op(op));
+    partial_ptrs.push_back(partial.data());
+  }
+  Bytes out = op == ReduceOp::kSumInto ? std::move(acc) : Bytes(count * w);
+  reduce_rank_order(partial_ptrs, out.data(), count, dtype, op, n);
+  return out;
+}
+
+// The flat rank-order reduction of `inputs` over `rank`'s range.
+Bytes flat_reference(const std::vector<Bytes>& inputs, DType dtype, ReduceOp op,
+                     const Partition& part, int rank) {
+  const size_t w = dtype_size(dtype);
+  std::vector<const void*> ptrs;
+  for (const Bytes& in : inputs) ptrs.push_back(in.data() + part.offset(rank) * w);
+  Bytes out(part.count(rank) * w);
+  reduce_rank_order(ptrs, out.data(), part.count(rank), dtype, op);
+  return out;
+}
+
+class MpiTwoLevelTest : public testing::TestWithParam<ReduceParam> {};
+
+TEST_P(MpiTwoLevelTest, ReduceScatterFoldsNodesThenNodePartials) {
+  const auto [dtype, op] = GetParam();
+  const int n = world();
+  const int me = my_rank();
+  if (two_level_node_sizes(n).empty()) GTEST_SKIP() << kNoTwoLevel;
+  const size_t w = dtype_size(dtype);
+  for (int t : two_level_node_sizes(n)) {
+    for (const std::string chunk : {"16", "default"}) {
+      auto comm = make_two_level(t, chunk);
+      for (size_t count : two_level_counts(n)) {
+        for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+          const Partition part = make_partition(count, n, layout);
+          const size_t mine = part.count(me);
+          const std::string what = fmt::format(
+              "{} {} T {} chunk {}", describe("two-level reduce_scatter", dtype, count, layout),
+              reduce_op_name(op), t, chunk);
+          if (op == ReduceOp::kSumInto) {
+            // Two micro-steps onto one accumulator.
+            Bytes acc = make_input(DType::kF32, n + 3, mine, part.offset(me));
+            Bytes expected = acc;
+            for (int k = 0; k < 2; ++k) {
+              const auto inputs = all_inputs(dtype, n, count, k * n);
+              expected = two_level_reference(inputs, dtype, op, part, t, me, expected);
+              comm->reduce_scatter({inputs[static_cast<size_t>(me)].data(), count, dtype},
+                                   {acc.data(), mine, DType::kF32}, part, op);
+            }
+            EXPECT_SAME_BYTES(acc, expected, what);
+            continue;
+          }
+          const auto inputs = all_inputs(dtype, n, count);
+          const Bytes expected = two_level_reference(inputs, dtype, op, part, t, me);
+          Bytes out(mine * w, std::byte{0xAB});
+          comm->reduce_scatter({inputs[static_cast<size_t>(me)].data(), count, dtype},
+                               {out.data(), mine, dtype}, part, op);
+          EXPECT_SAME_BYTES(out, expected, what + " out of place");
+          Bytes in_place = inputs[static_cast<size_t>(me)];
+          std::byte* own = in_place.data() + part.offset(me) * w;
+          comm->reduce_scatter({in_place.data(), count, dtype}, {own, mine, dtype}, part, op);
+          EXPECT_SAME_BYTES(Bytes(own, own + mine * w), expected, what + " in place");
+        }
+      }
+    }
+  }
+}
+
+TEST_P(MpiTwoLevelTest, AllReduceIsTwoLevelReduceScatterThenAllGather) {
+  const auto [dtype, op] = GetParam();
+  if (op == ReduceOp::kSumInto) GTEST_SKIP() << "all_reduce takes sum, avg and max";
+  const int n = world();
+  const int me = my_rank();
+  if (two_level_node_sizes(n).empty()) GTEST_SKIP() << kNoTwoLevel;
+  const size_t w = dtype_size(dtype);
+  for (int t : two_level_node_sizes(n)) {
+    for (const std::string chunk : {"16", "default"}) {
+      auto comm = make_two_level(t, chunk);
+      for (size_t count : two_level_counts(n)) {
+        const Partition part(count, n);
+        const auto inputs = all_inputs(dtype, n, count);
+        Bytes expected;
+        for (int r = 0; r < n; ++r) {
+          const Bytes range = two_level_reference(inputs, dtype, op, part, t, r);
+          expected.insert(expected.end(), range.begin(), range.end());
+        }
+        Bytes all_reduced = inputs[static_cast<size_t>(me)];
+        comm->all_reduce({all_reduced.data(), count, dtype}, op);
+        Bytes shard(part.count(me) * w);
+        Bytes gathered(count * w, std::byte{0xAB});
+        comm->reduce_scatter({inputs[static_cast<size_t>(me)].data(), count, dtype},
+                             {shard.data(), part.count(me), dtype}, part, op);
+        comm->all_gather({shard.data(), part.count(me), dtype}, {gathered.data(), count, dtype},
+                         part);
+        const std::string what =
+            fmt::format("{} {} T {} chunk {}",
+                        describe("two-level all_reduce", dtype, count, Layout::kBalanced),
+                        reduce_op_name(op), t, chunk);
+        EXPECT_SAME_BYTES(all_reduced, expected, what);
+        EXPECT_SAME_BYTES(gathered, all_reduced, what + " vs reduce_scatter + all_gather");
+      }
+    }
+  }
+}
+
+// The local backend's two-level collectives give the same bytes as the mpi backend's.
+TEST_P(MpiTwoLevelTest, MatchesLocalBackend) {
+  const auto [dtype, op] = GetParam();
+  const int n = world();
+  if (two_level_node_sizes(n).empty()) GTEST_SKIP() << kNoTwoLevel;
+  auto body = [dtype = dtype, op = op](Communicator& c) {
+    std::vector<Bytes> outputs;
+    const size_t w = dtype_size(dtype);
+    for (size_t count : two_level_counts(c.size())) {
+      for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+        const Partition part = make_partition(count, c.size(), layout);
+        const size_t mine = part.count(c.rank());
+        const Bytes in = make_input(dtype, c.rank(), count);
+        if (op == ReduceOp::kSumInto) {
+          Bytes acc = make_input(DType::kF32, c.size() + 3, mine, part.offset(c.rank()));
+          c.reduce_scatter({in.data(), count, dtype}, {acc.data(), mine, DType::kF32}, part, op);
+          outputs.push_back(std::move(acc));
+          continue;
+        }
+        Bytes out(mine * w);
+        c.reduce_scatter({in.data(), count, dtype}, {out.data(), mine, dtype}, part, op);
+        outputs.push_back(out);
+        Bytes gathered(count * w);
+        c.all_gather({out.data(), mine, dtype}, {gathered.data(), count, dtype}, part);
+        outputs.push_back(std::move(gathered));
+        if (layout == Layout::kBalanced) {
+          Bytes buf = in;
+          c.all_reduce({buf.data(), count, dtype}, op);
+          outputs.push_back(std::move(buf));
+        }
+      }
+    }
+    return outputs;
+  };
+  for (int t : two_level_node_sizes(n)) {
+    CommOptions options = kOptions;
+    options.node_ranks = t;
+    options.two_level = true;
+    const auto expected = local_reference(body, options);
+    auto comm = make_two_level(t, "16");
+    const auto actual = body(*comm);
+    ASSERT_EQ(actual.size(), expected.size());
+    for (size_t i = 0; i < actual.size(); ++i) {
+      EXPECT_SAME_BYTES(actual[i], expected[i],
+                        fmt::format("two-level {} {} T {} world {} output {}", dtype_name(dtype),
+                                    reduce_op_name(op), t, n, i));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllDtypesAndOps, MpiTwoLevelTest,
+    testing::Values(
+        ReduceParam{DType::kF32, ReduceOp::kSum}, ReduceParam{DType::kF32, ReduceOp::kAvg},
+        ReduceParam{DType::kF32, ReduceOp::kMax}, ReduceParam{DType::kF32, ReduceOp::kSumInto},
+        ReduceParam{DType::kF16, ReduceOp::kSum}, ReduceParam{DType::kF16, ReduceOp::kAvg},
+        ReduceParam{DType::kF16, ReduceOp::kMax}, ReduceParam{DType::kF16, ReduceOp::kSumInto},
+        ReduceParam{DType::kBF16, ReduceOp::kSum}, ReduceParam{DType::kBF16, ReduceOp::kAvg},
+        ReduceParam{DType::kBF16, ReduceOp::kMax}, ReduceParam{DType::kBF16, ReduceOp::kSumInto}),
+    reduce_param_name);
+
+TEST_P(MpiMoveTest, TwoLevelAllGatherPlacesEveryShardAtItsRange) {
+  const DType dtype = GetParam();
+  const int n = world();
+  const int me = my_rank();
+  if (two_level_node_sizes(n).empty()) GTEST_SKIP() << kNoTwoLevel;
+  const size_t w = dtype_size(dtype);
+  for (int t : two_level_node_sizes(n)) {
+    for (const std::string chunk : {"16", "default"}) {
+      auto comm = make_two_level(t, chunk);
+      for (size_t count : two_level_counts(n)) {
+        for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+          const Partition part = make_partition(count, n, layout);
+          const Bytes expected = expected_gather(dtype, part);
+          const Bytes shard = make_input(dtype, me, part.count(me), part.offset(me));
+          const std::string what = fmt::format(
+              "{} T {} chunk {}", describe("two-level all_gather", dtype, count, layout), t, chunk);
+          Bytes out(count * w, std::byte{0xAB});
+          comm->all_gather({shard.data(), part.count(me), dtype}, {out.data(), count, dtype}, part);
+          EXPECT_SAME_BYTES(out, expected, what + " out of place");
+          Bytes in_place(count * w, std::byte{0xAB});
+          std::copy(shard.begin(), shard.end(),
+                    in_place.begin() + static_cast<long>(part.offset(me) * w));
+          comm->all_gather({in_place.data() + part.offset(me) * w, part.count(me), dtype},
+                           {in_place.data(), count, dtype}, part);
+          EXPECT_SAME_BYTES(in_place, expected, what + " in place");
+        }
+      }
+    }
+  }
+}
+
+// Inputs whose fp32 sum depends on the grouping: 1e8 on rank 0, -1e8 on the first rank of
+// node 1, 1 everywhere else. 1e8 + 1 rounds back to 1e8, so the flat fold loses the ones of
+// node 0 and keeps the later ones, and the two-level fold loses those of nodes 0 and 1. A
+// backend that ran flat when asked for two-level would fail here.
+TEST(MpiTwoLevelOrderTest, DiffersFromTheFlatOrder) {
+  const int n = world();
+  const int me = my_rank();
+  if (two_level_node_sizes(n).empty()) GTEST_SKIP() << kNoTwoLevel;
+  const size_t count = static_cast<size_t>(3 * n);
+  const Partition part(count, n);
+  for (int t : two_level_node_sizes(n)) {
+    std::vector<Bytes> inputs;
+    for (int r = 0; r < n; ++r) {
+      const float x = r == 0 ? 1e8f : r == t ? -1e8f : 1.0f;
+      Bytes in(count * sizeof(float));
+      for (size_t i = 0; i < count; ++i) std::memcpy(in.data() + i * sizeof(float), &x, 4);
+      inputs.push_back(std::move(in));
+    }
+    const Bytes two_level = two_level_reference(inputs, DType::kF32, ReduceOp::kSum, part, t, me);
+    const Bytes flat = flat_reference(inputs, DType::kF32, ReduceOp::kSum, part, me);
+    ASSERT_NE(first_difference(two_level, flat), -1) << "the inputs do not tell the orders apart";
+    for (bool on : {true, false}) {
+      auto comm = make_two_level(t, "default", on);
+      Bytes out(part.count(me) * sizeof(float));
+      comm->reduce_scatter({inputs[static_cast<size_t>(me)].data(), count, DType::kF32},
+                           {out.data(), part.count(me), DType::kF32}, part, ReduceOp::kSum);
+      EXPECT_SAME_BYTES(out, on ? two_level : flat,
+                        fmt::format("reduce_scatter T {} two_level {} world {}", t, on, n));
+      Bytes buf = inputs[static_cast<size_t>(me)];
+      comm->all_reduce({buf.data(), count, DType::kF32}, ReduceOp::kSum);
+      const std::byte* own = buf.data() + part.offset(me) * sizeof(float);
+      EXPECT_SAME_BYTES(Bytes(own, own + part.count(me) * sizeof(float)), on ? two_level : flat,
+                        fmt::format("all_reduce T {} two_level {} world {}", t, on, n));
+    }
+  }
+}
+
+// With one node, or one rank per node, two-level is the flat order: the same bits as the flat
+// rank-order fold, at every world size.
+TEST(MpiTwoLevelOrderTest, OneNodeOrOneRankPerNodeIsFlat) {
+  const int n = world();
+  const int me = my_rank();
+  for (int t : {0, 1, n}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      auto comm = make_two_level(t, "16");
+      for (size_t count : two_level_counts(n)) {
+        const Partition part = make_partition(count, n, Layout::kSkewed);
+        const auto inputs = all_inputs(dtype, n, count);
+        const Bytes expected = flat_reference(inputs, dtype, ReduceOp::kAvg, part, me);
+        Bytes out(part.count(me) * dtype_size(dtype));
+        comm->reduce_scatter({inputs[static_cast<size_t>(me)].data(), count, dtype},
+                             {out.data(), part.count(me), dtype}, part, ReduceOp::kAvg);
+        EXPECT_SAME_BYTES(
+            out, expected,
+            fmt::format("{} node_ranks {}",
+                        describe("two-level reduce_scatter avg", dtype, count, Layout::kSkewed),
+                        t));
+      }
+    }
+  }
+}
+
+// Each rank's ledger records what the two-level algorithm makes it receive: with
+// S_l = the elements owned by the ranks of its local index l, a reduce-scatter brings
+// (T-1) * S_l * w from its node and (P-1) * c_r * w from the other nodes; an all-gather
+// (S_l - c_r) * w from the other nodes and (C - S_l) * w from its node.
+TEST(MpiTwoLevelLedgerTest, BytesFollowTheTwoLevelFormulas) {
+  const int n = world();
+  const int me = my_rank();
+  if (two_level_node_sizes(n).empty()) GTEST_SKIP() << kNoTwoLevel;
+  const size_t count = 1001;
+  const DType dtype = DType::kBF16;
+  const uint64_t w = dtype_size(dtype);
+  for (int t : two_level_node_sizes(n)) {
+    const int nodes = n / t;
+    const int local = me % t;
+    // Elements owned by the ranks of local index `local`.
+    auto same_local = [&](const Partition& part) {
+      uint64_t s = 0;
+      for (int q = 0; q < nodes; ++q) s += part.count(q * t + local);
+      return s;
+    };
+    auto comm = make_two_level(t, "default");
+    const Partition skewed = make_partition(count, n, Layout::kSkewed);
+    const Partition balanced(count, n);
+    Bytes in = make_input(dtype, me, count);
+    Bytes shard(skewed.count(me) * w);
+    const uint64_t c = skewed.count(me);
+    const uint64_t s = same_local(skewed);
+
+    comm->reduce_scatter({in.data(), count, dtype}, {shard.data(), c, dtype}, skewed,
+                         ReduceOp::kSum);
+    const uint64_t rs_cross = static_cast<uint64_t>(nodes - 1) * c * w;
+    EXPECT_EQ(comm->ledger().total(CommKind::kReduceScatter),
+              (CommCounter{1, static_cast<uint64_t>(t - 1) * s * w + rs_cross, rs_cross}))
+        << "T " << t << " rank " << me;
+
+    comm->all_gather({shard.data(), c, dtype}, {in.data(), count, dtype}, skewed);
+    EXPECT_EQ(comm->ledger().total(CommKind::kAllGather),
+              (CommCounter{1, (count - c) * w, (s - c) * w}))
+        << "T " << t << " rank " << me;
+
+    comm->all_reduce({in.data(), count, dtype}, ReduceOp::kAvg);
+    const uint64_t cb = balanced.count(me);
+    const uint64_t sb = same_local(balanced);
+    const uint64_t ar_cross = (static_cast<uint64_t>(nodes - 1) * cb + (sb - cb)) * w;
+    EXPECT_EQ(comm->ledger().total(CommKind::kAllReduce),
+              (CommCounter{1,
+                           (static_cast<uint64_t>(t - 1) * sb +
+                            static_cast<uint64_t>(nodes - 1) * cb + (count - cb)) *
+                               w,
+                           ar_cross}))
+        << "T " << t << " rank " << me;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Ledger and control traffic.
 
 TEST(MpiLedgerTest, BytesPerCallFollowTheLedgerFormulas) {
@@ -565,6 +950,37 @@ TEST(MpiFailureTest, TimeoutNamesTheRankThatDidNotArrive) {
     const auto waited = std::chrono::steady_clock::now() - start;
     EXPECT_GE(waited, std::chrono::milliseconds(500));
     EXPECT_LT(waited, std::chrono::seconds(10));
+  }
+  sync->barrier();
+}
+
+// Two-level, a rank waits only for the peers of its phases: with rank 0 absent (and no
+// fingerprint exchange, which would wait for everyone), the ranks of local index 0 time out
+// across nodes and those of node 0 inside it, naming rank 0; any other rank finishes the
+// cross-node phase and then waits for its node's rank of local index 0, stuck in that phase.
+TEST(MpiFailureTest, TwoLevelTimeoutNamesThePeerThatDidNotArrive) {
+  const int n = world();
+  if (two_level_node_sizes(n).empty()) GTEST_SKIP() << kNoTwoLevel;
+  const int t = two_level_node_sizes(n).back();
+  auto sync = make_mpi();
+  auto comm = make_mpi(CommOptions{
+      .timeout_seconds = 0.5, .check_collectives = false, .node_ranks = t, .two_level = true});
+  const int me = my_rank();
+  if (me != 0) {
+    const int expected = me % t == 0 || me / t == 0 ? 0 : me / t * t;
+    const size_t count = static_cast<size_t>(4 * n);
+    const Partition part(count, n);
+    Bytes out(count * 4);
+    try {
+      comm->all_gather({out.data() + part.offset(me) * 4, part.count(me), DType::kF32},
+                       {out.data(), count, DType::kF32}, part);
+      ADD_FAILURE() << "all_gather succeeded without rank 0";
+    } catch (const CommTimeout& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.failed_rank(), expected) << "T " << t << ": " << what;
+      EXPECT_NE(what.find(fmt::format("waiting for rank {} ", expected)), std::string::npos)
+          << "T " << t << ": " << what;
+    }
   }
   sync->barrier();
 }
