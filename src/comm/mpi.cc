@@ -100,10 +100,11 @@ constexpr int kReduceScatterNodeTag = 6;
 constexpr int kReduceScatterCrossTag = 7;
 constexpr int kAllGatherCrossTag = 8;
 constexpr int kAllGatherNodeTag = 9;
+constexpr int kNodeAllGatherTag = 10;
 
 // What a rank says it is about to do; ranks must agree before any data moves.
 struct Fingerprint {
-  uint64_t kind = 0;  // 1 reduce_scatter, 2 all_gather, 3 broadcast, 4 control
+  uint64_t kind = 0;  // 1 reduce_scatter, 2 all_gather, 3 broadcast, 4 control, 5 node_all_gather
   uint64_t count = 0;
   uint64_t dtype = 0;
   uint64_t op = 0;  // reduce op, or the broadcast's root
@@ -112,9 +113,9 @@ struct Fingerprint {
 };
 
 std::string describe(const Fingerprint& f) {
-  static constexpr const char* kKinds[] = {"?", "reduce_scatter", "all_gather", "broadcast",
-                                           "control"};
-  const char* kind = f.kind < 5 ? kKinds[f.kind] : "?";
+  static constexpr const char* kKinds[] = {"?",         "reduce_scatter", "all_gather",
+                                           "broadcast", "control",        "node_all_gather"};
+  const char* kind = f.kind < 6 ? kKinds[f.kind] : "?";
   std::string detail;
   if (f.kind == 1) {
     detail = fmt::format("{} x {}, {}", f.count, dtype_name(static_cast<DType>(f.dtype)),
@@ -122,7 +123,7 @@ std::string describe(const Fingerprint& f) {
   } else if (f.kind == 3) {
     detail =
         fmt::format("{} x {}, root {}", f.count, dtype_name(static_cast<DType>(f.dtype)), f.op);
-  } else if (f.kind == 2) {
+  } else if (f.kind == 2 || f.kind == 5) {
     detail = fmt::format("{} x {}", f.count, dtype_name(static_cast<DType>(f.dtype)));
   } else {
     detail = fmt::format("{} values", f.count);
@@ -414,8 +415,30 @@ class MpiCommunicator final : public Communicator {
     exchange(what, kAllGatherTag, sends, recvs, deadline);
   }
 
-  void run_node_all_gather(ConstBuffer, MutableBuffer, const Partition&) override {
-    throw InvalidArgument("mpi: node_all_gather is not built yet");
+  // Like the flat all-gather, among the ranks of this rank's node only. The fingerprint
+  // (kind 5) tells it from a world all-gather, which every rank also agrees on first.
+  void run_node_all_gather(ConstBuffer shard, MutableBuffer out,
+                           const Partition& node_part) override {
+    constexpr std::string_view what = "node_all_gather";
+    check_usable(what);
+    const auto deadline = deadline_after(options_.timeout_seconds);
+    agree(what, {5, node_part.length(), static_cast<uint64_t>(out.dtype), 0}, deadline);
+    const int first = node_first();
+    const int local = rank() - first;
+    const size_t w = dtype_size(out.dtype);
+    auto* out_bytes = static_cast<std::byte*>(out.data);
+    std::byte* own = out_bytes + node_part.offset(local) * w;
+    if (shard.count > 0 && shard.data != own) std::memcpy(own, shard.data, shard.bytes());
+    std::vector<Message> sends;
+    std::vector<Message> recvs;
+    for (int l = 0; l < node_part.world_size(); ++l) {
+      if (l == local) continue;
+      if (node_part.count(local) > 0) sends.push_back({first + l, own, node_part.count(local) * w});
+      if (node_part.count(l) > 0) {
+        recvs.push_back({first + l, out_bytes + node_part.offset(l) * w, node_part.count(l) * w});
+      }
+    }
+    exchange(what, kNodeAllGatherTag, sends, recvs, deadline);
   }
 
   void run_broadcast(MutableBuffer buf, int root) override {
@@ -480,13 +503,6 @@ class MpiCommunicator final : public Communicator {
     int failed_rank = -1;
     bool from_notice = false;
   };
-
-  // Two-level collectives run when the world spans several nodes of several ranks; with one
-  // node, or one rank per node, the two-level order is the flat one.
-  bool two_level() const {
-    const int t = options_.node_ranks;
-    return options_.two_level && t > 1 && t < size();
-  }
 
   // The two-level reduce-scatter (see the top of this file). Messages of 0 bytes are not
   // sent: both sides derive every length from the partition and the round, and messages of

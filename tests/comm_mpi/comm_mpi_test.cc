@@ -761,6 +761,33 @@ TEST(MpiTwoLevelLedgerTest, BytesFollowTheTwoLevelFormulas) {
 // ---------------------------------------------------------------------------------------
 // Ledger and control traffic.
 
+// hpZ's gather among a node's ranks: every node gathers its own ranks' shards, and the
+// ledger counts nothing across nodes.
+TEST(MpiNodeAllGatherTwoLevelTest, GathersTheShardsOfThisNodeOnly) {
+  for (int per_node = 1; per_node <= world(); ++per_node) {
+    if (world() % per_node != 0) continue;
+    CommOptions options = kOptions;
+    options.node_ranks = per_node;
+    auto comm = make_mpi(options);
+    const size_t count = 1013;
+    const Partition part(count, per_node);
+    const int node = my_rank() / per_node;
+    const int local = my_rank() % per_node;
+    std::vector<float> shard(part.count(local)), out(count, -1.0f);
+    for (size_t i = 0; i < shard.size(); ++i) shard[i] = static_cast<float>(my_rank() * 10000 + i);
+    comm->node_all_gather_async(std::span<const float>(shard), std::span<float>(out), part).wait();
+    for (int l = 0; l < per_node; ++l) {
+      for (size_t i = 0; i < part.count(l); ++i) {
+        ASSERT_EQ(out[part.offset(l) + i], static_cast<float>((node * per_node + l) * 10000 + i))
+            << "nodes of " << per_node << ", local " << l << ", element " << i;
+      }
+    }
+    const CommCounter& c = comm->ledger().total(CommKind::kAllGather);
+    EXPECT_EQ(c.bytes, (count - shard.size()) * 4);
+    EXPECT_EQ(c.cross_node_bytes, 0u);
+  }
+}
+
 TEST(MpiLedgerTest, BytesPerCallFollowTheLedgerFormulas) {
   auto comm = make_mpi();
   const int n = comm->size();
