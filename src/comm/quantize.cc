@@ -33,7 +33,9 @@ size_t value_bytes(size_t count, QuantBits bits) {
 // several x86 levels (chosen once at load time through an ifunc): SSE2 alone turns out 3-5x
 // slower. Every operation in them is an IEEE fp32 operation on one element, a truncating
 // conversion or an integer max, so each level gives the same bits.
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+// Not under ThreadSanitizer, whose runtime may not be set up yet when ifunc resolvers run.
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(__SANITIZE_THREAD__)
 #define ZERODP_QUANT_KERNEL \
   __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #else
