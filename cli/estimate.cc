@@ -34,6 +34,7 @@ struct Flags {
   std::string invariant = "auto";
   int node_ranks = 0;  // 0: one node
   std::string collectives = "flat";
+  bool hpz = false;
   std::string memory_per_rank;
   bool json = false;
   // Activations and step time (GPT shapes only).
@@ -174,6 +175,11 @@ int run_estimate(const Flags& f) {
   if (accumulate) check_invariant_policy(invariant, *accumulate);
   const bool two_level = parse_collectives_flag(f.collectives);
   check_invariant_collectives(invariant, two_level);
+  if (f.hpz && f.node_ranks == 0) {
+    throw InvalidArgument(
+        "--hpz shards a second copy of the parameters within each node; it needs --node-ranks T "
+        "to say which ranks share a node");
+  }
   if (two_level && f.node_ranks == 0) {
     throw InvalidArgument(
         "--collectives two-level needs --node-ranks T to say which ranks share a node");
@@ -266,8 +272,9 @@ int run_estimate(const Flags& f) {
       const StateBytes s = max_model_state_bytes(units, n, stage, precision, accumulator);
       const uint64_t all =
           all_ranks_model_state_bytes(units, n, stage, precision, accumulator).total();
-      const CommBytes c = comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy,
-                                              canonical, 0, f.node_ranks, two_level);
+      const CommBytes c = comm_bytes_per_step(
+          units, n, stage, precision, f.grad_accum, policy, canonical, 0,
+          Topology{.node_ranks = f.node_ranks, .two_level = two_level, .hpz = f.hpz && stage == 3});
       std::optional<TransientBytes> t;
       if (built) {
         t = transient_bytes(*built,
@@ -280,7 +287,8 @@ int run_estimate(const Flags& f) {
                                           .prefetch = f.prefetch,
                                           .checkpoint_activations = f.checkpoint_activations,
                                           .micro_batch = f.micro_batch,
-                                          .seq_len = gpt->seq_len},
+                                          .seq_len = gpt->seq_len,
+                                          .hpz_node_ranks = f.hpz && stage == 3 ? f.node_ranks : 0},
                             0);
       }
       const uint64_t need = s.total() + (t ? t->total() : 0);
@@ -362,6 +370,7 @@ int run_estimate(const Flags& f) {
                                                     {"grad_buckets", t->grad_buckets},
                                                     {"grad_accum", t->grad_accum},
                                                     {"comm_buffers", t->comm_buffers},
+                                                    {"hpz_params", t->hpz_params},
                                                     {"total", t->total()}}
                                    : nlohmann::json()},
              {"peak_bytes", t ? nlohmann::json(need) : nlohmann::json()},
@@ -400,18 +409,20 @@ int run_estimate(const Flags& f) {
         if (built) {
           // What the activations would need with less of them kept, at stage 3.
           const auto at_stage3 = [&](bool ckpt, int b) {
-            const auto tb = transient_bytes(*built,
-                                            TransientPlan{.world = n,
-                                                          .stage = 3,
-                                                          .precision = precision,
-                                                          .policy = AccumulatePolicy::kReduce,
-                                                          .grad_accum = f.grad_accum,
-                                                          .canonical = accumulator3,
-                                                          .prefetch = f.prefetch,
-                                                          .checkpoint_activations = ckpt,
-                                                          .micro_batch = b,
-                                                          .seq_len = gpt->seq_len},
-                                            0);
+            const auto tb =
+                transient_bytes(*built,
+                                TransientPlan{.world = n,
+                                              .stage = 3,
+                                              .precision = precision,
+                                              .policy = AccumulatePolicy::kReduce,
+                                              .grad_accum = f.grad_accum,
+                                              .canonical = accumulator3,
+                                              .prefetch = f.prefetch,
+                                              .checkpoint_activations = ckpt,
+                                              .micro_batch = b,
+                                              .seq_len = gpt->seq_len,
+                                              .hpz_node_ranks = f.hpz ? f.node_ranks : 0},
+                                0);
             return max_model_state_bytes(units, n, 3, precision, accumulator3).total() + tb.total();
           };
           const uint64_t ck = at_stage3(true, f.micro_batch);
@@ -450,6 +461,9 @@ Runner add_estimate(CLI::App& app) {
   app.add_option("--node-ranks", f->node_ranks,
                  "Ranks per node: also show the comm bytes per step that cross nodes "
                  "(docs/topology.md)");
+  app.add_flag("--hpz", f->hpz,
+               "Stage 3: count hpZ's secondary copy (params / T per rank) and its backward "
+               "gathers inside the node (needs --node-ranks)");
   app.add_option("--collectives", f->collectives,
                  "flat or two-level (with --node-ranks): the collectives whose bytes and time "
                  "to count")

@@ -390,6 +390,10 @@ Runner add_train(CLI::App& app) {
   par->add_option("--node-ranks", c.launch.comm.node_ranks,
                   "Ranks per node: consecutive ranks share a node, and the comm ledger counts "
                   "the bytes that cross nodes apart (docs/topology.md); default: one node");
+  par->add_flag("--hpz", c.hpz,
+                "Stage 3 with --node-ranks: keep each node's copy of a unit's parameters "
+                "sharded over its ranks after the forward's gather, so the backward's gather "
+                "stays inside the node (ZeRO++'s hpZ; costs the params' bytes / T per rank)");
   par->add_option("--collectives", f->collectives,
                   "flat: every rank exchanges with every rank; two-level (with --node-ranks): "
                   "inside each node, then across nodes with one rank per node and local "

@@ -2,7 +2,8 @@
 //
 // Categories follow the ZeRO accounting: the persistent model states (params, grads, master,
 // adam_m, adam_v) and the transient buffers (gathered stage-3 unit params, grad_buckets,
-// grad_accum (the canonical order's fp32 accumulator), activations, comm_buffers, workspace).
+// grad_accum (the canonical order's fp32 accumulator), hpz_params (hpZ's copy of stage 3's
+// parameters sharded within the node), activations, comm_buffers, workspace).
 // `peak_total` is the peak of the sum over categories, not the sum of their peaks. An optional
 // budget (the accelerator's capacity,
 // `--memory-per-rank`) makes a reservation past it fail with OutOfMemory naming the rank,
@@ -34,11 +35,12 @@ enum class MemCategory : uint8_t {
   kGathered,
   kGradBuckets,
   kGradAccum,
+  kHpzParams,
   kActivations,
   kCommBuffers,
   kWorkspace,
 };
-inline constexpr int kNumMemCategories = 11;
+inline constexpr int kNumMemCategories = 12;
 std::string_view mem_category_name(MemCategory c);  // "params", "adam_m", "grad_buckets", ...
 
 class MemoryLedger {

@@ -258,6 +258,17 @@ void resolve_config(TrainConfig& c) {
     throw InvalidArgument(fmt::format(
         "--node-ranks {} is invalid; use the ranks per node (1 or more), or leave it out", t));
   }
+  if (c.hpz && c.stage != 3) {
+    throw InvalidArgument(fmt::format(
+        "--hpz keeps a node's copy of stage 3's gathered parameters; --stage {} gathers none. "
+        "Use --stage 3, or leave --hpz out",
+        c.stage));
+  }
+  if (c.hpz && t == 0) {
+    throw InvalidArgument(
+        "--hpz shards a second copy of the parameters within each node; it needs --node-ranks T "
+        "to say which ranks share a node");
+  }
   if (t == 0 && c.launch.comm.two_level) {
     throw InvalidArgument(
         "--collectives two-level needs --node-ranks T to say which ranks share a node");
@@ -314,6 +325,7 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["inter_node_bandwidth"] = set(c.launch.comm.inter_node_bandwidth);
   j["inter_node_latency"] = set(c.launch.comm.inter_node_latency);
   j["collectives"] = std::string(collectives_name(c.launch.comm.two_level));
+  j["hpz"] = c.hpz;
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
   j["checkpoint_dir"] = c.checkpoint_dir;
   j["checkpoint_every"] = c.checkpoint_every;

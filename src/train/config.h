@@ -95,6 +95,10 @@ struct TrainConfig {
   std::optional<bool> invariant;
   int prefetch = 1;
   bool checkpoint_activations = false;
+  // hpZ (stage 3, with --node-ranks): the forward's gather also leaves each rank its share
+  // of the unit within its node, and the backward gathers that inside the node instead of
+  // across nodes (docs/topology.md).
+  bool hpz = false;
   // Optimization.
   int64_t steps = 100;
   uint64_t seed = 1337;

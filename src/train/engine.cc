@@ -493,10 +493,19 @@ Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
         cfg.checkpoint_dir, cfg.checkpoint_every));
   }
   // The step's micro-batches M = N x A stay; the survivors are N - 1, and the largest of
-  // them that divides M trains on, each rank taking M / N' of them.
+  // them that divides M trains on, each rank taking M / N' of them. Over nodes of T ranks
+  // the world stays whole nodes (N' = P' x T: a node is lost, not one rank of it); when no
+  // such N' is left, the survivors are one node of N' ranks.
   const int micro_batches = ranks * cfg.grad_accum;
+  const int per_node = cfg.launch.comm.node_ranks;
   int survivors = ranks - 1;
+  if (per_node > 0) {
+    while (survivors >= per_node && (micro_batches % survivors != 0 || survivors % per_node != 0))
+      --survivors;
+    if (survivors < per_node) survivors = ranks - 1;
+  }
   while (micro_batches % survivors != 0) --survivors;
+  if (per_node > 0 && survivors % per_node != 0) cfg.launch.comm.node_ranks = survivors;
   const checkpoint::Meta meta = checkpoint::read_meta(*latest);
   Restart restart{.failed_step = root->step,
                   .failed_rank = failed_rank,

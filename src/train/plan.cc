@@ -101,9 +101,15 @@ PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precis
   return b;
 }
 
+Topology topology_of(const TrainConfig& c) {
+  return Topology{
+      .node_ranks = c.launch.comm.node_ranks, .two_level = c.launch.comm.two_level, .hpz = c.hpz};
+}
+
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
-                              bool canonical, int rank, int node_ranks, bool two_level) {
+                              bool canonical, int rank, const Topology& topology) {
+  const int node_ranks = topology.node_ranks;
   check_rank(world, rank);
   if (node_ranks < 0 || (node_ranks > 0 && world % node_ranks != 0)) {
     throw InvalidArgument(fmt::format(
@@ -127,7 +133,10 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                                                                        : 0;
   const uint64_t peers = static_cast<uint64_t>(world - 1);
   const uint64_t away = static_cast<uint64_t>(world - per_node);
-  const bool levels = two_level && per_node > 1 && per_node < world;
+  const bool levels = topology.two_level && per_node > 1 && per_node < world;
+  // hpZ: of stage 3's 2A gathers, the backward's A gather the node's copy inside the node.
+  const bool hpz = topology.hpz && sp.gather_before_compute;
+  const uint64_t node_gathers = hpz ? a : 0;
   const uint64_t other_nodes = static_cast<uint64_t>(world / per_node - 1);
   CommBytes b;
   for (uint64_t numel : unit_numel) {
@@ -154,8 +163,11 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
       b.reduce_scatter += reductions * rs;
       b.cross_reduce_scatter += reductions * rs_away;
     }
-    b.all_gather += gathers * ag;
-    b.cross_all_gather += gathers * ag_away;
+    b.all_gather += (gathers - node_gathers) * ag;
+    b.cross_all_gather += (gathers - node_gathers) * ag_away;
+    if (hpz) {
+      b.all_gather += node_gathers * (numel - own_count(numel, per_node, rank % per_node)) * w;
+    }
   }
   return b;
 }
@@ -182,6 +194,9 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
     if (sp.accumulate_full) l.accum_full.push_back(u->numel());
     if (sp.fp32_accumulator && !sp.grads_fp32) {
       l.accumulator.push_back(own_count(u->numel(), p.world, rank));
+    }
+    if (p.hpz_node_ranks > 0 && sp.gather_before_compute) {
+      l.hpz.push_back(own_count(u->numel(), p.hpz_node_ranks, rank % p.hpz_node_ranks));
     }
   }
   // Checkpointing keeps only each unit's input; one buffer serves every recompute.
@@ -225,6 +240,7 @@ TransientBytes transient_bytes(const TransientLayout& l) {
       (sum(l.accum_full) + static_cast<uint64_t>(l.buckets) * l.bucket) * l.dtype_bytes;
   b.grad_accum = 4 * sum(l.accumulator);
   b.comm_buffers = static_cast<uint64_t>(l.buckets) * l.reduced * l.dtype_bytes;
+  b.hpz_params = sum(l.hpz) * l.dtype_bytes;
   return b;
 }
 

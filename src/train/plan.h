@@ -55,9 +55,16 @@ PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precis
 // reduce-scatters A_red times and all-gathers 2A times (A_red = A for kReduce, 1 for kLocal).
 // `canonical` (the canonical order, with A > 1): stage 0 reduce-scatters A times and
 // all-gathers the averaged gradient once instead.
-// `node_ranks` T (0 = one node): the part of each that comes from peers on other nodes, as
-// the comm ledger counts it (comm/ledger.h, docs/topology.md), for flat collectives or, with
-// `two_level`, the two-level ones (CommOptions::two_level).
+// `topology`: the part of each that comes from peers on other nodes, as the comm ledger
+// counts it (comm/ledger.h, docs/topology.md), for flat or two-level collectives; with hpZ,
+// stage 3's backward gathers run inside the node (A of the 2A gathers cross no node).
+struct Topology {
+  int node_ranks = 0;      // T; 0 = every rank on one node
+  bool two_level = false;  // CommOptions::two_level
+  bool hpz = false;        // TrainConfig::hpz
+};
+// A run's topology, from its options.
+Topology topology_of(const TrainConfig& c);
 struct CommBytes {
   uint64_t all_reduce = 0;
   uint64_t reduce_scatter = 0;
@@ -72,7 +79,7 @@ struct CommBytes {
 };
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
-                              bool canonical, int rank, int node_ranks = 0, bool two_level = false);
+                              bool canonical, int rank, const Topology& topology = {});
 
 // What the products of a --precision multiply in: bf16 runs multiply in bf16 (operands
 // rounded, fp32 sums), as PyTorch's autocast does; fp16 runs keep fp32 products, since
@@ -97,6 +104,7 @@ struct TransientPlan {
   int seq_len = 1;   // tokens per sample (1 for images)
   bool text = true;  // token inputs (else features_per_sample floats per sample)
   uint64_t features_per_sample = 0;
+  int hpz_node_ranks = 0;  // hpZ's secondary copy over this many ranks (0 = off)
 };
 struct TransientLayout {
   // Activations, fp32 unless said: the stream between units (unit u's input, then the
@@ -128,6 +136,9 @@ struct TransientLayout {
   // fp32: the canonical order's accumulator of each unit's own range (A > 1 only, and at
   // stages 0-1: at stages 2-3 the grads buffer is the accumulator).
   std::vector<uint64_t> accumulator;
+  // In the parameters' dtype: hpZ's secondary copy, each unit's range of local index
+  // rank % T in Partition(numel, T); kept for the whole run.
+  std::vector<uint64_t> hpz;
 };
 TransientLayout transient_layout(const Model& model, const TransientPlan& plan, int rank);
 
@@ -139,8 +150,10 @@ struct TransientBytes {
   uint64_t grad_buckets = 0;
   uint64_t grad_accum = 0;
   uint64_t comm_buffers = 0;
+  uint64_t hpz_params = 0;
   uint64_t total() const {
-    return activations + workspace + gathered + grad_buckets + grad_accum + comm_buffers;
+    return activations + workspace + gathered + grad_buckets + grad_accum + comm_buffers +
+           hpz_params;
   }
 };
 TransientBytes transient_bytes(const TransientLayout& layout);

@@ -41,7 +41,9 @@ TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int
       .micro_batch = cfg.micro_batch,
       .seq_len = text ? cfg.seq_len : 1,
       .text = text,
-      .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0};
+      .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0,
+      .hpz_node_ranks =
+          cfg.hpz ? (cfg.launch.comm.node_ranks > 0 ? cfg.launch.comm.node_ranks : world) : 0};
 }
 
 namespace {
@@ -78,6 +80,7 @@ RankTrainer::Buffers::Buffers(MemoryLedger& ledger, const TransientLayout& l, DT
   for (int k = 0; k < l.gathered_slots; ++k) {
     gathered.emplace_back(ledger, MemCategory::kGathered, param_dtype, l.gathered);
   }
+  for (uint64_t n : l.hpz) hpz.emplace_back(ledger, MemCategory::kHpzParams, param_dtype, n);
 }
 
 RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataSplits& data,
@@ -100,6 +103,10 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
              cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed, comm.size(),
              comm.rank(), ledger_),
       buf_(ledger_, layout_, state_.dtype()),
+      hpz_(cfg.hpz && state_.plan().gather_before_compute
+               ? std::optional<HpzCopy>(std::in_place, state_.units(), buf_.hpz,
+                                        cfg.launch.comm.node_ranks, comm.rank())
+               : std::nullopt),
       reducer_(state_, layout_, cfg.grad_accum, comm, ledger_, chunk_),
       optimizer_(cfg, state_, comm, chunk_),
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
@@ -167,6 +174,7 @@ double RankTrainer::forward() {
   }
   for (size_t i = 0; i < U; ++i) {
     const int slot = gathers ? gathers->acquire(i) : 0;
+    if (hpz_) hpz_->keep(i, buf_.gathered[slot]);
     const Tracer::Span span(tracer_, tracer_ ? "forward " + model_[i]->name() : "");
     const UnitWeights w{
         .values = weights_for(i, slot), .stored_bf16 = stored_bf16(i, slot), .compute = compute_};
@@ -183,7 +191,7 @@ void RankTrainer::backward() {
   if (state_.plan().gather_before_compute) {
     std::vector<size_t> order(U);
     for (size_t i = 0; i < U; ++i) order[i] = U - 1 - i;
-    gathers.emplace(comm_, state_.units(), buf_.gathered, order);
+    gathers.emplace(comm_, state_.units(), buf_.gathered, order, hpz_ ? &*hpz_ : nullptr);
   }
   std::span<float> dout;  // the head starts from mb.loss_grad_scale
   Buffer<float>* din_buf = &buf_.dx_a;

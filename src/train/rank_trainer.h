@@ -31,6 +31,7 @@
 #include "tensor/gemm.h"
 #include "train/config.h"
 #include "train/fault_plan.h"
+#include "train/gather_queue.h"
 #include "train/grad_reducer.h"
 #include "train/optimizer_step.h"
 #include "train/plan.h"
@@ -107,6 +108,8 @@ class RankTrainer {
     Buffer<float> w32, dw32, dx_a, dx_b, scratch;
     // Stage 3: gathered unit parameters.
     std::vector<Flat> gathered;
+    // hpZ: each unit's share of this rank within its node (HpzCopy).
+    std::vector<Flat> hpz;
   };
 
   const TrainConfig& cfg_;
@@ -120,6 +123,7 @@ class RankTrainer {
   DistributedSampler sampler_;
   ShardedState state_;
   Buffers buf_;
+  std::optional<HpzCopy> hpz_;
   // Widening space for gradients on their way to the grads buffer and the optimizer: a fixed
   // 64 KiB, allocated with the trainer, so a step allocates nothing for them (outside the
   // ledger: part of the fixed RSS overhead docs/performance.md states).

@@ -153,9 +153,9 @@ nlohmann::json report_json(const TrainResult& r) {
                            {name(MemCategory::kAdamM), s.adam_m},
                            {name(MemCategory::kAdamV), s.adam_v},
                            {key::kTotal, s.total()}});
-    const CommBytes cb = comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision,
-                                             c.grad_accum, c.accumulate, canonical_order(c), rank,
-                                             c.launch.comm.node_ranks, c.launch.comm.two_level);
+    const CommBytes cb =
+        comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
+                            c.accumulate, canonical_order(c), rank, topology_of(c));
     plan_comm.push_back({{name(CommKind::kAllReduce), cb.all_reduce},
                          {name(CommKind::kReduceScatter), cb.reduce_scatter},
                          {name(CommKind::kAllGather), cb.all_gather},
@@ -180,7 +180,8 @@ std::string summary_table(const TrainResult& r) {
     const auto& p = rank.peak;
     auto cat = [&](MemCategory c) { return static_cast<double>(p[static_cast<int>(c)]); };
     const double other = cat(MemCategory::kGradBuckets) + cat(MemCategory::kGradAccum) +
-                         cat(MemCategory::kCommBuffers) + cat(MemCategory::kWorkspace);
+                         cat(MemCategory::kHpzParams) + cat(MemCategory::kCommBuffers) +
+                         cat(MemCategory::kWorkspace);
     uint64_t comm = 0, cross = 0;
     for (int k = 0; k < kNumCommKinds; ++k) {
       comm += rank.comm_train[k].bytes;
@@ -216,9 +217,9 @@ std::string formula_table(const TrainResult& r) {
     for (int k = 0; k < kNumCommKinds; ++k) {
       if (static_cast<CommKind>(k) != CommKind::kControl) comm += rank.comm_train[k].bytes;
     }
-    const CommBytes cplan = comm_bytes_per_step(
-        r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum, c.accumulate,
-        canonical_order(c), rank.rank, c.launch.comm.node_ranks, c.launch.comm.two_level);
+    const CommBytes cplan =
+        comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
+                            c.accumulate, canonical_order(c), rank.rank, topology_of(c));
     const double per_step = static_cast<double>(comm) / steps;
     out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", rank.rank,
                        format_bytes(static_cast<double>(states)),

@@ -152,8 +152,13 @@ ReportRank read_rank(const Fields& F, const json& rk, const std::string& where) 
     r.model_state[k] = F.count(states, states_at, category(k).c_str());
   }
   for (int k = kLastStateCategory + 1; k < kNumMemCategories; ++k) {
-    // Reports written before the canonical order's accumulator existed have no grad_accum.
-    if (k == static_cast<int>(MemCategory::kGradAccum) && !peaks.contains(category(k))) continue;
+    // Reports written before the canonical order's accumulator, or hpZ, existed have no
+    // grad_accum or hpz_params.
+    if ((k == static_cast<int>(MemCategory::kGradAccum) ||
+         k == static_cast<int>(MemCategory::kHpzParams)) &&
+        !peaks.contains(category(k))) {
+      continue;
+    }
     r.peak[k] = F.count(peaks, peaks_at, category(k).c_str());
   }
   r.peak_total = F.count(peaks, peaks_at, key::kTotal);

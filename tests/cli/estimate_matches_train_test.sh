@@ -11,7 +11,8 @@ fail=0
 for case in "3 0 bf16 1 -" "3 1 fp16 2 -" "4 2 bf16 2 --checkpoint-activations" "3 3 fp32 1 -" \
   "2 3 bf16 2 --checkpoint-activations" "3 0 bf16 3 --invariant=on" "2 1 fp16 2 --invariant=on" "4 3 bf16 2 --node-ranks=2" \
   "6 0 fp32 1 --node-ranks=3" "6 3 bf16 2 --node-ranks=3,--collectives=two-level" \
-  "6 0 fp16 1 --node-ranks=2,--collectives=two-level"; do
+  "6 0 fp16 1 --node-ranks=2,--collectives=two-level" "4 3 bf16 2 --node-ranks=2,--hpz" \
+  "6 3 fp16 1 --node-ranks=3,--collectives=two-level,--hpz"; do
   read -r n stage precision accum ckpt <<<"$case"
   extra=()
   [[ $ckpt != - ]] && IFS=, read -r -a extra <<<"$ckpt"
@@ -31,7 +32,7 @@ for k in ("all_reduce", "reduce_scatter", "all_gather"):
     assert rank0["comm"][k]["bytes"] == e["comm_bytes_per_step"][k] * steps, (k, rank0["comm"][k]["bytes"], e["comm_bytes_per_step"][k])
     cross = e["comm_bytes_per_step"]["cross_node"][k] * steps
     assert rank0["comm"][k]["cross_node_bytes"] == cross, (k, rank0["comm"][k]["cross_node_bytes"], cross)
-for k in ("activations", "workspace", "gathered", "grad_buckets", "grad_accum", "comm_buffers"):
+for k in ("activations", "workspace", "gathered", "grad_buckets", "grad_accum", "comm_buffers", "hpz_params"):
     assert rank0["peak_bytes"][k] == e["transient_bytes"][k], (k, rank0["peak_bytes"][k], e["transient_bytes"][k])
 assert rank0["peak_bytes"]["total"] == e["peak_bytes"], (rank0["peak_bytes"]["total"], e["peak_bytes"])
 PY

@@ -11,11 +11,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 common=(train --size tiny --data synthetic --steps 3 --micro-batch 4 --no-progress
         --collective-timeout 60)
 fail=0
-# The last case puts every rank on a node of its own: the cross-node bytes match too.
-for case in "2 0 bf16 -" "2 3 bf16 -" "3 1 fp16 -" "3 2 fp32 -" "3 3 bf16 1"; do
-  read -r n stage precision nodes <<<"$case"
+# The last cases put ranks on nodes: the cross-node bytes match too, and the two-level
+# collectives and hpZ give the same bits on both backends.
+for case in "2 0 bf16 -" "2 3 bf16 -" "3 1 fp16 -" "3 2 fp32 -" "3 3 bf16 --node-ranks=1" \
+  "4 0 fp16 --node-ranks=2,--collectives=two-level" \
+  "4 3 bf16 --node-ranks=2,--collectives=two-level,--hpz"; do
+  read -r n stage precision extras <<<"$case"
   extra=()
-  [[ $nodes != - ]] && extra=(--node-ranks "$nodes")
+  [[ $extras != - ]] && IFS=, read -r -a extra <<<"$extras"
   "$zerodp" "${common[@]}" --ranks "$n" --stage "$stage" --precision "$precision" \
     "${extra[@]}" --report "$tmp/local.json" >/dev/null
   "$mpirun" -np "$n" "$zerodp" "${common[@]}" --backend mpi --stage "$stage" \
@@ -35,10 +38,10 @@ for r in (a, b):
     assert r["throughput"]["peak_cores"] <= os.cpu_count(), r["throughput"]
 PY
   then
-    echo "FAIL: N=$n stage $stage $precision: mpi and local reports differ"
+    echo "FAIL: N=$n stage $stage $precision $extras: mpi and local reports differ"
     fail=1
   else
-    echo "ok: N=$n stage $stage $precision: same weights, losses, samples, comm, memory"
+    echo "ok: N=$n stage $stage $precision $extras: same weights, losses, samples, comm, memory"
   fi
 done
 # Ranks on different hosts (each process told it is alone on its host, as OpenMPI tells a

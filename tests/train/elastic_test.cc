@@ -132,6 +132,31 @@ TEST(Elastic, AFailedRankRestartsOnThreeWithTheUninterruptedRunsBits) {
   EXPECT_EQ(j.at(report_key::kConfig).at("max_restarts"), 1);
 }
 
+// Over nodes the world stays whole nodes (M = 12): 3 nodes of 2 go on as 2 nodes, not as 5
+// ranks; 2 nodes of 2 go on as one node, not as 3 ranks.
+TEST(Elastic, OverNodesTheSurvivorsAreWholeNodes) {
+  for (const auto& [ranks, after] : {std::pair{6, 4}, std::pair{4, 2}}) {
+    TempDir whole_dir, elastic_dir;
+    TrainConfig w = twelve_micro_batches(whole_dir);
+    w.launch.ranks = ranks;
+    w.grad_accum = 12 / ranks;
+    w.launch.comm.node_ranks = 2;
+    const TrainResult whole = testing::run(w);
+    TrainConfig c = twelve_micro_batches(elastic_dir);
+    c.launch.ranks = ranks;
+    c.grad_accum = 12 / ranks;
+    c.launch.comm.node_ranks = 2;
+    c.max_restarts = 1;
+    c.inject = {parse_injection("throw@7:1")};
+    const Outcome o = run_elastic(c);
+    ASSERT_EQ(o.result.restarts.size(), 1u) << ranks << " ranks";
+    EXPECT_EQ(o.result.restarts[0].ranks_after, after) << ranks << " ranks";
+    EXPECT_EQ(o.result.world_size, after) << ranks << " ranks";
+    EXPECT_EQ(o.result.config.launch.comm.node_ranks, 2) << ranks << " ranks";
+    EXPECT_EQ(o.result.weights_sha256, whole.weights_sha256) << ranks << " ranks";
+  }
+}
+
 TEST(Elastic, TheMlpRestartsToTheSameBitsToo) {
   TempDir whole_dir, elastic_dir;
   const auto mlp = [](const TempDir& tmp) {

@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "core/error.h"
@@ -79,6 +80,56 @@ TEST(TwoLevelTrainingOrder, IsNotTheCanonicalOrder) {
   EXPECT_FALSE(canonical_order(c));
   c.launch.comm.two_level = false;
   EXPECT_TRUE(canonical_order(c));
+}
+
+// hpZ changes where the backward's parameters come from, not their values: the same bits
+// as without it, over flat and two-level collectives and with micro-batches accumulated.
+// Its copy is the parameters' bytes / T per rank, and of a step's 2A gathers only the
+// forward's A cross nodes.
+TEST(Hpz, GivesTheSameBitsAndKeepsTheBackwardsGathersInsideTheNode) {
+  for (bool two_level : {false, true}) {
+    for (const auto& [ranks, per_node, accum] : {std::tuple{4, 2, 1}, {6, 3, 2}, {6, 2, 1}}) {
+      TrainConfig c = two_level_config(ranks, per_node, 3, Precision::kBF16);
+      c.launch.comm.two_level = two_level;
+      c.grad_accum = accum;
+      const std::string where = fmt::format("{} x {} A={} {}", ranks / per_node, per_node, accum,
+                                            two_level ? "two-level" : "flat");
+      const TrainResult plain = run(c);
+      c.hpz = true;
+      const TrainResult hpz = run(c);
+      EXPECT_EQ(hpz.weights_sha256, plain.weights_sha256) << where;
+      ASSERT_EQ(hpz.ranks.size(), plain.ranks.size());
+      for (size_t r = 0; r < hpz.ranks.size(); ++r) {
+        const auto& a = plain.ranks[r].comm_train[static_cast<int>(CommKind::kAllGather)];
+        const auto& b = hpz.ranks[r].comm_train[static_cast<int>(CommKind::kAllGather)];
+        EXPECT_EQ(b.calls, a.calls) << where << " rank " << r;
+        EXPECT_EQ(2 * b.cross_node_bytes, a.cross_node_bytes) << where << " rank " << r;
+        EXPECT_LT(b.bytes, a.bytes) << where << " rank " << r;
+        uint64_t copy = 0;
+        for (uint64_t numel : hpz.unit_numel) {
+          copy += Partition(numel, per_node).count(static_cast<int>(r) % per_node) * 2;
+        }
+        EXPECT_EQ(hpz.ranks[r].peak[static_cast<int>(MemCategory::kHpzParams)], copy)
+            << where << " rank " << r;
+        EXPECT_EQ(plain.ranks[r].peak[static_cast<int>(MemCategory::kHpzParams)], 0u) << where;
+      }
+    }
+  }
+}
+
+TEST(Hpz, IsRefusedWhereItHasNothingToKeep) {
+  TrainConfig c = two_level_config(4, 2, 2, Precision::kBF16);
+  c.hpz = true;
+  EXPECT_THROW(resolve_config(c), InvalidArgument);
+  c.stage = 3;
+  c.launch.comm.node_ranks = 0;
+  c.launch.comm.two_level = false;
+  try {
+    resolve_config(c);
+    ADD_FAILURE() << "--hpz without --node-ranks accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("needs --node-ranks"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
