@@ -35,6 +35,8 @@ struct Flags {
   int node_ranks = 0;  // 0: one node
   std::string collectives = "flat";
   bool hpz = false;
+  bool qwz = false;
+  int quant_block = 4096;
   std::string memory_per_rank;
   bool json = false;
   // Activations and step time (GPT shapes only).
@@ -175,6 +177,11 @@ int run_estimate(const Flags& f) {
   if (accumulate) check_invariant_policy(invariant, *accumulate);
   const bool two_level = parse_collectives_flag(f.collectives);
   check_invariant_collectives(invariant, two_level);
+  if (f.quant_block < 1) {
+    throw InvalidArgument(fmt::format(
+        "--quant-block {} is invalid; use the elements per scale, 1 or more (default 4096)",
+        f.quant_block));
+  }
   if (f.hpz && f.node_ranks == 0) {
     throw InvalidArgument(
         "--hpz shards a second copy of the parameters within each node; it needs --node-ranks T "
@@ -274,22 +281,28 @@ int run_estimate(const Flags& f) {
           all_ranks_model_state_bytes(units, n, stage, precision, accumulator).total();
       const CommBytes c = comm_bytes_per_step(
           units, n, stage, precision, f.grad_accum, policy, canonical, 0,
-          Topology{.node_ranks = f.node_ranks, .two_level = two_level, .hpz = f.hpz && stage == 3});
+          CommModes{.node_ranks = f.node_ranks,
+                    .two_level = two_level,
+                    .hpz = f.hpz && stage == 3,
+                    .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.quant_block) : 0});
       std::optional<TransientBytes> t;
       if (built) {
-        t = transient_bytes(*built,
-                            TransientPlan{.world = n,
-                                          .stage = stage,
-                                          .precision = precision,
-                                          .policy = policy,
-                                          .grad_accum = f.grad_accum,
-                                          .canonical = canonical,
-                                          .prefetch = f.prefetch,
-                                          .checkpoint_activations = f.checkpoint_activations,
-                                          .micro_batch = f.micro_batch,
-                                          .seq_len = gpt->seq_len,
-                                          .hpz_node_ranks = f.hpz && stage == 3 ? f.node_ranks : 0},
-                            0);
+        t = transient_bytes(
+            *built,
+            TransientPlan{
+                .world = n,
+                .stage = stage,
+                .precision = precision,
+                .policy = policy,
+                .grad_accum = f.grad_accum,
+                .canonical = canonical,
+                .prefetch = f.prefetch,
+                .checkpoint_activations = f.checkpoint_activations,
+                .micro_batch = f.micro_batch,
+                .seq_len = gpt->seq_len,
+                .hpz_node_ranks = f.hpz && stage == 3 ? f.node_ranks : 0,
+                .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.quant_block) : 0},
+            0);
       }
       const uint64_t need = s.total() + (t ? t->total() : 0);
       std::optional<StepTime> time;
@@ -464,6 +477,10 @@ Runner add_estimate(CLI::App& app) {
   app.add_flag("--hpz", f->hpz,
                "Stage 3: count hpZ's secondary copy (params / T per rank) and its backward "
                "gathers inside the node (needs --node-ranks)");
+  app.add_flag("--qwz", f->qwz,
+               "Stage 3: count the parameter gathers as int8 blocks with an fp32 scale each");
+  app.add_option("--quant-block", f->quant_block, "Elements per quantization scale (--qwz)")
+      ->capture_default_str();
   app.add_option("--collectives", f->collectives,
                  "flat or two-level (with --node-ranks): the collectives whose bytes and time "
                  "to count")

@@ -394,6 +394,12 @@ Runner add_train(CLI::App& app) {
                 "Stage 3 with --node-ranks: keep each node's copy of a unit's parameters "
                 "sharded over its ranks after the forward's gather, so the backward's gather "
                 "stays inside the node (ZeRO++'s hpZ; costs the params' bytes / T per rank)");
+  par->add_flag("--qwz", c.qwz,
+                "Stage 3: gather parameters as int8 blocks with one fp32 scale each, quantized "
+                "from the owner's fp32 master (ZeRO++'s qwZ): about half the gathers' bytes, "
+                "and the passes see quantized weights");
+  par->add_option("--quant-block", c.quant_block, "Elements per quantization scale (--qwz)")
+      ->capture_default_str();
   par->add_option("--collectives", f->collectives,
                   "flat: every rank exchanges with every rank; two-level (with --node-ranks): "
                   "inside each node, then across nodes with one rank per node and local "

@@ -414,6 +414,8 @@ ElementType element_type_of(DType t) {
       return ElementType::kF16;
     case DType::kBF16:
       return ElementType::kBF16;
+    case DType::kU8:
+      break;
   }
   throw InvalidArgument(
       fmt::format("safetensors: dtype {} is not f32, f16 or bf16", static_cast<int>(t)));

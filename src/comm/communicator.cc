@@ -256,6 +256,12 @@ Work Communicator::reduce_scatter_async(ConstBuffer in, MutableBuffer out, const
         dtype_name(out.dtype)));
   }
   if (!into) check_dtypes(kOp, in.dtype, out.dtype);
+  if (in.dtype == DType::kU8) {
+    throw InvalidArgument(fmt::format(
+        "{}: u8 buffers hold raw bytes, which all_gather and broadcast move but nothing "
+        "reduces; reduce f32, f16 or bf16",
+        kOp));
+  }
   if (in.count != part.length()) {
     throw InvalidArgument(fmt::format("{}: input holds {} elements, partition covers {} (world {})",
                                       kOp, in.count, part.length(), size_));
@@ -353,6 +359,11 @@ Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
     throw InvalidArgument(
         "all_reduce: sum_into accumulates into a separate fp32 buffer, which an in-place "
         "all-reduce does not have; use reduce_scatter with sum_into, or sum, avg or max");
+  }
+  if (buf.dtype == DType::kU8) {
+    throw InvalidArgument(
+        "all_reduce: u8 buffers hold raw bytes, which all_gather and broadcast move but nothing "
+        "reduces; reduce f32, f16 or bf16");
   }
   const Partition part(buf.count, size_);
   const size_t w = dtype_size(buf.dtype);

@@ -200,6 +200,8 @@ const float* widen(ConstBuffer in, size_t start, size_t n, float* scratch) {
       convert(std::span<const Float16>(static_cast<const Float16*>(in.data) + start, n),
               std::span<float>(scratch, n));
       return scratch;
+    case DType::kU8:
+      break;
   }
   throw InvalidArgument(
       fmt::format("quantize: dtype {} is not f32, f16 or bf16", static_cast<int>(in.dtype)));

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/error.h"
+
 namespace zerodp {
 namespace {
 
@@ -96,6 +98,8 @@ void reduce_rank_order(std::span<const void* const> inputs, void* out, size_t co
       case DType::kBF16:
         sum_into_typed<BFloat16>(inputs, acc, count);
         break;
+      case DType::kU8:
+        throw InvalidArgument("reduce: u8 holds raw bytes, which are moved, never reduced");
     }
     return;
   }
@@ -109,6 +113,8 @@ void reduce_rank_order(std::span<const void* const> inputs, void* out, size_t co
     case DType::kBF16:
       reduce_typed(inputs, static_cast<BFloat16*>(out), count, op, divisor);
       break;
+    case DType::kU8:
+      throw InvalidArgument("reduce: u8 holds raw bytes, which are moved, never reduced");
   }
 }
 

@@ -113,9 +113,11 @@ std::string_view dtype_name(DType t) {
       return "f16";
     case DType::kBF16:
       return "bf16";
+    case DType::kU8:
+      return "u8";
   }
-  throw InvalidArgument(
-      fmt::format("dtype_name: {} is not a DType (f32=0, f16=1, bf16=2)", static_cast<int>(t)));
+  throw InvalidArgument(fmt::format("dtype_name: {} is not a DType (f32=0, f16=1, bf16=2, u8=3)",
+                                    static_cast<int>(t)));
 }
 
 std::optional<DType> parse_dtype(std::string_view name) {

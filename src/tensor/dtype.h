@@ -29,7 +29,9 @@
 
 namespace zerodp {
 
-enum class DType : uint8_t { kF32, kF16, kBF16 };
+// kU8: raw bytes (a quantized payload, comm/quantize.h), which collectives move but never
+// reduce, and nothing converts.
+enum class DType : uint8_t { kF32, kF16, kBF16, kU8 };
 
 struct BFloat16 {
   uint16_t bits = 0;
@@ -40,8 +42,8 @@ struct Float16 {
   bool operator==(const Float16&) const = default;
 };
 
-constexpr size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
-std::string_view dtype_name(DType t);  // "f32", "f16", "bf16"
+constexpr size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : t == DType::kU8 ? 1 : 2; }
+std::string_view dtype_name(DType t);  // "f32", "f16", "bf16", "u8"
 // Takes dtype_name()'s names and the aliases "fp32", "float32", "fp16", "float16" and
 // "bfloat16" (lower case only); nullopt for anything else.
 std::optional<DType> parse_dtype(std::string_view name);

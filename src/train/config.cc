@@ -264,6 +264,17 @@ void resolve_config(TrainConfig& c) {
         "Use --stage 3, or leave --hpz out",
         c.stage));
   }
+  if (c.qwz && c.stage != 3) {
+    throw InvalidArgument(fmt::format(
+        "--qwz quantizes stage 3's parameter gathers; --stage {} gathers none. Use --stage 3, or "
+        "leave --qwz out",
+        c.stage));
+  }
+  if (c.quant_block < 1) {
+    throw InvalidArgument(fmt::format(
+        "--quant-block {} is invalid; use the elements per scale, 1 or more (default 4096)",
+        c.quant_block));
+  }
   if (c.hpz && t == 0) {
     throw InvalidArgument(
         "--hpz shards a second copy of the parameters within each node; it needs --node-ranks T "
@@ -326,6 +337,8 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["inter_node_latency"] = set(c.launch.comm.inter_node_latency);
   j["collectives"] = std::string(collectives_name(c.launch.comm.two_level));
   j["hpz"] = c.hpz;
+  j["qwz"] = c.qwz;
+  j["quant_block"] = c.quant_block;
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
   j["checkpoint_dir"] = c.checkpoint_dir;
   j["checkpoint_every"] = c.checkpoint_every;

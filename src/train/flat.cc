@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/error.h"
 #include "optim/grad_clip.h"
 #include "optim/loss_scaler.h"
 
@@ -46,6 +47,8 @@ void widen(const void* data, DType dtype, size_t first, std::span<float> out) {
     case DType::kF16:
       convert(std::span<const Float16>(as<Float16>(data) + first, out.size()), out);
       break;
+    case DType::kU8:
+      throw InvalidArgument("widen: u8 holds raw bytes, not numbers");
   }
 }
 
@@ -60,6 +63,8 @@ void narrow(std::span<const float> in, void* data, DType dtype, size_t first) {
     case DType::kF16:
       convert(in, std::span<Float16>(as<Float16>(data) + first, in.size()));
       break;
+    case DType::kU8:
+      throw InvalidArgument("narrow: u8 holds raw bytes, not numbers");
   }
 }
 

@@ -23,15 +23,48 @@ Work HpzCopy::gather(Communicator& comm, size_t u, Flat& slot) {
                                     parts_[u]);
 }
 
+QuantizedGather::QuantizedGather(const std::vector<UnitState>& units, std::vector<Flat>& staging,
+                                 size_t block, int rank)
+    : q_{.bits = QuantBits::kInt8, .block = block}, staging_(staging), rank_(rank) {
+  for (const UnitState& u : units) {
+    std::vector<size_t> bytes;
+    for (int k = 0; k < u.part.world_size(); ++k)
+      bytes.push_back(quantized_bytes(u.part.count(k), q_));
+    payloads_.push_back(Partition::from_counts(bytes));
+  }
+}
+
+Work QuantizedGather::issue(Communicator& comm, const UnitState& state, size_t u, size_t slot) {
+  Flat& staging = staging_[slot];
+  const Partition& bytes = payloads_[u];
+  auto* own = static_cast<std::byte*>(staging.at(bytes.offset(rank_)));
+  quantize(ConstBuffer(state.master_values()), std::span<std::byte>(own, bytes.count(rank_)), q_);
+  return comm.all_gather_async(ConstBuffer(own, bytes.count(rank_), DType::kU8),
+                               staging.range(0, bytes.length()), bytes);
+}
+
+void QuantizedGather::finish(const UnitState& state, size_t u, size_t slot, Flat& gathered) {
+  const Flat& staging = staging_[slot];
+  const Partition& bytes = payloads_[u];
+  for (int k = 0; k < bytes.world_size(); ++k) {
+    const auto* payload = static_cast<const std::byte*>(staging.at(bytes.offset(k)));
+    dequantize(std::span<const std::byte>(payload, bytes.count(k)),
+               gathered.range(state.part.offset(k), state.part.count(k)), q_);
+  }
+}
+
 GatherQueue::GatherQueue(Communicator& comm, std::vector<UnitState>& units,
-                         std::vector<Flat>& slots, std::vector<size_t> order, HpzCopy* hpz)
-    : comm_(comm), units_(units), slots_(slots), order_(std::move(order)), hpz_(hpz) {
+                         std::vector<Flat>& slots, std::vector<size_t> order, HpzCopy* hpz,
+                         QuantizedGather* qwz)
+    : comm_(comm), units_(units), slots_(slots), order_(std::move(order)), hpz_(hpz), qwz_(qwz) {
   while (issued_ < order_.size() && issued_ < slots_.size()) issue();
 }
 
 int GatherQueue::acquire(size_t i) {
   works_[i].wait();
-  return static_cast<int>(i % slots_.size());
+  const size_t slot = i % slots_.size();
+  if (!hpz_ && qwz_) qwz_->finish(units_[order_[i]], order_[i], slot, slots_[slot]);
+  return static_cast<int>(slot);
 }
 
 void GatherQueue::release(size_t) {
@@ -41,9 +74,13 @@ void GatherQueue::release(size_t) {
 void GatherQueue::issue() {
   UnitState& u = units_[order_[issued_]];
   Flat& slot = slots_[issued_ % slots_.size()];
-  works_.push_back(hpz_
-                       ? hpz_->gather(comm_, order_[issued_], slot)
-                       : comm_.all_gather_async(u.params.buffer(), slot.range(0, u.numel), u.part));
+  if (hpz_) {
+    works_.push_back(hpz_->gather(comm_, order_[issued_], slot));
+  } else if (qwz_) {
+    works_.push_back(qwz_->issue(comm_, u, order_[issued_], issued_ % slots_.size()));
+  } else {
+    works_.push_back(comm_.all_gather_async(u.params.buffer(), slot.range(0, u.numel), u.part));
+  }
   ++issued_;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/quantize.h"
 #include "train/sharded_state.h"
 
 namespace zerodp {
@@ -30,12 +31,33 @@ class HpzCopy {
   int local_;
 };
 
+// qwZ (ZeRO++'s quantized weights): the owner quantizes its shard from its fp32 master into
+// int8 blocks with an fp32 scale each (comm/quantize.h), the world all-gathers the payloads
+// (quantized_bytes(c_k) bytes from rank k), and every rank, the owner too, dequantizes all
+// of them into the gathered unit, so every rank computes with the same weights.
+class QuantizedGather {
+ public:
+  QuantizedGather(const std::vector<UnitState>& units, std::vector<Flat>& staging, size_t block,
+                  int rank);
+  // Quantizes unit `u`'s own shard into the staging of gather slot `slot` and issues the
+  // gather of every rank's payload there.
+  Work issue(Communicator& comm, const UnitState& state, size_t u, size_t slot);
+  // Dequantizes the payloads in `slot`'s staging into `gathered`, unit `u`'s parameters.
+  void finish(const UnitState& state, size_t u, size_t slot, Flat& gathered);
+
+ private:
+  BlockQuant q_;
+  std::vector<Partition> payloads_;  // per unit: the bytes of every rank's payload
+  std::vector<Flat>& staging_;
+  int rank_;
+};
+
 class GatherQueue {
  public:
   // Issues the first gathers at once. `order`: the unit indices in the order of the pass.
-  // With `hpz`, units are gathered from the node's copy.
+  // With `hpz`, units are gathered from the node's copy; else with `qwz`, quantized.
   GatherQueue(Communicator& comm, std::vector<UnitState>& units, std::vector<Flat>& slots,
-              std::vector<size_t> order, HpzCopy* hpz = nullptr);
+              std::vector<size_t> order, HpzCopy* hpz = nullptr, QuantizedGather* qwz = nullptr);
   // Waits for the i-th unit of the order to arrive; returns its slot.
   int acquire(size_t i);
   // The i-th unit is done with its slot: the next gather may reuse it.
@@ -48,6 +70,7 @@ class GatherQueue {
   std::vector<Flat>& slots_;
   std::vector<size_t> order_;
   HpzCopy* hpz_;
+  QuantizedGather* qwz_;
   std::vector<Work> works_;
   size_t issued_ = 0;
 };

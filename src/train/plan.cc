@@ -4,6 +4,7 @@
 
 #include <fmt/core.h>
 
+#include "comm/quantize.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "train/stage_plan.h"
@@ -29,11 +30,17 @@ uint64_t own_count(uint64_t numel, int world, int rank) {
   return numel / n + (static_cast<uint64_t>(rank) < numel % n ? 1 : 0);
 }
 
-// Where rank `rank`'s range starts (numel for rank == world), in closed form.
-uint64_t own_offset(uint64_t numel, int world, int rank) {
+// The sum of f(own_count(numel, world, k)) over the `count` ranks k = first, first + step, ...,
+// in closed form: every count is numel / world, or one more below rank numel % world.
+template <typename F>
+uint64_t sum_over_ranks(uint64_t numel, int world, int first, int count, int step, F f) {
   const uint64_t n = static_cast<uint64_t>(world);
-  const uint64_t r = static_cast<uint64_t>(rank);
-  return r * (numel / n) + std::min(r, numel % n);
+  const uint64_t rem = numel % n;
+  const uint64_t k0 = static_cast<uint64_t>(first);
+  const uint64_t all = static_cast<uint64_t>(count);
+  const uint64_t big =
+      k0 >= rem ? 0 : std::min(all, (rem - 1 - k0) / static_cast<uint64_t>(step) + 1);
+  return big * f(numel / n + 1) + (all - big) * f(numel / n);
 }
 
 }  // namespace
@@ -101,15 +108,17 @@ PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precis
   return b;
 }
 
-Topology topology_of(const TrainConfig& c) {
-  return Topology{
-      .node_ranks = c.launch.comm.node_ranks, .two_level = c.launch.comm.two_level, .hpz = c.hpz};
+CommModes comm_modes_of(const TrainConfig& c) {
+  return CommModes{.node_ranks = c.launch.comm.node_ranks,
+                   .two_level = c.launch.comm.two_level,
+                   .hpz = c.hpz,
+                   .qwz_block = c.qwz ? static_cast<size_t>(c.quant_block) : 0};
 }
 
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
-                              bool canonical, int rank, const Topology& topology) {
-  const int node_ranks = topology.node_ranks;
+                              bool canonical, int rank, const CommModes& modes) {
+  const int node_ranks = modes.node_ranks;
   check_rank(world, rank);
   if (node_ranks < 0 || (node_ranks > 0 && world % node_ranks != 0)) {
     throw InvalidArgument(fmt::format(
@@ -133,28 +142,37 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                                                                        : 0;
   const uint64_t peers = static_cast<uint64_t>(world - 1);
   const uint64_t away = static_cast<uint64_t>(world - per_node);
-  const bool levels = topology.two_level && per_node > 1 && per_node < world;
+  const bool levels = modes.two_level && per_node > 1 && per_node < world;
   // hpZ: of stage 3's 2A gathers, the backward's A gather the node's copy inside the node.
-  const bool hpz = topology.hpz && sp.gather_before_compute;
+  const bool hpz = modes.hpz && sp.gather_before_compute;
   const uint64_t node_gathers = hpz ? a : 0;
   const uint64_t other_nodes = static_cast<uint64_t>(world / per_node - 1);
+  // What a rank's range of c elements weighs on the wire in the world's gathers: c w, or
+  // under qwZ (stage 3 only) its int8 blocks and their scales.
+  const bool qwz = modes.qwz_block > 0 && sp.gather_before_compute;
+  const auto payload = [&](uint64_t c) {
+    return qwz ? static_cast<uint64_t>(quantized_bytes(
+                     c, BlockQuant{.bits = QuantBits::kInt8, .block = modes.qwz_block}))
+               : c * w;
+  };
+  const int nodes = world / per_node;
   CommBytes b;
   for (uint64_t numel : unit_numel) {
     const uint64_t own = own_count(numel, world, rank);
-    uint64_t rs = peers * own * w;    // from each peer, its copy of my range
-    uint64_t ag = (numel - own) * w;  // every range but mine
+    uint64_t rs = peers * own * w;  // from each peer, its copy of my range
+    const uint64_t all_payloads = sum_over_ranks(numel, world, 0, world, 1, payload);
+    uint64_t ag = all_payloads - payload(own);  // every range but mine
     // The same from the peers on other nodes only.
     uint64_t rs_away = away * own * w;
-    uint64_t ag_away =
-        (numel - (own_offset(numel, world, first + per_node) - own_offset(numel, world, first))) *
-        w;
+    uint64_t ag_away = all_payloads - sum_over_ranks(numel, world, first, per_node, 1, payload);
     if (levels) {
       // The ranges of my local index on every node: what crosses nodes for me.
       uint64_t column = 0;
       for (int r = rank % per_node; r < world; r += per_node) column += own_count(numel, world, r);
       rs_away = other_nodes * own * w;  // each other node's partial of my range
       rs = static_cast<uint64_t>(per_node - 1) * column * w + rs_away;
-      ag_away = (column - own) * w;
+      ag_away =
+          sum_over_ranks(numel, world, rank % per_node, nodes, per_node, payload) - payload(own);
     }
     if (reduce == StagePlan::Reduce::kAllReduce) {
       b.all_reduce += reductions * (rs + ag);
@@ -213,6 +231,15 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
   if (sp.gather_before_compute) {
     l.gathered_slots = 1 + p.prefetch;
     l.gathered = max_numel;
+    if (p.qwz_block > 0) {
+      const BlockQuant q{.bits = QuantBits::kInt8, .block = p.qwz_block};
+      for (const auto& u : model) {
+        uint64_t bytes = 0;
+        for (int k = 0; k < p.world; ++k)
+          bytes += quantized_bytes(own_count(u->numel(), p.world, k), q);
+        l.qwz_staging = std::max(l.qwz_staging, bytes);
+      }
+    }
   }
   if (sp.micro_batch_reduce != StagePlan::Reduce::kNone) {
     // Two buckets: one reduces while the next unit's backward fills the other.
@@ -239,7 +266,8 @@ TransientBytes transient_bytes(const TransientLayout& l) {
   b.grad_buckets =
       (sum(l.accum_full) + static_cast<uint64_t>(l.buckets) * l.bucket) * l.dtype_bytes;
   b.grad_accum = 4 * sum(l.accumulator);
-  b.comm_buffers = static_cast<uint64_t>(l.buckets) * l.reduced * l.dtype_bytes;
+  b.comm_buffers = static_cast<uint64_t>(l.buckets) * l.reduced * l.dtype_bytes +
+                   static_cast<uint64_t>(l.gathered_slots) * l.qwz_staging;
   b.hpz_params = sum(l.hpz) * l.dtype_bytes;
   return b;
 }

@@ -55,16 +55,19 @@ PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precis
 // reduce-scatters A_red times and all-gathers 2A times (A_red = A for kReduce, 1 for kLocal).
 // `canonical` (the canonical order, with A > 1): stage 0 reduce-scatters A times and
 // all-gathers the averaged gradient once instead.
-// `topology`: the part of each that comes from peers on other nodes, as the comm ledger
+// `modes`: the part of each that comes from peers on other nodes, as the comm ledger
 // counts it (comm/ledger.h, docs/topology.md), for flat or two-level collectives; with hpZ,
 // stage 3's backward gathers run inside the node (A of the 2A gathers cross no node).
-struct Topology {
+struct CommModes {
   int node_ranks = 0;      // T; 0 = every rank on one node
   bool two_level = false;  // CommOptions::two_level
   bool hpz = false;        // TrainConfig::hpz
+  // qwZ (TrainConfig::qwz): stage 3's world gathers carry int8 blocks of this many elements
+  // with an fp32 scale each, quantized_bytes(c_r) per rank (comm/quantize.h); 0 = off.
+  size_t qwz_block = 0;
 };
-// A run's topology, from its options.
-Topology topology_of(const TrainConfig& c);
+// A run's modes, from its options.
+CommModes comm_modes_of(const TrainConfig& c);
 struct CommBytes {
   uint64_t all_reduce = 0;
   uint64_t reduce_scatter = 0;
@@ -79,7 +82,7 @@ struct CommBytes {
 };
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
-                              bool canonical, int rank, const Topology& topology = {});
+                              bool canonical, int rank, const CommModes& modes = {});
 
 // What the products of a --precision multiply in: bf16 runs multiply in bf16 (operands
 // rounded, fp32 sums), as PyTorch's autocast does; fp16 runs keep fp32 products, since
@@ -105,6 +108,7 @@ struct TransientPlan {
   bool text = true;  // token inputs (else features_per_sample floats per sample)
   uint64_t features_per_sample = 0;
   int hpz_node_ranks = 0;  // hpZ's secondary copy over this many ranks (0 = off)
+  size_t qwz_block = 0;    // qwZ's elements per scale (0 = off)
 };
 struct TransientLayout {
   // Activations, fp32 unless said: the stream between units (unit u's input, then the
@@ -139,6 +143,9 @@ struct TransientLayout {
   // In the parameters' dtype: hpZ's secondary copy, each unit's range of local index
   // rank % T in Partition(numel, T); kept for the whole run.
   std::vector<uint64_t> hpz;
+  // Bytes: qwZ's staging of every rank's int8 payload, one per gather slot, sized for the
+  // largest unit (comm_buffers).
+  uint64_t qwz_staging = 0;
 };
 TransientLayout transient_layout(const Model& model, const TransientPlan& plan, int rank);
 

@@ -43,7 +43,8 @@ TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int
       .text = text,
       .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0,
       .hpz_node_ranks =
-          cfg.hpz ? (cfg.launch.comm.node_ranks > 0 ? cfg.launch.comm.node_ranks : world) : 0};
+          cfg.hpz ? (cfg.launch.comm.node_ranks > 0 ? cfg.launch.comm.node_ranks : world) : 0,
+      .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.quant_block) : 0};
 }
 
 namespace {
@@ -81,6 +82,11 @@ RankTrainer::Buffers::Buffers(MemoryLedger& ledger, const TransientLayout& l, DT
     gathered.emplace_back(ledger, MemCategory::kGathered, param_dtype, l.gathered);
   }
   for (uint64_t n : l.hpz) hpz.emplace_back(ledger, MemCategory::kHpzParams, param_dtype, n);
+  if (l.qwz_staging > 0) {
+    for (int k = 0; k < l.gathered_slots; ++k) {
+      qwz_staging.emplace_back(ledger, MemCategory::kCommBuffers, DType::kU8, l.qwz_staging);
+    }
+  }
 }
 
 RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataSplits& data,
@@ -106,6 +112,10 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       hpz_(cfg.hpz && state_.plan().gather_before_compute
                ? std::optional<HpzCopy>(std::in_place, state_.units(), buf_.hpz,
                                         cfg.launch.comm.node_ranks, comm.rank())
+               : std::nullopt),
+      qwz_(cfg.qwz && state_.plan().gather_before_compute
+               ? std::optional<QuantizedGather>(std::in_place, state_.units(), buf_.qwz_staging,
+                                                static_cast<size_t>(cfg.quant_block), comm.rank())
                : std::nullopt),
       reducer_(state_, layout_, cfg.grad_accum, comm, ledger_, chunk_),
       optimizer_(cfg, state_, comm, chunk_),
@@ -170,7 +180,7 @@ double RankTrainer::forward() {
   if (state_.plan().gather_before_compute) {
     std::vector<size_t> order(U);
     for (size_t i = 0; i < U; ++i) order[i] = i;
-    gathers.emplace(comm_, state_.units(), buf_.gathered, order);
+    gathers.emplace(comm_, state_.units(), buf_.gathered, order, nullptr, qwz_ ? &*qwz_ : nullptr);
   }
   for (size_t i = 0; i < U; ++i) {
     const int slot = gathers ? gathers->acquire(i) : 0;
@@ -191,7 +201,8 @@ void RankTrainer::backward() {
   if (state_.plan().gather_before_compute) {
     std::vector<size_t> order(U);
     for (size_t i = 0; i < U; ++i) order[i] = U - 1 - i;
-    gathers.emplace(comm_, state_.units(), buf_.gathered, order, hpz_ ? &*hpz_ : nullptr);
+    gathers.emplace(comm_, state_.units(), buf_.gathered, order, hpz_ ? &*hpz_ : nullptr,
+                    qwz_ ? &*qwz_ : nullptr);
   }
   std::span<float> dout;  // the head starts from mb.loss_grad_scale
   Buffer<float>* din_buf = &buf_.dx_a;

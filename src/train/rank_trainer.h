@@ -110,6 +110,8 @@ class RankTrainer {
     std::vector<Flat> gathered;
     // hpZ: each unit's share of this rank within its node (HpzCopy).
     std::vector<Flat> hpz;
+    // qwZ: every rank's int8 payload of the unit in each gather slot (QuantizedGather).
+    std::vector<Flat> qwz_staging;
   };
 
   const TrainConfig& cfg_;
@@ -124,6 +126,7 @@ class RankTrainer {
   ShardedState state_;
   Buffers buf_;
   std::optional<HpzCopy> hpz_;
+  std::optional<QuantizedGather> qwz_;
   // Widening space for gradients on their way to the grads buffer and the optimizer: a fixed
   // 64 KiB, allocated with the trainer, so a step allocates nothing for them (outside the
   // ledger: part of the fixed RSS overhead docs/performance.md states).

@@ -155,7 +155,7 @@ nlohmann::json report_json(const TrainResult& r) {
                            {key::kTotal, s.total()}});
     const CommBytes cb =
         comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
-                            c.accumulate, canonical_order(c), rank, topology_of(c));
+                            c.accumulate, canonical_order(c), rank, comm_modes_of(c));
     plan_comm.push_back({{name(CommKind::kAllReduce), cb.all_reduce},
                          {name(CommKind::kReduceScatter), cb.reduce_scatter},
                          {name(CommKind::kAllGather), cb.all_gather},
@@ -219,7 +219,7 @@ std::string formula_table(const TrainResult& r) {
     }
     const CommBytes cplan =
         comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
-                            c.accumulate, canonical_order(c), rank.rank, topology_of(c));
+                            c.accumulate, canonical_order(c), rank.rank, comm_modes_of(c));
     const double per_step = static_cast<double>(comm) / steps;
     out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", rank.rank,
                        format_bytes(static_cast<double>(states)),

@@ -530,6 +530,27 @@ TEST(NodeAllGather, GathersTheShardsOfThisNodeOnly) {
   }
 }
 
+// u8 buffers (quantized payloads) are moved, never reduced.
+TEST(Collectives, MoveRawBytesButRefuseToReduceThem) {
+  run_local(3, kOptions, [&](Communicator& comm) {
+    const Partition part = Partition::from_counts(std::vector<size_t>{5, 0, 3});
+    std::vector<std::byte> shard(part.count(comm.rank()),
+                                 std::byte{static_cast<uint8_t>(comm.rank() + 1)});
+    std::vector<std::byte> out(part.length());
+    comm.all_gather(ConstBuffer(shard.data(), shard.size(), DType::kU8),
+                    MutableBuffer(out.data(), out.size(), DType::kU8), part);
+    EXPECT_EQ(out[0], std::byte{1});
+    EXPECT_EQ(out[7], std::byte{3});
+    EXPECT_EQ(comm.ledger().total(CommKind::kAllGather).bytes, 8 - shard.size());
+    try {
+      comm.all_reduce(MutableBuffer(out.data(), out.size(), DType::kU8), ReduceOp::kSum);
+      ADD_FAILURE() << "a u8 all-reduce was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("u8 buffers hold raw bytes"), std::string::npos);
+    }
+  });
+}
+
 // A world is whole nodes.
 TEST(CommLedger, RefusesNodesThatDoNotDivideTheWorld) {
   CommOptions options = kOptions;

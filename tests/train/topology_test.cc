@@ -5,6 +5,7 @@
 
 #include <fmt/core.h>
 
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -115,6 +116,49 @@ TEST(Hpz, GivesTheSameBitsAndKeepsTheBackwardsGathersInsideTheNode) {
       }
     }
   }
+}
+
+// qwZ: the passes see weights rounded to int8 blocks, the same on every rank and every run;
+// the loss stays close to the unquantized run's; hpZ on top keeps the node's copy of the
+// dequantized weights, so the bits do not change; the gathers carry about half the bytes.
+TEST(Qwz, IsDeterministicAndCloseToTheUnquantizedRun) {
+  TrainConfig c = two_level_config(4, 2, 3, Precision::kBF16);
+  c.steps = 8;
+  c.quant_block = 64;
+  const TrainResult plain = run(c);
+  c.qwz = true;
+  const TrainResult q1 = run(c);
+  const TrainResult q2 = run(c);
+  c.hpz = true;
+  const TrainResult q_hpz = run(c);
+  EXPECT_EQ(q1.weights_sha256, q2.weights_sha256);
+  EXPECT_EQ(q_hpz.weights_sha256, q1.weights_sha256);
+  EXPECT_NE(q1.weights_sha256, plain.weights_sha256);
+  const double a = plain.steps.back().loss, b = q1.steps.back().loss;
+  EXPECT_LT(std::abs(b - a) / a, 0.02) << "unquantized " << a << ", qwZ " << b;
+  const auto gathered = [](const TrainResult& r) {
+    return r.ranks[0].comm_train[static_cast<int>(CommKind::kAllGather)].bytes;
+  };
+  // int8 plus a 4-byte scale per 64 elements, against 2 bytes per element.
+  const double ratio = static_cast<double>(gathered(q1)) / static_cast<double>(gathered(plain));
+  EXPECT_GT(ratio, 0.5);
+  EXPECT_LT(ratio, 0.55);
+}
+
+TEST(Qwz, IsRefusedWhereNothingIsGathered) {
+  TrainConfig c = two_level_config(4, 2, 2, Precision::kBF16);
+  c.qwz = true;
+  try {
+    resolve_config(c);
+    ADD_FAILURE() << "--qwz at stage 2 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--qwz quantizes stage 3's parameter gathers"),
+              std::string::npos)
+        << e.what();
+  }
+  c.stage = 3;
+  c.quant_block = 0;
+  EXPECT_THROW(resolve_config(c), InvalidArgument);
 }
 
 TEST(Hpz, IsRefusedWhereItHasNothingToKeep) {
