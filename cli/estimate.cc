@@ -36,7 +36,7 @@ struct Flags {
   std::string collectives = "flat";
   bool hpz = false;
   bool qwz = false;
-  int quant_block = 4096;
+  int qwz_block = 4096;
   std::string memory_per_rank;
   bool json = false;
   // Activations and step time (GPT shapes only).
@@ -177,10 +177,10 @@ int run_estimate(const Flags& f) {
   if (accumulate) check_invariant_policy(invariant, *accumulate);
   const bool two_level = parse_collectives_flag(f.collectives);
   check_invariant_collectives(invariant, two_level);
-  if (f.quant_block < 1) {
+  if (f.qwz_block < 1) {
     throw InvalidArgument(fmt::format(
-        "--quant-block {} is invalid; use the elements per scale, 1 or more (default 4096)",
-        f.quant_block));
+        "--qwz-block {} is invalid; use the elements per scale, 1 or more (default 4096)",
+        f.qwz_block));
   }
   if (f.hpz && f.node_ranks == 0) {
     throw InvalidArgument(
@@ -284,7 +284,7 @@ int run_estimate(const Flags& f) {
           CommModes{.node_ranks = f.node_ranks,
                     .two_level = two_level,
                     .hpz = f.hpz && stage == 3,
-                    .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.quant_block) : 0});
+                    .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0});
       std::optional<TransientBytes> t;
       if (built) {
         t = transient_bytes(
@@ -301,7 +301,7 @@ int run_estimate(const Flags& f) {
                 .micro_batch = f.micro_batch,
                 .seq_len = gpt->seq_len,
                 .hpz_node_ranks = f.hpz && stage == 3 ? f.node_ranks : 0,
-                .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.quant_block) : 0},
+                .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0},
             0);
       }
       const uint64_t need = s.total() + (t ? t->total() : 0);
@@ -479,7 +479,7 @@ Runner add_estimate(CLI::App& app) {
                "gathers inside the node (needs --node-ranks)");
   app.add_flag("--qwz", f->qwz,
                "Stage 3: count the parameter gathers as int8 blocks with an fp32 scale each");
-  app.add_option("--quant-block", f->quant_block, "Elements per quantization scale (--qwz)")
+  app.add_option("--qwz-block", f->qwz_block, "Elements per quantization scale (--qwz)")
       ->capture_default_str();
   app.add_option("--collectives", f->collectives,
                  "flat or two-level (with --node-ranks): the collectives whose bytes and time "

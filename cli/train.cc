@@ -398,7 +398,7 @@ Runner add_train(CLI::App& app) {
                 "Stage 3: gather parameters as int8 blocks with one fp32 scale each, quantized "
                 "from the owner's fp32 master (ZeRO++'s qwZ): about half the gathers' bytes, "
                 "and the passes see quantized weights");
-  par->add_option("--quant-block", c.quant_block, "Elements per quantization scale (--qwz)")
+  par->add_option("--qwz-block", c.qwz_block, "Elements per quantization scale (--qwz)")
       ->capture_default_str();
   par->add_option("--collectives", f->collectives,
                   "flat: every rank exchanges with every rank; two-level (with --node-ranks): "

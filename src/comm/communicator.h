@@ -75,6 +75,19 @@ struct CommOptions {
   // not the flat rank-order fold, so not the canonical order (docs/determinism.md).
   // Broadcast and control stay flat. Off (flat) by default.
   bool two_level = false;
+  // qgZ (ZeRO++'s quantized gradients; 0 = off, else 8 or 4): reduce-scatters with kSum,
+  // kAvg or kSumInto carry int8 or int4 blocks of qgz_block elements with an fp32 scale each
+  // (comm/quantize.h), always in two levels over nodes of T = node_ranks (the world when 0).
+  // Rank r = p * T + l: inside node q, rank (q, l) folds, in local rank order in fp32, its
+  // own input of range r exactly and each local peer's dequantized (each peer quantizes its
+  // input's range r on its own, blocks from the range's start): node q's partial of range
+  // r. Across nodes, r folds in node order in fp32 its own node's partial exactly and every
+  // other node's dequantized (quantized as one buffer by the rank that computed it),
+  // starting from zero (kSumInto: from its accumulator), divides by N for kAvg and rounds
+  // once. Bytes: (T - 1) * sum_q Q(c_(q, l)) inside the node, (P - 1) * Q(c_r) across, with
+  // Q(c) = quantized_bytes(c). kMax is refused; all-reduce is not quantized.
+  int qgz_bits = 0;
+  size_t qgz_block = 256;
   // The simulated link between nodes (0 = as link_bandwidth / link_latency). A flat ring
   // over several nodes has a hop between nodes at every step, and every step waits for its
   // slowest hop, so when the world spans nodes a collective takes at least

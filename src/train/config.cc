@@ -270,10 +270,10 @@ void resolve_config(TrainConfig& c) {
         "leave --qwz out",
         c.stage));
   }
-  if (c.quant_block < 1) {
+  if (c.qwz_block < 1) {
     throw InvalidArgument(fmt::format(
-        "--quant-block {} is invalid; use the elements per scale, 1 or more (default 4096)",
-        c.quant_block));
+        "--qwz-block {} is invalid; use the elements per scale, 1 or more (default 4096)",
+        c.qwz_block));
   }
   if (c.hpz && t == 0) {
     throw InvalidArgument(
@@ -338,7 +338,7 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["collectives"] = std::string(collectives_name(c.launch.comm.two_level));
   j["hpz"] = c.hpz;
   j["qwz"] = c.qwz;
-  j["quant_block"] = c.quant_block;
+  j["qwz_block"] = c.qwz_block;
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
   j["checkpoint_dir"] = c.checkpoint_dir;
   j["checkpoint_every"] = c.checkpoint_every;

@@ -99,12 +99,12 @@ struct TrainConfig {
   // of the unit within its node, and the backward gathers that inside the node instead of
   // across nodes (docs/topology.md).
   bool hpz = false;
-  // qwZ (stage 3): every world gather of parameters carries int8 blocks of quant_block
+  // qwZ (stage 3): every world gather of parameters carries int8 blocks of qwz_block
   // elements with an fp32 scale each, quantized by the owner from its fp32 master and
   // dequantized on arrival (comm/quantize.h). Changes the weights the passes see.
   bool qwz = false;
   // Elements per quantization scale. DeepSpeed's quantizer aims for groups of about 4K.
-  int quant_block = 4096;
+  int qwz_block = 4096;
   // Optimization.
   int64_t steps = 100;
   uint64_t seed = 1337;

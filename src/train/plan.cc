@@ -112,7 +112,7 @@ CommModes comm_modes_of(const TrainConfig& c) {
   return CommModes{.node_ranks = c.launch.comm.node_ranks,
                    .two_level = c.launch.comm.two_level,
                    .hpz = c.hpz,
-                   .qwz_block = c.qwz ? static_cast<size_t>(c.quant_block) : 0};
+                   .qwz_block = c.qwz ? static_cast<size_t>(c.qwz_block) : 0};
 }
 
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,

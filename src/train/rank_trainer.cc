@@ -44,7 +44,7 @@ TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int
       .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0,
       .hpz_node_ranks =
           cfg.hpz ? (cfg.launch.comm.node_ranks > 0 ? cfg.launch.comm.node_ranks : world) : 0,
-      .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.quant_block) : 0};
+      .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.qwz_block) : 0};
 }
 
 namespace {
@@ -115,7 +115,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                : std::nullopt),
       qwz_(cfg.qwz && state_.plan().gather_before_compute
                ? std::optional<QuantizedGather>(std::in_place, state_.units(), buf_.qwz_staging,
-                                                static_cast<size_t>(cfg.quant_block), comm.rank())
+                                                static_cast<size_t>(cfg.qwz_block), comm.rank())
                : std::nullopt),
       reducer_(state_, layout_, cfg.grad_accum, comm, ledger_, chunk_),
       optimizer_(cfg, state_, comm, chunk_),

@@ -124,7 +124,7 @@ TEST(Hpz, GivesTheSameBitsAndKeepsTheBackwardsGathersInsideTheNode) {
 TEST(Qwz, IsDeterministicAndCloseToTheUnquantizedRun) {
   TrainConfig c = two_level_config(4, 2, 3, Precision::kBF16);
   c.steps = 8;
-  c.quant_block = 64;
+  c.qwz_block = 64;
   const TrainResult plain = run(c);
   c.qwz = true;
   const TrainResult q1 = run(c);
@@ -157,7 +157,7 @@ TEST(Qwz, IsRefusedWhereNothingIsGathered) {
         << e.what();
   }
   c.stage = 3;
-  c.quant_block = 0;
+  c.qwz_block = 0;
   EXPECT_THROW(resolve_config(c), InvalidArgument);
 }
 
