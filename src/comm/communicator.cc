@@ -9,6 +9,7 @@
 
 #include <fmt/core.h>
 
+#include "comm/quantize.h"
 #include "core/error.h"
 
 namespace zerodp {
@@ -132,6 +133,11 @@ class Communicator::Worker {
 
 Communicator::Communicator(int rank, int size, const CommOptions& options)
     : rank_(rank), size_(size), options_(options), worker_(std::make_unique<Worker>()) {
+  if (options.qgz_bits != 0 && options.qgz_bits != 4 && options.qgz_bits != 8) {
+    throw InvalidArgument(fmt::format("qgZ: {} bits is not a quantization; use 8 or 4 (or 0: off)",
+                                      options.qgz_bits));
+  }
+  if (options.qgz_bits != 0) check_block_quant(qgz_quant(options));
   if (options.node_ranks < 0 || (options.node_ranks > 0 && size % options.node_ranks != 0)) {
     throw InvalidArgument(fmt::format(
         "--node-ranks {} does not divide the world of {} ranks: a world is whole nodes; use a "
@@ -170,6 +176,15 @@ double Communicator::two_level_seconds(uint64_t intra, uint64_t cross) const {
 
 Communicator::Traffic Communicator::reduce_scatter_traffic(const Partition& part, size_t w) const {
   const uint64_t mine = part.count(rank_);
+  if (options_.qgz_bits != 0) {
+    const BlockQuant q = qgz_quant(options_);
+    const int t = node_ranks();
+    uint64_t column = 0;
+    for (int r = rank_ % t; r < size_; r += t) column += quantized_bytes(part.count(r), q);
+    const uint64_t intra = static_cast<uint64_t>(t - 1) * column;
+    const uint64_t cross = static_cast<uint64_t>(size_ / t - 1) * quantized_bytes(mine, q);
+    return {intra + cross, cross, two_level_seconds(intra, cross)};
+  }
   if (two_level()) {
     const uint64_t intra = static_cast<uint64_t>(node_ranks() - 1) * column_count(part) * w;
     const uint64_t cross = static_cast<uint64_t>(size_ / node_ranks() - 1) * mine * w;
@@ -285,6 +300,11 @@ Work Communicator::reduce_scatter_async(ConstBuffer in, MutableBuffer out, const
         "{}: output overlaps the input but is not rank {}'s range of it; use that range or "
         "a separate buffer",
         kOp, rank_));
+  }
+  if (options_.qgz_bits != 0 && op == ReduceOp::kMax) {
+    throw InvalidArgument(
+        "reduce_scatter: qgZ quantizes sums; max is not one (use sum, avg or sum_into, or turn "
+        "qgZ off)");
   }
   const Traffic t = reduce_scatter_traffic(part, w);
   ledger_.record(CommKind::kReduceScatter, t.bytes, t.cross);

@@ -220,6 +220,8 @@ class Communicator {
   // Whether reduce-scatter and all-gather run the two-level algorithms (CommOptions::two_level
   // over more than one node of more than one rank; otherwise the two are the flat ones).
   bool two_level() const { return options_.two_level && node_ranks() > 1 && node_ranks() < size_; }
+  bool quantized_reduce_scatter() const { return options_.qgz_bits != 0; }
+  const CommOptions& options() const { return options_; }
 
  private:
   class Worker;

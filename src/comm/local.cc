@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/quantize.h"
 #include "comm/reduce.h"
 #include "core/error.h"
 
@@ -183,7 +184,9 @@ class LocalCommunicator final : public Communicator {
     for (int k = 0; k < size(); ++k) {
       inputs[k] = static_cast<const char*>(shared_->slots[k].in) + offset_bytes;
     }
-    if (two_level()) {
+    if (quantized_reduce_scatter()) {
+      reduce_quantized(inputs, out, in.dtype, op);
+    } else if (two_level()) {
       reduce_two_level(inputs, out, in.dtype, op);
     } else {
       reduce_rank_order(inputs, out.data, out.count, in.dtype, op);
@@ -290,6 +293,45 @@ class LocalCommunicator final : public Communicator {
     }
   }
 
+  // qgZ (CommOptions::qgz_bits) over this rank's range, computed from the peers' inputs: each
+  // quantized here as its owner would quantize it before sending, so the bits are those of
+  // the exchange (the mpi backend's).
+  void reduce_quantized(std::span<const void* const> inputs, MutableBuffer out, DType dtype,
+                        ReduceOp op) {
+    const BlockQuant q = qgz_quant(options());
+    const int t = node_ranks();
+    const int nodes = size() / t;
+    const int node = rank() / t;
+    const int local = rank() % t;
+    const size_t n = out.count;
+    partial_.assign(n, 0.0f);
+    total_.assign(n, 0.0f);
+    if (op == ReduceOp::kSumInto && n > 0) {
+      std::memcpy(total_.data(), out.data, n * sizeof(float));
+    }
+    packed_.resize(quantized_bytes(n, q));
+    for (int p = 0; p < nodes; ++p) {
+      // Node p's partial, as rank (p, local) folds it.
+      std::fill(partial_.begin(), partial_.end(), 0.0f);
+      for (int l = 0; l < t; ++l) {
+        const ConstBuffer x(inputs[p * t + l], n, dtype);
+        if (l == local) {
+          add_widened(x, partial_);
+        } else {
+          quantize(x, packed_, q);
+          dequantize_add(packed_, partial_, q);
+        }
+      }
+      if (p == node) {
+        for (size_t i = 0; i < n; ++i) total_[i] += partial_[i];
+      } else {
+        quantize(ConstBuffer(std::span<const float>(partial_)), packed_, q);
+        dequantize_add(packed_, total_, q);
+      }
+    }
+    finish_sum(total_, out, op, size());
+  }
+
   // Waits until every peer is done reading this rank's buffers, so the caller may reuse them.
   void depart(const Fingerprint& f) {
     shared_->arrive_and_wait(rank(), fmt::format("{} #{} (completion)", describe(f), sequence_));
@@ -297,7 +339,9 @@ class LocalCommunicator final : public Communicator {
 
   std::shared_ptr<LocalWorld::Shared> shared_;
   uint64_t sequence_ = 0;
-  std::vector<std::byte> partials_;  // two-level: the P node partials of a piece
+  std::vector<std::byte> partials_;     // two-level: the P node partials of a piece
+  std::vector<float> partial_, total_;  // qgZ: a node's partial, and the sum so far
+  std::vector<std::byte> packed_;       // qgZ: one quantized range
 };
 
 }  // namespace

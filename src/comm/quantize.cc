@@ -238,6 +238,11 @@ void for_each_tile(std::span<const std::byte> in, size_t count, BlockQuant q, Ti
 
 }  // namespace
 
+BlockQuant qgz_quant(const CommOptions& options) {
+  return BlockQuant{.bits = options.qgz_bits == 4 ? QuantBits::kInt4 : QuantBits::kInt8,
+                    .block = options.qgz_block};
+}
+
 void check_block_quant(BlockQuant q) {
   if (q.bits != QuantBits::kInt8 && q.bits != QuantBits::kInt4) {
     throw InvalidArgument(

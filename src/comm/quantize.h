@@ -47,6 +47,9 @@ struct BlockQuant {
 // The largest code magnitude: 127 for int8, 7 for int4.
 constexpr int quant_max(QuantBits bits) { return bits == QuantBits::kInt4 ? 7 : 127; }
 
+// qgZ's quantization from a communicator's options (CommOptions::qgz_bits is 4 or 8).
+BlockQuant qgz_quant(const CommOptions& options);
+
 // Throws InvalidArgument naming the block size or bit width when `q` is unusable.
 void check_block_quant(BlockQuant q);
 

@@ -82,6 +82,53 @@ void sum_into_typed(std::span<const void* const> inputs, float* out, size_t coun
 
 }  // namespace
 
+void add_widened(ConstBuffer x, std::span<float> acc) {
+  alignas(64) std::array<float, kBlock> wide;
+  for (size_t begin = 0; begin < acc.size(); begin += kBlock) {
+    const size_t n = std::min(kBlock, acc.size() - begin);
+    const float* w = wide.data();
+    switch (x.dtype) {
+      case DType::kF32:
+        w = static_cast<const float*>(x.data) + begin;
+        break;
+      case DType::kF16:
+        convert(std::span<const Float16>(static_cast<const Float16*>(x.data) + begin, n),
+                std::span<float>(wide.data(), n));
+        break;
+      case DType::kBF16:
+        convert(std::span<const BFloat16>(static_cast<const BFloat16*>(x.data) + begin, n),
+                std::span<float>(wide.data(), n));
+        break;
+      case DType::kU8:
+        throw InvalidArgument("reduce: u8 holds raw bytes, which are moved, never reduced");
+    }
+    accumulate(acc.data() + begin, w, n, ReduceOp::kSum);
+  }
+}
+
+void finish_sum(std::span<float> sum, MutableBuffer out, ReduceOp op, int world) {
+  if (op == ReduceOp::kSumInto) {
+    if (!sum.empty()) std::memcpy(out.data, sum.data(), sum.size_bytes());
+    return;
+  }
+  finish(sum.data(), sum.size(), op, world);
+  switch (out.dtype) {
+    case DType::kF32:
+      if (!sum.empty()) std::memcpy(out.data, sum.data(), sum.size_bytes());
+      break;
+    case DType::kF16:
+      convert(std::span<const float>(sum),
+              std::span<Float16>(static_cast<Float16*>(out.data), sum.size()));
+      break;
+    case DType::kBF16:
+      convert(std::span<const float>(sum),
+              std::span<BFloat16>(static_cast<BFloat16*>(out.data), sum.size()));
+      break;
+    case DType::kU8:
+      throw InvalidArgument("reduce: u8 holds raw bytes, which are moved, never reduced");
+  }
+}
+
 void reduce_rank_order(std::span<const void* const> inputs, void* out, size_t count, DType dtype,
                        ReduceOp op, int divisor) {
   if (inputs.empty() || count == 0) return;

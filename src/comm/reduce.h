@@ -24,6 +24,13 @@ namespace zerodp {
 void reduce_rank_order(std::span<const void* const> inputs, void* out, size_t count, DType dtype,
                        ReduceOp op, int divisor = 0);
 
+// acc[i] += x[i] widened to fp32, in element order (qgZ's exact own contribution).
+void add_widened(ConstBuffer x, std::span<float> acc);
+// The end of a quantized reduction (CommOptions::qgz_bits): `sum` holds the fp32 fold;
+// kSumInto copies it into the fp32 accumulator `out`, kAvg divides by `world`, and kSum and
+// kAvg round once to out's dtype.
+void finish_sum(std::span<float> sum, MutableBuffer out, ReduceOp op, int world);
+
 // The first level of a two-level reduction (CommOptions::two_level): how a node's T inputs
 // are folded into its partial. Sums for kSum, kAvg and kSumInto (the average and the
 // accumulator belong to the second level), max for kMax.

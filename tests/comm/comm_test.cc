@@ -9,7 +9,10 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/core.h>
+
 #include "comm/local.h"
+#include "comm/quantize.h"
 #include "core/error.h"
 
 namespace zerodp {
@@ -548,6 +551,108 @@ TEST(Collectives, MoveRawBytesButRefuseToReduceThem) {
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("u8 buffers hold raw bytes"), std::string::npos);
     }
+  });
+}
+
+// qgZ, computed here from CommOptions::qgz_bits's description with dequantize() into fp32
+// and plain additions: node partials of exact own and dequantized peer inputs, then the
+// nodes' partials, the own node's exact, in node order.
+std::vector<float> qgz_reference(const std::vector<std::vector<BFloat16>>& inputs, int per_node,
+                                 const Partition& part, int rank, BlockQuant q, ReduceOp op,
+                                 const std::vector<float>& start) {
+  const int world = static_cast<int>(inputs.size());
+  const size_t n = part.count(rank);
+  const auto roundtrip = [&](ConstBuffer x) {
+    std::vector<std::byte> packed(quantized_bytes(n, q));
+    quantize(x, packed, q);
+    std::vector<float> back(n);
+    dequantize(packed, std::span<float>(back), q);
+    return back;
+  };
+  std::vector<float> total = op == ReduceOp::kSumInto ? start : std::vector<float>(n, 0.0f);
+  for (int p = 0; p < world / per_node; ++p) {
+    std::vector<float> partial(n, 0.0f);
+    for (int l = 0; l < per_node; ++l) {
+      const BFloat16* x = inputs[p * per_node + l].data() + part.offset(rank);
+      if (l == rank % per_node) {
+        for (size_t i = 0; i < n; ++i) partial[i] += to_f32(x[i]);
+      } else {
+        const std::vector<float> y = roundtrip(ConstBuffer(x, n, DType::kBF16));
+        for (size_t i = 0; i < n; ++i) partial[i] += y[i];
+      }
+    }
+    const std::vector<float> y =
+        p == rank / per_node ? partial : roundtrip(std::span<const float>(partial));
+    for (size_t i = 0; i < n; ++i) total[i] += y[i];
+  }
+  if (op == ReduceOp::kAvg) {
+    for (float& v : total) v /= static_cast<float>(world);
+  }
+  return total;
+}
+
+TEST(Qgz, ReduceScatterFoldsDequantizedPeersInsideThenAcrossNodes) {
+  for (const auto& [nodes, per_node] : {std::pair{2, 2}, {3, 2}, {2, 3}, {1, 3}, {3, 1}}) {
+    for (const BlockQuant q : {BlockQuant{QuantBits::kInt4, 64}, BlockQuant{QuantBits::kInt8, 7}}) {
+      for (ReduceOp op : {ReduceOp::kAvg, ReduceOp::kSumInto}) {
+        const int world = nodes * per_node;
+        const size_t count = 1013;
+        std::vector<std::vector<BFloat16>> inputs(static_cast<size_t>(world),
+                                                  std::vector<BFloat16>(count));
+        for (int r = 0; r < world; ++r) {
+          for (size_t i = 0; i < count; ++i) inputs[r][i] = to_bf16(input_value(r, i));
+        }
+        const Partition part(count, world);
+        CommOptions options = kOptions;
+        options.node_ranks = per_node;
+        options.qgz_bits = static_cast<int>(q.bits);
+        options.qgz_block = q.block;
+        run_local(world, options, [&](Communicator& comm) {
+          const int r = comm.rank();
+          const std::string where =
+              fmt::format("{} x {}, int{} blocks of {}, {}, rank {}", nodes, per_node,
+                          static_cast<int>(q.bits), q.block, reduce_op_name(op), r);
+          const std::vector<float> start(part.count(r), 0.25f);
+          std::vector<float> want = qgz_reference(inputs, per_node, part, r, q, op, start);
+          if (op == ReduceOp::kSumInto) {
+            std::vector<float> acc = start;
+            comm.reduce_scatter(std::span<const BFloat16>(inputs[r]), std::span<float>(acc), part,
+                                op);
+            for (size_t i = 0; i < acc.size(); ++i) ASSERT_EQ(acc[i], want[i]) << where << " " << i;
+          } else {
+            std::vector<BFloat16> out(part.count(r));
+            comm.reduce_scatter(std::span<const BFloat16>(inputs[r]), std::span<BFloat16>(out),
+                                part, op);
+            for (size_t i = 0; i < out.size(); ++i) {
+              ASSERT_EQ(out[i].bits, to_bf16(want[i]).bits) << where << " " << i;
+            }
+          }
+          // Bytes: each local peer's quantized copy of the ranges of this local index, and
+          // each other node's quantized partial of the own range.
+          uint64_t intra = 0;
+          for (int p = 0; p < nodes; ++p) {
+            intra += quantized_bytes(part.count(p * per_node + r % per_node), q);
+          }
+          intra *= static_cast<uint64_t>(per_node - 1);
+          const uint64_t cross =
+              static_cast<uint64_t>(nodes - 1) * quantized_bytes(part.count(r), q);
+          const CommCounter& c = comm.ledger().total(CommKind::kReduceScatter);
+          EXPECT_EQ(c.bytes, intra + cross) << where;
+          EXPECT_EQ(c.cross_node_bytes, cross) << where;
+        });
+      }
+    }
+  }
+}
+
+TEST(Qgz, RefusesMax) {
+  CommOptions options = kOptions;
+  options.qgz_bits = 8;
+  run_local(2, options, [&](Communicator& comm) {
+    std::vector<float> in(4), out(2);
+    EXPECT_THROW((void)comm.reduce_scatter_async(std::span<const float>(in), std::span<float>(out),
+                                                 Partition(4, 2), ReduceOp::kMax),
+                 InvalidArgument);
   });
 }
 
