@@ -36,6 +36,8 @@ struct Flags {
   std::string collectives = "flat";
   bool hpz = false;
   bool qwz = false;
+  std::string qgz = "off";
+  size_t qgz_block = 256;
   int qwz_block = 4096;
   std::string memory_per_rank;
   bool json = false;
@@ -176,7 +178,13 @@ int run_estimate(const Flags& f) {
   const std::optional<bool> invariant = parse_invariant_flag(f.invariant);
   if (accumulate) check_invariant_policy(invariant, *accumulate);
   const bool two_level = parse_collectives_flag(f.collectives);
-  check_invariant_collectives(invariant, two_level);
+  const int qgz_bits = parse_qgz_flag(f.qgz);
+  check_invariant_collectives(invariant, CommOptions{.two_level = two_level, .qgz_bits = qgz_bits});
+  if (qgz_bits != 0 && f.qgz_block < 1) {
+    throw InvalidArgument(fmt::format(
+        "--qgz-block {} is invalid; use the elements per scale, 1 or more (default 256)",
+        f.qgz_block));
+  }
   if (f.qwz_block < 1) {
     throw InvalidArgument(fmt::format(
         "--qwz-block {} is invalid; use the elements per scale, 1 or more (default 4096)",
@@ -274,7 +282,8 @@ int run_estimate(const Flags& f) {
       // As train resolves them: --invariant on makes reduce the default.
       const AccumulatePolicy policy =
           accumulate.value_or(default_accumulate(stage, f.grad_accum, invariant));
-      const bool canonical = invariant.value_or(policy == AccumulatePolicy::kReduce && !two_level);
+      const bool canonical =
+          invariant.value_or(policy == AccumulatePolicy::kReduce && !two_level && qgz_bits == 0);
       const bool accumulator = canonical && f.grad_accum > 1;
       const StateBytes s = max_model_state_bytes(units, n, stage, precision, accumulator);
       const uint64_t all =
@@ -284,24 +293,25 @@ int run_estimate(const Flags& f) {
           CommModes{.node_ranks = f.node_ranks,
                     .two_level = two_level,
                     .hpz = f.hpz && stage == 3,
-                    .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0});
+                    .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0,
+                    .qgz_bits = stage >= 2 ? qgz_bits : 0,
+                    .qgz_block = f.qgz_block});
       std::optional<TransientBytes> t;
       if (built) {
         t = transient_bytes(
             *built,
-            TransientPlan{
-                .world = n,
-                .stage = stage,
-                .precision = precision,
-                .policy = policy,
-                .grad_accum = f.grad_accum,
-                .canonical = canonical,
-                .prefetch = f.prefetch,
-                .checkpoint_activations = f.checkpoint_activations,
-                .micro_batch = f.micro_batch,
-                .seq_len = gpt->seq_len,
-                .hpz_node_ranks = f.hpz && stage == 3 ? f.node_ranks : 0,
-                .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0},
+            TransientPlan{.world = n,
+                          .stage = stage,
+                          .precision = precision,
+                          .policy = policy,
+                          .grad_accum = f.grad_accum,
+                          .canonical = canonical,
+                          .prefetch = f.prefetch,
+                          .checkpoint_activations = f.checkpoint_activations,
+                          .micro_batch = f.micro_batch,
+                          .seq_len = gpt->seq_len,
+                          .hpz_node_ranks = f.hpz && stage == 3 ? f.node_ranks : 0,
+                          .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0},
             0);
       }
       const uint64_t need = s.total() + (t ? t->total() : 0);
@@ -417,7 +427,8 @@ int run_estimate(const Flags& f) {
                    gb(*budget));
       } else {
         // Stages 2-3 reduce by default, so the canonical order unless --invariant off.
-        const bool accumulator3 = invariant.value_or(true) && f.grad_accum > 1;
+        const bool accumulator3 =
+            invariant.value_or(!two_level && qgz_bits == 0) && f.grad_accum > 1;
         std::string why = budget_advice(units, n, precision, *budget, accumulator3);
         if (built) {
           // What the activations would need with less of them kept, at stage 3.
@@ -480,6 +491,11 @@ Runner add_estimate(CLI::App& app) {
   app.add_flag("--qwz", f->qwz,
                "Stage 3: count the parameter gathers as int8 blocks with an fp32 scale each");
   app.add_option("--qwz-block", f->qwz_block, "Elements per quantization scale (--qwz)")
+      ->capture_default_str();
+  app.add_option("--qgz", f->qgz,
+                 "Stages 2-3: count the gradients' reduce-scatter as off, int8 or int4 blocks")
+      ->capture_default_str();
+  app.add_option("--qgz-block", f->qgz_block, "Elements per quantization scale (--qgz)")
       ->capture_default_str();
   app.add_option("--collectives", f->collectives,
                  "flat or two-level (with --node-ranks): the collectives whose bytes and time "

@@ -37,6 +37,7 @@ struct Flags {
   std::string inter_node_bandwidth;
   std::string inter_node_latency;
   std::string collectives = "flat";
+  std::string qgz = "off";
   std::string link_latency;
   std::string config_file;
   // Parsed here rather than by CLI11, to refuse what it would wrap, clamp or round to inf
@@ -184,6 +185,7 @@ int run_train(Flags& f, Launch args) {
   if (!f.accumulate.empty()) c.accumulate = parse_accumulate_flag(f.accumulate);
   c.invariant = parse_invariant_flag(f.invariant);
   c.launch.comm.two_level = parse_collectives_flag(f.collectives);
+  c.launch.comm.qgz_bits = parse_qgz_flag(f.qgz);
   c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout");
   if (!(c.launch.comm.timeout_seconds > 0)) {
     throw InvalidArgument(fmt::format(
@@ -399,6 +401,13 @@ Runner add_train(CLI::App& app) {
                 "from the owner's fp32 master (ZeRO++'s qwZ): about half the gathers' bytes, "
                 "and the passes see quantized weights");
   par->add_option("--qwz-block", c.qwz_block, "Elements per quantization scale (--qwz)")
+      ->capture_default_str();
+  par->add_option("--qgz", f->qgz,
+                  "Stages 2-3: reduce gradients as int8 or int4 blocks with an fp32 scale each, "
+                  "inside each node then across nodes (ZeRO++'s qgZ), summed in fp32 at the "
+                  "owner; off, int8 or int4")
+      ->capture_default_str();
+  par->add_option("--qgz-block", c.launch.comm.qgz_block, "Elements per quantization scale (--qgz)")
       ->capture_default_str();
   par->add_option("--collectives", f->collectives,
                   "flat: every rank exchanges with every rank; two-level (with --node-ranks): "

@@ -81,8 +81,24 @@ bool parse_collectives_flag(std::string_view text) {
 
 std::string_view collectives_name(bool two_level) { return two_level ? "two-level" : "flat"; }
 
-void check_invariant_collectives(std::optional<bool> invariant, bool two_level) {
-  if (invariant.value_or(false) && two_level) {
+int parse_qgz_flag(std::string_view text) {
+  if (text == "off") return 0;
+  if (text == "int8") return 8;
+  if (text == "int4") return 4;
+  throw InvalidArgument(fmt::format(
+      "--qgz '{}' is unknown; use int8 or int4 (gradients reduced in quantized blocks), or off",
+      text));
+}
+
+std::string_view qgz_name(int bits) { return bits == 8 ? "int8" : bits == 4 ? "int4" : "off"; }
+
+void check_invariant_collectives(std::optional<bool> invariant, const CommOptions& comm) {
+  if (invariant.value_or(false) && comm.qgz_bits != 0) {
+    throw InvalidArgument(
+        "--invariant on needs unquantized gradients: --qgz rounds each node's partial to "
+        "blocks, so the sum depends on the ranks per node (docs/determinism.md)");
+  }
+  if (invariant.value_or(false) && comm.two_level) {
     throw InvalidArgument(
         "--invariant on needs --collectives flat: two-level collectives add each node's ranks "
         "first and round that partial, so the sum depends on the ranks per node "
@@ -159,7 +175,18 @@ void resolve_config(TrainConfig& c) {
     c.accumulate_default = false;
   }
   check_invariant_policy(c.invariant, c.accumulate);
-  check_invariant_collectives(c.invariant, c.launch.comm.two_level);
+  check_invariant_collectives(c.invariant, c.launch.comm);
+  if (c.launch.comm.qgz_bits != 0 && c.stage < 2) {
+    throw InvalidArgument(fmt::format(
+        "--qgz quantizes the gradients' reduce-scatter of stages 2-3; --stage {} all-reduces "
+        "them. Use --stage 2 or 3, or leave --qgz out",
+        c.stage));
+  }
+  if (c.launch.comm.qgz_bits != 0 && c.launch.comm.qgz_block < 1) {
+    throw InvalidArgument(fmt::format(
+        "--qgz-block {} is invalid; use the elements per scale, 1 or more (default 256)",
+        c.launch.comm.qgz_block));
+  }
   if (c.steps < 1)
     throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
   if (c.prefetch < 0 || c.prefetch > 8) {
@@ -294,7 +321,7 @@ void resolve_config(TrainConfig& c) {
 
 bool canonical_order(const TrainConfig& c) {
   return c.invariant.value_or(c.accumulate == AccumulatePolicy::kReduce &&
-                              !c.launch.comm.two_level);
+                              !c.launch.comm.two_level && c.launch.comm.qgz_bits == 0);
 }
 
 bool fp32_accumulator(const TrainConfig& c) { return canonical_order(c) && c.grad_accum > 1; }
@@ -339,6 +366,8 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["hpz"] = c.hpz;
   j["qwz"] = c.qwz;
   j["qwz_block"] = c.qwz_block;
+  j["qgz"] = std::string(qgz_name(c.launch.comm.qgz_bits));
+  j["qgz_block"] = c.launch.comm.qgz_block;
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
   j["checkpoint_dir"] = c.checkpoint_dir;
   j["checkpoint_every"] = c.checkpoint_every;

@@ -49,13 +49,16 @@ AccumulatePolicy default_accumulate(int stage, int grad_accum,
 std::optional<bool> parse_invariant_flag(std::string_view text);
 // InvalidArgument when --invariant on meets --accumulate local, which cannot keep the order.
 void check_invariant_policy(std::optional<bool> invariant, AccumulatePolicy policy);
+// --qgz: off (0), int8 (8) or int4 (4) (CommOptions::qgz_bits); InvalidArgument otherwise.
+int parse_qgz_flag(std::string_view text);
+std::string_view qgz_name(int bits);
 // --collectives: flat (false) or two-level (true; CommOptions::two_level); InvalidArgument
 // otherwise.
 bool parse_collectives_flag(std::string_view text);
 std::string_view collectives_name(bool two_level);
-// InvalidArgument when --invariant on meets --collectives two-level, whose node partials
-// make the sum depend on the ranks per node.
-void check_invariant_collectives(std::optional<bool> invariant, bool two_level);
+// InvalidArgument when --invariant on meets --collectives two-level or --qgz, whose node
+// partials (and quantization) make the sum depend on the ranks per node.
+void check_invariant_collectives(std::optional<bool> invariant, const CommOptions& comm);
 
 // A fault to inject (--inject KIND@STEP[:RANK]), for tests and demos of failure handling
 // (docs/reliability.md). Rank defaults to 0.

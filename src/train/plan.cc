@@ -112,7 +112,9 @@ CommModes comm_modes_of(const TrainConfig& c) {
   return CommModes{.node_ranks = c.launch.comm.node_ranks,
                    .two_level = c.launch.comm.two_level,
                    .hpz = c.hpz,
-                   .qwz_block = c.qwz ? static_cast<size_t>(c.qwz_block) : 0};
+                   .qwz_block = c.qwz ? static_cast<size_t>(c.qwz_block) : 0,
+                   .qgz_bits = c.launch.comm.qgz_bits,
+                   .qgz_block = c.launch.comm.qgz_block};
 }
 
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
@@ -156,6 +158,11 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                : c * w;
   };
   const int nodes = world / per_node;
+  const BlockQuant qgz{.bits = modes.qgz_bits == 4 ? QuantBits::kInt4 : QuantBits::kInt8,
+                       .block = modes.qgz_block};
+  const auto qgz_payload = [&](uint64_t c) {
+    return static_cast<uint64_t>(quantized_bytes(c, qgz));
+  };
   CommBytes b;
   for (uint64_t numel : unit_numel) {
     const uint64_t own = own_count(numel, world, rank);
@@ -173,6 +180,12 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
       rs = static_cast<uint64_t>(per_node - 1) * column * w + rs_away;
       ag_away =
           sum_over_ranks(numel, world, rank % per_node, nodes, per_node, payload) - payload(own);
+    }
+    if (modes.qgz_bits != 0 && reduce == StagePlan::Reduce::kReduceScatter) {
+      rs_away = other_nodes * qgz_payload(own);
+      rs = static_cast<uint64_t>(per_node - 1) *
+               sum_over_ranks(numel, world, rank % per_node, nodes, per_node, qgz_payload) +
+           rs_away;
     }
     if (reduce == StagePlan::Reduce::kAllReduce) {
       b.all_reduce += reductions * (rs + ag);

@@ -65,6 +65,10 @@ struct CommModes {
   // qwZ (TrainConfig::qwz): stage 3's world gathers carry int8 blocks of this many elements
   // with an fp32 scale each, quantized_bytes(c_r) per rank (comm/quantize.h); 0 = off.
   size_t qwz_block = 0;
+  // qgZ (CommOptions::qgz_bits, 0 = off): every reduce-scatter carries int8 or int4 blocks
+  // of qgz_block elements, in two levels over nodes of T (the world when node_ranks is 0).
+  int qgz_bits = 0;
+  size_t qgz_block = 256;
 };
 // A run's modes, from its options.
 CommModes comm_modes_of(const TrainConfig& c);
