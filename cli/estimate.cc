@@ -12,6 +12,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/quantize.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/units.h"
@@ -88,6 +89,61 @@ std::optional<double> parse_number(const std::string& text) {
   }
   if (used != text.size() || !std::isfinite(v)) return std::nullopt;
   return v;
+}
+
+// Stage 3 over nodes of T ranks: what each of ZeRO++'s modes moves across nodes per step for
+// rank 0, what it costs in memory, and (given the links' bandwidths) how long its bytes take
+// at them — the choice between the modes, side by side.
+void print_node_modes(std::span<const uint64_t> units, int n, int per_node, Precision precision,
+                      int grad_accum, int prefetch, std::optional<double> bandwidth,
+                      std::optional<double> inter_bandwidth) {
+  struct Mode {
+    const char* name;
+    CommModes modes;
+  };
+  const int w = precision == Precision::kFP32 ? 4 : 2;
+  const Mode modes[] = {
+      {"flat", {.node_ranks = per_node}},
+      {"two-level", {.node_ranks = per_node, .two_level = true}},
+      {"two-level + hpZ", {.node_ranks = per_node, .two_level = true, .hpz = true}},
+      {"two-level + hpZ + qwZ + qgZ int4",
+       {.node_ranks = per_node, .two_level = true, .hpz = true, .qwz_block = 4096, .qgz_bits = 4}},
+  };
+  fmt::print("  {} ranks as {} nodes x {}, stage 3, rank 0 per step:\n", n, n / per_node, per_node);
+  fmt::print("    {:<34} {:>11} {:>11} {:>12}{}\n", "mode", "cross-node", "comm/step",
+             "memory/rank", bandwidth || inter_bandwidth ? "   at links s" : "");
+  for (const Mode& m : modes) {
+    const CommBytes c = comm_bytes_per_step(units, n, 3, precision, grad_accum,
+                                            AccumulatePolicy::kReduce, false, 0, m.modes);
+    // What the mode adds: hpZ's node copy, qwZ's staging of every rank's payload per slot.
+    uint64_t extra = 0;
+    uint64_t staging = 0;
+    for (uint64_t u : units) {
+      if (m.modes.hpz) extra += Partition(u, per_node).count(0) * static_cast<uint64_t>(w);
+      if (m.modes.qwz_block > 0) {
+        const Partition part(u, n);
+        uint64_t bytes = 0;
+        for (int k = 0; k < n; ++k) {
+          bytes += quantized_bytes(
+              part.count(k), BlockQuant{.bits = QuantBits::kInt8, .block = m.modes.qwz_block});
+        }
+        staging = std::max(staging, bytes);
+      }
+    }
+    extra += static_cast<uint64_t>(1 + prefetch) * staging;
+    const double cross = static_cast<double>(c.cross_total());
+    const double intra = static_cast<double>(c.total()) - cross;
+    const double inter = inter_bandwidth.value_or(bandwidth.value_or(0));
+    const double inside = bandwidth.value_or(0);
+    // A flat exchange over nodes runs at the link between them, a two-level one at each.
+    const double seconds = m.modes.two_level
+                               ? (inside > 0 ? intra / inside : 0) + (inter > 0 ? cross / inter : 0)
+                               : (inter > 0 ? static_cast<double>(c.total()) / inter : 0);
+    fmt::print("    {:<34} {:>11} {:>11} {:>12}", m.name, gb(c.cross_total()), gb(c.total()),
+               extra > 0 ? "+" + gb(extra) : "-");
+    if (bandwidth || inter_bandwidth) fmt::print(" {:>12.3g}", seconds);
+    fmt::print("\n");
+  }
 }
 
 int run_estimate(const Flags& f) {
@@ -459,6 +515,11 @@ int run_estimate(const Flags& f) {
         }
         fmt::print("  -> {} ranks: no stage fits {}; {}\n", n, gb(*budget), why);
       }
+    }
+    if (!f.json && f.node_ranks > 0 && f.node_ranks < n &&
+        std::find(stages.begin(), stages.end(), 3) != stages.end()) {
+      print_node_modes(units, n, f.node_ranks, precision, f.grad_accum, f.prefetch, bandwidth,
+                       inter_bandwidth);
     }
   }
   if (f.json) fmt::print("{}\n", rows.dump());

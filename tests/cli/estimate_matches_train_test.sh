@@ -44,4 +44,26 @@ PY
   else echo "FAIL: N=$n stage $stage $precision A=$accum $ckpt"; fail=1
   fi
 done
+# Over nodes, estimate sets ZeRO++'s modes side by side at stage 3: each row's cross-node
+# bytes are what --json says for that mode on its own.
+"$zerodp" estimate "${shape[@]}" --ranks 6 --stage 3 --node-ranks 3 >"$tmp/modes.txt"
+for mode in "flat|" "two-level|--collectives two-level" "two-level + hpZ|--collectives two-level --hpz" \
+  "two-level + hpZ + qwZ + qgZ int4|--collectives two-level --hpz --qwz --qgz int4"; do
+  name=${mode%%|*}
+  read -r -a flags <<<"${mode#*|}"
+  "$zerodp" estimate "${shape[@]}" --ranks 6 --stage 3 --node-ranks 3 "${flags[@]}" --json >"$tmp/m.json"
+  if /usr/bin/env python3 - "$tmp/modes.txt" "$tmp/m.json" "$name" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read().splitlines()
+want = json.load(open(sys.argv[2]))[0]["comm_bytes_per_step"]["cross_node"]["total"]
+def gb(b):
+    return f"{b/1e9:.2f} GB" if b >= 1e9 else f"{b/1e6:.2f} MB" if b >= 1e6 else f"{b/1e3:.2f} KB"
+rows = [l for l in text if l.strip().startswith(sys.argv[3] + "  ")]
+assert len(rows) == 1, rows
+assert rows[0][len("    ") + 34:].split()[0:2] == gb(want).split(), (rows[0], gb(want))
+PY
+  then echo "ok: estimate's modes table, $name: the cross-node bytes of --json"
+  else echo "FAIL: estimate's modes table, $name"; fail=1
+  fi
+done
 exit $fail
