@@ -344,14 +344,14 @@ int run_estimate(const Flags& f) {
       const StateBytes s = max_model_state_bytes(units, n, stage, precision, accumulator);
       const uint64_t all =
           all_ranks_model_state_bytes(units, n, stage, precision, accumulator).total();
-      const CommBytes c = comm_bytes_per_step(
-          units, n, stage, precision, f.grad_accum, policy, canonical, 0,
-          CommModes{.node_ranks = f.node_ranks,
-                    .two_level = two_level,
-                    .hpz = f.hpz && stage == 3,
-                    .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0,
-                    .qgz_bits = stage >= 2 ? qgz_bits : 0,
-                    .qgz_block = f.qgz_block});
+      const CommModes modes{.node_ranks = f.node_ranks,
+                            .two_level = two_level,
+                            .hpz = f.hpz && stage == 3,
+                            .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0,
+                            .qgz_bits = stage >= 2 ? qgz_bits : 0,
+                            .qgz_block = f.qgz_block};
+      const CommBytes c = comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy,
+                                              canonical, 0, modes);
       std::optional<TransientBytes> t;
       if (built) {
         t = transient_bytes(
@@ -391,9 +391,11 @@ int run_estimate(const Flags& f) {
         };
         // `bytes` of which `cross` between nodes, over `calls` collectives of `phases` ring
         // passes each (2 for an all-reduce).
-        const auto cost = [&](uint64_t bytes, uint64_t cross, double calls, double phases) {
+        // qgZ's reduce-scatter runs in two levels whatever --collectives says.
+        const auto cost = [&](uint64_t bytes, uint64_t cross, double calls, double phases,
+                              bool two_levels) {
           const double total = static_cast<double>(bytes);
-          if (levels) {
+          if (two_levels) {
             const double p = static_cast<double>(n / per_node);
             return at(bandwidth, total - static_cast<double>(cross)) +
                    wait(latency, calls * phases * (per_node - 1)) +
@@ -405,13 +407,14 @@ int run_estimate(const Flags& f) {
         };
         const StagePlan::Reduce kind = during_backward ? sp.micro_batch_reduce : sp.boundary_reduce;
         const double reduce = kind == StagePlan::Reduce::kAllReduce
-                                  ? cost(c.all_reduce, c.cross_all_reduce, U * a_red, 2)
-                                  : cost(c.reduce_scatter, c.cross_reduce_scatter, U * a_red, 1);
+                                  ? cost(c.all_reduce, c.cross_all_reduce, U * a_red, 2, levels)
+                                  : cost(c.reduce_scatter, c.cross_reduce_scatter, U * a_red, 1,
+                                         levels || (qgz_bits != 0 && stage >= 2));
         (during_backward ? st.comm_overlap : st.comm_serial) += reduce;
         if (sp.gather_before_compute) {
-          st.comm_overlap += cost(c.all_gather, c.cross_all_gather, U * 2 * A, 1);
+          st.comm_overlap += cost(c.all_gather, c.cross_all_gather, U * 2 * A, 1, levels);
         } else if (sp.gather_after_update || sp.gather_grads) {
-          st.comm_serial += cost(c.all_gather, c.cross_all_gather, U, 1);
+          st.comm_serial += cost(c.all_gather, c.cross_all_gather, U, 1, levels);
         }
         time = st;
       }
