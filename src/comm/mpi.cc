@@ -28,12 +28,25 @@
 //                   elements of local index l now in `out` and receives their S_l' into
 //                   `out`. No staging. Received: (S_l - c_r) * w across, (C - S_l) * w inside.
 //   Broadcast and control stay flat.
+// qgZ (CommOptions::qgz_bits, Q(c) = quantized_bytes(c), T = node_ranks or the world, with
+// the same P, r = p * T + l and ranges c_(q, l)), whatever two_level says:
+//   reduce_scatter  inside the node, r quantizes its input's range (q, l') for every node q and
+//                   local peer l' (blocks from the range's start) and sends it to (p, l'); it
+//                   receives each local peer's packet of every range (q, l) and folds node
+//                   p's partial of each in fp32, in local rank order: its own input exact,
+//                   the peers' dequantized. Across nodes, r quantizes partial q as one buffer
+//                   and sends it to (q, l); it receives the other nodes' partials of its own
+//                   range and folds them in node order, its own node's exact, from zero (the
+//                   accumulator for sum_into), then finishes (comm/reduce.h, finish_sum).
+//                   Whole ranges per message, no rounds. Scratch: every packet sent and
+//                   received and the fp32 partials, kept between calls. Received:
+//                   (T - 1) * sum_q Q(c_(q, l)) inside the node, (P - 1) * Q(c_r) across.
 // Every message is split into pieces of at most chunk_bytes, so counts of any size fit
 // MPI 3's int counts. Point-to-point rather than MPI_Ialltoallv / MPI_Iallgatherv for three
 // reasons: their displacements are int (2 GiB); own data need not travel to itself; and a
 // timeout can name the peers whose messages did not arrive. Each rank receives exactly the
 // bytes the ledger records (ledger.h): the ring algorithm's volume when flat, the volumes
-// above when two-level.
+// above when two-level or quantized.
 //
 // Threads: MPI is initialized at MPI_THREAD_SERIALIZED. Collectives run on each
 // communicator's worker thread, while init, finalize, abort() and abort_job() run on the
@@ -71,6 +84,7 @@
 #include <fmt/ranges.h>
 
 #include "comm/mpi.h"
+#include "comm/quantize.h"
 #include "comm/reduce.h"
 #include "core/error.h"
 
@@ -340,6 +354,10 @@ class MpiCommunicator final : public Communicator {
     const auto deadline = deadline_after(options_.timeout_seconds);
     agree(what, {1, part.length(), static_cast<uint64_t>(in.dtype), static_cast<uint64_t>(op)},
           deadline);
+    if (quantized_reduce_scatter()) {
+      reduce_scatter_quantized(in, out, part, op, deadline);
+      return;
+    }
     if (two_level()) {
       reduce_scatter_two_level(in, out, part, op, deadline);
       return;
@@ -605,6 +623,153 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  // qgZ (see the top of this file). Whole ranges travel as one message each, which exchange()
+  // splits into chunks: quantization blocks restart at each quantized buffer's start, so
+  // rounds cut at chunk boundaries would quantize other blocks than the local backend does.
+  // Messages of 0 bytes are not sent, and both sides post the messages of one phase between
+  // two ranks in the same order (node q ascending), as in the two-level reduce-scatter.
+  // Receive buffers are members: a receive a failure leaves behind must not land in freed
+  // memory (the communicator refuses every later collective, so they are not resized).
+  void reduce_scatter_quantized(ConstBuffer in, MutableBuffer out, const Partition& part,
+                                ReduceOp op, Clock::time_point deadline) {
+    constexpr std::string_view what = "reduce_scatter";
+    const BlockQuant quant = qgz_quant(options_);
+    const int t = node_ranks();
+    const int nodes = size() / t;
+    const int node = rank() / t;
+    const int local = rank() % t;
+    auto rank_of = [t](int q, int l) { return q * t + l; };
+    auto packed_bytes = [&](int x) { return quantized_bytes(part.count(x), quant); };
+    const size_t w = dtype_size(in.dtype);
+    const auto* in_bytes = static_cast<const std::byte*>(in.data);
+    // This rank's input of rank x's range.
+    auto input_of = [&](int x) {
+      return ConstBuffer(in_bytes + part.offset(x) * w, part.count(x), in.dtype);
+    };
+
+    // Scratch, in order: the packets this rank sends its local peers ([l' != local][q]), the
+    // packets it receives from them ([l' != local][q]), its quantized partials for the other
+    // nodes ([q != node]), and the other nodes' packets of its own range ([q != node]).
+    // Partials: node `node`'s fp32 partial of each range (q, local), one after another.
+    size_t column_bytes = 0;  // the packets of the ranges of local index `local`
+    size_t column = 0;        // their elements
+    for (int q = 0; q < nodes; ++q) {
+      column_bytes += packed_bytes(rank_of(q, local));
+      column += part.count(rank_of(q, local));
+    }
+    size_t send_bytes = 0;
+    for (int l = 0; l < t; ++l) {
+      if (l == local) continue;
+      for (int q = 0; q < nodes; ++q) send_bytes += packed_bytes(rank_of(q, l));
+    }
+    const size_t own_bytes = packed_bytes(rank());
+    const size_t needed = send_bytes + static_cast<size_t>(t - 1) * column_bytes +
+                          (column_bytes - own_bytes) + static_cast<size_t>(nodes - 1) * own_bytes;
+    if (qgz_packets_.size() < needed) qgz_packets_.resize(needed);
+    if (qgz_partials_.size() < column) qgz_partials_.resize(column);
+    std::byte* cursor = qgz_packets_.data();
+    auto take = [&cursor](size_t bytes) {
+      std::byte* at = cursor;
+      cursor += bytes;
+      return at;
+    };
+    // Where the packet of range (q, local) from local peer l lands, and the other nodes'.
+    std::vector<std::byte*> peer_packets(static_cast<size_t>(t * nodes), nullptr);
+    std::vector<std::byte*> node_packets(static_cast<size_t>(nodes), nullptr);
+    std::vector<std::span<float>> partials(static_cast<size_t>(nodes));
+    for (size_t q = 0, at = 0; q < partials.size(); ++q) {
+      const size_t n = part.count(rank_of(static_cast<int>(q), local));
+      partials[q] = std::span<float>(qgz_partials_.data() + at, n);
+      at += n;
+    }
+
+    // Inside the node: each local peer gets this rank's own quantized copy of its ranges.
+    std::vector<Message> sends;
+    std::vector<Message> recvs;
+    for (int l = 0; l < t; ++l) {
+      if (l == local) continue;
+      const int peer = rank_of(node, l);
+      for (int q = 0; q < nodes; ++q) {
+        const int theirs = rank_of(q, l);
+        if (part.count(theirs) == 0) continue;
+        const size_t bytes = packed_bytes(theirs);
+        std::byte* packet = take(bytes);
+        quantize(input_of(theirs), std::span<std::byte>(packet, bytes), quant);
+        sends.push_back({peer, packet, bytes});
+      }
+    }
+    for (int l = 0; l < t; ++l) {
+      if (l == local) continue;
+      for (int q = 0; q < nodes; ++q) {
+        const int owner = rank_of(q, local);
+        if (part.count(owner) == 0) continue;
+        std::byte* packet = take(packed_bytes(owner));
+        peer_packets[static_cast<size_t>(l * nodes + q)] = packet;
+        recvs.push_back({rank_of(node, l), packet, packed_bytes(owner)});
+      }
+    }
+    exchange(what, kReduceScatterNodeTag, sends, recvs, deadline);
+    // Node partials, in local rank order: this rank's input exact, its peers' dequantized.
+    for (int q = 0; q < nodes; ++q) {
+      const int owner = rank_of(q, local);
+      std::span<float> partial = partials[static_cast<size_t>(q)];
+      if (partial.empty()) continue;
+      std::fill(partial.begin(), partial.end(), 0.0f);
+      for (int l = 0; l < t; ++l) {
+        if (l == local) {
+          add_widened(input_of(owner), partial);
+        } else {
+          const std::byte* packet = peer_packets[static_cast<size_t>(l * nodes + q)];
+          dequantize_add(std::span<const std::byte>(packet, packed_bytes(owner)), partial, quant);
+        }
+      }
+    }
+
+    // Across nodes, among the ranks of local index `local`: each partial, quantized as one
+    // buffer, goes to the owner of its range.
+    sends.clear();
+    recvs.clear();
+    const size_t mine = part.count(rank());
+    for (int q = 0; q < nodes; ++q) {
+      if (q == node) continue;
+      const int peer = rank_of(q, local);
+      if (part.count(peer) == 0) continue;
+      const size_t bytes = packed_bytes(peer);
+      std::byte* packet = take(bytes);
+      quantize(ConstBuffer(std::span<const float>(partials[static_cast<size_t>(q)])),
+               std::span<std::byte>(packet, bytes), quant);
+      sends.push_back({peer, packet, bytes});
+    }
+    if (mine > 0) {
+      for (int q = 0; q < nodes; ++q) {
+        if (q == node) continue;
+        std::byte* packet = take(own_bytes);
+        node_packets[static_cast<size_t>(q)] = packet;
+        recvs.push_back({rank_of(q, local), packet, own_bytes});
+      }
+    }
+    exchange(what, kReduceScatterCrossTag, sends, recvs, deadline);
+    if (mine == 0) return;
+    // The total, in node order from zero (kSumInto: from the accumulator): this node's
+    // partial exact, the others' dequantized.
+    if (op == ReduceOp::kSumInto) {
+      qgz_total_.assign(static_cast<const float*>(out.data),
+                        static_cast<const float*>(out.data) + mine);
+    } else {
+      qgz_total_.assign(mine, 0.0f);
+    }
+    for (int q = 0; q < nodes; ++q) {
+      if (q == node) {
+        const std::span<const float> partial = partials[static_cast<size_t>(q)];
+        for (size_t i = 0; i < mine; ++i) qgz_total_[i] += partial[i];
+      } else {
+        dequantize_add(std::span<const std::byte>(node_packets[static_cast<size_t>(q)], own_bytes),
+                       qgz_total_, quant);
+      }
+    }
+    finish_sum(qgz_total_, out, op, size());
+  }
+
   // The two-level all-gather, once this rank's shard is at its range of `out`.
   void all_gather_two_level(MutableBuffer out, const Partition& part, Clock::time_point deadline) {
     constexpr std::string_view what = "all_gather";
@@ -804,6 +969,9 @@ class MpiCommunicator final : public Communicator {
   uint64_t sequence_ = 0;                  // collectives this rank has run
   std::vector<Fingerprint> fingerprints_;  // every rank's, for the collective being agreed
   std::vector<std::byte> scratch_;         // reduce-scatter pieces and partials (see the top)
+  std::vector<std::byte> qgz_packets_;     // qgZ: quantized ranges and partials, sent and received
+  std::vector<float> qgz_partials_;        // qgZ: this node's partials of local index rank() % T
+  std::vector<float> qgz_total_;           // qgZ: the sum of this rank's range so far
 
   // Abort notices: one receive posted for the communicator's life (polled by the worker).
   std::array<char, kMaxNoticeBytes> notice_buffer_{};

@@ -19,6 +19,7 @@
 
 #include "comm/local.h"
 #include "comm/mpi.h"
+#include "comm/quantize.h"
 #include "comm/reduce.h"
 #include "core/error.h"
 
@@ -755,6 +756,277 @@ TEST(MpiTwoLevelLedgerTest, BytesFollowTheTwoLevelFormulas) {
                                w,
                            ar_cross}))
         << "T " << t << " rank " << me;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// qgZ (CommOptions::qgz_bits): quantized reduce-scatters, in two levels over nodes of T ranks
+// whatever two_level says. The suites' names contain "TwoLevel" so that the six-rank run,
+// the first with two node sizes, runs them too.
+
+// Every node size T that divides this world, 1 and N included (qgZ's T = 1 has only the
+// cross-node level, T = N only the node level).
+std::vector<int> all_node_sizes(int n) {
+  std::vector<int> sizes;
+  for (int t = 1; t <= n; ++t) {
+    if (n % t == 0) sizes.push_back(t);
+  }
+  return sizes;
+}
+
+std::vector<BlockQuant> qgz_quants() {
+  std::vector<BlockQuant> quants;
+  for (QuantBits bits : {QuantBits::kInt8, QuantBits::kInt4}) {
+    for (size_t block : {size_t{1}, size_t{7}, size_t{64}}) quants.push_back({bits, block});
+  }
+  return quants;
+}
+
+std::string describe(BlockQuant q) {
+  return fmt::format("int{} blocks of {}", static_cast<int>(q.bits), q.block);
+}
+
+// A qgZ communicator: `quant`, `node_ranks` ranks per node, messages of at most `chunk` bytes.
+std::unique_ptr<Communicator> make_qgz(int node_ranks, BlockQuant quant, const std::string& chunk,
+                                       bool two_level) {
+  CommOptions options = kOptions;
+  options.node_ranks = node_ranks;
+  options.two_level = two_level;
+  options.qgz_bits = static_cast<int>(quant.bits);
+  options.qgz_block = quant.block;
+  if (chunk != "default") {
+    EXPECT_EQ(setenv(kChunkEnv, chunk.c_str(), 1), 0);
+  }
+  auto comm = make_mpi(options);
+  EXPECT_EQ(unsetenv(kChunkEnv), 0);
+  return comm;
+}
+
+// `x` (`count` elements of `dtype`) widened to fp32.
+std::vector<float> widen(const std::byte* x, size_t count, DType dtype) {
+  std::vector<float> out(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (dtype == DType::kF32) {
+      std::memcpy(&out[i], x + 4 * i, 4);
+    } else {
+      uint16_t bits = 0;
+      std::memcpy(&bits, x + 2 * i, 2);
+      out[i] = dtype == DType::kF16 ? to_f32(Float16{bits}) : to_f32(BFloat16{bits});
+    }
+  }
+  return out;
+}
+
+// What a receiver makes of `x` (`count` elements): quantized on its own, dequantized to fp32.
+std::vector<float> roundtrip(ConstBuffer x, BlockQuant quant) {
+  Bytes packed(quantized_bytes(x.count, quant));
+  quantize(x, packed, quant);
+  std::vector<float> back(x.count);
+  dequantize(packed, std::span<float>(back), quant);
+  return back;
+}
+
+// What `rank` must hold after a qgZ reduce-scatter of `inputs` (rank order), computed from
+// CommOptions::qgz_bits's description with dequantize() and plain fp32 additions: node q's
+// partial of the range folds, in local rank order from 0, the input of local index
+// rank % T exact and the others' round trips; the total folds, in node order from 0 (from
+// `acc` for sum_into), the partial of node rank / T exact and the others' round trips; then
+// avg divides by N and sum and avg round once to the dtype.
+Bytes qgz_reference(const std::vector<Bytes>& inputs, DType dtype, ReduceOp op,
+                    const Partition& part, int node_ranks, BlockQuant quant, int rank,
+                    const Bytes& acc = {}) {
+  const int n = part.world_size();
+  const int t = node_ranks == 0 ? n : node_ranks;
+  const size_t count = part.count(rank);
+  const size_t first = part.offset(rank);
+  const size_t w = dtype_size(dtype);
+  std::vector<float> total(count, 0.0f);
+  if (op == ReduceOp::kSumInto && count > 0) std::memcpy(total.data(), acc.data(), count * 4);
+  for (int q = 0; q < n / t; ++q) {
+    std::vector<float> partial(count, 0.0f);
+    for (int l = 0; l < t; ++l) {
+      const std::byte* x = inputs[static_cast<size_t>(q * t + l)].data() + first * w;
+      const std::vector<float> y =
+          l == rank % t ? widen(x, count, dtype) : roundtrip({x, count, dtype}, quant);
+      for (size_t i = 0; i < count; ++i) partial[i] += y[i];
+    }
+    const std::vector<float> y =
+        q == rank / t ? partial : roundtrip(std::span<const float>(partial), quant);
+    for (size_t i = 0; i < count; ++i) total[i] += y[i];
+  }
+  if (op == ReduceOp::kAvg) {
+    for (float& v : total) v /= static_cast<float>(n);
+  }
+  const DType out_dtype = op == ReduceOp::kSumInto ? DType::kF32 : dtype;
+  Bytes out(count * dtype_size(out_dtype));
+  for (size_t i = 0; i < count; ++i) {
+    if (out_dtype == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &total[i], 4);
+    } else {
+      const uint16_t bits =
+          out_dtype == DType::kF16 ? to_f16(total[i]).bits : to_bf16(total[i]).bits;
+      std::memcpy(out.data() + 2 * i, &bits, 2);
+    }
+  }
+  return out;
+}
+
+class MpiQgzTwoLevelTest : public testing::TestWithParam<ReduceParam> {};
+
+// Every node size, bit width and block size, in tiny chunks (every message split mid-block)
+// and in the default ones; ragged ranges and empty ones; into a separate buffer and in
+// place, or two micro-steps onto an fp32 accumulator.
+TEST_P(MpiQgzTwoLevelTest, ReduceScatterFoldsQuantizedPeersThenQuantizedNodePartials) {
+  const auto [dtype, op] = GetParam();
+  const int n = world();
+  const int me = my_rank();
+  const size_t w = dtype_size(dtype);
+  for (int t : all_node_sizes(n)) {
+    for (const BlockQuant quant : qgz_quants()) {
+      for (const std::string chunk : {"12", "default"}) {
+        // qgZ ignores two_level: try both.
+        auto comm = make_qgz(t, quant, chunk, chunk == "default");
+        for (size_t count : {size_t{1}, static_cast<size_t>(n - 1), static_cast<size_t>(7 * n + 3),
+                             size_t{1000}}) {
+          for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+            const Partition part = make_partition(count, n, layout);
+            const size_t mine = part.count(me);
+            const std::string what = fmt::format(
+                "{} {} T {} {} chunk {}", describe("qgZ reduce_scatter", dtype, count, layout),
+                reduce_op_name(op), t, describe(quant), chunk);
+            if (op == ReduceOp::kSumInto) {
+              Bytes acc = make_input(DType::kF32, n + 3, mine, part.offset(me));
+              Bytes expected = acc;
+              for (int k = 0; k < 2; ++k) {
+                const auto inputs = all_inputs(dtype, n, count, k * n);
+                expected = qgz_reference(inputs, dtype, op, part, t, quant, me, expected);
+                comm->reduce_scatter({inputs[static_cast<size_t>(me)].data(), count, dtype},
+                                     {acc.data(), mine, DType::kF32}, part, op);
+              }
+              EXPECT_SAME_BYTES(acc, expected, what);
+              continue;
+            }
+            const auto inputs = all_inputs(dtype, n, count);
+            const Bytes expected = qgz_reference(inputs, dtype, op, part, t, quant, me);
+            Bytes out(mine * w, std::byte{0xAB});
+            comm->reduce_scatter({inputs[static_cast<size_t>(me)].data(), count, dtype},
+                                 {out.data(), mine, dtype}, part, op);
+            EXPECT_SAME_BYTES(out, expected, what + " out of place");
+            Bytes in_place = inputs[static_cast<size_t>(me)];
+            std::byte* own = in_place.data() + part.offset(me) * w;
+            comm->reduce_scatter({in_place.data(), count, dtype}, {own, mine, dtype}, part, op);
+            EXPECT_SAME_BYTES(Bytes(own, own + mine * w), expected, what + " in place");
+          }
+        }
+      }
+    }
+  }
+}
+
+// The local backend's qgZ, which computes each rank's result from every input directly,
+// gives the bytes the mpi backend's exchange does: reduce-scatters and the all-reduces
+// built on them.
+TEST_P(MpiQgzTwoLevelTest, MatchesLocalBackend) {
+  const auto [dtype, op] = GetParam();
+  auto body = [dtype = dtype, op = op](Communicator& c) {
+    std::vector<Bytes> outputs;
+    const size_t w = dtype_size(dtype);
+    for (size_t count : two_level_counts(c.size())) {
+      for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+        const Partition part = make_partition(count, c.size(), layout);
+        const size_t mine = part.count(c.rank());
+        const Bytes in = make_input(dtype, c.rank(), count);
+        if (op == ReduceOp::kSumInto) {
+          Bytes acc = make_input(DType::kF32, c.size() + 3, mine, part.offset(c.rank()));
+          c.reduce_scatter({in.data(), count, dtype}, {acc.data(), mine, DType::kF32}, part, op);
+          outputs.push_back(std::move(acc));
+          continue;
+        }
+        Bytes out(mine * w);
+        c.reduce_scatter({in.data(), count, dtype}, {out.data(), mine, dtype}, part, op);
+        outputs.push_back(std::move(out));
+        if (layout == Layout::kBalanced) {
+          Bytes buf = in;
+          c.all_reduce({buf.data(), count, dtype}, op);
+          outputs.push_back(std::move(buf));
+        }
+      }
+    }
+    return outputs;
+  };
+  const int n = world();
+  for (int t : all_node_sizes(n)) {
+    for (const BlockQuant quant :
+         {BlockQuant{QuantBits::kInt8, 7}, BlockQuant{QuantBits::kInt4, 64}}) {
+      CommOptions options = kOptions;
+      options.node_ranks = t;
+      options.qgz_bits = static_cast<int>(quant.bits);
+      options.qgz_block = quant.block;
+      const auto expected = local_reference(body, options);
+      auto comm = make_qgz(t, quant, "16", false);
+      const auto actual = body(*comm);
+      ASSERT_EQ(actual.size(), expected.size());
+      for (size_t i = 0; i < actual.size(); ++i) {
+        EXPECT_SAME_BYTES(actual[i], expected[i],
+                          fmt::format("qgZ {} {} T {} {} world {} output {}", dtype_name(dtype),
+                                      reduce_op_name(op), t, describe(quant), n, i));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypesAndSums, MpiQgzTwoLevelTest,
+                         testing::Values(ReduceParam{DType::kF32, ReduceOp::kSum},
+                                         ReduceParam{DType::kF32, ReduceOp::kAvg},
+                                         ReduceParam{DType::kF32, ReduceOp::kSumInto},
+                                         ReduceParam{DType::kF16, ReduceOp::kSum},
+                                         ReduceParam{DType::kF16, ReduceOp::kAvg},
+                                         ReduceParam{DType::kF16, ReduceOp::kSumInto},
+                                         ReduceParam{DType::kBF16, ReduceOp::kSum},
+                                         ReduceParam{DType::kBF16, ReduceOp::kAvg},
+                                         ReduceParam{DType::kBF16, ReduceOp::kSumInto}),
+                         reduce_param_name);
+
+// The packed size of `count` elements as comm/quantize.h lays it out: an fp32 scale per
+// block, then a byte per int8 value or a nibble per int4 value.
+uint64_t packed_size(size_t count, BlockQuant q) {
+  const uint64_t scales = (count + q.block - 1) / q.block;
+  const uint64_t values = q.bits == QuantBits::kInt8 ? count : (count + 1) / 2;
+  return 4 * scales + values;
+}
+
+// Each rank's ledger records what qgZ makes it receive: every local peer's packets of the
+// ranges of its local index l, (T - 1) * sum_q Q(c_(q, l)), and every other node's packet
+// of its own range, (P - 1) * Q(c_r), the latter across nodes.
+TEST(MpiQgzTwoLevelLedgerTest, BytesFollowTheQuantizedFormulas) {
+  const int n = world();
+  const int me = my_rank();
+  const DType dtype = DType::kBF16;
+  for (int t : all_node_sizes(n)) {
+    for (const BlockQuant quant :
+         {BlockQuant{QuantBits::kInt8, 7}, BlockQuant{QuantBits::kInt4, 64}}) {
+      auto comm = make_qgz(t, quant, "default", true);
+      CommCounter want{};
+      for (size_t count : {size_t{1001}, static_cast<size_t>(7 * n + 3)}) {
+        for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+          const Partition part = make_partition(count, n, layout);
+          const Bytes in = make_input(dtype, me, count);
+          Bytes out(part.count(me) * dtype_size(dtype));
+          comm->reduce_scatter({in.data(), count, dtype}, {out.data(), part.count(me), dtype}, part,
+                               ReduceOp::kAvg);
+          uint64_t column = 0;
+          for (int q = 0; q < n / t; ++q) column += packed_size(part.count(q * t + me % t), quant);
+          const uint64_t across =
+              static_cast<uint64_t>(n / t - 1) * packed_size(part.count(me), quant);
+          want.calls += 1;
+          want.bytes += static_cast<uint64_t>(t - 1) * column + across;
+          want.cross_node_bytes += across;
+          EXPECT_EQ(comm->ledger().total(CommKind::kReduceScatter), want)
+              << describe("qgZ reduce_scatter avg", dtype, count, layout) << " T " << t << " "
+              << describe(quant) << " rank " << me;
+        }
+      }
+    }
   }
 }
 
