@@ -380,6 +380,10 @@ Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
         "all_reduce: sum_into accumulates into a separate fp32 buffer, which an in-place "
         "all-reduce does not have; use reduce_scatter with sum_into, or sum, avg or max");
   }
+  if (options_.qgz_bits != 0 && op == ReduceOp::kMax) {
+    throw InvalidArgument(
+        "all_reduce: qgZ quantizes sums; max is not one (use sum or avg, or turn qgZ off)");
+  }
   if (buf.dtype == DType::kU8) {
     throw InvalidArgument(
         "all_reduce: u8 buffers hold raw bytes, which all_gather and broadcast move but nothing "

@@ -85,7 +85,8 @@ struct CommOptions {
   // other node's dequantized (quantized as one buffer by the rank that computed it),
   // starting from zero (kSumInto: from its accumulator), divides by N for kAvg and rounds
   // once. Bytes: (T - 1) * sum_q Q(c_(q, l)) inside the node, (P - 1) * Q(c_r) across, with
-  // Q(c) = quantized_bytes(c). kMax is refused; all-reduce is not quantized.
+  // Q(c) = quantized_bytes(c). An all-reduce's reduce-scatter half is quantized alike (its
+  // all-gather is not); kMax is refused by both.
   int qgz_bits = 0;
   size_t qgz_block = 256;
   // The simulated link between nodes (0 = as link_bandwidth / link_latency). A flat ring

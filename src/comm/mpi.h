@@ -7,8 +7,10 @@
 //
 // Wire: point-to-point messages of bytes, each at most ZERODP_MPI_CHUNK_BYTES (default
 // 8 MiB; the environment variable must be equal on every rank), so buffers of any size
-// work with MPI 3's int counts. A reduce-scatter works in rounds of one chunk per peer and
-// holds (N-1) chunks of scratch; the all-gather receives straight into the output. Each
+// work with MPI 3's int counts. A flat or two-level reduce-scatter works in rounds of one
+// chunk per peer and holds that many chunks of scratch; qgZ's quantized one exchanges whole
+// ranges (its blocks start at each range's start) and holds their packed bytes; the
+// all-gathers receive straight into the output. Each
 // rank receives the bytes its CommLedger records (a broadcast uses MPI_Ibcast, whose
 // algorithm is MPI's). Details in mpi.cc.
 //

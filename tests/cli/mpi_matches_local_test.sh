@@ -16,7 +16,7 @@ fail=0
 for case in "2 0 bf16 -" "2 3 bf16 -" "3 1 fp16 -" "3 2 fp32 -" "3 3 bf16 --node-ranks=1" \
   "4 0 fp16 --node-ranks=2,--collectives=two-level" \
   "4 3 bf16 --node-ranks=2,--collectives=two-level,--hpz" \
-  "3 3 bf16 --qwz,--qwz-block=64"; do
+  "3 3 bf16 --qwz,--qwz-block=64" "4 2 fp16 --node-ranks=2,--qgz=int4,--qgz-block=64"; do
   read -r n stage precision extras <<<"$case"
   extra=()
   [[ $extras != - ]] && IFS=, read -r -a extra <<<"$extras"

@@ -653,6 +653,8 @@ TEST(Qgz, RefusesMax) {
     EXPECT_THROW((void)comm.reduce_scatter_async(std::span<const float>(in), std::span<float>(out),
                                                  Partition(4, 2), ReduceOp::kMax),
                  InvalidArgument);
+    EXPECT_THROW((void)comm.all_reduce_async(std::span<float>(in), ReduceOp::kMax),
+                 InvalidArgument);
   });
 }
 
