@@ -1,11 +1,12 @@
 // zerodp report: run reports (docs/report.md) and --metrics logs as one self-contained HTML
-// page: loss curves, per-rank memory by category, comm per step by collective, and model
-// states measured against the ZeRO formula. The page loads nothing (inline CSS, an inline
-// script drawing SVG), so it can be attached to an issue or kept as a CI artifact and still
-// open years later without network. The inputs are read by train/report_reader.h, which
-// checks everything the script needs, so a bad input is refused with a message naming the
-// file and key instead of a half-drawn page; this file only reshapes what it read into the
-// page's data (what page.js reads) and fills the template.
+// page: loss curves, per-rank memory by category, comm per step by collective (and, for a
+// run over nodes, the part crossing them), and model states measured against the ZeRO
+// formula. The page loads nothing (inline CSS, an inline script drawing SVG), so it can be
+// attached to an issue or kept as a CI artifact and still open years later without network.
+// The inputs are read by train/report_reader.h, which checks everything the script needs, so
+// a bad input is refused with a message naming the file and key instead of a half-drawn
+// page; this file only reshapes what it read into the page's data (what page.js reads) and
+// fills the template.
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -108,6 +109,9 @@ json run_data(const RunReport& r, const std::string& file) {
   for (const ReportStep& s : r.history) run["steps"].push_back(point(s));
   for (const ReportStep& s : r.steps) run["steps"].push_back(point(s));
   run["step_count"] = r.steps.size();
+  // Only a run over nodes has bytes crossing them to draw: on one node they are all 0.
+  const bool nodes = r.node_ranks.has_value();
+  run["node_ranks"] = nodes ? json(*r.node_ranks) : json();
 
   const double nsteps = static_cast<double>(r.steps.size());
   run["ranks"] = json::array();
@@ -130,15 +134,27 @@ json run_data(const RunReport& r, const std::string& file) {
       per_step[kind] = static_cast<double>(bytes) / nsteps;
     }
     out["comm_per_step"] = r.steps.empty() ? json() : per_step;
+    // null for a run on one node, and where the report has no cross_node_bytes (written
+    // before the ledger counted them).
+    json cross_per_step = json::object();
+    for (const auto& [kind, bytes] : rank.comm_cross_node_bytes) {
+      cross_per_step[kind] = static_cast<double>(bytes) / nsteps;
+    }
+    const bool cross = nodes && !r.steps.empty() && !rank.comm_cross_node_bytes.empty();
+    out["cross_per_step"] = cross ? cross_per_step : json();
     if (r.plan) {
       const ReportPlanRank& p = (*r.plan)[i];
       out["plan_states"] = {{"params", p.model_state.params}, {"grads", p.model_state.grads},
                             {"master", p.model_state.master}, {"adam_m", p.model_state.adam_m},
                             {"adam_v", p.model_state.adam_v}, {"total", p.model_state_total}};
       out["plan_comm_per_step"] = p.comm_bytes_per_step;
+      out["plan_cross_per_step"] = nodes && p.comm_cross_node_bytes_per_step
+                                       ? json(*p.comm_cross_node_bytes_per_step)
+                                       : json();
     } else {
       out["plan_states"] = json();
       out["plan_comm_per_step"] = json();
+      out["plan_cross_per_step"] = json();
     }
     run["ranks"].push_back(out);
   }
@@ -288,8 +304,9 @@ Runner add_report(CLI::App& app) {
   app.add_flag("--quiet", f->quiet, "Print nothing on success");
   app.footer(
       "One self-contained HTML page (no network: inline CSS and script, SVG charts): loss\n"
-      "curves, per-rank memory by category, comm bytes per step by collective, and model\n"
-      "states measured against the ZeRO formula (docs/report.md).\n"
+      "curves, per-rank memory by category, comm bytes per step by collective (hatched:\n"
+      "the part crossing nodes, for runs with --node-ranks), and model states measured\n"
+      "against the ZeRO formula (docs/report.md).\n"
       "Examples:\n"
       "  zerodp train --stage 0 --report s0.json && zerodp train --stage 3 --report s3.json\n"
       "  zerodp report s0.json s3.json --out stages.html\n"

@@ -113,7 +113,13 @@
                             fill: it.fill || '#fff', stroke: it.color, 'stroke-width': 1.5});
       } else if (it.kind === 'tick') {
         svgEl(g, 'line', {'class': 'swatch', x1: x + 2, x2: x + 20, y1: yy, y2: yy,
-                          stroke: '#111', 'stroke-width': 2.5});
+                          stroke: '#111', 'stroke-width': it.dash ? 2 : 2.5,
+                          'stroke-dasharray': it.dash});
+      } else if (it.kind === 'hatch') {
+        var box = {x: x + 4, y: yy - 6, width: 14, height: 12};
+        svgEl(g, 'rect', Object.assign({'class': 'swatch', fill: it.color, 'fill-opacity': 0.45,
+                                        stroke: it.color}, box));
+        svgEl(g, 'rect', Object.assign({fill: 'url(#' + it.pattern + ')'}, box));
       } else {
         svgEl(g, 'rect', {'class': 'swatch', x: x + 4, y: yy - 6, width: 14, height: 12,
                           fill: it.color, 'fill-opacity': it.opacity,
@@ -295,46 +301,70 @@
   }
 
   // Stacked bars per rank, grouped per run, on one scale. groups: [{label, sub, color, bars:
-  // [{label, segs: [{cat, value, pale}], marks: [{value, title}]}]}]. Zero segments are not
-  // drawn, so every rect.bar has a positive height; data-drawn counts them.
+  // [{label, segs: [{cat, value, pale}], marks: [{value, title}], twin}]}]. Zero segments are
+  // not drawn, so every rect.bar has a positive height; data-drawn counts them. A bar's twin
+  // ({segs, marks, what}, or null), drawn narrower at its right, shows a part of it on the
+  // same scale: pale, hatched segments (rect.cross, counted by data-cross-drawn) and dashed
+  // marks.
   function stackedBars(svg, groups, cats, opts) {
-    var nbars = 0, max = 0;
+    var nbars = 0, max = 0, weight = 0, TWIN = 0.5;
+    var sumOf = function (segs) {
+      var sum = 0;
+      segs.forEach(function (s) { sum += s.value; });
+      return sum;
+    };
     groups.forEach(function (g) {
       nbars += g.bars.length;
+      g.twins = g.bars.some(function (b) { return !!b.twin; });
+      weight += g.bars.length * (g.twins ? 1 + TWIN : 1);
       g.bars.forEach(function (b) {
-        var sum = 0;
-        b.segs.forEach(function (s) { sum += s.value; });
-        max = Math.max(max, sum);
-        b.marks.forEach(function (m) { max = Math.max(max, m.value); });
+        [b].concat(b.twin ? [b.twin] : []).forEach(function (part) {
+          max = Math.max(max, sumOf(part.segs));
+          part.marks.forEach(function (m) { max = Math.max(max, m.value); });
+        });
       });
     });
     var gap = 30, inner = 4, avail = 660;
-    var bw = Math.max(5, Math.min(38, (avail - groups.length * gap) / Math.max(1, nbars) - inner));
+    var bw = Math.max(5, Math.min(38, (avail - groups.length * gap) / Math.max(1, weight) - inner));
+    var tw = Math.max(3, Math.round(bw * TWIN));
     // A group is as wide as its bars or its labels (about 6.5 px a character), bars centred.
     var plotW = 0;
     groups.forEach(function (g) {
-      g.barsW = g.bars.length * (bw + inner) - inner;
+      g.slot = bw + (g.twins ? tw + 1 : 0) + inner;
+      g.barsW = g.bars.length * g.slot - inner;
       g.shown = clip(g.label, 40);
       g.width = Math.max(g.barsW, 6.5 * Math.max(g.shown.length, g.sub.length));
       plotW += g.width + gap;
     });
     var f = frame(svg, Math.max(960, 76 + plotW + 250), opts.height,
                   {l: 76, r: Math.max(250, 960 - 76 - plotW), t: 14, b: 64});
+    svg.setAttribute('data-cross-drawn', 0);
     if (nbars === 0 || !(max > 0)) {
       empty(svg, f, opts.empty);
       svg.setAttribute('data-drawn', 0);
       return;
+    }
+    var anyTwin = groups.some(function (g) { return g.twins; });
+    var hatch = svg.id + '-hatch';
+    if (anyTwin) {
+      // Diagonal strokes over the twin's pale colours: a fragment of this page, nothing loaded.
+      var pat = svgEl(svgEl(svg, 'defs', {}), 'pattern', {
+        id: hatch, width: 5, height: 5, patternUnits: 'userSpaceOnUse',
+        patternTransform: 'rotate(45)'
+      });
+      svgEl(pat, 'line', {x1: 0, y1: 0, x2: 0, y2: 5, stroke: '#333', 'stroke-width': 1.6,
+                          'stroke-opacity': 0.6});
     }
     var yl = byteTicks(max * 1.04);
     var top = yl[yl.length - 1].value;
     if (top < max) top = max;
     var y = function (v) { return f.b - v / top * (f.b - f.t); };
     yAxis(svg, f, yl, y, opts.ylabel);
-    var drawn = 0, gstart = f.l + gap / 2;
+    var drawn = 0, crossDrawn = 0, gstart = f.l + gap / 2;
     var gx = svgEl(svg, 'g', {'class': 'axis x'});
     svgEl(gx, 'line', {x1: f.l, x2: f.r, y1: f.b, y2: f.b});
-    var every = Math.ceil(14 / (bw + inner));
     groups.forEach(function (g) {
+      var every = Math.ceil(14 / g.slot);
       var xx = gstart + (g.width - g.barsW) / 2;
       var gg = svgEl(svg, 'g', {'class': 'group', 'data-run': g.label});
       g.bars.forEach(function (b, bi) {
@@ -360,11 +390,37 @@
                                       'stroke-width': 2.5});
           tip(ml, g.label + ' rank ' + b.label + ' · ' + m.title + ': ' + fmtBytes(m.value));
         });
+        if (b.twin) {
+          var tx = xx + bw + 1, tacc = 0;
+          b.twin.segs.forEach(function (s) {
+            if (!(s.value > 0)) return;
+            var color = catColor(s.cat, cats.indexOf(s.cat));
+            var attrs = {x: tx.toFixed(1), y: y(tacc + s.value).toFixed(3), width: tw.toFixed(1),
+                         height: (y(tacc) - y(tacc + s.value)).toFixed(3)};
+            var r = svgEl(gg, 'rect', Object.assign({
+              'class': 'cross', 'data-cat': s.cat, 'data-bytes': s.value, fill: color,
+              'fill-opacity': 0.45, stroke: color, 'stroke-width': 0.8
+            }, attrs));
+            svgEl(gg, 'rect', Object.assign({'class': 'hatch', fill: 'url(#' + hatch + ')',
+                                             'pointer-events': 'none'}, attrs));
+            tip(r, g.label + ' rank ' + b.label + ' · ' + s.cat + ', ' + b.twin.what + ': ' +
+                   fmtBytes(s.value) + ' of ' + fmtBytes(s.of));
+            tacc += s.value;
+            ++crossDrawn;
+          });
+          b.twin.marks.forEach(function (m) {
+            var ml = svgEl(gg, 'line', {'class': 'mark cross', 'data-bytes': m.value,
+                                        x1: tx - 2, x2: tx + tw + 2,
+                                        y1: y(m.value), y2: y(m.value), stroke: '#111',
+                                        'stroke-width': 2, 'stroke-dasharray': '3 2'});
+            tip(ml, g.label + ' rank ' + b.label + ' · ' + m.title + ': ' + fmtBytes(m.value));
+          });
+        }
         if (bi % every === 0 || bi === g.bars.length - 1) {
-          svgEl(gx, 'text', {x: xx + bw / 2, y: f.b + 14, 'text-anchor': 'middle'},
+          svgEl(gx, 'text', {x: xx + (g.slot - inner) / 2, y: f.b + 14, 'text-anchor': 'middle'},
                 'r' + b.label);
         }
-        xx += bw + inner;
+        xx += g.slot;
       });
       var mid = gstart + g.width / 2;
       var gt = svgEl(gx, 'text', {'class': 'title', x: mid, y: f.b + 32,
@@ -386,8 +442,13 @@
                   label: c + (opts.suffix ? opts.suffix(c) : '')});
     });
     opts.marks.forEach(function (m) { items.push({kind: 'tick', label: m}); });
+    if (crossDrawn > 0) {
+      items.push({kind: 'hatch', color: '#777', pattern: hatch, label: opts.twin.label});
+    }
+    if (opts.twin && opts.twin.mark) items.push({kind: 'tick', dash: '3 2', label: opts.twin.mark});
     legend(svg, f.r + 18, f.t + 8, items);
     svg.setAttribute('data-drawn', drawn);
+    svg.setAttribute('data-cross-drawn', crossDrawn);
   }
 
   function runSub(r) { return 'stage ' + r.stage + ' · N=' + r.world_size + ' · ' + r.precision; }
@@ -416,9 +477,11 @@
         Object.keys(k.comm_per_step).forEach(function (c) { if (cats.indexOf(c) < 0) cats.push(c); });
       });
     });
-    var anyPlan = false;
+    var anyPlan = false, anyPlanCross = false, anyCross = false;
     var groups = data.runs.map(function (r, i) {
-      return {label: r.label, sub: runSub(r) + ' · ' + r.step_count + ' steps', color: runColor(i),
+      var sub = runSub(r) + ' · ' + r.step_count + ' steps' +
+                (finite(r.node_ranks) ? ' · nodes of ' + r.node_ranks : '');
+      return {label: r.label, sub: sub, color: runColor(i),
               bars: r.ranks.map(function (k) {
                 var per = k.comm_per_step || {};
                 var marks = [];
@@ -426,15 +489,33 @@
                   anyPlan = true;
                   marks.push({value: k.plan_comm_per_step, title: 'formula (plan)'});
                 }
-                return {label: String(k.rank), marks: marks, segs: cats.map(function (c) {
-                  return {cat: c, value: per[c] || 0};
-                })};
+                // Only a run over nodes has a cross_per_step: the part of each collective's
+                // bytes that came from peers on other nodes, beside the bar it is part of.
+                var twin = null;
+                if (k.cross_per_step) {
+                  anyCross = true;
+                  var cross = k.cross_per_step, tmarks = [];
+                  if (finite(k.plan_cross_per_step)) {
+                    anyPlanCross = true;
+                    tmarks.push({value: k.plan_cross_per_step,
+                                 title: 'formula crossing nodes (plan)'});
+                  }
+                  twin = {what: 'crossing nodes', marks: tmarks, segs: cats.map(function (c) {
+                    return {cat: c, value: cross[c] || 0, of: per[c] || 0};
+                  })};
+                }
+                return {label: String(k.rank), marks: marks, twin: twin,
+                        segs: cats.map(function (c) { return {cat: c, value: per[c] || 0}; })};
               })};
     });
     stackedBars(document.getElementById('comm'), groups, cats, {
       height: 400, ylabel: 'bytes received per step', empty: 'no communication to draw',
-      marks: anyPlan ? ['formula (plan.comm_bytes_per_step)'] : []
+      marks: anyPlan ? ['formula (plan.comm_bytes_per_step)'] : [],
+      twin: {label: 'crossing nodes (cross_node_bytes)',
+             mark: anyPlanCross ? 'formula, crossing nodes (plan)' : null}
     });
+    // The caption's words on the hatched bars, only where a run has them.
+    document.getElementById('comm-cross').hidden = !anyCross;
   }
 
   function keyCell(tr, label, color) {

@@ -18,6 +18,8 @@ using nlohmann::json;
 namespace key = report_key;
 
 constexpr int kLastStateCategory = static_cast<int>(MemCategory::kAdamV);
+// config_json's key for --node-ranks (train/config.h).
+constexpr char kNodeRanks[] = "node_ranks";
 
 std::string category(int k) { return std::string(mem_category_name(static_cast<MemCategory>(k))); }
 
@@ -164,7 +166,17 @@ ReportRank read_rank(const Fields& F, const json& rk, const std::string& where) 
   r.peak_total = F.count(peaks, peaks_at, key::kTotal);
   const json& comm = F.object(rk, where, key::kComm);
   for (const auto& [kind, v] : comm.items()) {
-    r.comm_bytes[kind] = F.count(v, fmt::format("{}.{}.{}", where, key::kComm, kind), key::kBytes);
+    const std::string at = fmt::format("{}.{}.{}", where, key::kComm, kind);
+    const uint64_t bytes = F.count(v, at, key::kBytes);
+    r.comm_bytes[kind] = bytes;
+    // Reports written before nodes existed have no cross_node_bytes.
+    if (!v.contains(key::kCrossNodeBytes)) continue;
+    const uint64_t cross = F.count(v, at, key::kCrossNodeBytes);
+    if (cross > bytes) {
+      F.bad(fmt::format("{}.{}", at, key::kCrossNodeBytes),
+            fmt::format("is {}, more than the {} bytes it is part of", cross, bytes));
+    }
+    r.comm_cross_node_bytes[kind] = cross;
   }
   return r;
 }
@@ -178,8 +190,12 @@ ReportPlanRank read_plan_rank(const Fields& F, const json& states, const json& c
     *fields[k] = F.count(states, states_at, category(k).c_str());
   }
   p.model_state_total = F.count(states, states_at, key::kTotal);
-  p.comm_bytes_per_step =
-      F.count(comm, fmt::format("{}.{}[{}]", key::kPlan, key::kCommBytesPerStep, i), key::kTotal);
+  const std::string comm_at = fmt::format("{}.{}[{}]", key::kPlan, key::kCommBytesPerStep, i);
+  p.comm_bytes_per_step = F.count(comm, comm_at, key::kTotal);
+  // A plan written before it counted the bytes crossing nodes has no cross_node_bytes.
+  if (comm.contains(key::kCrossNodeBytes)) {
+    p.comm_cross_node_bytes_per_step = F.count(comm, comm_at, key::kCrossNodeBytes);
+  }
   return p;
 }
 
@@ -227,6 +243,19 @@ RunReport report_from_json(const json& root, const std::string& file) {
     // config_json's keys (train/config.h).
     const json& c = root[key::kConfig];
     r.model = ReportModel{string_if_any(c, "model").value_or(""), string_if_any(c, "size")};
+    // Decides whether the page draws the bytes crossing nodes, so it is checked; reports
+    // written before nodes existed have no node_ranks, and null means one node.
+    if (c.contains(kNodeRanks) && !c[kNodeRanks].is_null()) {
+      const std::string at = fmt::format("{}.{}", key::kConfig, kNodeRanks);
+      const json& t = c[kNodeRanks];
+      const bool ok = t.is_number_unsigned() ? t.get<uint64_t>() >= 1
+                                             : t.is_number_integer() && t.get<int64_t>() >= 1;
+      if (!ok) {
+        F.bad(at,
+              fmt::format("is {}; expected a positive integer (ranks per node) or null", t.dump()));
+      }
+      r.node_ranks = t.get<uint64_t>();
+    }
   }
 
   const json& final = F.object(root, "", key::kFinal);

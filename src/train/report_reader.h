@@ -6,7 +6,8 @@
 // one line naming the file and the key's path in the report, e.g. "report 'r.json' is not a
 // zerodp train report: 'ranks[1].comm' is not an object" (InvalidArgument); a file that is
 // not JSON is CorruptData, one that cannot be read IoError. Keys it does not read may hold
-// anything, and reports of earlier versions (no `history`, `plan` or `restarts`) still read.
+// anything, and reports of earlier versions (no `history`, `plan`, `restarts` or
+// `cross_node_bytes`) still read.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,9 @@ struct ReportRank {
   MemoryLedger::Table peak{};
   uint64_t peak_total = 0;                     // `peak_bytes.total`
   std::map<std::string, uint64_t> comm_bytes;  // `comm[kind].bytes`, for each kind the file holds
+  // `comm[kind].cross_node_bytes`, the part of `bytes` from peers on other nodes, for each
+  // kind that has it: reports written before nodes existed have none.
+  std::map<std::string, uint64_t> comm_cross_node_bytes;
 };
 
 // The planner's figures for one rank, as the file holds them (`plan`).
@@ -49,6 +53,9 @@ struct ReportPlanRank {
   StateBytes model_state;            // `model_state_bytes[r]`
   uint64_t model_state_total = 0;    // its `total`, as written
   uint64_t comm_bytes_per_step = 0;  // `comm_bytes_per_step[r].total`
+  // `comm_bytes_per_step[r].cross_node_bytes`; nullopt in reports written before the plan
+  // had it.
+  std::optional<uint64_t> comm_cross_node_bytes_per_step;
 };
 
 // `config`, when it is an object: what names the model (config_json's keys).
@@ -87,6 +94,9 @@ struct RunReport {
   std::vector<ReportRank> ranks;                    // world_size of them
   std::optional<std::vector<ReportPlanRank>> plan;  // world_size of them; nullopt when missing
   std::vector<ReportRestart> restarts;              // empty when missing (earlier versions)
+  // `config.node_ranks` (--node-ranks T: ranks per node); nullopt when null or missing (one
+  // node, or a report written before nodes existed) or when `config` is not an object.
+  std::optional<uint64_t> node_ranks;
 };
 
 // A report file; messages start "report '<path>'". A --metrics log passed as a report is

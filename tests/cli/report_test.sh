@@ -2,7 +2,8 @@
 # zerodp report: two short trainings (stage 0; stage 3 with --metrics) become one page, which
 # headless Chromium renders; the dumped DOM must hold charts whose drawn elements match the
 # reports one for one (not just a file that exists), and the page must reference nothing
-# outside itself. Refusals (missing file, not a report, bad JSON) are checked first, so they
+# outside itself. A third, over nodes (--node-ranks), adds the bytes crossing them beside its
+# comm bars, which runs on one node do not get. Refusals (missing file, not a report, bad JSON) are checked first, so they
 # run even where Chromium is not installed (then the test exits 77: skipped).
 set -uo pipefail
 zerodp=$(realpath "$1")
@@ -27,6 +28,9 @@ weird='esc</script><!--'
 mkdir -p "$weird"
 "$zerodp" train --size tiny --data synthetic --steps 5 --ranks 2 --stage 3 --eval-every 2 \
   --report "$weird/b.json" --metrics b.jsonl >train_b.log 2>&1 || { cat train_b.log; exit 1; }
+# Over two nodes of 2 ranks, with stage 3's modes that keep traffic inside a node.
+"$zerodp" train --size tiny --data synthetic --steps 3 --ranks 4 --node-ranks 2 --stage 3 \
+  --collectives two-level --hpz --report c.json >train_c.log 2>&1 || { cat train_c.log; exit 1; }
 # A metrics log whose last line is still being written (no newline yet): left out.
 cp b.jsonl live.jsonl
 printf '{"step":6,"lo' >>live.jsonl
@@ -69,10 +73,11 @@ fi
   { echo "FAIL: zerodp report exited $?"; exit 1; }
 echo "page: $(wc -c <report.html) bytes"
 
-# Offline: the page names no network address and loads no file of any kind.
+# Offline: the page names no network address and loads no file of any kind (url(#id), a
+# fragment of the page itself, is how its SVG fills with a pattern).
 if grep -qi 'http' report.html; then bad "the page mentions http: $(grep -oi '.\{30\}http.\{30\}' report.html | head -3)"; fi
-if grep -Eqi '(src|href)=|<link|@import|url\(' report.html; then
-  bad "the page references a resource: $(grep -Eoi '.{20}((src|href)=|<link|@import|url\().{20}' report.html | head -3)"
+if grep -Eqi '(src|href)=|<link|@import|url\([^#]' report.html; then
+  bad "the page references a resource: $(grep -Eoi '.{20}((src|href)=|<link|@import|url\([^#]).{20}' report.html | head -3)"
 fi
 
 start=$(date +%s%N)
@@ -87,7 +92,7 @@ if [[ $code -ne 0 || ! -s dom.html ]]; then
 fi
 
 python3 - a.json "$weird/b.json" live.jsonl dom.html <<'EOF' || fail=1
-import json, sys
+import json, re, sys
 from collections import Counter
 from html.parser import HTMLParser
 
@@ -237,6 +242,13 @@ check(len(est) == nranks, f"estimate table: {nranks} rows ({len(est)})")
 check(all(row[-1] == "exact" and row[6] == "1.0000" for row in est),
       "estimate table: measured = exact plan, ratio 1.0000 to the formula (2 ranks divide evenly)")
 
+# Runs on one node: nothing about nodes is drawn or said.
+crossed = [a for t, a in p.inside.get("comm", []) if t in ("rect", "line") and "cross" in a.get("class", "").split()]
+check(not crossed and p.svgs.get("comm", {}).get("data-cross-drawn") == "0",
+      f"comm: no bytes crossing nodes drawn for runs on one node ({len(crossed)} elements)")
+check(re.search(r'<span id="comm-cross" hidden', dom) is not None,
+      "comm: the caption's words on crossing nodes stay hidden")
+
 sys.exit(1 if fail else 0)
 EOF
 
@@ -264,6 +276,17 @@ a = json.load(open(sys.argv[1]))
 a["data"] = "/" + "data-directory/" * 30 + "corpus.bin"
 a["config"]["model"] = "model_" * 40
 json.dump(a, open(sys.argv[3], "w"))
+# Reports of earlier versions over nodes: before the plan counted the bytes crossing them, and
+# before the ledger did (no cross_node_bytes, no config.node_ranks).
+c = json.load(open("c.json"))
+for p in c["plan"]["comm_bytes_per_step"]:
+    del p["cross_node_bytes"]
+json.dump(c, open("mid.json", "w"))
+del c["config"]["node_ranks"]
+for k in c["ranks"]:
+    for v in k["comm"].values():
+        del v["cross_node_bytes"]
+json.dump(c, open("old.json", "w"))
 EOF
 "$zerodp" report extreme.json --out extreme.html --quiet || bad "report extreme.json failed"
 "$zerodp" report above.json --out above.html --quiet || bad "report above.json failed"
@@ -271,10 +294,17 @@ EOF
 # The width the browser laid the page out at, against the window's.
 sed 's|</body>|<script>document.body.setAttribute("data-widths", [document.documentElement.scrollWidth, window.innerWidth].join(" "));</script></body>|' \
   long.html >long-measured.html
-for page in extreme.html above.html long-measured.html; do render "$page"; done
+# A run over nodes beside one without, and the earlier reports.
+"$zerodp" report a.json c.json --out nodes.html --quiet || bad "report a.json c.json failed"
+"$zerodp" report mid.json --out mid.html --quiet || bad "report mid.json failed"
+"$zerodp" report old.json --out old.html --quiet || bad "report old.json failed"
+for page in extreme.html above.html long-measured.html nodes.html mid.html old.html; do
+  render "$page"
+done
 
 python3 - <<'EOF' || fail=1
-import re, sys
+import json, re, sys
+from collections import Counter
 fail = []
 def check(ok, what):
     print(("ok: " if ok else "FAIL: ") + what)
@@ -321,6 +351,61 @@ dom = open("long-measured.html.dom", encoding="utf-8").read()
 w = re.search(r'data-widths="(\d+) (\d+)"', dom)
 check(w is not None and int(w.group(2)) >= 1000 and int(w.group(1)) <= int(w.group(2)),
       f"long strings: the page is no wider than the window (page, window: {w.groups() if w else None})")
+
+# The bytes crossing nodes: per rank a second bar of c.json's cross_node_bytes per step by
+# collective, on the comm chart's scale, with the plan's figure as a dashed tick; a.json, on
+# one node, keeps its bars alone.
+def comm(page):
+    dom = open(page + ".dom", encoding="utf-8").read()
+    check('data-rendered="ok"' in dom, f"{page}: rendered without errors")
+    svg = re.search(r'<svg[^>]*id="comm".*?</svg>', dom, re.S)
+    svg = svg.group(0) if svg else ""
+    head = dict(re.findall(r'([\w-]+)="([^"]*)"', (re.findall(r"<svg\b[^>]*>", svg) or [""])[0]))
+    groups = {}
+    for run, body in re.findall(r'<g class="group" data-run="([^"]*)">(.*?)</g>', svg, re.S):
+        groups[run] = [(t, dict(re.findall(r'([\w-]+)="([^"]*)"', a)))
+                       for t, a in re.findall(r"<(rect|line)\b([^>]*)>", body)]
+    return dom, svg, head, groups
+def of(elems, tag, cls):
+    return [a for t, a in elems if t == tag and cls in a.get("class", "").split()]
+
+c = json.load(open("c.json"))
+steps = len(c["steps"])
+total = sum(v["bytes"] for k in c["ranks"] for v in k["comm"].values())
+cross_total = sum(v["cross_node_bytes"] for k in c["ranks"] for v in k["comm"].values())
+check(0 < cross_total < total, f"c.json: some bytes crossed nodes, not all ({cross_total} of {total})")
+want = Counter((kind, round(v["cross_node_bytes"] / steps, 3))
+               for k in c["ranks"] for kind, v in k["comm"].items() if v["cross_node_bytes"] > 0)
+dom, svg, head, groups = comm("nodes.html")
+cross = of(groups.get("c.json", []), "rect", "cross")
+check(Counter((a["data-cat"], round(float(a["data-bytes"]), 3)) for a in cross) == want,
+      f"nodes: each hatched bar is one collective of one rank, cross_node_bytes / steps ({len(cross)} of {sum(want.values())})")
+check(head.get("data-cross-drawn") == str(len(cross)), f"nodes: data-cross-drawn counts them ({head.get('data-cross-drawn')})")
+check(len(of(groups.get("c.json", []), "rect", "hatch")) == len(cross) and
+      re.search(r'<pattern id="comm-hatch"', svg) is not None, "nodes: each is hatched by the page's own pattern")
+bars = of(groups.get("c.json", []), "rect", "bar") + of(groups.get("a.json", []), "rect", "bar")
+k = [float(a["height"]) / float(a["data-bytes"]) for a in bars + cross]
+check(bool(cross) and max(k) - min(k) <= 1e-3 * max(k) + 1e-3 / min(float(a["data-bytes"]) for a in bars + cross),
+      "nodes: hatched bars on the comm bars' scale")
+marks = sorted(float(a["data-bytes"]) for a in of(groups.get("c.json", []), "line", "cross"))
+plan = sorted(float(p["cross_node_bytes"]) for p in c["plan"]["comm_bytes_per_step"])
+check(marks == plan and len(marks) == 4, f"nodes: the plan's cross_node_bytes as a tick per rank ({marks} vs {plan})")
+a_cross = [x for x in groups.get("a.json", []) if "cross" in x[1].get("class", "").split()]
+check("a.json" in groups and not a_cross, f"nodes: a.json, on one node, has no bytes crossing nodes ({len(a_cross)})")
+check(re.search(r'<span id="comm-cross"(?! hidden)', dom) is not None, "nodes: the caption says what the hatched bars are")
+check("crossing nodes (cross_node_bytes)" in svg and "formula, crossing nodes (plan)" in svg,
+      "nodes: the legend names the hatched bars and the plan's tick")
+check("nodes of 2" in svg, "nodes: the run's label says its nodes")
+
+dom, svg, head, groups = comm("mid.html")
+cross = of(groups.get("mid.json", []), "rect", "cross")
+check(len(cross) == sum(want.values()) and not of(groups.get("mid.json", []), "line", "cross") and
+      "formula, crossing nodes" not in svg,
+      f"mid: a plan without cross_node_bytes: the hatched bars ({len(cross)}), no tick")
+dom, svg, head, groups = comm("old.html")
+check(head.get("data-cross-drawn") == "0" and not of(groups.get("old.json", []), "line", "cross") and
+      len(of(groups.get("old.json", []), "rect", "bar")) > 0,
+      "old: a report without cross_node_bytes draws its comm bars alone")
 sys.exit(1 if fail else 0)
 EOF
 

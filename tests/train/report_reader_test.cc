@@ -39,11 +39,13 @@ StepRecord step(int64_t n, double loss) {
   return s;
 }
 
-// A continuation on 2 ranks at stage 3 in fp16, with a value in every key the page reads.
+// A continuation on 2 ranks at stage 3 in fp16, one rank per node, with a value in every key
+// the page reads.
 TrainResult made_result() {
   TrainResult r;
   r.is_reporter = true;
   r.config = testing::tiny_config(2, 3, Precision::kFP16);
+  r.config.launch.comm.node_ranks = 1;
   r.config.steps = 5;
   r.unit_names = {"wte", "block.0", "lm_head"};
   r.unit_numel = {1000, 333, 77};
@@ -73,7 +75,9 @@ TrainResult made_result() {
     }
     s.peak_total = 50000 + rank;
     for (int k = 0; k < kNumCommKinds; ++k) {
-      s.comm_train[k] = {static_cast<uint64_t>(k + 1), 4096u * (k + 1) + rank};
+      // Part of each kind's bytes crossed nodes, a different part per kind and rank.
+      s.comm_train[k] = {static_cast<uint64_t>(k + 1), 4096u * (k + 1) + rank,
+                         1000u * k + 10u * rank};
       s.comm_other[k] = {1, 7};
     }
     s.samples_sha256 = std::string(64, 'b');
@@ -118,6 +122,11 @@ void expect_same(const TrainResult& want, const RunReport& got) {
   EXPECT_EQ(got.final_loss, std::optional<double>(want.final_loss));
   EXPECT_EQ(got.final_val_loss, want.val_loss);
   EXPECT_EQ(got.weights_sha256, want.weights_sha256);
+  if (want.config.launch.comm.node_ranks > 0) {
+    EXPECT_EQ(got.node_ranks, std::optional<uint64_t>(want.config.launch.comm.node_ranks));
+  } else {
+    EXPECT_FALSE(got.node_ranks.has_value());
+  }
   EXPECT_EQ(got.tokens_per_second, std::optional<double>(want.tokens_per_second));
   EXPECT_EQ(got.mfu, std::optional<double>(want.mfu));
   ASSERT_EQ(got.history.size(), want.history.size());
@@ -145,6 +154,8 @@ void expect_same(const TrainResult& want, const RunReport& got) {
       const std::string kind(comm_kind_name(static_cast<CommKind>(k)));
       ASSERT_TRUE(g.comm_bytes.contains(kind)) << kind;
       EXPECT_EQ(g.comm_bytes.at(kind), w.comm_train[k].bytes) << kind;
+      ASSERT_TRUE(g.comm_cross_node_bytes.contains(kind)) << kind;
+      EXPECT_EQ(g.comm_cross_node_bytes.at(kind), w.comm_train[k].cross_node_bytes) << kind;
     }
   }
   ASSERT_TRUE(got.plan.has_value());
@@ -161,10 +172,11 @@ void expect_same(const TrainResult& want, const RunReport& got) {
     EXPECT_EQ(p.model_state.adam_m, s.adam_m);
     EXPECT_EQ(p.model_state.adam_v, s.adam_v);
     EXPECT_EQ(p.model_state_total, s.total());
-    EXPECT_EQ(p.comm_bytes_per_step,
-              comm_bytes_per_step(want.unit_numel, want.world_size, c.stage, c.precision,
-                                  c.grad_accum, c.accumulate, canonical_order(c), rank)
-                  .total());
+    const CommBytes cb =
+        comm_bytes_per_step(want.unit_numel, want.world_size, c.stage, c.precision, c.grad_accum,
+                            c.accumulate, canonical_order(c), rank, comm_modes_of(c));
+    EXPECT_EQ(p.comm_bytes_per_step, cb.total());
+    EXPECT_EQ(p.comm_cross_node_bytes_per_step, std::optional<uint64_t>(cb.cross_total()));
   }
 }
 
@@ -175,6 +187,7 @@ TEST(ReportReader, ReadsBackWhatTheWriterWrote) {
 
 TEST(ReportReader, ReadsBackAFreshRunWithNullsWhereTheWriterWritesThem) {
   TrainResult r = made_result();
+  r.config.launch.comm.node_ranks = 0;  // one node: config.node_ranks is null
   r.resumed_from.clear();
   r.history.clear();
   r.val_loss.reset();
@@ -186,6 +199,7 @@ TEST(ReportReader, ReadsBackAFreshRunWithNullsWhereTheWriterWritesThem) {
   EXPECT_FALSE(got.final_val_loss.has_value());
   EXPECT_FALSE(got.final_loss.has_value());
   EXPECT_EQ(got.precision, Precision::kBF16);
+  EXPECT_FALSE(got.node_ranks.has_value());
 }
 
 TEST(ReportReader, ReadsBackARealRun) {
@@ -198,6 +212,33 @@ TEST(ReportReader, ReadsBackARealRun) {
   expect_same(r, got);
   // Stage 3 communicates every step: the page's comm bars are not all zero.
   EXPECT_GT(got.ranks[0].comm_bytes.at("all_gather"), 0u);
+}
+
+// Over nodes of 2 ranks, 4 ranks receive part of their bytes from the other node: what the
+// reader returns is the ledger's split, and it agrees with the plan's (which leaves out the
+// control scalars).
+TEST(ReportReader, ReadsBackTheBytesCrossingNodesOfARealRun) {
+  TrainConfig c = testing::tiny_config(4, 3);
+  c.launch.comm.node_ranks = 2;
+  const TrainResult r = testing::run(c);
+  ASSERT_TRUE(r.is_reporter);
+  const RunReport got = round_trip(r);
+  expect_same(r, got);
+  ASSERT_EQ(got.node_ranks, std::optional<uint64_t>(2));
+  ASSERT_TRUE(got.plan.has_value());
+  for (const ReportRank& rank : got.ranks) {
+    SCOPED_TRACE(fmt::format("rank {}", rank.rank));
+    const uint64_t gather = rank.comm_bytes.at("all_gather");
+    const uint64_t gather_cross = rank.comm_cross_node_bytes.at("all_gather");
+    EXPECT_GT(gather_cross, 0u);
+    EXPECT_LT(gather_cross, gather);  // the peer on its own node sent the rest
+    uint64_t planned_kinds = 0;
+    for (const char* kind : {"all_reduce", "reduce_scatter", "all_gather"}) {
+      planned_kinds += rank.comm_cross_node_bytes.at(kind);
+    }
+    EXPECT_EQ(std::optional<uint64_t>(planned_kinds / r.steps.size()),
+              (*got.plan)[rank.rank].comm_cross_node_bytes_per_step);
+  }
 }
 
 // Reports of earlier versions: no history, no plan, no config, yet the page can be drawn.
@@ -215,6 +256,39 @@ TEST(ReportReader, ReadsAReportWithoutTheKeysItDoesNotNeed) {
   EXPECT_EQ(got.data, "");
   EXPECT_FALSE(got.resumed_from.has_value());
   EXPECT_EQ(got.steps.size(), 3u);
+  EXPECT_FALSE(got.node_ranks.has_value());
+}
+
+// Reports written before the ledger counted the bytes crossing nodes (no cross_node_bytes,
+// no config.node_ranks), and those from before the plan counted them (the ranks have them,
+// the plan not): what is missing reads as absent, not as 0 and not as an error.
+TEST(ReportReader, ReadsAReportFromBeforeTheBytesCrossingNodes) {
+  const json now = report_json(made_result());
+  json before_plan = now;
+  for (json& p : before_plan[report_key::kPlan][report_key::kCommBytesPerStep]) {
+    p.erase(report_key::kCrossNodeBytes);
+  }
+  const RunReport mid = parse_report(before_plan.dump(), "mid.json");
+  EXPECT_EQ(mid.node_ranks, std::optional<uint64_t>(1));
+  EXPECT_EQ(mid.ranks[1].comm_cross_node_bytes.size(), static_cast<size_t>(kNumCommKinds));
+  ASSERT_TRUE(mid.plan.has_value());
+  for (const ReportPlanRank& p : *mid.plan) {
+    EXPECT_FALSE(p.comm_cross_node_bytes_per_step.has_value());
+    EXPECT_GT(p.comm_bytes_per_step, 0u);
+  }
+
+  json old = before_plan;
+  old[report_key::kConfig].erase("node_ranks");
+  for (json& rank : old[report_key::kRanks]) {
+    for (auto& [kind, v] : rank[report_key::kComm].items()) v.erase(report_key::kCrossNodeBytes);
+  }
+  const RunReport got = parse_report(old.dump(), "old.json");
+  EXPECT_FALSE(got.node_ranks.has_value());
+  for (const ReportRank& rank : got.ranks) {
+    EXPECT_TRUE(rank.comm_cross_node_bytes.empty());
+    EXPECT_EQ(rank.comm_bytes.size(), static_cast<size_t>(kNumCommKinds));
+  }
+  EXPECT_EQ(got.ranks[1].comm_bytes.at("all_gather"), mid.ranks[1].comm_bytes.at("all_gather"));
 }
 
 struct Refusal {
@@ -277,6 +351,23 @@ TEST(ReportReader, RefusesAMissingOrWronglyTypedKeyNamingIt) {
       {"plan states total missing",
        [](json& j) { j["plan"]["model_state_bytes"][1].erase("total"); },
        "'plan.model_state_bytes[1].total' is missing"},
+      {"cross-node bytes a string",
+       [](json& j) { j["ranks"][0]["comm"]["all_gather"]["cross_node_bytes"] = "0"; },
+       "'ranks[0].comm.all_gather.cross_node_bytes' is not a non-negative integer"},
+      {"more bytes crossing nodes than received",
+       [](json& j) {
+         j["ranks"][1]["comm"]["reduce_scatter"]["bytes"] = 10;
+         j["ranks"][1]["comm"]["reduce_scatter"]["cross_node_bytes"] = 11;
+       },
+       "'ranks[1].comm.reduce_scatter.cross_node_bytes' is 11, more than the 10 bytes it is "
+       "part of"},
+      {"node_ranks 0", [](json& j) { j["config"]["node_ranks"] = 0; },
+       "'config.node_ranks' is 0; expected a positive integer (ranks per node) or null"},
+      {"node_ranks a string", [](json& j) { j["config"]["node_ranks"] = "2"; },
+       "'config.node_ranks' is \"2\"; expected a positive integer (ranks per node) or null"},
+      {"plan cross-node bytes negative",
+       [](json& j) { j["plan"]["comm_bytes_per_step"][1]["cross_node_bytes"] = -5; },
+       "'plan.comm_bytes_per_step[1].cross_node_bytes' is not a non-negative integer"},
       {"plan comm total a string",
        [](json& j) { j["plan"]["comm_bytes_per_step"][0]["total"] = "1"; },
        "'plan.comm_bytes_per_step[0].total' is not a non-negative integer"},
