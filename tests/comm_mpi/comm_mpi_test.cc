@@ -873,9 +873,9 @@ Bytes qgz_reference(const std::vector<Bytes>& inputs, DType dtype, ReduceOp op,
 
 class MpiQgzTwoLevelTest : public testing::TestWithParam<ReduceParam> {};
 
-// Every node size, bit width and block size, in tiny chunks (every message split mid-block)
-// and in the default ones; ragged ranges and empty ones; into a separate buffer and in
-// place, or two micro-steps onto an fp32 accumulator.
+// Every node size, bit width and block size in the default chunks, and blocks of 7 in tiny
+// ones too (every message split mid-block); ragged ranges and empty ones; into a separate buffer
+// and in place, or two micro-steps onto an fp32 accumulator.
 TEST_P(MpiQgzTwoLevelTest, ReduceScatterFoldsQuantizedPeersThenQuantizedNodePartials) {
   const auto [dtype, op] = GetParam();
   const int n = world();
@@ -884,6 +884,10 @@ TEST_P(MpiQgzTwoLevelTest, ReduceScatterFoldsQuantizedPeersThenQuantizedNodePart
   for (int t : all_node_sizes(n)) {
     for (const BlockQuant quant : qgz_quants()) {
       for (const std::string chunk : {"12", "default"}) {
+        // Tiny chunks split messages mid-block with one block size; thousands of 12-byte
+        // messages per call make them too slow to try every size under an oversubscribed
+        // mpirun.
+        if (chunk == "12" && quant.block != 7) continue;
         // qgZ ignores two_level: try both.
         auto comm = make_qgz(t, quant, chunk, chunk == "default");
         for (size_t count : {size_t{1}, static_cast<size_t>(n - 1), static_cast<size_t>(7 * n + 3),
