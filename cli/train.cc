@@ -403,7 +403,7 @@ Runner add_train(CLI::App& app) {
   par->add_option("--qwz-block", c.qwz_block, "Elements per quantization scale (--qwz)")
       ->capture_default_str();
   par->add_option("--qgz", f->qgz,
-                  "Stages 2-3: reduce gradients as int8 or int4 blocks with an fp32 scale each, "
+                  "Stages 1-3: reduce gradients as int8 or int4 blocks with an fp32 scale each, "
                   "inside each node then across nodes (ZeRO++'s qgZ), summed in fp32 at the "
                   "owner; off, int8 or int4")
       ->capture_default_str();

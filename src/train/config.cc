@@ -176,11 +176,10 @@ void resolve_config(TrainConfig& c) {
   }
   check_invariant_policy(c.invariant, c.accumulate);
   check_invariant_collectives(c.invariant, c.launch.comm);
-  if (c.launch.comm.qgz_bits != 0 && c.stage < 2) {
-    throw InvalidArgument(fmt::format(
-        "--qgz quantizes the gradients' reduce-scatter of stages 2-3; --stage {} all-reduces "
-        "them. Use --stage 2 or 3, or leave --qgz out",
-        c.stage));
+  if (c.launch.comm.qgz_bits != 0 && c.stage == 0) {
+    throw InvalidArgument(
+        "--qgz quantizes the gradients' reduce-scatter of stages 1-3; --stage 0 all-reduces "
+        "them. Use --stage 1, 2 or 3, or leave --qgz out");
   }
   if (c.launch.comm.qgz_bits != 0 && c.launch.comm.qgz_block < 1) {
     throw InvalidArgument(fmt::format(

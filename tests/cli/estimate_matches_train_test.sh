@@ -16,7 +16,8 @@ for case in "3 0 bf16 1 -" "3 1 fp16 2 -" "4 2 bf16 2 --checkpoint-activations" 
   "4 3 bf16 2 --node-ranks=2,--collectives=two-level,--hpz,--qwz,--qwz-block=64" \
   "3 3 fp32 1 --qwz,--qwz-block=100" \
   "4 3 bf16 2 --node-ranks=2,--collectives=two-level,--hpz,--qwz,--qgz=int4,--qgz-block=64" \
-  "6 2 fp16 1 --node-ranks=3,--qgz=int8,--qgz-block=7" "3 2 bf16 1 --qgz=int4"; do
+  "6 2 fp16 1 --node-ranks=3,--qgz=int8,--qgz-block=7" "3 2 bf16 1 --qgz=int4" \
+  "4 1 bf16 2 --node-ranks=2,--qgz=int8" "3 1 fp32 1 --qgz=int4"; do
   read -r n stage precision accum ckpt <<<"$case"
   extra=()
   [[ $ckpt != - ]] && IFS=, read -r -a extra <<<"$ckpt"

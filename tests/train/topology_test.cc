@@ -193,7 +193,7 @@ TEST(Qgz, WithQwzAndHpzCutsTheCrossNodeBytesAtLeastThreeAndAHalfTimes) {
 }
 
 TEST(Qgz, IsRefusedWhereGradientsAreAllReducedOrMustStayInvariant) {
-  TrainConfig c = two_level_config(4, 2, 1, Precision::kBF16);
+  TrainConfig c = two_level_config(4, 2, 0, Precision::kBF16);
   c.launch.comm.qgz_bits = 8;
   EXPECT_THROW(resolve_config(c), InvalidArgument);
   c.stage = 2;
