@@ -236,25 +236,7 @@ int run_estimate(const Flags& f) {
   const bool two_level = parse_collectives_flag(f.collectives);
   const int qgz_bits = parse_qgz_flag(f.qgz);
   check_invariant_collectives(invariant, CommOptions{.two_level = two_level, .qgz_bits = qgz_bits});
-  if (qgz_bits != 0 && f.qgz_block < 1) {
-    throw InvalidArgument(fmt::format(
-        "--qgz-block {} is invalid; use the elements per scale, 1 or more (default 256)",
-        f.qgz_block));
-  }
-  if (f.qwz_block < 1) {
-    throw InvalidArgument(fmt::format(
-        "--qwz-block {} is invalid; use the elements per scale, 1 or more (default 4096)",
-        f.qwz_block));
-  }
-  if (f.hpz && f.node_ranks == 0) {
-    throw InvalidArgument(
-        "--hpz shards a second copy of the parameters within each node; it needs --node-ranks T "
-        "to say which ranks share a node");
-  }
-  if (two_level && f.node_ranks == 0) {
-    throw InvalidArgument(
-        "--collectives two-level needs --node-ranks T to say which ranks share a node");
-  }
+  check_node_modes(f.node_ranks, two_level, f.hpz, qgz_bits, f.qgz_block, f.qwz_block);
 
   if (f.micro_batch < 1) {
     throw InvalidArgument(

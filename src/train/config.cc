@@ -106,6 +106,29 @@ void check_invariant_collectives(std::optional<bool> invariant, const CommOption
   }
 }
 
+void check_node_modes(int node_ranks, bool two_level, bool hpz, int qgz_bits, size_t qgz_block,
+                      int qwz_block) {
+  if (qgz_bits != 0 && qgz_block < 1) {
+    throw InvalidArgument(fmt::format(
+        "--qgz-block {} is invalid; use the elements per scale, 1 or more (default 256)",
+        qgz_block));
+  }
+  if (qwz_block < 1) {
+    throw InvalidArgument(fmt::format(
+        "--qwz-block {} is invalid; use the elements per scale, 1 or more (default 4096)",
+        qwz_block));
+  }
+  if (hpz && node_ranks == 0) {
+    throw InvalidArgument(
+        "--hpz shards a second copy of the parameters within each node; it needs --node-ranks T "
+        "to say which ranks share a node");
+  }
+  if (two_level && node_ranks == 0) {
+    throw InvalidArgument(
+        "--collectives two-level needs --node-ranks T to say which ranks share a node");
+  }
+}
+
 void check_invariant_policy(std::optional<bool> invariant, AccumulatePolicy policy) {
   if (invariant.value_or(false) && policy == AccumulatePolicy::kLocal) {
     throw InvalidArgument(
@@ -180,11 +203,6 @@ void resolve_config(TrainConfig& c) {
     throw InvalidArgument(
         "--qgz quantizes the gradients' reduce-scatter of stages 1-3; --stage 0 all-reduces "
         "them. Use --stage 1, 2 or 3, or leave --qgz out");
-  }
-  if (c.launch.comm.qgz_bits != 0 && c.launch.comm.qgz_block < 1) {
-    throw InvalidArgument(fmt::format(
-        "--qgz-block {} is invalid; use the elements per scale, 1 or more (default 256)",
-        c.launch.comm.qgz_block));
   }
   if (c.steps < 1)
     throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
@@ -296,20 +314,8 @@ void resolve_config(TrainConfig& c) {
         "leave --qwz out",
         c.stage));
   }
-  if (c.qwz_block < 1) {
-    throw InvalidArgument(fmt::format(
-        "--qwz-block {} is invalid; use the elements per scale, 1 or more (default 4096)",
-        c.qwz_block));
-  }
-  if (c.hpz && t == 0) {
-    throw InvalidArgument(
-        "--hpz shards a second copy of the parameters within each node; it needs --node-ranks T "
-        "to say which ranks share a node");
-  }
-  if (t == 0 && c.launch.comm.two_level) {
-    throw InvalidArgument(
-        "--collectives two-level needs --node-ranks T to say which ranks share a node");
-  }
+  check_node_modes(t, c.launch.comm.two_level, c.hpz, c.launch.comm.qgz_bits,
+                   c.launch.comm.qgz_block, c.qwz_block);
   if (t > 0 && c.launch.backend == Backend::kLocal && c.launch.ranks % t != 0) {
     throw InvalidArgument(fmt::format(
         "--node-ranks {} does not divide --ranks {}: a world is whole nodes; use a divisor of "

@@ -56,6 +56,10 @@ std::string_view qgz_name(int bits);
 // otherwise.
 bool parse_collectives_flag(std::string_view text);
 std::string_view collectives_name(bool two_level);
+// The refusals train and estimate share for the modes over nodes: block sizes of at least 1,
+// and --hpz and --collectives two-level only with --node-ranks (node_ranks 0 = not given).
+void check_node_modes(int node_ranks, bool two_level, bool hpz, int qgz_bits, size_t qgz_block,
+                      int qwz_block);
 // InvalidArgument when --invariant on meets --collectives two-level or --qgz, whose node
 // partials (and quantization) make the sum depend on the ranks per node.
 void check_invariant_collectives(std::optional<bool> invariant, const CommOptions& comm);
