@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <thread>
+#include <vector>
 
 #include <fmt/core.h>
 
@@ -60,24 +62,89 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
     run_local(options.ranks, options.comm, fn);
     return;
   }
+  if (options.ranks_per_process < 1) {
+    throw InvalidArgument(
+        fmt::format("--ranks-per-process {} is invalid; use 1 or more rank threads per MPI process",
+                    options.ranks_per_process));
+  }
+  const int per_process = options.ranks_per_process;
+  if (per_process > 1) check_startable_threads(per_process);
   MpiSession session(argc, argv);
-  if (options.ranks != 0 && options.ranks != session.size()) {
-    throw InvalidArgument(fmt::format(
-        "--ranks {} does not match the MPI job's {} processes; omit --ranks under mpirun or "
-        "pass -np {}",
-        options.ranks, session.size(), options.ranks));
+  const int world = session.size() * per_process;
+  if (options.ranks != 0 && options.ranks != world) {
+    throw InvalidArgument(
+        per_process == 1
+            ? fmt::format("--ranks {} does not match the MPI job's {} processes; omit --ranks "
+                          "under mpirun or pass -np {}",
+                          options.ranks, session.size(), options.ranks)
+            : fmt::format("--ranks {} does not match the MPI job's {} processes x "
+                          "--ranks-per-process {} = {} ranks; omit --ranks under mpirun",
+                          options.ranks, session.size(), per_process, world));
   }
-  std::unique_ptr<Communicator> comm = session.make_communicator(options.comm);
-  try {
-    fn(*comm);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "zerodp: rank {} of {}: {}\n", session.rank(), session.size(), e.what());
+  std::vector<std::unique_ptr<Communicator>> comms =
+      session.make_communicators(options.comm, per_process);
+  auto fail = [&](int rank, const std::exception& e) {
+    fmt::print(stderr, "zerodp: rank {} of {}: {}\n", rank, world, e.what());
     std::fflush(stderr);
-    // Peers learn the reason at once; MPI_Abort then ends every process.
-    comm->abort(e.what());
     session.abort_job(options.mpi_exit_code ? options.mpi_exit_code(e) : 1);
+  };
+  if (per_process == 1) {
+    try {
+      fn(*comms[0]);
+    } catch (const std::exception& e) {
+      // Peers learn the reason at once; MPI_Abort then ends every process.
+      comms[0]->abort(e.what());
+      fail(comms[0]->rank(), e);
+    }
+    comms.clear();
+    return;
   }
-  comm.reset();
+  // Ranks as threads, as run_local runs them; the first to fail aborts the others.
+  std::vector<std::exception_ptr> errors(comms.size());
+  std::vector<std::thread> threads;
+  for (size_t l = 0; l < comms.size(); ++l) {
+    threads.emplace_back([&, l] {
+      Communicator& comm = *comms[l];
+      try {
+        fn(comm);
+      } catch (const std::exception& e) {
+        errors[l] = std::current_exception();
+        comm.abort(e.what());
+      } catch (...) {
+        errors[l] = std::current_exception();
+        comm.abort("unknown exception");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // The root cause is a rank's own error; a CommError only repeats a peer's failure.
+  size_t cause = errors.size();
+  bool cause_is_own = false;
+  for (size_t l = 0; l < errors.size(); ++l) {
+    if (!errors[l] || cause_is_own) continue;
+    bool own = true;
+    try {
+      std::rethrow_exception(errors[l]);
+    } catch (const CommTimeout&) {
+    } catch (const CommError&) {
+      own = false;
+    } catch (...) {
+    }
+    if (cause == errors.size() || own) {
+      cause = l;
+      cause_is_own = own;
+    }
+  }
+  if (cause < errors.size()) {
+    try {
+      std::rethrow_exception(errors[cause]);
+    } catch (const std::exception& e) {
+      fail(comms[cause]->rank(), e);
+    } catch (...) {
+      fail(comms[cause]->rank(), Error("unknown exception"));
+    }
+  }
+  comms.clear();
 }
 
 }  // namespace zerodp

@@ -2,10 +2,12 @@
 //
 // local: `ranks` threads in this process; if one throws, the others' collectives fail
 //        naming it and launch() rethrows the root cause.
-// mpi:   this process is one rank of an mpirun job (`ranks` must be 0 or equal the job's
-//        size); if fn throws, the error is printed as "rank R: <reason>" and the whole job
-//        is ended with the exit code `mpi_exit_code` gives for the error (MPI_Abort), so no
-//        rank hangs and the job's status still says what kind of failure it was.
+// mpi:   this process hosts ranks_per_process ranks of an mpirun job (one on the caller's
+//        thread, or that many threads); `ranks` must be 0 or equal the job's size times
+//        ranks_per_process. If fn throws, the error is printed as "rank R: <reason>" and the
+//        whole job is ended with the exit code `mpi_exit_code` gives for the error
+//        (MPI_Abort), so no rank hangs and the job's status still says what kind of failure
+//        it was.
 #pragma once
 
 #include <exception>
@@ -27,7 +29,10 @@ std::string_view backend_name(Backend b);
 
 struct LaunchOptions {
   Backend backend = Backend::kLocal;
-  int ranks = 2;  // local: thread count; mpi: 0 = the job's size, else must equal it
+  int ranks = 2;  // local: thread count; mpi: 0 = the job's size x ranks_per_process, else
+                  // must equal it
+  // mpi: ranks each process hosts, as threads (MpiSession::make_communicators).
+  int ranks_per_process = 1;
   CommOptions comm;
   // Exit status of an MPI job ended by an error; null: 1 for every error.
   std::function<int(const std::exception&)> mpi_exit_code = nullptr;

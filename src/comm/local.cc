@@ -1,14 +1,10 @@
 #include "comm/local.h"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <fstream>
 #include <limits>
-#include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -16,30 +12,17 @@
 
 #include <sys/resource.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 #include <fmt/core.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "comm/quantize.h"
 #include "comm/reduce.h"
+#include "comm/thread_group.h"
 #include "core/error.h"
 
 namespace zerodp {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
 
 // What a collective is, so ranks can check they are all in the same one.
 struct Fingerprint {
@@ -61,8 +44,8 @@ std::string describe(const Fingerprint& f) {
 
 }  // namespace
 
-// State shared by the ranks of one local world: the abort record, a barrier, and one
-// rendezvous slot per rank where it publishes the buffers of its current collective.
+// State shared by the ranks of one local world: the abort record and barrier (ThreadGroup),
+// and one rendezvous slot per rank where it publishes the buffers of its current collective.
 struct LocalWorld::Shared {
   struct alignas(64) Slot {
     const void* in = nullptr;
@@ -71,88 +54,12 @@ struct LocalWorld::Shared {
   };
 
   Shared(int n, const CommOptions& opt)
-      : world(n), options(opt), slots(static_cast<size_t>(n)), entered(static_cast<size_t>(n)) {
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    // Spinning only pays while every rank has a core; oversubscribed ranks must sleep soon.
-    spin_limit = static_cast<unsigned>(n) <= cores ? 20000 : 200;
-  }
+      : world(n), options(opt), slots(static_cast<size_t>(n)), group(n, 0, opt.timeout_seconds) {}
 
   const int world;
   const CommOptions options;
   std::vector<Slot> slots;
-
-  // Barrier: ranks count in; the last one bumps the generation.
-  std::atomic<int> arrived{0};
-  std::atomic<uint64_t> generation{0};
-  std::vector<std::atomic<uint64_t>> entered;  // barriers each rank has entered, for diagnosis
-  unsigned spin_limit = 0;
-
-  // Abort record: the first failure wins.
-  std::atomic<bool> aborted{false};
-  std::mutex mu;  // guards the fields below and the sleeping side of the barrier
-  std::condition_variable cv;
-  int failed_rank = -1;
-  std::string failure;
-
-  void abort(int rank, const std::string& reason) {
-    {
-      std::lock_guard lock(mu);
-      if (aborted.load()) return;
-      failed_rank = rank;
-      failure = reason;
-      aborted.store(true);
-    }
-    cv.notify_all();
-  }
-
-  [[noreturn]] void throw_aborted() {
-    std::lock_guard lock(mu);
-    throw CommError(fmt::format("rank {} failed: {}", failed_rank, failure), failed_rank);
-  }
-
-  // Waits until every rank has arrived. `what` names the collective for error messages.
-  void arrive_and_wait(int rank, const std::string& what) {
-    if (aborted.load(std::memory_order_acquire)) throw_aborted();
-    const uint64_t my_entry = entered[rank].fetch_add(1, std::memory_order_relaxed) + 1;
-    const uint64_t gen = generation.load(std::memory_order_acquire);
-    if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == world) {
-      arrived.store(0, std::memory_order_relaxed);
-      {
-        std::lock_guard lock(mu);
-        generation.store(gen + 1, std::memory_order_release);
-      }
-      cv.notify_all();
-      return;
-    }
-    for (unsigned i = 0; i < spin_limit; ++i) {
-      if (generation.load(std::memory_order_acquire) != gen) return;
-      if (aborted.load(std::memory_order_relaxed)) throw_aborted();
-      cpu_relax();
-    }
-    const auto deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(options.timeout_seconds));
-    std::unique_lock lock(mu);
-    while (generation.load(std::memory_order_acquire) == gen) {
-      if (aborted.load()) {
-        lock.unlock();
-        throw_aborted();
-      }
-      if (cv.wait_until(lock, deadline) == std::cv_status::timeout &&
-          generation.load(std::memory_order_acquire) == gen && !aborted.load()) {
-        std::vector<int> missing;
-        for (int r = 0; r < world; ++r) {
-          if (entered[r].load(std::memory_order_relaxed) < my_entry) missing.push_back(r);
-        }
-        const std::string reason =
-            fmt::format("{} timed out after {:g} s on rank {} waiting for rank(s) {}", what,
-                        options.timeout_seconds, rank, fmt::join(missing, ", "));
-        lock.unlock();
-        abort(missing.empty() ? -1 : missing.front(), reason);
-        throw CommTimeout(reason, missing.empty() ? -1 : missing.front());
-      }
-    }
-  }
+  ThreadGroup group;
 };
 
 namespace {
@@ -167,7 +74,7 @@ class LocalCommunicator final : public Communicator {
 
   void abort(const std::string& reason) noexcept override {
     try {
-      shared_->abort(rank(), reason);
+      shared_->group.abort(rank(), reason);
     } catch (...) {
       // Aborting must not fail; the peers then fail by their timeout instead.
     }
@@ -249,14 +156,14 @@ class LocalCommunicator final : public Communicator {
     slot.in = in;
     slot.out = out;
     slot.fingerprint = f;
-    shared_->arrive_and_wait(rank(), fmt::format("{} #{}", describe(f), sequence_));
+    shared_->group.arrive_and_wait(rank(), fmt::format("{} #{}", describe(f), sequence_));
     for (int k = 0; k < size(); ++k) {
       const Fingerprint& other = shared_->slots[k].fingerprint;
       if (!(other == f)) {
         const std::string reason =
             fmt::format("collective mismatch at call #{}: rank {} called {}, rank {} called {}",
                         sequence_, rank(), describe(f), k, describe(other));
-        shared_->abort(std::min(rank(), k), reason);
+        shared_->group.abort(std::min(rank(), k), reason);
         throw CommError(reason, k);
       }
     }
@@ -334,7 +241,8 @@ class LocalCommunicator final : public Communicator {
 
   // Waits until every peer is done reading this rank's buffers, so the caller may reuse them.
   void depart(const Fingerprint& f) {
-    shared_->arrive_and_wait(rank(), fmt::format("{} #{} (completion)", describe(f), sequence_));
+    shared_->group.arrive_and_wait(rank(),
+                                   fmt::format("{} #{} (completion)", describe(f), sequence_));
   }
 
   std::shared_ptr<LocalWorld::Shared> shared_;
@@ -364,10 +272,7 @@ LocalWorld::LocalWorld(int world_size, const CommOptions& options) {
 
 LocalWorld::~LocalWorld() = default;
 
-int LocalWorld::failed_rank() const {
-  std::lock_guard lock(shared_->mu);
-  return shared_->failed_rank;
-}
+int LocalWorld::failed_rank() const { return shared_->group.failed_rank(); }
 
 int LocalWorld::size() const { return shared_->world; }
 

@@ -70,6 +70,8 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -86,6 +88,7 @@
 #include "comm/mpi.h"
 #include "comm/quantize.h"
 #include "comm/reduce.h"
+#include "comm/thread_group.h"
 #include "core/error.h"
 
 namespace zerodp {
@@ -115,6 +118,9 @@ constexpr int kReduceScatterCrossTag = 7;
 constexpr int kAllGatherCrossTag = 8;
 constexpr int kAllGatherNodeTag = 9;
 constexpr int kNodeAllGatherTag = 10;
+constexpr int kTagCount = 11;
+// An abort notice starts with the failed rank (a process may host several).
+constexpr size_t kNoticeHeader = sizeof(int32_t);
 
 // What a rank says it is about to do; ranks must agree before any data moves.
 struct Fingerprint {
@@ -262,17 +268,53 @@ void release_pending(std::vector<MPI_Request>& requests) {
   }
 }
 
+// The ranks one process hosts (MpiSession::make_communicators): T threads, ranks p * T ..
+// p * T + T - 1 of a world of T ranks per process. They share one MPI communicator, on which
+// a message's tag carries its kind and both ends' local indices, and read each other's
+// buffers directly, meeting at the group's barrier.
+struct ProcessGroup {
+  struct alignas(64) Slot {
+    const void* in = nullptr;
+    void* out = nullptr;
+    Fingerprint fingerprint;
+  };
+  // Takes ownership of `c`, a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN.
+  ProcessGroup(MPI_Comm c, int t, int first_rank, double timeout_seconds)
+      : comm(c), threads(t), slots(static_cast<size_t>(t)), meet(t, first_rank, timeout_seconds) {}
+  ~ProcessGroup() {
+    std::lock_guard lock(mpi_mutex());
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    // After a failure, messages of the failed collective may still be in flight. Freeing
+    // the communicator would let MPI give its context to a later communicator (MPICH does),
+    // where those messages could match; so a failed one is left allocated. One per
+    // failure, and a failure ends the job.
+    if (!finalized && !failed.load()) MPI_Comm_free(&comm);
+  }
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  MPI_Comm comm;
+  const int threads;
+  std::vector<Slot> slots;          // indexed by local index
+  ThreadGroup meet;                 // the members' barrier and abort record
+  std::atomic<bool> failed{false};  // a member failed: keep the communicator allocated
+};
+
 class MpiCommunicator final : public Communicator {
  public:
-  // Takes ownership of `comm`, a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN.
-  MpiCommunicator(MPI_Comm comm, int rank, int size, const CommOptions& options, size_t chunk_bytes)
+  MpiCommunicator(std::shared_ptr<ProcessGroup> group, int rank, int size,
+                  const CommOptions& options, size_t chunk_bytes)
       : Communicator(rank, size, options),
-        comm_(comm),
+        group_(std::move(group)),
+        comm_(group_->comm),
+        threads_(group_->threads),
+        local_(rank % group_->threads),
         options_(options),
         chunk_bytes_(chunk_bytes) {
     std::lock_guard lock(mpi_mutex());
-    const int code = MPI_Irecv(notice_buffer_.data(), kMaxNoticeBytes, MPI_CHAR, MPI_ANY_SOURCE,
-                               kNoticeTag, comm_, &notice_request_);
+    const int code = MPI_Irecv(notice_buffer_.data(), static_cast<int>(notice_buffer_.size()),
+                               MPI_CHAR, MPI_ANY_SOURCE, notice_tag(rank), comm_, &notice_request_);
     if (code != MPI_SUCCESS) {
       failure_ = Failure{
           fmt::format("posting the abort-notice receive failed: {}", mpi_error_string(code)), -1,
@@ -300,40 +342,47 @@ class MpiCommunicator final : public Communicator {
     for (MPI_Request& request : notice_sends_) {
       if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
     }
-    // After a failure, messages of the failed collective may still be in flight. Freeing
-    // the communicator would let MPI give its context to a later communicator (MPICH does),
-    // where those messages could match; so a failed one is left allocated. One per
-    // failure, and a failure ends the job.
-    if (!failed_here) MPI_Comm_free(&comm_);
+    if (failed_here) group_->failed = true;  // the group frees the communicator
   }
 
   std::string_view backend_name() const override { return "mpi"; }
 
   // Marks this communicator failed and tells every peer, so their pending and next
-  // collectives fail naming this rank. The notice is small (sent eagerly); abort() waits at
+  // collectives fail naming this rank: the ranks of this process through the group's abort
+  // record, the others by a notice. The notice is small (sent eagerly); abort() waits at
   // most a second for the sends to leave, then returns. A rank whose failure came from a
-  // peer's notice sends none: the peers heard it from the rank at fault.
+  // peer (a notice, or a member of its process) sends none: the peers heard it from the
+  // rank at fault.
   void abort(const std::string& reason) noexcept override {
     try {
       {
         std::lock_guard lock(state_mutex_);
         if (notices_sent_) return;
         notices_sent_ = true;
+        if (!failure_ && group_->meet.aborted() && group_->meet.failed_rank() != rank()) {
+          failure_ = Failure{
+              fmt::format("rank {} failed: {}", group_->meet.failed_rank(), group_->meet.failure()),
+              group_->meet.failed_rank(), true};
+        }
         if (!failure_) {
           failure_ = Failure{fmt::format("rank {} aborted: {}", rank(), reason), rank(), false};
         }
-        aborted_ = true;  // this rank's pending collective, if any, stops waiting
+        group_->failed = true;
         if (failure_->from_notice) return;
       }
-      notice_text_ = reason.substr(0, kMaxNoticeBytes);
+      // This rank's pending collective, if any, and its process's other ranks stop waiting.
+      group_->meet.abort(rank(), reason);
+      const int32_t me = rank();
+      notice_text_.assign(reinterpret_cast<const char*>(&me), kNoticeHeader);
+      notice_text_ += reason.substr(0, kMaxNoticeBytes);
       std::vector<MPI_Request> sends;
       {
         std::lock_guard lock(mpi_mutex());
         for (int peer = 0; peer < size(); ++peer) {
-          if (peer == rank()) continue;
+          if (here(peer)) continue;
           MPI_Request request = MPI_REQUEST_NULL;
-          if (MPI_Isend(notice_text_.data(), to_int(notice_text_.size()), MPI_CHAR, peer,
-                        kNoticeTag, comm_, &request) == MPI_SUCCESS) {
+          if (MPI_Isend(notice_text_.data(), to_int(notice_text_.size()), MPI_CHAR,
+                        process_of(peer), notice_tag(peer), comm_, &request) == MPI_SUCCESS) {
             sends.push_back(request);
           }
         }
@@ -353,15 +402,177 @@ class MpiCommunicator final : public Communicator {
     check_usable(what);
     const auto deadline = deadline_after(options_.timeout_seconds);
     agree(what, {1, part.length(), static_cast<uint64_t>(in.dtype), static_cast<uint64_t>(op)},
-          deadline);
+          deadline, in.data, out.data);
     if (quantized_reduce_scatter()) {
       reduce_scatter_quantized(in, out, part, op, deadline);
-      return;
-    }
-    if (two_level()) {
+    } else if (two_level()) {
       reduce_scatter_two_level(in, out, part, op, deadline);
+    } else {
+      reduce_scatter_flat(in, out, part, op, deadline);
+    }
+    depart(what);
+  }
+
+  void run_all_gather(ConstBuffer shard, MutableBuffer out, const Partition& part) override {
+    constexpr std::string_view what = "all_gather";
+    check_usable(what);
+    const auto deadline = deadline_after(options_.timeout_seconds);
+    agree(what, {2, part.length(), static_cast<uint64_t>(out.dtype), 0}, deadline, shard.data,
+          out.data);
+    const int me = rank();
+    const size_t w = dtype_size(out.dtype);
+    auto* out_bytes = static_cast<std::byte*>(out.data);
+    std::byte* own = out_bytes + part.offset(me) * w;
+    if (shard.count > 0 && shard.data != own) std::memcpy(own, shard.data, shard.bytes());
+    if (two_level()) {
+      all_gather_two_level(out, part, deadline);
+    } else {
+      std::vector<Message> sends;
+      std::vector<Message> recvs;
+      for (int peer = 0; peer < size(); ++peer) {
+        if (peer == me) continue;
+        if (here(peer)) {
+          // A rank of this process: its shard, published for this collective.
+          if (part.count(peer) > 0) {
+            std::memcpy(out_bytes + part.offset(peer) * w, published_in(peer),
+                        part.count(peer) * w);
+          }
+          continue;
+        }
+        if (part.count(me) > 0) sends.push_back({peer, own, part.count(me) * w});
+        if (part.count(peer) > 0) {
+          recvs.push_back({peer, out_bytes + part.offset(peer) * w, part.count(peer) * w});
+        }
+      }
+      exchange(what, kAllGatherTag, sends, recvs, deadline);
+    }
+    depart(what);
+  }
+
+  // Like the flat all-gather, among the ranks of this rank's node only. The fingerprint
+  // (kind 5) tells it from a world all-gather, which every rank also agrees on first.
+  void run_node_all_gather(ConstBuffer shard, MutableBuffer out,
+                           const Partition& node_part) override {
+    constexpr std::string_view what = "node_all_gather";
+    check_usable(what);
+    const auto deadline = deadline_after(options_.timeout_seconds);
+    agree(what, {5, node_part.length(), static_cast<uint64_t>(out.dtype), 0}, deadline, shard.data,
+          out.data);
+    const int first = node_first();
+    const int local = rank() - first;
+    const size_t w = dtype_size(out.dtype);
+    auto* out_bytes = static_cast<std::byte*>(out.data);
+    std::byte* own = out_bytes + node_part.offset(local) * w;
+    if (shard.count > 0 && shard.data != own) std::memcpy(own, shard.data, shard.bytes());
+    std::vector<Message> sends;
+    std::vector<Message> recvs;
+    for (int l = 0; l < node_part.world_size(); ++l) {
+      if (l == local) continue;
+      if (here(first + l)) {
+        if (node_part.count(l) > 0) {
+          std::memcpy(out_bytes + node_part.offset(l) * w, published_in(first + l),
+                      node_part.count(l) * w);
+        }
+        continue;
+      }
+      if (node_part.count(local) > 0) sends.push_back({first + l, own, node_part.count(local) * w});
+      if (node_part.count(l) > 0) {
+        recvs.push_back({first + l, out_bytes + node_part.offset(l) * w, node_part.count(l) * w});
+      }
+    }
+    exchange(what, kNodeAllGatherTag, sends, recvs, deadline);
+    depart(what);
+  }
+
+  // One MPI_Ibcast among the processes, issued by each process's first rank from the root's
+  // buffer (on the root's process) or into its own; the other ranks of each process then
+  // copy from that buffer.
+  void run_broadcast(MutableBuffer buf, int root) override {
+    constexpr std::string_view what = "broadcast";
+    check_usable(what);
+    const auto deadline = deadline_after(options_.timeout_seconds);
+    agree(what, {3, buf.count, static_cast<uint64_t>(buf.dtype), static_cast<uint64_t>(root)},
+          deadline, buf.data, buf.data);
+    if (size() == 1 || buf.bytes() == 0) {
+      depart(what);
       return;
     }
+    const int first = rank() - local_;
+    // Where this process's copy is: the root's buffer, or the first rank's once received.
+    auto* source = static_cast<std::byte*>(here(root) ? published_out(root) : published_out(first));
+    if (local_ == 0 && size() > threads_) {
+      std::vector<MPI_Request> requests;
+      {
+        // Several nonblocking broadcasts may be outstanding; every rank issues them in order.
+        std::lock_guard lock(mpi_mutex());
+        for (size_t done = 0; done < buf.bytes(); done += chunk_bytes_) {
+          MPI_Request request = MPI_REQUEST_NULL;
+          const int code =
+              MPI_Ibcast(source + done, to_int(std::min(chunk_bytes_, buf.bytes() - done)),
+                         MPI_BYTE, process_of(root), comm_, &request);
+          if (code != MPI_SUCCESS) {
+            record_failure(fmt::format("MPI_Ibcast failed: {}", mpi_error_string(code)), -1);
+            break;
+          }
+          requests.push_back(request);
+        }
+      }
+      check_usable(what);
+      // MPI does not say which rank a broadcast waits for: the timeout names the root.
+      finish(what, requests, std::vector<int>(requests.size(), -1), deadline,
+             fmt::format("the broadcast from rank {}", root));
+    }
+    if (threads_ > 1) {
+      meet(fmt::format("{} #{} (received)", what, sequence_));
+      if (source != buf.data) std::memcpy(buf.data, source, buf.bytes());
+    }
+    depart(what);
+  }
+
+  void run_gather_control(std::span<const double> mine, std::span<double> all) override {
+    constexpr std::string_view what = "control";
+    check_usable(what);
+    const auto deadline = deadline_after(options_.timeout_seconds);
+    agree(what, {4, mine.size(), 0, 0}, deadline, mine.data(), all.data());
+    const int me = rank();
+    const size_t k = mine.size();
+    std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(k * me));
+    // Messages of no values are sent too, so a call of none still waits for every rank.
+    std::vector<Message> sends;
+    std::vector<Message> recvs;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == me) continue;
+      if (here(peer)) {
+        const auto* theirs = reinterpret_cast<const double*>(published_in(peer));
+        std::copy(theirs, theirs + k, all.begin() + static_cast<ptrdiff_t>(k * peer));
+        continue;
+      }
+      sends.push_back({peer, reinterpret_cast<std::byte*>(const_cast<double*>(mine.data())),
+                       k * sizeof(double)});
+      recvs.push_back(
+          {peer, reinterpret_cast<std::byte*>(all.data() + k * peer), k * sizeof(double)});
+    }
+    exchange(what, kControlTag, sends, recvs, deadline);
+    depart(what);
+  }
+
+ private:
+  struct Message {
+    int peer = 0;
+    std::byte* data = nullptr;  // read for a send, written for a receive
+    size_t bytes = 0;
+  };
+  struct Failure {
+    std::string message;  // why this communicator can no longer be used
+    int failed_rank = -1;
+    bool from_notice = false;
+  };
+
+  // The flat reduce-scatter (see the top of this file). The ranges of this process's ranks
+  // are read from their inputs in place.
+  void reduce_scatter_flat(ConstBuffer in, MutableBuffer out, const Partition& part, ReduceOp op,
+                           Clock::time_point deadline) {
+    constexpr std::string_view what = "reduce_scatter";
     const int me = rank();
     const int n = size();
     const size_t w = dtype_size(in.dtype);
@@ -382,7 +593,7 @@ class MpiCommunicator final : public Communicator {
       sends.clear();
       recvs.clear();
       for (int peer = 0; peer < n; ++peer) {
-        if (peer == me) continue;
+        if (peer == me || here(peer)) continue;
         const size_t theirs = part.count(peer);
         if (begin < theirs) {
           sends.push_back({peer, const_cast<std::byte*>(in_bytes) + (part.offset(peer) + begin) * w,
@@ -399,128 +610,14 @@ class MpiCommunicator final : public Communicator {
       for (int peer = 0; peer < n; ++peer) {
         const size_t slot = static_cast<size_t>(peer < me ? peer : peer - 1);
         inputs[static_cast<size_t>(peer)] =
-            peer == me ? in_bytes + (part.offset(me) + begin) * w
-                       : static_cast<const void*>(scratch_.data() + slot * piece_bytes);
+            peer == me   ? in_bytes + (part.offset(me) + begin) * w
+            : here(peer) ? published_in(peer) + (part.offset(me) + begin) * w
+                         : static_cast<const void*>(scratch_.data() + slot * piece_bytes);
       }
       reduce_rank_order(inputs, out_bytes + begin * dtype_size(out.dtype),
                         std::min(chunk, mine - begin), in.dtype, op);
     }
   }
-
-  void run_all_gather(ConstBuffer shard, MutableBuffer out, const Partition& part) override {
-    constexpr std::string_view what = "all_gather";
-    check_usable(what);
-    const auto deadline = deadline_after(options_.timeout_seconds);
-    agree(what, {2, part.length(), static_cast<uint64_t>(out.dtype), 0}, deadline);
-    const int me = rank();
-    const size_t w = dtype_size(out.dtype);
-    auto* out_bytes = static_cast<std::byte*>(out.data);
-    std::byte* own = out_bytes + part.offset(me) * w;
-    if (shard.count > 0 && shard.data != own) std::memcpy(own, shard.data, shard.bytes());
-    if (two_level()) {
-      all_gather_two_level(out, part, deadline);
-      return;
-    }
-    std::vector<Message> sends;
-    std::vector<Message> recvs;
-    for (int peer = 0; peer < size(); ++peer) {
-      if (peer == me) continue;
-      if (part.count(me) > 0) sends.push_back({peer, own, part.count(me) * w});
-      if (part.count(peer) > 0) {
-        recvs.push_back({peer, out_bytes + part.offset(peer) * w, part.count(peer) * w});
-      }
-    }
-    exchange(what, kAllGatherTag, sends, recvs, deadline);
-  }
-
-  // Like the flat all-gather, among the ranks of this rank's node only. The fingerprint
-  // (kind 5) tells it from a world all-gather, which every rank also agrees on first.
-  void run_node_all_gather(ConstBuffer shard, MutableBuffer out,
-                           const Partition& node_part) override {
-    constexpr std::string_view what = "node_all_gather";
-    check_usable(what);
-    const auto deadline = deadline_after(options_.timeout_seconds);
-    agree(what, {5, node_part.length(), static_cast<uint64_t>(out.dtype), 0}, deadline);
-    const int first = node_first();
-    const int local = rank() - first;
-    const size_t w = dtype_size(out.dtype);
-    auto* out_bytes = static_cast<std::byte*>(out.data);
-    std::byte* own = out_bytes + node_part.offset(local) * w;
-    if (shard.count > 0 && shard.data != own) std::memcpy(own, shard.data, shard.bytes());
-    std::vector<Message> sends;
-    std::vector<Message> recvs;
-    for (int l = 0; l < node_part.world_size(); ++l) {
-      if (l == local) continue;
-      if (node_part.count(local) > 0) sends.push_back({first + l, own, node_part.count(local) * w});
-      if (node_part.count(l) > 0) {
-        recvs.push_back({first + l, out_bytes + node_part.offset(l) * w, node_part.count(l) * w});
-      }
-    }
-    exchange(what, kNodeAllGatherTag, sends, recvs, deadline);
-  }
-
-  void run_broadcast(MutableBuffer buf, int root) override {
-    constexpr std::string_view what = "broadcast";
-    check_usable(what);
-    const auto deadline = deadline_after(options_.timeout_seconds);
-    agree(what, {3, buf.count, static_cast<uint64_t>(buf.dtype), static_cast<uint64_t>(root)},
-          deadline);
-    if (size() == 1 || buf.bytes() == 0) return;
-    auto* bytes = static_cast<std::byte*>(buf.data);
-    std::vector<MPI_Request> requests;
-    {
-      // Several nonblocking broadcasts may be outstanding; every rank issues them in order.
-      std::lock_guard lock(mpi_mutex());
-      for (size_t done = 0; done < buf.bytes(); done += chunk_bytes_) {
-        MPI_Request request = MPI_REQUEST_NULL;
-        const int code =
-            MPI_Ibcast(bytes + done, to_int(std::min(chunk_bytes_, buf.bytes() - done)), MPI_BYTE,
-                       root, comm_, &request);
-        if (code != MPI_SUCCESS) {
-          record_failure(fmt::format("MPI_Ibcast failed: {}", mpi_error_string(code)), -1);
-          break;
-        }
-        requests.push_back(request);
-      }
-    }
-    check_usable(what);
-    // MPI does not say which rank a broadcast waits for: the timeout names the root.
-    finish(what, requests, std::vector<int>(requests.size(), -1), deadline,
-           fmt::format("the broadcast from rank {}", root));
-  }
-
-  void run_gather_control(std::span<const double> mine, std::span<double> all) override {
-    constexpr std::string_view what = "control";
-    check_usable(what);
-    const auto deadline = deadline_after(options_.timeout_seconds);
-    agree(what, {4, mine.size(), 0, 0}, deadline);
-    const int me = rank();
-    const size_t k = mine.size();
-    std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(k * me));
-    // Messages of no values are sent too, so a call of none still waits for every rank.
-    std::vector<Message> sends;
-    std::vector<Message> recvs;
-    for (int peer = 0; peer < size(); ++peer) {
-      if (peer == me) continue;
-      sends.push_back({peer, reinterpret_cast<std::byte*>(const_cast<double*>(mine.data())),
-                       k * sizeof(double)});
-      recvs.push_back(
-          {peer, reinterpret_cast<std::byte*>(all.data() + k * peer), k * sizeof(double)});
-    }
-    exchange(what, kControlTag, sends, recvs, deadline);
-  }
-
- private:
-  struct Message {
-    int peer = 0;
-    std::byte* data = nullptr;  // read for a send, written for a receive
-    size_t bytes = 0;
-  };
-  struct Failure {
-    std::string message;  // why this communicator can no longer be used
-    int failed_rank = -1;
-    bool from_notice = false;
-  };
 
   // The two-level reduce-scatter (see the top of this file). Messages of 0 bytes are not
   // sent: both sides derive every length from the partition and the round, and messages of
@@ -576,7 +673,7 @@ class MpiCommunicator final : public Communicator {
       sends.clear();
       recvs.clear();
       for (int l = 0; l < t; ++l) {
-        if (l == local) continue;
+        if (l == local || here(rank_of(node, l))) continue;
         const int peer = rank_of(node, l);
         for (int q = 0; q < nodes; ++q) {
           const int theirs = rank_of(q, l);
@@ -594,9 +691,11 @@ class MpiCommunicator final : public Communicator {
         const size_t n = piece(owner, begin);
         if (n == 0) continue;
         for (int l = 0; l < t; ++l) {
+          const int peer = rank_of(node, l);
           node_inputs[static_cast<size_t>(l)] =
-              l == local ? static_cast<const void*>(in_bytes + (part.offset(owner) + begin) * w)
-                         : piece_slot(l, q);
+              l == local   ? static_cast<const void*>(in_bytes + (part.offset(owner) + begin) * w)
+              : here(peer) ? published_in(peer) + (part.offset(owner) + begin) * w
+                           : piece_slot(l, q);
         }
         reduce_rank_order(node_inputs, partial_slot(q), n, in.dtype, node_op);
       }
@@ -687,7 +786,7 @@ class MpiCommunicator final : public Communicator {
     std::vector<Message> sends;
     std::vector<Message> recvs;
     for (int l = 0; l < t; ++l) {
-      if (l == local) continue;
+      if (l == local || here(rank_of(node, l))) continue;
       const int peer = rank_of(node, l);
       for (int q = 0; q < nodes; ++q) {
         const int theirs = rank_of(q, l);
@@ -705,7 +804,15 @@ class MpiCommunicator final : public Communicator {
         if (part.count(owner) == 0) continue;
         std::byte* packet = take(packed_bytes(owner));
         peer_packets[static_cast<size_t>(l * nodes + q)] = packet;
-        recvs.push_back({rank_of(node, l), packet, packed_bytes(owner)});
+        const int peer = rank_of(node, l);
+        if (here(peer)) {
+          // The packet that rank would send: its input's range, quantized as it would.
+          const ConstBuffer theirs(published_in(peer) + part.offset(owner) * w, part.count(owner),
+                                   in.dtype);
+          quantize(theirs, std::span<std::byte>(packet, packed_bytes(owner)), quant);
+        } else {
+          recvs.push_back({peer, packet, packed_bytes(owner)});
+        }
       }
     }
     exchange(what, kReduceScatterNodeTag, sends, recvs, deadline);
@@ -794,12 +901,25 @@ class MpiCommunicator final : public Communicator {
       if (part.count(peer) > 0) recvs.push_back(range_of(peer, peer));
     }
     exchange(what, kAllGatherCrossTag, sends, recvs, deadline);
-    // Inside the node: the shards of local index `local` to every local peer, theirs back.
+    // Inside the node: the shards of local index `local` to every local peer, theirs back;
+    // the ranks of this process copy from each other's outputs once all have them.
+    if (threads_ > 1) meet(fmt::format("{} #{} (across nodes)", what, sequence_));
     sends.clear();
     recvs.clear();
     for (int l = 0; l < t; ++l) {
       if (l == local) continue;
       const int peer = rank_of(node, l);
+      if (here(peer)) {
+        const auto* theirs = static_cast<const std::byte*>(published_out(peer));
+        for (int q = 0; q < nodes; ++q) {
+          const int x = rank_of(q, l);
+          if (part.count(x) > 0) {
+            std::memcpy(out_bytes + part.offset(x) * w, theirs + part.offset(x) * w,
+                        part.count(x) * w);
+          }
+        }
+        continue;
+      }
       for (int q = 0; q < nodes; ++q) {
         if (part.count(rank_of(q, local)) > 0) sends.push_back(range_of(peer, rank_of(q, local)));
         if (part.count(rank_of(q, l)) > 0) recvs.push_back(range_of(peer, rank_of(q, l)));
@@ -821,9 +941,10 @@ class MpiCommunicator final : public Communicator {
         do {
           const int count = to_int(std::min(chunk_bytes_, m.bytes - done));
           MPI_Request request = MPI_REQUEST_NULL;
-          const int code =
-              is_send ? MPI_Isend(m.data + done, count, MPI_BYTE, m.peer, tag, comm_, &request)
-                      : MPI_Irecv(m.data + done, count, MPI_BYTE, m.peer, tag, comm_, &request);
+          const int code = is_send ? MPI_Isend(m.data + done, count, MPI_BYTE, process_of(m.peer),
+                                               wire_tag(tag, rank(), m.peer), comm_, &request)
+                                   : MPI_Irecv(m.data + done, count, MPI_BYTE, process_of(m.peer),
+                                               wire_tag(tag, m.peer, rank()), comm_, &request);
           if (code != MPI_SUCCESS) {
             throw CommError(
                 fmt::format("{}: {} to rank {} failed: {}", what,
@@ -860,7 +981,8 @@ class MpiCommunicator final : public Communicator {
     MPI_Status notice_status;
     PollResult result = PollResult::kDone;
     try {
-      result = poll(requests, &notice_request_, &notice_status, &aborted_, deadline, what);
+      result = poll(requests, &notice_request_, &notice_status, &group_->meet.aborted_flag(),
+                    deadline, what);
     } catch (const CommError& e) {
       record_failure(e.what(), -1);
       release();
@@ -869,7 +991,7 @@ class MpiCommunicator final : public Communicator {
     if (result == PollResult::kDone) return;
     if (result == PollResult::kNotice) {
       record_notice(notice_status);
-    } else {
+    } else if (result == PollResult::kTimedOut) {
       std::vector<int> missing;
       for (size_t i = 0; i < requests.size(); ++i) {
         if (requests[i] != MPI_REQUEST_NULL && peers[i] >= 0) missing.push_back(peers[i]);
@@ -905,6 +1027,12 @@ class MpiCommunicator final : public Communicator {
       if (arrived) record_notice(status);
     }
     std::lock_guard lock(state_mutex_);
+    if (!failure_ && group_->meet.aborted()) {
+      // Another rank of this process failed (or this one aborted).
+      failure_ = Failure{
+          fmt::format("rank {} failed: {}", group_->meet.failed_rank(), group_->meet.failure()),
+          group_->meet.failed_rank(), group_->meet.failed_rank() != rank()};
+    }
     if (!failure_) return;
     throw CommError(fmt::format("{} on rank {}: {}", what, rank(), failure_->message),
                     failure_->failed_rank);
@@ -914,9 +1042,14 @@ class MpiCommunicator final : public Communicator {
     std::lock_guard lock(state_mutex_);
     return failure_.has_value();
   }
+  // Also fails this process's other ranks: they may be waiting for this one at the barrier.
   void record_failure(std::string message, int failed_rank) {
     std::lock_guard lock(state_mutex_);
-    if (!failure_) failure_ = Failure{std::move(message), failed_rank, false};
+    if (failure_) return;
+    failure_ = Failure{std::move(message), failed_rank, false};
+    group_->failed = true;
+    if (threads_ > 1)
+      group_->meet.abort(failed_rank >= 0 ? failed_rank : rank(), failure_->message);
   }
   void record_notice(const MPI_Status& status) {
     int length = 0;
@@ -924,46 +1057,106 @@ class MpiCommunicator final : public Communicator {
       std::lock_guard lock(mpi_mutex());
       MPI_Get_count(&status, MPI_CHAR, &length);
     }
-    const std::string reason(notice_buffer_.data(), static_cast<size_t>(std::max(length, 0)));
+    // The sender's rank, then its reason (a malformed notice still names its process).
+    int32_t sender = status.MPI_SOURCE * threads_;
+    std::string reason;
+    if (length >= static_cast<int>(kNoticeHeader)) {
+      std::memcpy(&sender, notice_buffer_.data(), kNoticeHeader);
+      reason.assign(notice_buffer_.data() + kNoticeHeader,
+                    static_cast<size_t>(length) - kNoticeHeader);
+    }
     std::lock_guard lock(state_mutex_);
     if (!failure_) {
-      failure_ = Failure{fmt::format("rank {} failed: {}", status.MPI_SOURCE, reason),
-                         status.MPI_SOURCE, true};
+      failure_ = Failure{fmt::format("rank {} failed: {}", sender, reason), sender, true};
+      group_->failed = true;
     }
   }
 
   // Numbers this collective and, with check_collectives, compares fingerprints with every
-  // peer; a disagreement fails this rank naming the first peer that differs (each rank sees
-  // every fingerprint, so every rank fails).
-  void agree(std::string_view what, Fingerprint f, Clock::time_point deadline) {
+  // peer in another process; a disagreement fails this rank naming the first peer that
+  // differs (each rank sees every fingerprint, so every rank fails). Then publishes `in` and
+  // `out` to the ranks of this process and waits for them (their fingerprints are compared
+  // always: reading a peer's buffer with another length would be undefined behaviour).
+  void agree(std::string_view what, Fingerprint f, Clock::time_point deadline, const void* in,
+             void* out) {
     f.seq = ++sequence_;
-    if (!options_.check_collectives || size() == 1) return;
     const int me = rank();
-    // A member, not a local: a receive an abort leaves behind must not land in freed memory.
-    std::vector<Fingerprint>& all = fingerprints_;
-    all.assign(static_cast<size_t>(size()), Fingerprint{});
-    all[static_cast<size_t>(me)] = f;
-    std::vector<Message> sends;
-    std::vector<Message> recvs;
-    for (int peer = 0; peer < size(); ++peer) {
-      if (peer == me) continue;
-      sends.push_back(
-          {peer, reinterpret_cast<std::byte*>(&all[static_cast<size_t>(me)]), sizeof(Fingerprint)});
-      recvs.push_back({peer, reinterpret_cast<std::byte*>(&all[static_cast<size_t>(peer)]),
-                       sizeof(Fingerprint)});
+    if (options_.check_collectives && size() > threads_) {
+      // A member, not a local: a receive an abort leaves behind must not land in freed memory.
+      std::vector<Fingerprint>& all = fingerprints_;
+      all.assign(static_cast<size_t>(size()), Fingerprint{});
+      all[static_cast<size_t>(me)] = f;
+      std::vector<Message> sends;
+      std::vector<Message> recvs;
+      for (int peer = 0; peer < size(); ++peer) {
+        if (here(peer)) continue;
+        sends.push_back({peer, reinterpret_cast<std::byte*>(&all[static_cast<size_t>(me)]),
+                         sizeof(Fingerprint)});
+        recvs.push_back({peer, reinterpret_cast<std::byte*>(&all[static_cast<size_t>(peer)]),
+                         sizeof(Fingerprint)});
+      }
+      exchange(what, kFingerprintTag, sends, recvs, deadline);
+      for (int peer = 0; peer < size(); ++peer) {
+        if (here(peer) || all[static_cast<size_t>(peer)] == f) continue;
+        mismatch(f, peer, all[static_cast<size_t>(peer)]);
+      }
     }
-    exchange(what, kFingerprintTag, sends, recvs, deadline);
-    for (int peer = 0; peer < size(); ++peer) {
-      if (all[static_cast<size_t>(peer)] == f) continue;
-      const std::string reason =
-          fmt::format("collective mismatch: rank {} called {}, rank {} called {}", me, describe(f),
-                      peer, describe(all[static_cast<size_t>(peer)]));
-      record_failure(reason, peer);
-      throw CommError(reason, peer);
+    ProcessGroup::Slot& slot = group_->slots[static_cast<size_t>(local_)];
+    slot.in = in;
+    slot.out = out;
+    slot.fingerprint = f;
+    if (threads_ == 1) return;
+    meet(describe(f));
+    for (int l = 0; l < threads_; ++l) {
+      const Fingerprint& other = group_->slots[static_cast<size_t>(l)].fingerprint;
+      if (!(other == f)) mismatch(f, me - local_ + l, other);
     }
   }
 
-  MPI_Comm comm_;
+  [[noreturn]] void mismatch(const Fingerprint& f, int peer, const Fingerprint& theirs) {
+    const std::string reason =
+        fmt::format("collective mismatch: rank {} called {}, rank {} called {}", rank(),
+                    describe(f), peer, describe(theirs));
+    record_failure(reason, peer);
+    throw CommError(reason, peer);
+  }
+
+  // The barrier of this process's ranks; a failure there fails this communicator.
+  void meet(const std::string& what) {
+    try {
+      group_->meet.arrive_and_wait(local_, what);
+    } catch (const CommError& e) {
+      record_failure(e.what(), e.failed_rank());
+      throw;
+    }
+  }
+  // Waits until the other ranks of this process are done reading this rank's buffers.
+  void depart(std::string_view what) {
+    if (threads_ > 1) meet(fmt::format("{} #{} (completion)", what, sequence_));
+  }
+
+  // Where a rank is: in this process (its buffers are read in place), or which process.
+  bool here(int peer) const { return peer / threads_ == rank() / threads_; }
+  int process_of(int peer) const { return peer / threads_; }
+  // A message's tag on the shared communicator: its kind and both ends' local indices, so
+  // the messages of different ranks of one process never match each other's receives.
+  int wire_tag(int tag, int from, int to) const {
+    return (tag * threads_ + from % threads_) * threads_ + to % threads_;
+  }
+  // Notices come from any rank, so their tag names the receiver only.
+  int notice_tag(int to) const { return wire_tag(kNoticeTag, 0, to); }
+  // What a rank of this process published for the current collective.
+  const std::byte* published_in(int peer) const {
+    return static_cast<const std::byte*>(group_->slots[static_cast<size_t>(peer % threads_)].in);
+  }
+  void* published_out(int peer) const {
+    return group_->slots[static_cast<size_t>(peer % threads_)].out;
+  }
+
+  std::shared_ptr<ProcessGroup> group_;
+  MPI_Comm comm_;  // the group's
+  int threads_;    // ranks in this process
+  int local_;      // this rank's index among them
   CommOptions options_;
   size_t chunk_bytes_;
   uint64_t sequence_ = 0;                  // collectives this rank has run
@@ -974,7 +1167,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<float> qgz_total_;           // qgZ: the sum of this rank's range so far
 
   // Abort notices: one receive posted for the communicator's life (polled by the worker).
-  std::array<char, kMaxNoticeBytes> notice_buffer_{};
+  std::array<char, kNoticeHeader + kMaxNoticeBytes> notice_buffer_{};
   MPI_Request notice_request_ = MPI_REQUEST_NULL;
   std::string notice_text_;                // what abort() sent; alive until the sends finish
   std::vector<MPI_Request> notice_sends_;  // freed by the destructor
@@ -983,7 +1176,6 @@ class MpiCommunicator final : public Communicator {
   std::mutex state_mutex_;
   std::optional<Failure> failure_;
   bool notices_sent_ = false;
-  std::atomic<bool> aborted_ = false;  // polled by the worker's waits
 };
 
 }  // namespace
@@ -1020,10 +1212,26 @@ MpiSession::~MpiSession() {
 }
 
 std::unique_ptr<Communicator> MpiSession::make_communicator(const CommOptions& options) {
+  return std::move(make_communicators(options, 1).front());
+}
+
+std::vector<std::unique_ptr<Communicator>> MpiSession::make_communicators(
+    const CommOptions& options, int ranks_per_process) {
   if (!(options.timeout_seconds > 0)) {
     throw InvalidArgument(
         fmt::format("mpi: timeout_seconds is {}; a collective's timeout must be positive",
                     options.timeout_seconds));
+  }
+  const int t = ranks_per_process;
+  if (t < 1) {
+    throw InvalidArgument(fmt::format(
+        "--ranks-per-process {} is invalid; use 1 or more rank threads per MPI process", t));
+  }
+  if (options.node_ranks > 0 && options.node_ranks % t != 0) {
+    throw InvalidArgument(fmt::format(
+        "--ranks-per-process {} does not divide --node-ranks {}: a process's ranks must share "
+        "a node; use a divisor of {}",
+        t, options.node_ranks, options.node_ranks));
   }
   const size_t chunk_bytes = chunk_bytes_from_env();
   const auto deadline = deadline_after(options.timeout_seconds);
@@ -1074,11 +1282,33 @@ std::unique_ptr<Communicator> MpiSession::make_communicator(const CommOptions& o
                         what, kChunkEnv, mine, rank_, chunks[static_cast<size_t>(r)], r));
       }
     }
+    // Tags carry both ends' local indices: T^2 of them per kind must fit MPI's tag range.
+    void* attribute = nullptr;
+    int found = 0;
+    {
+      std::lock_guard lock(mpi_mutex());
+      check_mpi(MPI_Comm_get_attr(comm, MPI_TAG_UB, &attribute, &found), what, "MPI_Comm_get_attr");
+    }
+    const long long tag_ub = found ? *static_cast<int*>(attribute) : 32767;
+    const long long needed = static_cast<long long>(kTagCount) * t * t - 1;
+    if (needed > tag_ub) {
+      throw InvalidArgument(fmt::format(
+          "--ranks-per-process {} needs message tags up to {}, but this MPI's largest is {}; "
+          "use at most {} ranks per process",
+          t, needed, tag_ub,
+          static_cast<int>(std::sqrt(static_cast<double>(tag_ub + 1) / kTagCount))));
+    }
   } catch (...) {
     free_comm();
     throw;
   }
-  return std::make_unique<MpiCommunicator>(comm, rank_, size_, options, chunk_bytes);
+  auto group = std::make_shared<ProcessGroup>(comm, t, rank_ * t, options.timeout_seconds);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int l = 0; l < t; ++l) {
+    comms.push_back(
+        std::make_unique<MpiCommunicator>(group, rank_ * t + l, size_ * t, options, chunk_bytes));
+  }
+  return comms;
 }
 
 void MpiSession::abort_job(int code) {

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -49,6 +50,15 @@ class MpiSession {
   // timeout or chunk size (or chunk sizes that differ between ranks), CommTimeout if not
   // every rank arrives within the timeout.
   std::unique_ptr<Communicator> make_communicator(const CommOptions& options = {});
+  // T = ranks_per_process ranks in this process, to be driven by T threads (one each): the
+  // world is size() * T ranks, process p hosting ranks p * T .. p * T + T - 1. The ranks of
+  // one process meet at a barrier and read each other's buffers in place; only bytes for
+  // other processes go through MPI, so results are the same bits as with one rank per
+  // process. A process's ranks must share a node (T divides options.node_ranks).
+  // Collective like make_communicator, and each of the T must be destroyed before the
+  // session.
+  std::vector<std::unique_ptr<Communicator>> make_communicators(const CommOptions& options,
+                                                                int ranks_per_process);
   // Ends every process of the job with `code` (MPI_Abort). The caller prints the reason,
   // naming its rank, first.
   [[noreturn]] void abort_job(int code);

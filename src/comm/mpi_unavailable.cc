@@ -24,6 +24,11 @@ std::unique_ptr<Communicator> MpiSession::make_communicator(const CommOptions& /
   throw InvalidArgument(kUnavailable);
 }
 
+std::vector<std::unique_ptr<Communicator>> MpiSession::make_communicators(
+    const CommOptions& /*options*/, int /*ranks_per_process*/) {
+  throw InvalidArgument(kUnavailable);
+}
+
 void MpiSession::abort_job(int /*code*/) { throw InvalidArgument(kUnavailable); }
 
 }  // namespace zerodp

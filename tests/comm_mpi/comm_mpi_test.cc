@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -1286,6 +1287,192 @@ TEST(MpiFailureTest, TwoLevelTimeoutNamesThePeerThatDidNotArrive) {
     }
   }
   sync->barrier();
+}
+
+// ---------------------------------------------------------------------------------------
+// Ranks as threads of the MPI processes (MpiSession::make_communicators): T ranks per
+// process, world() * T in all. The ranks of a process read each other's buffers in place
+// and only other processes' bytes go through MPI; the results and ledgers must be the
+// local backend's for the same world and options, bit for bit.
+
+// Runs `body` on the T ranks this process hosts, one thread each; the results by local index.
+template <typename Body>
+auto run_as_threads(int t, const CommOptions& options, const Body& body) {
+  auto comms = g_session->make_communicators(options, t);
+  std::vector<decltype(body(std::declval<Communicator&>()))> results(static_cast<size_t>(t));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(t));
+  std::vector<std::thread> threads;
+  for (int l = 0; l < t; ++l) {
+    threads.emplace_back([&, l] {
+      try {
+        results[static_cast<size_t>(l)] = body(*comms[static_cast<size_t>(l)]);
+      } catch (...) {
+        errors[static_cast<size_t>(l)] = std::current_exception();
+        comms[static_cast<size_t>(l)]->abort("the test body threw");
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return results;
+}
+
+struct ThreadsParam {
+  int t;           // ranks per process
+  int node_ranks;  // 0: one node
+  bool two_level;
+  int qgz_bits;
+};
+void PrintTo(const ThreadsParam& p, std::ostream* os) {
+  *os << fmt::format("T {} node_ranks {} {} qgz {}", p.t, p.node_ranks,
+                     p.two_level ? "two-level" : "flat", p.qgz_bits);
+}
+
+// Every collective, outputs and ledger totals in one list.
+std::vector<Bytes> every_collective(Communicator& c, bool quantized) {
+  std::vector<Bytes> out;
+  auto append = [&](std::vector<Bytes> more) {
+    for (auto& b : more) out.push_back(std::move(b));
+  };
+  append(reduce_scatter_sweep(c, DType::kBF16, ReduceOp::kAvg));
+  append(reduce_scatter_sweep(c, DType::kF32, ReduceOp::kSum));
+  if (!quantized) append(reduce_scatter_sweep(c, DType::kF16, ReduceOp::kMax));
+  append(sum_into_sweep(c, DType::kBF16));
+  append(all_reduce_sweep(c, DType::kF32, ReduceOp::kSum));
+  const int me = c.rank();
+  for (size_t count : kCounts) {
+    for (Layout layout : {Layout::kBalanced, Layout::kSkewed}) {
+      const Partition part = make_partition(count, c.size(), layout);
+      const Bytes shard = make_input(DType::kBF16, me, part.count(me), part.offset(me));
+      Bytes gathered(count * 2, std::byte{0xAB});
+      c.all_gather({shard.data(), part.count(me), DType::kBF16},
+                   {gathered.data(), count, DType::kBF16}, part);
+      out.push_back(gathered);
+    }
+  }
+  for (int root = 0; root < c.size(); root += std::max(1, c.size() / 3)) {
+    Bytes buf = make_input(DType::kF32, c.rank() == root ? root : 100 + c.rank(), 1000);
+    c.broadcast({buf.data(), 1000, DType::kF32}, root);
+    out.push_back(buf);
+  }
+  const std::vector<double> mine = {1e16 * (me + 1), 0.1 * me};
+  const std::vector<double> all = c.gather_control(mine);
+  out.emplace_back(reinterpret_cast<const std::byte*>(all.data()),
+                   reinterpret_cast<const std::byte*>(all.data() + all.size()));
+  for (CommKind kind : {CommKind::kReduceScatter, CommKind::kAllGather, CommKind::kAllReduce,
+                        CommKind::kBroadcast, CommKind::kControl}) {
+    const CommCounter& k = c.ledger().total(kind);
+    const uint64_t v[] = {k.calls, k.bytes, k.cross_node_bytes};
+    out.emplace_back(reinterpret_cast<const std::byte*>(v),
+                     reinterpret_cast<const std::byte*>(v + 3));
+  }
+  return out;
+}
+
+class MpiThreadsTest : public testing::TestWithParam<ThreadsParam> {};
+
+TEST_P(MpiThreadsTest, EveryCollectiveMatchesLocalBackend) {
+  const ThreadsParam p = GetParam();
+  const int n = world() * p.t;
+  if (p.node_ranks > 0 && n % p.node_ranks != 0) GTEST_SKIP() << "nodes do not divide the world";
+  CommOptions options = kOptions;
+  options.node_ranks = p.node_ranks;
+  options.two_level = p.two_level;
+  options.qgz_bits = p.qgz_bits;
+  const bool quantized = p.qgz_bits != 0;
+  std::vector<std::vector<Bytes>> expected(static_cast<size_t>(n));
+  run_local(n, options, [&](Communicator& c) {
+    expected[static_cast<size_t>(c.rank())] = every_collective(c, quantized);
+  });
+  for (const char* chunk : {"default", "4096"}) {
+    if (std::string(chunk) != "default") {
+      ASSERT_EQ(setenv(kChunkEnv, chunk, 1), 0);
+    }
+    const auto actual = run_as_threads(p.t, options, [&](Communicator& c) {
+      return std::make_pair(c.rank(), every_collective(c, quantized));
+    });
+    ASSERT_EQ(unsetenv(kChunkEnv), 0);
+    for (const auto& [rank, outputs] : actual) {
+      const auto& want = expected[static_cast<size_t>(rank)];
+      ASSERT_EQ(outputs.size(), want.size());
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        EXPECT_SAME_BYTES(outputs[i], want[i],
+                          fmt::format("rank {} of {}, entry {}, chunk {}", rank, n, i, chunk));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, MpiThreadsTest,
+                         testing::Values(ThreadsParam{2, 0, false, 0}, ThreadsParam{3, 0, false, 0},
+                                         ThreadsParam{2, 2, true, 0}, ThreadsParam{2, 4, true, 0},
+                                         ThreadsParam{3, 3, true, 0}, ThreadsParam{2, 2, false, 4},
+                                         ThreadsParam{3, 3, true, 8}),
+                         [](const testing::TestParamInfo<ThreadsParam>& param) {
+                           const ThreadsParam& p = param.param;
+                           return fmt::format("T{}_node{}_{}_qgz{}", p.t, p.node_ranks,
+                                              p.two_level ? "twolevel" : "flat", p.qgz_bits);
+                         });
+
+TEST(MpiThreadsTest, NodeAllGatherMatchesTheShardsOfTheNode) {
+  for (int t : {2, 3}) {
+    CommOptions options = kOptions;
+    options.node_ranks = t;
+    const auto ok = run_as_threads(t, options, [&](Communicator& c) {
+      const size_t count = 1013;
+      const Partition part(count, t);
+      const int local = c.rank() % t;
+      std::vector<float> shard(part.count(local)), out(count, -1.0f);
+      for (size_t i = 0; i < shard.size(); ++i) shard[i] = static_cast<float>(c.rank() * 10000 + i);
+      c.node_all_gather_async(std::span<const float>(shard), std::span<float>(out), part).wait();
+      for (int l = 0; l < t; ++l) {
+        for (size_t i = 0; i < part.count(l); ++i) {
+          if (out[part.offset(l) + i] != static_cast<float>((c.rank() - local + l) * 10000 + i))
+            return false;
+        }
+      }
+      return c.ledger().total(CommKind::kAllGather).bytes == (count - shard.size()) * 4;
+    });
+    for (int l = 0; l < t; ++l)
+      EXPECT_TRUE(ok[static_cast<size_t>(l)]) << "T " << t << " local " << l;
+  }
+}
+
+// A rank that aborts fails everyone's next collective naming it: the ranks of its own
+// process through the group, the others by a notice.
+TEST(MpiThreadsTest, AbortFailsEveryRankNamingIt) {
+  const int t = 2;
+  const int culprit = 1;  // the second rank of process 0
+  auto sync = make_mpi();
+  const auto errors = run_as_threads(t, kOptions, [&](Communicator& c) {
+    std::vector<float> buf(64, 1.0f);
+    if (c.rank() == culprit) c.abort("injected failure");
+    try {
+      c.all_reduce(std::span<float>(buf), ReduceOp::kSum);
+    } catch (const CommError& e) {
+      return std::make_pair(e.failed_rank(), std::string(e.what()));
+    }
+    return std::make_pair(-2, std::string("no error"));
+  });
+  for (const auto& [failed, what] : errors) {
+    EXPECT_EQ(failed, culprit) << what;
+    EXPECT_NE(what.find("injected failure"), std::string::npos) << what;
+  }
+  sync->barrier();
+}
+
+TEST(MpiThreadsTest, RefusesRanksPerProcessThatSplitANode) {
+  EXPECT_THROW((void)g_session->make_communicators(kOptions, 0), InvalidArgument);
+  CommOptions options = kOptions;
+  options.node_ranks = 3;
+  try {
+    (void)g_session->make_communicators(options, 2);
+    ADD_FAILURE() << "2 ranks per process over nodes of 3 were accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--node-ranks 3"), std::string::npos) << e.what();
+  }
 }
 
 // Non-zero ranks print only failures, each line naming the rank.
