@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -91,35 +92,133 @@ std::optional<double> parse_number(const std::string& text) {
   return v;
 }
 
-// Stage 3 over nodes of T ranks: what each of ZeRO++'s modes moves across nodes per step for
-// rank 0, what it costs in memory, and (given the links' bandwidths) how long its bytes take
-// at them — the choice between the modes, side by side.
-void print_node_modes(std::span<const uint64_t> units, int n, int per_node, Precision precision,
-                      int grad_accum, int prefetch, std::optional<double> bandwidth,
-                      std::optional<double> inter_bandwidth) {
-  struct Mode {
-    const char* name;
-    CommModes modes;
+// A way to run stage 3 over nodes: ZeRO++'s switches, as train takes them.
+struct NodeMode {
+  std::string name;
+  std::string flags;  // what a flat run's command line gains; empty for flat
+  int switches = 0;   // how many flags: ties go to the fewer
+  CommModes modes;
+};
+
+// Every combination of hpZ, qwZ and qgZ int4 on two-level collectives, fewer switches
+// first, so a budget too small for one mode's memory still finds the best of the rest; and
+// qgZ int8, never fewer bytes than int4 at the same memory, for its smaller error.
+std::vector<NodeMode> node_modes(int per_node, size_t qwz_block, size_t qgz_block) {
+  std::vector<NodeMode> out;
+  const auto add = [&](bool two_level, bool hpz, bool qwz, int qgz_bits) {
+    NodeMode m{.name = two_level ? "two-level" : "flat",
+               .flags = two_level ? "--collectives two-level" : "",
+               .switches = two_level ? 1 : 0,
+               .modes = {.node_ranks = per_node,
+                         .two_level = two_level,
+                         .hpz = hpz,
+                         .qwz_block = qwz ? qwz_block : 0,
+                         .qgz_bits = qgz_bits,
+                         .qgz_block = qgz_block}};
+    const auto with = [&](bool on, const char* name, const char* flag) {
+      if (!on) return;
+      m.name += fmt::format(" + {}", name);
+      m.flags += fmt::format(" {}", flag);
+      ++m.switches;
+    };
+    with(hpz, "hpZ", "--hpz");
+    with(qwz, "qwZ", "--qwz");
+    with(qgz_bits == 8, "qgZ int8", "--qgz int8");
+    with(qgz_bits == 4, "qgZ int4", "--qgz int4");
+    out.push_back(std::move(m));
   };
+  add(false, false, false, 0);
+  add(true, false, false, 0);
+  add(true, false, false, 8);
+  add(true, false, false, 4);
+  add(true, true, false, 0);
+  add(true, false, true, 0);
+  add(true, true, true, 0);
+  add(true, true, false, 4);
+  add(true, false, true, 4);
+  add(true, true, true, 8);
+  add(true, true, true, 4);
+  return out;
+}
+
+bool quantizes(const CommModes& m) { return m.qwz_block > 0 || m.qgz_bits != 0; }
+
+// One mode's figures for rank 0 per step.
+struct ModeRow {
+  NodeMode mode;
+  CommBytes comm;
+  uint64_t extra = 0;             // hpZ's node copy + qwZ's staging
+  uint64_t need = 0;              // the stage-3 row's states (+ transients for a GPT shape) + extra
+  std::optional<double> seconds;  // at the links, when a bandwidth is given
+  bool allowed = true;            // false where --invariant on refuses it
+};
+
+// The pick: the least seconds at the links (or, with none given, the fewest cross-node
+// bytes) among the modes that fit the budget, ties to the fewer flags. `fits` false: none
+// fits and `pick` is the one whose need is least. `fastest`: the pick with no budget.
+struct ModeChoice {
+  size_t pick = 0;
+  bool fits = true;
+  size_t fastest = 0;
+  bool by_seconds = false;
+};
+
+ModeChoice choose_mode(std::span<const ModeRow> rows, std::optional<uint64_t> budget) {
+  ModeChoice c;
+  c.by_seconds = !rows.empty() && rows[0].seconds.has_value();
+  // Seconds are sums of quotients: two modes moving the same bytes can differ in the last
+  // bits, which must not outweigh a flag fewer.
+  const auto better = [&](const ModeRow& a, const ModeRow& b) {
+    if (c.by_seconds) {
+      const double x = *a.seconds, y = *b.seconds;
+      const double tol = 1e-9 * std::max(std::abs(x), std::abs(y));
+      if (x < y - tol || y < x - tol) return x < y;
+    } else if (a.comm.cross_total() != b.comm.cross_total()) {
+      return a.comm.cross_total() < b.comm.cross_total();
+    }
+    return a.mode.switches < b.mode.switches;
+  };
+  std::optional<size_t> pick, fastest, closest;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const ModeRow& r = rows[i];
+    if (!r.allowed) continue;
+    if (!fastest || better(r, rows[*fastest])) fastest = i;
+    if ((!budget || r.need <= *budget) && (!pick || better(r, rows[*pick]))) pick = i;
+    if (!closest || r.need < rows[*closest].need ||
+        (r.need == rows[*closest].need && better(r, rows[*closest]))) {
+      closest = i;
+    }
+  }
+  c.fastest = fastest.value_or(0);
+  c.fits = pick.has_value();
+  c.pick = pick.value_or(closest.value_or(0));
+  return c;
+}
+
+// Stage 3 over nodes of T ranks: what each mode moves across nodes per step for rank 0,
+// what it adds to a rank's memory and (given the links' bandwidths) how long its bytes take
+// at them. `base_need(canonical)`: the stage-3 row's need without hpZ or qwZ, with or
+// without the canonical order's fp32 accumulator (flat collectives keep the order under
+// --invariant auto; two-level and qgZ drop it).
+std::vector<ModeRow> node_mode_rows(std::span<const uint64_t> units, int n, int per_node,
+                                    Precision precision, int grad_accum, AccumulatePolicy policy,
+                                    std::optional<bool> invariant, int prefetch, size_t qwz_block,
+                                    size_t qgz_block, std::optional<double> bandwidth,
+                                    std::optional<double> inter_bandwidth,
+                                    const std::function<uint64_t(bool)>& base_need) {
   const int w = precision == Precision::kFP32 ? 4 : 2;
-  const Mode modes[] = {
-      {"flat", {.node_ranks = per_node}},
-      {"two-level", {.node_ranks = per_node, .two_level = true}},
-      {"two-level + hpZ", {.node_ranks = per_node, .two_level = true, .hpz = true}},
-      {"two-level + hpZ + qwZ + qgZ int4",
-       {.node_ranks = per_node, .two_level = true, .hpz = true, .qwz_block = 4096, .qgz_bits = 4}},
-  };
-  fmt::print("  {} ranks as {} nodes x {}, stage 3, rank 0 per step:\n", n, n / per_node, per_node);
-  fmt::print("    {:<34} {:>11} {:>11} {:>12}{}\n", "mode", "cross-node", "comm/step",
-             "memory/rank", bandwidth || inter_bandwidth ? "   at links s" : "");
-  for (const Mode& m : modes) {
-    const CommBytes c = comm_bytes_per_step(units, n, 3, precision, grad_accum,
-                                            AccumulatePolicy::kReduce, false, 0, m.modes);
+  std::vector<ModeRow> rows;
+  for (NodeMode& m : node_modes(per_node, qwz_block, qgz_block)) {
+    ModeRow r;
+    const bool reorders = m.modes.two_level || m.modes.qgz_bits != 0;
+    r.allowed = !(invariant.value_or(false) && reorders);
+    const bool canonical =
+        invariant.value_or(policy == AccumulatePolicy::kReduce && !reorders) && !reorders;
+    r.comm = comm_bytes_per_step(units, n, 3, precision, grad_accum, policy, canonical, 0, m.modes);
     // What the mode adds: hpZ's node copy, qwZ's staging of every rank's payload per slot.
-    uint64_t extra = 0;
     uint64_t staging = 0;
     for (uint64_t u : units) {
-      if (m.modes.hpz) extra += Partition(u, per_node).count(0) * static_cast<uint64_t>(w);
+      if (m.modes.hpz) r.extra += Partition(u, per_node).count(0) * static_cast<uint64_t>(w);
       if (m.modes.qwz_block > 0) {
         const Partition part(u, n);
         uint64_t bytes = 0;
@@ -130,20 +229,98 @@ void print_node_modes(std::span<const uint64_t> units, int n, int per_node, Prec
         staging = std::max(staging, bytes);
       }
     }
-    extra += static_cast<uint64_t>(1 + prefetch) * staging;
-    const double cross = static_cast<double>(c.cross_total());
-    const double intra = static_cast<double>(c.total()) - cross;
-    const double inter = inter_bandwidth.value_or(bandwidth.value_or(0));
-    const double inside = bandwidth.value_or(0);
-    // A flat exchange over nodes runs at the link between them, a two-level one at each.
-    const double seconds = m.modes.two_level
-                               ? (inside > 0 ? intra / inside : 0) + (inter > 0 ? cross / inter : 0)
-                               : (inter > 0 ? static_cast<double>(c.total()) / inter : 0);
-    fmt::print("    {:<34} {:>11} {:>11} {:>12}", m.name, gb(c.cross_total()), gb(c.total()),
-               extra > 0 ? "+" + gb(extra) : "-");
-    if (bandwidth || inter_bandwidth) fmt::print(" {:>12.3g}", seconds);
+    r.extra += static_cast<uint64_t>(1 + prefetch) * staging;
+    r.need = base_need(canonical) + r.extra;
+    if (bandwidth || inter_bandwidth) {
+      const double cross = static_cast<double>(r.comm.cross_total());
+      const double intra = static_cast<double>(r.comm.total()) - cross;
+      const double inter = inter_bandwidth.value_or(bandwidth.value_or(0));
+      const double inside = bandwidth.value_or(0);
+      // A flat exchange over nodes runs at the link between them, a two-level one at each.
+      r.seconds = m.modes.two_level
+                      ? (inside > 0 ? intra / inside : 0) + (inter > 0 ? cross / inter : 0)
+                      : (inter > 0 ? static_cast<double>(r.comm.total()) / inter : 0);
+    }
+    r.mode = std::move(m);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+// `transients`: need counts activations and buffers (a GPT shape), not only model states.
+void print_node_modes(std::span<const ModeRow> rows, const ModeChoice& choice, int n, int per_node,
+                      std::optional<uint64_t> budget, std::optional<bool> invariant,
+                      bool transients) {
+  const bool timed = rows[0].seconds.has_value();
+  fmt::print("  {} ranks as {} nodes x {}, stage 3, rank 0 per step:\n", n, n / per_node, per_node);
+  fmt::print("    {:<34} {:>11} {:>11} {:>12}{}{}\n", "mode", "cross-node", "comm/step",
+             "memory/rank", timed ? "   at links s" : "", budget ? "  fits" : "");
+  for (const ModeRow& r : rows) {
+    fmt::print("    {:<34} {:>11} {:>11} {:>12}", r.mode.name, gb(r.comm.cross_total()),
+               gb(r.comm.total()), r.extra > 0 ? "+" + gb(r.extra) : "-");
+    if (timed) fmt::print(" {:>12.3g}", *r.seconds);
+    if (budget) fmt::print(" {:>5}", r.need <= *budget ? "yes" : "no");
     fmt::print("\n");
   }
+  const ModeRow& p = rows[choice.pick];
+  const ModeRow& flat = rows[0];
+  const std::string flags = p.mode.flags.empty() ? "--collectives flat, the default" : p.mode.flags;
+  const auto figure = [&](const ModeRow& r) {
+    return timed ? fmt::format("{:.3g} s of comm per step", *r.seconds)
+                 : fmt::format("{} across nodes per step", gb(r.comm.cross_total()));
+  };
+  const std::string memory =
+      p.extra > 0 ? fmt::format("+{} per rank", gb(p.extra)) : std::string("no memory added");
+  const std::string note = quantizes(p.mode.modes)
+                               ? "; qwZ/qgZ quantize: check the loss against an unquantized run"
+                               : "";
+  const std::string only_flat =
+      invariant.value_or(false) ? "; --invariant on keeps flat collectives" : "";
+  if (!choice.fits) {
+    fmt::print("  -> no mode fits {} per rank; the closest is {} ({}): it needs {}, {} over{}\n",
+               gb(*budget), p.mode.name, flags, gb(p.need), gb(p.need - *budget), only_flat);
+    return;
+  }
+  std::string line = fmt::format(
+      "  -> {}: {} ({}", timed ? "at these links" : "fewest cross-node bytes", flags, figure(p));
+  if (choice.pick != 0) {
+    line += fmt::format(" against {} flat", timed ? fmt::format("{:.3g} s", *flat.seconds)
+                                                  : gb(flat.comm.cross_total()));
+  }
+  line += fmt::format("; {}", memory);
+  if (budget) {
+    line += fmt::format(", {} of {} {}", gb(p.need), gb(*budget),
+                        transients ? "in all" : "in model states and the mode's buffers");
+  }
+  if (choice.fastest != choice.pick) {
+    const ModeRow& q = rows[choice.fastest];
+    line += fmt::format("; {} would {} but needs {}", q.mode.name,
+                        timed ? fmt::format("take {:.3g} s", *q.seconds)
+                              : fmt::format("move {} across nodes", gb(q.comm.cross_total())),
+                        gb(q.need));
+  }
+  fmt::print("{}{}{})\n", line, note, only_flat);
+  if (!timed) {
+    fmt::print(
+        "     (no link given: --link-bandwidth and --inter-node-bandwidth price the modes in "
+        "seconds)\n");
+  }
+}
+
+nlohmann::json node_modes_json(std::span<const ModeRow> rows, std::optional<uint64_t> budget) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const ModeRow& r : rows) {
+    out.push_back({{"mode", r.mode.name},
+                   {"flags", r.mode.flags},
+                   {"cross_node_bytes", r.comm.cross_total()},
+                   {"comm_bytes", r.comm.total()},
+                   {"extra_bytes", r.extra},
+                   {"need_bytes", r.need},
+                   {"seconds", r.seconds ? nlohmann::json(*r.seconds) : nlohmann::json()},
+                   {"fits", budget ? nlohmann::json(r.need <= *budget) : nlohmann::json()},
+                   {"allowed", r.allowed}});
+  }
+  return out;
 }
 
 int run_estimate(const Flags& f) {
@@ -316,6 +493,7 @@ int run_estimate(const Flags& f) {
   }
   for (int n : f.ranks) {
     std::optional<int> cheapest;
+    std::optional<size_t> stage3_row;  // in `rows`
     for (int stage : stages) {
       // As train resolves them: --invariant on makes reduce the default.
       const AccumulatePolicy policy =
@@ -403,6 +581,7 @@ int run_estimate(const Flags& f) {
       const bool fits = !budget || need <= *budget;
       if (fits && !cheapest) cheapest = stage;
       if (f.json) {
+        if (stage == 3) stage3_row = rows.size();
         rows.push_back(
             {{"ranks", n},
              {"stage", stage},
@@ -501,10 +680,51 @@ int run_estimate(const Flags& f) {
         fmt::print("  -> {} ranks: no stage fits {}; {}\n", n, gb(*budget), why);
       }
     }
-    if (!f.json && f.node_ranks > 0 && f.node_ranks < n &&
+    if (f.node_ranks > 0 && f.node_ranks < n &&
         std::find(stages.begin(), stages.end(), 3) != stages.end()) {
-      print_node_modes(units, n, f.node_ranks, precision, f.grad_accum, f.prefetch, bandwidth,
-                       inter_bandwidth);
+      const AccumulatePolicy policy3 =
+          accumulate.value_or(default_accumulate(3, f.grad_accum, invariant));
+      // As the stage-3 row computes `need`, without the user's --hpz or --qwz: each mode
+      // adds its own.
+      const auto base_need = [&](bool canonical) {
+        const bool accumulator3 = canonical && f.grad_accum > 1;
+        uint64_t need = max_model_state_bytes(units, n, 3, precision, accumulator3).total();
+        if (built) {
+          need += transient_bytes(*built,
+                                  TransientPlan{.world = n,
+                                                .stage = 3,
+                                                .precision = precision,
+                                                .policy = policy3,
+                                                .grad_accum = f.grad_accum,
+                                                .canonical = canonical,
+                                                .prefetch = f.prefetch,
+                                                .checkpoint_activations = f.checkpoint_activations,
+                                                .micro_batch = f.micro_batch,
+                                                .seq_len = gpt->seq_len},
+                                  0)
+                      .total();
+        }
+        return need;
+      };
+      const std::vector<ModeRow> mode_rows = node_mode_rows(
+          units, n, f.node_ranks, precision, f.grad_accum, policy3, invariant, f.prefetch,
+          static_cast<size_t>(f.qwz_block), f.qgz_block, bandwidth, inter_bandwidth, base_need);
+      const ModeChoice choice = choose_mode(mode_rows, budget);
+      if (!f.json) {
+        print_node_modes(mode_rows, choice, n, f.node_ranks, budget, invariant, built.has_value());
+      } else if (stage3_row) {
+        const ModeRow& p = mode_rows[choice.pick];
+        nlohmann::json& row = rows[*stage3_row];
+        row["node_modes"] = node_modes_json(mode_rows, budget);
+        row["node_mode_choice"] = {
+            {"mode", p.mode.name},
+            {"flags", p.mode.flags},
+            {"by", choice.by_seconds ? "seconds" : "cross_node_bytes"},
+            {"fits", budget ? nlohmann::json(choice.fits) : nlohmann::json()},
+            {"need_bytes", p.need},
+            {"over_bytes", choice.fits ? 0 : p.need - *budget},
+            {"quantized", quantizes(p.mode.modes)}};
+      }
     }
   }
   if (f.json) fmt::print("{}\n", rows.dump());
