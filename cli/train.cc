@@ -347,6 +347,11 @@ Runner add_train(CLI::App& app) {
           ->capture_default_str();
   par->add_option("--backend", f->backend, "local (threads) or mpi (under mpirun)")
       ->capture_default_str();
+  par->add_option("--ranks-per-process", c.launch.ranks_per_process,
+                  "mpi: ranks each process runs as threads, reading each other's buffers in "
+                  "place; the world is mpirun's -np x this. Set it to --node-ranks to run one "
+                  "process per node (docs/topology.md)")
+      ->capture_default_str();
   par->add_option("--stage", c.stage, "ZeRO stage 0..3")->capture_default_str();
   par->add_option("--precision", f->precision, "bf16, fp16 (dynamic loss scaling) or fp32")
       ->capture_default_str();

@@ -288,6 +288,24 @@ void resolve_config(TrainConfig& c) {
   if (c.keep < 0) {
     throw InvalidArgument(fmt::format("--keep {} is invalid; use 0 (keep all) or more", c.keep));
   }
+  if (c.launch.ranks_per_process < 1) {
+    throw InvalidArgument(
+        fmt::format("--ranks-per-process {} is invalid; use 1 or more rank threads per MPI process",
+                    c.launch.ranks_per_process));
+  }
+  if (c.launch.ranks_per_process > 1 && c.launch.backend == Backend::kLocal) {
+    throw InvalidArgument(fmt::format(
+        "--ranks-per-process {} is for --backend mpi; the local backend already runs every "
+        "rank as a thread of one process (use --ranks)",
+        c.launch.ranks_per_process));
+  }
+  if (c.launch.ranks_per_process > 1 && c.launch.comm.node_ranks > 0 &&
+      c.launch.comm.node_ranks % c.launch.ranks_per_process != 0) {
+    throw InvalidArgument(fmt::format(
+        "--ranks-per-process {} does not divide --node-ranks {}: a process's ranks must share "
+        "a node; use a divisor of {}",
+        c.launch.ranks_per_process, c.launch.comm.node_ranks, c.launch.comm.node_ranks));
+  }
   if (c.launch.backend == Backend::kLocal && c.launch.ranks < 1) {
     throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", c.launch.ranks));
   }
@@ -365,6 +383,7 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["link_latency"] = set(c.launch.comm.link_latency);
   j["node_ranks"] =
       c.launch.comm.node_ranks > 0 ? nlohmann::json(c.launch.comm.node_ranks) : nlohmann::json();
+  j["ranks_per_process"] = c.launch.ranks_per_process;
   j["inter_node_bandwidth"] = set(c.launch.comm.inter_node_bandwidth);
   j["inter_node_latency"] = set(c.launch.comm.inter_node_latency);
   j["collectives"] = std::string(collectives_name(c.launch.comm.two_level));

@@ -177,9 +177,9 @@ ModelCost model_cost(const TrainConfig& cfg, const DataSplits& data,
 
 // The cores this run's GEMMs occupy: on each host, its ranks' threads, at most the host's
 // cores (ranks past the cores share them and add nothing to the peak).
-double cores_in_peak(const Communicator& comm, Backend backend) {
+double cores_in_peak(const Communicator& comm, const LaunchOptions& launch) {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const int local_ranks = ranks_on_this_host(comm, backend);
+  const int local_ranks = ranks_on_this_host(comm, launch);
   const double hosts = std::ceil(static_cast<double>(comm.size()) / local_ranks);
   return hosts *
          std::min(static_cast<double>(local_ranks) * gemm_threads(), static_cast<double>(cores));
@@ -316,7 +316,7 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
     checkpoint::clean_leftovers(cfg.checkpoint_dir);
   }
   run.earlier = run.carried.size();
-  run.peak_cores = cores_in_peak(comm, cfg.launch.backend);
+  run.peak_cores = cores_in_peak(comm, cfg.launch);
   run.peak = plan.gemm_flops_per_core * run.peak_cores;
   if (plan.model_shapes_flops_per_core) {
     run.peak_model_shapes = *plan.model_shapes_flops_per_core * run.peak_cores;
@@ -586,31 +586,49 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
 
     TrainResult result;
     std::mutex mu;
+    // Rank threads in this process: every rank (local), or --ranks-per-process (mpi).
+    const int here = local ? cfg.launch.ranks : cfg.launch.ranks_per_process;
     // --trace: one tracer per rank. Local ranks share one file, written after they finish;
     // MPI ranks each write their own (the path with ".rankR" before the extension).
-    std::vector<std::unique_ptr<Tracer>> tracers(local ? static_cast<size_t>(cfg.launch.ranks) : 1);
+    std::vector<std::unique_ptr<Tracer>> tracers(static_cast<size_t>(here));
     launch(cfg.launch, argc, argv, [&](Communicator& comm) {
+      // Under MPI the world is known only now, and a process's rank threads may each adjust
+      // the batch to it: each takes its own copy of the configuration.
+      std::optional<TrainConfig> own;
       if (!local) {
-        if (saved) keep_global_batch(cfg, resume_from, *saved, comm.size(), default_policy);
-        preflight(cfg, data, make_model, comm.size(), comm.rank());
+        own.emplace(cfg);
+        if (saved) keep_global_batch(*own, resume_from, *saved, comm.size(), default_policy);
+        // The process's first rank checks the memory of all of them.
+        if (comm.rank() % here == 0)
+          preflight(*own, data, make_model, comm.size(), comm.rank(), here);
       }
+      const TrainConfig& rank_cfg = own ? *own : cfg;
+      const RunPlan rank_plan{.cfg = rank_cfg,
+                              .data = plan.data,
+                              .make_model = plan.make_model,
+                              .resume_from = plan.resume_from,
+                              .flops_per_token = plan.flops_per_token,
+                              .gemm_flops_per_core = plan.gemm_flops_per_core,
+                              .model_shapes_flops_per_core = plan.model_shapes_flops_per_core,
+                              .restarts = plan.restarts,
+                              .failures = plan.failures};
       std::optional<CheckpointDirLock> rank0_lock;
-      if (!local && comm.rank() == 0) rank0_lock.emplace(cfg.checkpoint_dir);
+      if (!local && comm.rank() == 0) rank0_lock.emplace(rank_cfg.checkpoint_dir);
       Tracer* tracer = nullptr;
-      if (!cfg.trace_path.empty()) {
-        auto& slot = tracers[local ? comm.rank() : 0];
+      if (!rank_cfg.trace_path.empty()) {
+        auto& slot = tracers[static_cast<size_t>(comm.rank() % here)];
         slot = std::make_unique<Tracer>(comm.rank());
         tracer = slot.get();
         tracer->attach(comm);
       }
-      check_same_config(cfg, comm);
+      check_same_config(rank_cfg, comm);
       // Every rank verifies the whole checkpoint before any state exists, so a corrupt one
       // fails every rank the same way.
       std::optional<checkpoint::Checkpoint> from;
-      if (!plan.resume_from.empty()) from.emplace(plan.resume_from);
-      RankTrainer trainer(cfg, comm, data, make_model);
+      if (!rank_plan.resume_from.empty()) from.emplace(rank_plan.resume_from);
+      RankTrainer trainer(rank_cfg, comm, data, make_model);
       trainer.set_tracer(tracer);
-      RankRun run = run_steps(plan, trainer, from, on_step);
+      RankRun run = run_steps(rank_plan, trainer, from, on_step);
       const bool reporter = comm.rank() == 0;
       // Memory as training left it; the evaluation and hash below are not training.
       const MemorySnapshot mem{trainer.ledger().current_table(), trainer.ledger().peak_table(),
@@ -622,14 +640,14 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       const double val = interrupted ? std::nan("") : trainer.evaluate();
       std::vector<float> kept;
       const std::string weights =
-          trainer.weights_sha256(cfg.keep_final_weights && reporter ? &kept : nullptr);
+          trainer.weights_sha256(rank_cfg.keep_final_weights && reporter ? &kept : nullptr);
       const std::vector<double> mine = pack_summary(mem, comm, trainer.samples_sha256());
       // Snapshot taken: the gather below is the last collective and is not in the summary.
       const std::vector<double> all = comm.gather_control(mine);
       if (tracer != nullptr) {
         comm.set_trace_hook(nullptr);
         if (!local) {
-          std::filesystem::path p(cfg.trace_path);
+          std::filesystem::path p(rank_cfg.trace_path);
           p.replace_filename(
               fmt::format("{}.rank{}{}", p.stem().string(), comm.rank(), p.extension().string()));
           const Tracer* one[] = {tracer};
@@ -639,14 +657,14 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       std::lock_guard lock(mu);
       result.stopped = run.stopped;  // every rank's is the same, and every process needs it
       if (!reporter) return;
-      fill_result(result, plan, trainer, run, all, mine.size());
+      fill_result(result, rank_plan, trainer, run, all, mine.size());
       if (std::isfinite(val)) result.val_loss = val;
       result.weights_sha256 = weights;
       result.final_weights = std::move(kept);
       // Written here, before MPI is finalized: under mpirun a job being stopped may not get
       // past the finalize before the launcher's SIGKILL, and the report must not be lost.
-      if (!cfg.report_path.empty()) {
-        files::write_output("--report", cfg.report_path, report_json(result).dump(2) + "\n");
+      if (!rank_cfg.report_path.empty()) {
+        files::write_output("--report", rank_cfg.report_path, report_json(result).dump(2) + "\n");
       }
     });
     if (!cfg.trace_path.empty() && local) {

@@ -14,11 +14,11 @@
 
 namespace zerodp {
 
-int ranks_on_this_host(const Communicator& comm, Backend backend) {
-  if (backend == Backend::kMpi) {
+int ranks_on_this_host(const Communicator& comm, const LaunchOptions& launch) {
+  if (launch.backend == Backend::kMpi) {
     for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
       if (const char* v = std::getenv(name)) {
-        const int n = std::atoi(v);
+        const int n = std::atoi(v) * std::max(1, launch.ranks_per_process);
         if (n >= 1 && n <= comm.size()) return n;
       }
     }
@@ -122,8 +122,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
   // Rank threads that each ask for all cores oversubscribe them.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  set_gemm_threads(
-      std::max(1, static_cast<int>(cores) / ranks_on_this_host(comm, cfg.launch.backend)));
+  set_gemm_threads(std::max(1, static_cast<int>(cores) / ranks_on_this_host(comm, cfg.launch)));
 }
 
 std::span<float> RankTrainer::saved_for(size_t ui) {

@@ -42,8 +42,9 @@
 namespace zerodp {
 
 // Ranks sharing this machine's cores: every rank on the local backend; under MPI the
-// launcher's count of this host's processes (OpenMPI, MPICH/Hydra), else the whole world.
-int ranks_on_this_host(const Communicator& comm, Backend backend);
+// launcher's count of this host's processes (OpenMPI, MPICH/Hydra) times the ranks each
+// hosts, else the whole world.
+int ranks_on_this_host(const Communicator& comm, const LaunchOptions& launch);
 
 // The transient buffers a rank of `cfg` allocates on data `data`, for the planner and the
 // engine alike.

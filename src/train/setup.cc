@@ -104,7 +104,7 @@ std::optional<double> gemm_flops_per_core(GemmCompute compute, std::span<const G
 // and the machine's available memory. A run that cannot fit is refused with the stage or
 // rank count that would, instead of failing halfway through allocation or swapping.
 void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactory& make_model,
-               int world, int my_rank) {
+               int world, int my_rank, int ranks_here) {
   // The data's own limits first: they say more precisely what is wrong with a micro-batch.
   (void)DistributedSampler(SamplerOptions{.dataset_size = dataset_size(data.train),
                                           .world_size = world,
@@ -118,7 +118,7 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
   const TransientPlan plan = transient_plan(cfg, data, world);
   uint64_t process = 0, worst = 0;
   int worst_rank = my_rank;
-  for (int r = local ? 0 : my_rank; r < (local ? world : my_rank + 1); ++r) {
+  for (int r = local ? 0 : my_rank; r < (local ? world : my_rank + ranks_here); ++r) {
     const uint64_t need =
         model_state_bytes(numel, world, cfg.stage, cfg.precision, r, fp32_accumulator(cfg))
             .total() +
@@ -144,7 +144,7 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
         "this process's {} rank(s) need {} together, but the machine has {} available; use a "
         "higher --stage, fewer local --ranks (or MPI across machines), --checkpoint-activations "
         "or a smaller --micro-batch",
-        local ? world : 1, format_bytes(static_cast<double>(process)),
+        local ? world : ranks_here, format_bytes(static_cast<double>(process)),
         format_bytes(static_cast<double>(*available))));
   }
 }

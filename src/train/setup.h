@@ -42,11 +42,12 @@ double gemm_flops_per_core(GemmCompute compute);
 // model that declares no products).
 std::optional<double> gemm_flops_per_core(GemmCompute compute, std::span<const GemmShape> shapes);
 
-// Before anything is allocated: what ranks my_rank.. of this process will hold (every rank
-// on the local backend, its own under MPI) against --memory-per-rank and the machine's
-// available memory. Throws OutOfMemory naming the stage or rank count that would fit.
+// Before anything is allocated: what ranks my_rank .. my_rank + ranks_here - 1 of this
+// process will hold (every rank on the local backend; under MPI the process's own, one or
+// --ranks-per-process) against --memory-per-rank and the machine's available memory. Throws
+// OutOfMemory naming the stage or rank count that would fit.
 void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactory& make_model,
-               int world, int my_rank);
+               int world, int my_rank, int ranks_here = 1);
 
 // The first collective of a run: each resolved option's digest, compared across ranks.
 // Throws InvalidArgument naming the first option that differs.

@@ -11,19 +11,22 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 common=(train --size tiny --data synthetic --steps 3 --micro-batch 4 --no-progress
         --collective-timeout 60)
 fail=0
-# The last cases put ranks on nodes: the cross-node bytes match too, and the two-level
-# collectives and hpZ give the same bits on both backends.
-for case in "2 0 bf16 -" "2 3 bf16 -" "3 1 fp16 -" "3 2 fp32 -" "3 3 bf16 --node-ranks=1" \
-  "4 0 fp16 --node-ranks=2,--collectives=two-level" \
-  "4 3 bf16 --node-ranks=2,--collectives=two-level,--hpz" \
-  "3 3 bf16 --qwz,--qwz-block=64" "4 2 fp16 --node-ranks=2,--qgz=int4,--qgz-block=64"; do
-  read -r n stage precision extras <<<"$case"
+# Cases: ranks, stage, precision, ranks per MPI process, extra flags. The later cases put
+# ranks on nodes: the cross-node bytes match too, and the two-level collectives and hpZ give
+# the same bits on both backends. With more than one rank per process the MPI run starts
+# ranks / that many processes, each running its ranks as threads: the same training still.
+for case in "2 0 bf16 1 -" "2 3 bf16 1 -" "3 1 fp16 1 -" "3 2 fp32 1 -" \
+  "3 3 bf16 1 --node-ranks=1" "4 0 fp16 1 --node-ranks=2,--collectives=two-level" \
+  "4 3 bf16 1 --node-ranks=2,--collectives=two-level,--hpz" "3 3 bf16 1 --qwz,--qwz-block=64" \
+  "4 2 fp16 1 --node-ranks=2,--qgz=int4,--qgz-block=64" "4 2 bf16 2 -" "4 0 fp32 4 -" \
+  "6 3 bf16 3 --node-ranks=3,--collectives=two-level,--hpz,--qwz,--qgz=int4"; do
+  read -r n stage precision per extras <<<"$case"
   extra=()
   [[ $extras != - ]] && IFS=, read -r -a extra <<<"$extras"
   "$zerodp" "${common[@]}" --ranks "$n" --stage "$stage" --precision "$precision" \
     "${extra[@]}" --report "$tmp/local.json" >/dev/null
-  "$mpirun" -np "$n" "$zerodp" "${common[@]}" --backend mpi --stage "$stage" \
-    --precision "$precision" "${extra[@]}" --report "$tmp/mpi.json" >/dev/null
+  "$mpirun" -np $((n / per)) "$zerodp" "${common[@]}" --backend mpi --ranks-per-process "$per" \
+    --stage "$stage" --precision "$precision" "${extra[@]}" --report "$tmp/mpi.json" >/dev/null
   if ! /usr/bin/env python3 - "$tmp/local.json" "$tmp/mpi.json" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
@@ -39,10 +42,10 @@ for r in (a, b):
     assert r["throughput"]["peak_cores"] <= os.cpu_count(), r["throughput"]
 PY
   then
-    echo "FAIL: N=$n stage $stage $precision $extras: mpi and local reports differ"
+    echo "FAIL: N=$n stage $stage $precision x$per per process $extras: mpi and local reports differ"
     fail=1
   else
-    echo "ok: N=$n stage $stage $precision $extras: same weights, losses, samples, comm, memory"
+    echo "ok: N=$n stage $stage $precision x$per per process $extras: same weights, losses, samples, comm, memory"
   fi
 done
 # Ranks on different hosts (each process told it is alone on its host, as OpenMPI tells a
