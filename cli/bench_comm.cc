@@ -42,6 +42,7 @@ struct Config {
   std::string backend = "local";
   int ranks = 2;
   bool ranks_given = false;
+  int ranks_per_process = 1;
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
   std::vector<std::string> dtypes = {"f32", "bf16", "f16"};
   std::string min_bytes = "1KiB";
@@ -306,12 +307,21 @@ int run_bench(const Config& cfg, Launch args) {
   const std::vector<uint64_t> sizes =
       row_sizes(min_bytes, max_bytes, static_cast<uint64_t>(cfg.factor));
   // launch() refuses --ranks below 1 after this.
-  check_memory(cfg, sizes.back(), backend == Backend::kLocal ? std::max(cfg.ranks, 1) : 1);
+  check_memory(
+      cfg, sizes.back(),
+      backend == Backend::kLocal ? std::max(cfg.ranks, 1) : std::max(cfg.ranks_per_process, 1));
 
   LaunchOptions opts;
   opts.backend = backend;
   // Under mpirun the job's size is the world unless --ranks was given to check it.
   opts.ranks = backend == Backend::kMpi && !cfg.ranks_given ? 0 : cfg.ranks;
+  if (cfg.ranks_per_process > 1 && backend == Backend::kLocal) {
+    throw InvalidArgument(fmt::format(
+        "--ranks-per-process {} is for --backend mpi; the local backend already runs every "
+        "rank as a thread of one process (use --ranks)",
+        cfg.ranks_per_process));
+  }
+  opts.ranks_per_process = cfg.ranks_per_process;
   opts.comm.timeout_seconds = cfg.timeout;
 
   uint64_t total_wrong = 0;
@@ -369,6 +379,9 @@ int run_bench(const Config& cfg, Launch args) {
 Runner add_bench_comm(CLI::App& app) {
   auto cfg = std::make_shared<Config>();
   app.add_option("--backend", cfg->backend, "local (rank threads in this process) or mpi")
+      ->capture_default_str();
+  app.add_option("--ranks-per-process", cfg->ranks_per_process,
+                 "mpi: ranks each process runs as threads (the world is -np x this)")
       ->capture_default_str();
   CLI::Option* ranks = app.add_option("--ranks", cfg->ranks, "Number of ranks (local backend)")
                            ->capture_default_str();

@@ -11,6 +11,7 @@
 #include "comm/local.h"
 #include "comm/mpi.h"
 #include "core/error.h"
+#include "core/sysinfo.h"
 
 namespace zerodp {
 
@@ -98,6 +99,14 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
     }
     comms.clear();
     return;
+  }
+  if (const int cores = usable_cores(); cores < per_process) {
+    // Not an error: oversubscribed ranks still train, only slower.
+    fmt::print(stderr,
+               "zerodp: warning: process {} runs {} ranks but may use {} core(s) (its CPU "
+               "affinity; mpirun binds each process to one core by default for 2 or fewer "
+               "processes): start it with --bind-to none, or --map-by ppr:1:node:pe={}\n",
+               session.rank(), per_process, cores, per_process);
   }
   // Ranks as threads, as run_local runs them; the first to fail aborts the others.
   std::vector<std::exception_ptr> errors(comms.size());

@@ -523,7 +523,8 @@ class MpiCommunicator final : public Communicator {
              fmt::format("the broadcast from rank {}", root));
     }
     if (threads_ > 1) {
-      meet(fmt::format("{} #{} (received)", what, sequence_));
+      // With no other process the root's buffer is this process's copy all along.
+      if (size() > threads_) meet(fmt::format("{} #{} (received)", what, sequence_));
       if (source != buf.data) std::memcpy(buf.data, source, buf.bytes());
     }
     depart(what);
@@ -932,6 +933,10 @@ class MpiCommunicator final : public Communicator {
   // (a message of 0 bytes is sent as one empty piece), and waits for all of them.
   void exchange(std::string_view what, int tag, const std::vector<Message>& sends,
                 const std::vector<Message>& recvs, Clock::time_point deadline) {
+    if (sends.empty() && recvs.empty()) {
+      check_usable(what);
+      return;
+    }
     std::vector<MPI_Request> requests;
     std::vector<int> peers;  // peers[i]: the rank requests[i] talks to
     {
@@ -1017,7 +1022,8 @@ class MpiCommunicator final : public Communicator {
 
   // Throws CommError if this communicator failed earlier or a peer's notice has arrived.
   void check_usable(std::string_view what) {
-    if (!failed()) {
+    // With no other process no notice can come (the ranks here fail through the group).
+    if (size() > threads_ && !failed()) {
       MPI_Status status;
       int arrived = 0;
       {

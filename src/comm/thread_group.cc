@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "core/sysinfo.h"
 
 namespace zerodp {
 namespace {
@@ -32,10 +33,7 @@ ThreadGroup::ThreadGroup(int members, int first_rank, double timeout_seconds)
     : members_(members),
       first_rank_(first_rank),
       timeout_seconds_(timeout_seconds),
-      spin_limit_(static_cast<unsigned>(members) <=
-                          std::max(1u, std::thread::hardware_concurrency())
-                      ? 20000
-                      : 200),
+      spin_limit_(members <= usable_cores() ? 20000 : 200),
       entered_(static_cast<size_t>(members)) {}
 
 void ThreadGroup::abort(int rank, const std::string& reason) {

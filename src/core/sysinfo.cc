@@ -1,7 +1,11 @@
 #include "core/sysinfo.h"
 
+#include <algorithm>
 #include <fstream>
 #include <string>
+#include <thread>
+
+#include <sched.h>
 
 namespace zerodp {
 
@@ -14,6 +18,13 @@ std::optional<uint64_t> available_memory() {
     if (key == "MemAvailable:") return kib * 1024;
   }
   return std::nullopt;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 }  // namespace zerodp

@@ -10,4 +10,9 @@ namespace zerodp {
 // nullopt where that is not known.
 std::optional<uint64_t> available_memory();
 
+// The cores this process may run on: its CPU affinity mask (mpirun binds each process to
+// one core by default when it starts two or fewer, to a socket beyond), else the
+// machine's. At least 1.
+int usable_cores();
+
 }  // namespace zerodp
