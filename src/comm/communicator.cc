@@ -374,6 +374,51 @@ Work Communicator::node_all_gather_async(ConstBuffer shard, MutableBuffer out,
                 bytes, seconds);
 }
 
+Work Communicator::node_reduce_scatter_async(ConstBuffer in, MutableBuffer out,
+                                             const Partition& node_part, ReduceOp op) {
+  constexpr std::string_view kOp = "node_reduce_scatter";
+  const int t = node_ranks();
+  const int p = size_ / t;
+  if (node_part.world_size() != t) {
+    throw InvalidArgument(fmt::format("{}: partition has {} ranges but a node has {} ranks", kOp,
+                                      node_part.world_size(), t));
+  }
+  if (op != ReduceOp::kSum && op != ReduceOp::kAvg) {
+    throw InvalidArgument(
+        fmt::format("{}: {} is not supported; use sum or avg", kOp, reduce_op_name(op)));
+  }
+  if (options_.qgz_bits != 0) {
+    throw InvalidArgument(fmt::format("{}: qgZ does not quantize it; turn qgZ off", kOp));
+  }
+  check_dtypes(kOp, in.dtype, out.dtype);
+  if (in.dtype == DType::kU8) {
+    throw InvalidArgument(fmt::format(
+        "{}: u8 buffers hold raw bytes, which nothing reduces; reduce f32, f16 or bf16", kOp));
+  }
+  const int local = rank_ - node_first();
+  const size_t mine = node_part.count(local);
+  if (in.count != node_part.length() || out.count != mine) {
+    throw InvalidArgument(fmt::format(
+        "{}: input holds {} and output {} elements; local rank {} of a node of {} owns {} of {}",
+        kOp, in.count, out.count, local, t, mine, node_part.length()));
+  }
+  const size_t w = dtype_size(in.dtype);
+  const void* own_range = byte_ptr(in.data) + node_part.offset(local) * w;
+  if (out.data != own_range && overlaps(in.data, in.bytes(), out.data, out.bytes())) {
+    throw InvalidArgument(fmt::format(
+        "{}: output overlaps the input but is not local rank {}'s range of it; use that range "
+        "or a separate buffer",
+        kOp, local));
+  }
+  const uint64_t intra = static_cast<uint64_t>(t - 1) * mine * w;
+  const Partition pieces(mine, p);
+  const uint64_t piece = pieces.count(rank_ / t);
+  const uint64_t cross = (static_cast<uint64_t>(p - 1) * piece + mine - piece) * w;
+  ledger_.record(CommKind::kReduceScatter, intra + cross, cross);
+  return submit([=, this] { run_node_reduce_scatter(in, out, node_part, op); },
+                CommKind::kReduceScatter, intra + cross, two_level_seconds(intra, cross));
+}
+
 Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
   if (op == ReduceOp::kSumInto) {
     throw InvalidArgument(

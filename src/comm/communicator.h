@@ -160,6 +160,19 @@ class Communicator {
   // calls it (each node gathers its own), so it keeps the collectives' one order. Recorded
   // as an all_gather of which nothing crosses nodes.
   Work node_all_gather_async(ConstBuffer shard, MutableBuffer out, const Partition& node_part);
+  // Reduce-scatter over the T ranks of this rank's node of the reduction over the whole
+  // world: HSDP's gradient reduction (states sharded inside each node, replicated across
+  // nodes). `in` holds node_part.length() elements on every rank (node_part has T ranges);
+  // `out` receives node_part.count(l), l = rank() % T: range l reduced over all N ranks, the
+  // same bits on the P ranks of local index l. Order: with 1 < T < N the two-level one
+  // (each node's T inputs folded in local rank order in fp32 and rounded to the dtype, then
+  // the P node partials folded in node order, divided by N for kAvg, rounded once);
+  // otherwise the flat rank order. kSum and kAvg; not under qgZ. Recorded as a
+  // reduce_scatter: (T - 1) * c_l * w inside the node, and across nodes an all-reduce of the
+  // c_l elements among the ranks of local index l split as Partition(c_l, P), of which node
+  // p's rank receives ((P - 1) * s_p + c_l - s_p) * w, s_p its piece.
+  Work node_reduce_scatter_async(ConstBuffer in, MutableBuffer out, const Partition& node_part,
+                                 ReduceOp op);
   // All-reduce in place: exactly a reduce-scatter over Partition(count, size()) followed by
   // an all-gather, recorded as one all_reduce call.
   Work all_reduce_async(MutableBuffer buf, ReduceOp op);
@@ -210,6 +223,8 @@ class Communicator {
   virtual void run_all_gather(ConstBuffer shard, MutableBuffer out, const Partition& part) = 0;
   virtual void run_node_all_gather(ConstBuffer shard, MutableBuffer out,
                                    const Partition& node_part) = 0;
+  virtual void run_node_reduce_scatter(ConstBuffer in, MutableBuffer out,
+                                       const Partition& node_part, ReduceOp op) = 0;
   virtual void run_broadcast(MutableBuffer buf, int root) = 0;
   virtual void run_gather_control(std::span<const double> mine, std::span<double> all) = 0;
   // Must be called by the backend's destructor before its members go away.
@@ -222,6 +237,8 @@ class Communicator {
   // over more than one node of more than one rank; otherwise the two are the flat ones).
   bool two_level() const { return options_.two_level && node_ranks() > 1 && node_ranks() < size_; }
   bool quantized_reduce_scatter() const { return options_.qgz_bits != 0; }
+  // Whether node_reduce_scatter folds in two levels (1 < T < N) or in flat rank order.
+  bool nodes_fold_in_two_levels() const { return node_ranks() > 1 && node_ranks() < size_; }
   const CommOptions& options() const { return options_; }
 
  private:

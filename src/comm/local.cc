@@ -38,7 +38,7 @@ std::string describe(const Fingerprint& f) {
   std::string s = fmt::format("{}({} x {}", comm_kind_name(f.kind), f.count, dtype_name(f.dtype));
   if (f.kind == CommKind::kReduceScatter) s += fmt::format(", {}", reduce_op_name(f.op));
   if (f.kind == CommKind::kBroadcast) s += fmt::format(", root {}", f.root);
-  if (f.kind == CommKind::kAllGather && f.root == -2) s += ", inside each node";
+  if (f.root == -2) s += ", inside each node";
   return s + ")";
 }
 
@@ -124,6 +124,24 @@ class LocalCommunicator final : public Communicator {
       void* dst = static_cast<char*>(out.data) + node_part.offset(l) * w;
       const void* src = shared_->slots[first + l].in;
       if (dst != src && node_part.count(l) > 0) std::memcpy(dst, src, node_part.count(l) * w);
+    }
+    depart(f);
+  }
+
+  void run_node_reduce_scatter(ConstBuffer in, MutableBuffer out, const Partition& node_part,
+                               ReduceOp op) override {
+    // Root -2 tells it from a world reduce-scatter of the same count.
+    const Fingerprint f{CommKind::kReduceScatter, in.dtype, op, -2, in.count};
+    publish(f, in.data, out.data);
+    const size_t offset_bytes = node_part.offset(rank() % node_ranks()) * dtype_size(in.dtype);
+    std::vector<const void*> inputs(static_cast<size_t>(size()));
+    for (int k = 0; k < size(); ++k) {
+      inputs[k] = static_cast<const char*>(shared_->slots[k].in) + offset_bytes;
+    }
+    if (nodes_fold_in_two_levels()) {
+      reduce_two_level(inputs, out, in.dtype, op);
+    } else {
+      reduce_rank_order(inputs, out.data, out.count, in.dtype, op);
     }
     depart(f);
   }

@@ -484,6 +484,15 @@ class MpiCommunicator final : public Communicator {
     depart(what);
   }
 
+  void run_node_reduce_scatter(ConstBuffer in, MutableBuffer out, const Partition& node_part,
+                               ReduceOp op) override {
+    (void)in;
+    (void)out;
+    (void)node_part;
+    (void)op;
+    throw InvalidArgument("node_reduce_scatter is not built on the mpi backend yet");
+  }
+
   // One MPI_Ibcast among the processes, issued by each process's first rank from the root's
   // buffer (on the root's process) or into its own; the other ranks of each process then
   // copy from that buffer.
