@@ -397,6 +397,11 @@ Runner add_train(CLI::App& app) {
   par->add_option("--node-ranks", c.launch.comm.node_ranks,
                   "Ranks per node: consecutive ranks share a node, and the comm ledger counts "
                   "the bytes that cross nodes apart (docs/topology.md); default: one node");
+  par->add_flag("--shard-within-node", c.shard_within_node,
+                "Stages 1-3 with --node-ranks T: shard the states over the T ranks of each node "
+                "and keep a replica per node (HSDP): gathers stay inside the node, gradients "
+                "cross nodes once per reduction as an all-reduce of the shard; states cost "
+                "1/T, not 1/N, per rank (docs/topology.md)");
   par->add_flag("--hpz", c.hpz,
                 "Stage 3 with --node-ranks: keep each node's copy of a unit's parameters "
                 "sharded over its ranks after the forward's gather, so the backward's gather "

@@ -129,6 +129,37 @@ void check_node_modes(int node_ranks, bool two_level, bool hpz, int qgz_bits, si
   }
 }
 
+void check_shard_within_node(int stage, int node_ranks, std::optional<bool> invariant,
+                             bool two_level, bool hpz, bool qwz, int qgz_bits) {
+  if (node_ranks == 0) {
+    throw InvalidArgument(
+        "--shard-within-node shards the states over the ranks of each node; it needs "
+        "--node-ranks T to say which ranks share a node");
+  }
+  if (stage == 0) {
+    throw InvalidArgument(
+        "--shard-within-node shards states inside each node; --stage 0 shards none. Use "
+        "--stage 1, 2 or 3");
+  }
+  const char* other = hpz                ? "--hpz"
+                      : qwz              ? "--qwz"
+                      : qgz_bits != 0    ? "--qgz"
+                      : two_level        ? "--collectives two-level"
+                                         : nullptr;
+  if (other != nullptr) {
+    throw InvalidArgument(fmt::format(
+        "--shard-within-node already gathers inside each node and reduces in two levels; "
+        "{} has nothing to act on with it. Leave {} out",
+        other, other));
+  }
+  if (invariant.value_or(false)) {
+    throw InvalidArgument(
+        "--invariant on needs one order for every rank count, but --shard-within-node adds "
+        "each node's ranks first and rounds that partial (docs/determinism.md); use "
+        "--invariant auto or off");
+  }
+}
+
 void check_invariant_policy(std::optional<bool> invariant, AccumulatePolicy policy) {
   if (invariant.value_or(false) && policy == AccumulatePolicy::kLocal) {
     throw InvalidArgument(
@@ -199,6 +230,15 @@ void resolve_config(TrainConfig& c) {
   }
   check_invariant_policy(c.invariant, c.accumulate);
   check_invariant_collectives(c.invariant, c.launch.comm);
+  if (c.shard_within_node) {
+    check_shard_within_node(c.stage, c.launch.comm.node_ranks, c.invariant,
+                            c.launch.comm.two_level, c.hpz, c.qwz, c.launch.comm.qgz_bits);
+    if (!c.checkpoint_dir.empty()) {
+      throw InvalidArgument(
+          "--shard-within-node does not write checkpoints yet (its shards are replicated per "
+          "node, which the checkpoint format does not describe); leave --checkpoint-dir out");
+    }
+  }
   if (c.launch.comm.qgz_bits != 0 && c.stage == 0) {
     throw InvalidArgument(
         "--qgz quantizes the gradients' reduce-scatter of stages 1-3; --stage 0 all-reduces "
@@ -344,7 +384,8 @@ void resolve_config(TrainConfig& c) {
 
 bool canonical_order(const TrainConfig& c) {
   return c.invariant.value_or(c.accumulate == AccumulatePolicy::kReduce &&
-                              !c.launch.comm.two_level && c.launch.comm.qgz_bits == 0);
+                              !c.launch.comm.two_level && c.launch.comm.qgz_bits == 0 &&
+                              !c.shard_within_node);
 }
 
 bool fp32_accumulator(const TrainConfig& c) { return canonical_order(c) && c.grad_accum > 1; }
@@ -390,6 +431,7 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["hpz"] = c.hpz;
   j["qwz"] = c.qwz;
   j["qwz_block"] = c.qwz_block;
+  j["shard_within_node"] = c.shard_within_node;
   j["qgz"] = std::string(qgz_name(c.launch.comm.qgz_bits));
   j["qgz_block"] = c.launch.comm.qgz_block;
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();

@@ -63,6 +63,12 @@ void check_node_modes(int node_ranks, bool two_level, bool hpz, int qgz_bits, si
 // InvalidArgument when --invariant on meets --collectives two-level or --qgz, whose node
 // partials (and quantization) make the sum depend on the ranks per node.
 void check_invariant_collectives(std::optional<bool> invariant, const CommOptions& comm);
+// The refusals of --shard-within-node (HSDP) train and estimate share: it needs --node-ranks
+// and a stage that shards (1-3), and stands alone among the modes over nodes (its gathers
+// stay in the node and its reduction is two-level already, so --hpz, --qwz, --qgz and
+// --collectives two-level have nothing to act on) and outside --invariant on.
+void check_shard_within_node(int stage, int node_ranks, std::optional<bool> invariant,
+                             bool two_level, bool hpz, bool qwz, int qgz_bits);
 
 // A fault to inject (--inject KIND@STEP[:RANK]), for tests and demos of failure handling
 // (docs/reliability.md). Rank defaults to 0.
@@ -112,6 +118,10 @@ struct TrainConfig {
   bool qwz = false;
   // Elements per quantization scale. DeepSpeed's quantizer aims for groups of about 4K.
   int qwz_block = 4096;
+  // HSDP (with --node-ranks T, stages 1-3): states sharded over the T ranks of each node
+  // and replicated across nodes; gradients reduce-scattered inside the node of the world's
+  // sum (Communicator::node_reduce_scatter), parameters gathered inside the node.
+  bool shard_within_node = false;
   // Optimization.
   int64_t steps = 100;
   uint64_t seed = 1337;

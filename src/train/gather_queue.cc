@@ -53,10 +53,10 @@ void QuantizedGather::finish(const UnitState& state, size_t u, size_t slot, Flat
   }
 }
 
-GatherQueue::GatherQueue(Communicator& comm, std::vector<UnitState>& units,
+GatherQueue::GatherQueue(ShardGroup& group, std::vector<UnitState>& units,
                          std::vector<Flat>& slots, std::vector<size_t> order, HpzCopy* hpz,
                          QuantizedGather* qwz)
-    : comm_(comm), units_(units), slots_(slots), order_(std::move(order)), hpz_(hpz), qwz_(qwz) {
+    : group_(group), units_(units), slots_(slots), order_(std::move(order)), hpz_(hpz), qwz_(qwz) {
   while (issued_ < order_.size() && issued_ < slots_.size()) issue();
 }
 
@@ -75,11 +75,11 @@ void GatherQueue::issue() {
   UnitState& u = units_[order_[issued_]];
   Flat& slot = slots_[issued_ % slots_.size()];
   if (hpz_) {
-    works_.push_back(hpz_->gather(comm_, order_[issued_], slot));
+    works_.push_back(hpz_->gather(group_.comm(), order_[issued_], slot));
   } else if (qwz_) {
-    works_.push_back(qwz_->issue(comm_, u, order_[issued_], issued_ % slots_.size()));
+    works_.push_back(qwz_->issue(group_.comm(), u, order_[issued_], issued_ % slots_.size()));
   } else {
-    works_.push_back(comm_.all_gather_async(u.params.buffer(), slot.range(0, u.numel), u.part));
+    works_.push_back(group_.all_gather_async(u.params.buffer(), slot.range(0, u.numel), u.part));
   }
   ++issued_;
 }

@@ -8,6 +8,7 @@
 
 #include "comm/communicator.h"
 #include "comm/quantize.h"
+#include "train/shard_group.h"
 #include "train/sharded_state.h"
 
 namespace zerodp {
@@ -56,7 +57,7 @@ class GatherQueue {
  public:
   // Issues the first gathers at once. `order`: the unit indices in the order of the pass.
   // With `hpz`, units are gathered from the node's copy; else with `qwz`, quantized.
-  GatherQueue(Communicator& comm, std::vector<UnitState>& units, std::vector<Flat>& slots,
+  GatherQueue(ShardGroup& group, std::vector<UnitState>& units, std::vector<Flat>& slots,
               std::vector<size_t> order, HpzCopy* hpz = nullptr, QuantizedGather* qwz = nullptr);
   // Waits for the i-th unit of the order to arrive; returns its slot.
   int acquire(size_t i);
@@ -65,7 +66,7 @@ class GatherQueue {
 
  private:
   void issue();
-  Communicator& comm_;
+  ShardGroup& group_;
   std::vector<UnitState>& units_;
   std::vector<Flat>& slots_;
   std::vector<size_t> order_;

@@ -9,8 +9,8 @@
 namespace zerodp {
 
 GradientReducer::GradientReducer(ShardedState& state, const TransientLayout& layout, int grad_accum,
-                                 Communicator& comm, MemoryLedger& ledger, std::span<float> chunk)
-    : state_(state), plan_(state.plan()), grad_accum_(grad_accum), comm_(comm), chunk_(chunk) {
+                                 ShardGroup& group, MemoryLedger& ledger, std::span<float> chunk)
+    : state_(state), plan_(state.plan()), grad_accum_(grad_accum), group_(group), chunk_(chunk) {
   const DType t = state.dtype();
   for (uint64_t n : layout.accum_full)
     accum_full_.emplace_back(ledger, MemCategory::kGradBuckets, t, n);
@@ -53,11 +53,11 @@ void GradientReducer::add(size_t ui, std::span<const float> dw) {
   Pending p{ui, Work(), slot};
   if (plan_.fp32_accumulator) {
     const std::span<float> acc = accumulator(ui);
-    p.work = comm_.reduce_scatter_async(bucket.range(0, u.numel), acc, u.part, ReduceOp::kSumInto);
+    p.work = group_.reduce_scatter_async(bucket.range(0, u.numel), acc, u.part, ReduceOp::kSumInto);
   } else if (plan_.micro_batch_reduce == StagePlan::Reduce::kAllReduce) {
-    p.work = comm_.all_reduce_async(bucket.range(0, u.numel), ReduceOp::kAvg);
+    p.work = group_.comm().all_reduce_async(bucket.range(0, u.numel), ReduceOp::kAvg);
   } else {
-    p.work = comm_.reduce_scatter_async(
+    p.work = group_.reduce_scatter_async(
         bucket.range(0, u.numel), reduced_[slot].range(0, u.own.count()), u.part, ReduceOp::kAvg);
   }
   pending_.push_back(std::move(p));
@@ -114,7 +114,7 @@ void GradientReducer::add_widened(const void* from, size_t count, void* grads, s
 // the divisor and operation are the averaging reduction's (comm/reduce.h), so A = 1 and
 // A > 1 agree.
 void GradientReducer::finish_accumulators() {
-  const float m = static_cast<float>(grad_accum_) * static_cast<float>(comm_.size());
+  const float m = static_cast<float>(grad_accum_) * static_cast<float>(group_.comm().size());
   std::vector<UnitState>& units = state_.units();
   works_.clear();
   for (size_t i = 0; i < units.size(); ++i) {
@@ -132,7 +132,7 @@ void GradientReducer::finish_accumulators() {
     }
     narrow(acc, u.grads.data(), state_.dtype(), u.grads_own);
     if (plan_.gather_grads) {
-      works_.push_back(comm_.all_gather_async(u.grads.range(u.grads_own, u.own.count()),
+      works_.push_back(group_.all_gather_async(u.grads.range(u.grads_own, u.own.count()),
                                               u.grads.buffer(), u.part));
     }
   }
@@ -151,13 +151,13 @@ void GradientReducer::finish_step() {
   for (size_t i = 0; i < units.size(); ++i) {
     UnitState& u = units[i];
     if (plan_.boundary_reduce == StagePlan::Reduce::kAllReduce) {
-      works_.push_back(comm_.all_reduce_async(u.grads.buffer(), ReduceOp::kAvg));
+      works_.push_back(group_.comm().all_reduce_async(u.grads.buffer(), ReduceOp::kAvg));
     } else if (plan_.accumulate_full) {
-      works_.push_back(comm_.reduce_scatter_async(accum_full_[i].buffer(), u.grads.buffer(), u.part,
+      works_.push_back(group_.reduce_scatter_async(accum_full_[i].buffer(), u.grads.buffer(), u.part,
                                                   ReduceOp::kAvg));
     } else {
       // Full grads, own range reduced in place.
-      works_.push_back(comm_.reduce_scatter_async(
+      works_.push_back(group_.reduce_scatter_async(
           u.grads.buffer(), u.grads.range(u.grads_own, u.own.count()), u.part, ReduceOp::kAvg));
     }
   }

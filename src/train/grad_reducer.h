@@ -27,6 +27,7 @@
 
 #include "comm/communicator.h"
 #include "train/plan.h"
+#include "train/shard_group.h"
 #include "train/sharded_state.h"
 
 namespace zerodp {
@@ -37,7 +38,7 @@ class GradientReducer {
   // is fp32 widening space the caller owns (no allocation inside a step). `grad_accum`: the
   // micro-batches per step.
   GradientReducer(ShardedState& state, const TransientLayout& layout, int grad_accum,
-                  Communicator& comm, MemoryLedger& ledger, std::span<float> chunk);
+                  ShardGroup& group, MemoryLedger& ledger, std::span<float> chunk);
 
   // Zeroes what the step's gradients accumulate into.
   void begin_step();
@@ -65,7 +66,7 @@ class GradientReducer {
   ShardedState& state_;
   const StagePlan& plan_;
   int grad_accum_;
-  Communicator& comm_;
+  ShardGroup& group_;
   std::span<float> chunk_;
   std::vector<Flat> accum_full_;  // per unit, when the plan accumulates full-size sums
   std::vector<Flat> buckets_;

@@ -23,9 +23,9 @@ LrSchedule make_schedule(const TrainConfig& cfg) {
 
 }  // namespace
 
-OptimizerStep::OptimizerStep(const TrainConfig& cfg, ShardedState& state, Communicator& comm,
+OptimizerStep::OptimizerStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& group,
                              std::span<float> chunk)
-    : cfg_(cfg), state_(state), comm_(comm), chunk_(chunk), schedule_(make_schedule(cfg)) {
+    : cfg_(cfg), state_(state), group_(group), chunk_(chunk), schedule_(make_schedule(cfg)) {
   if (cfg.precision == Precision::kFP16) {
     LossScalerConfig sc;
     sc.initial_scale = cfg.initial_loss_scale;
@@ -104,7 +104,7 @@ void OptimizerStep::update(double lr, double coef) {
       if (!fp32) narrow(master, u.params.data(), t, u.params_opt);
     }
     if (state_.plan().gather_after_update) {
-      works_.push_back(comm_.all_gather_async(u.params.range(u.params_own, u.own.count()),
+      works_.push_back(group_.all_gather_async(u.params.range(u.params_own, u.own.count()),
                                               u.params.buffer(), u.part));
     }
   }

@@ -15,6 +15,7 @@
 #include "optim/lr_schedule.h"
 #include "optim/square_sum.h"
 #include "train/config.h"
+#include "train/shard_group.h"
 #include "train/sharded_state.h"
 
 namespace zerodp {
@@ -44,7 +45,7 @@ struct UpdateOutcome {
 class OptimizerStep {
  public:
   // `chunk` is fp32 widening space the caller owns.
-  OptimizerStep(const TrainConfig& cfg, ShardedState& state, Communicator& comm,
+  OptimizerStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& group,
                 std::span<float> chunk);
 
   // The scale the step's loss gradient is multiplied by: the fp16 loss scale, else 1.
@@ -65,7 +66,7 @@ class OptimizerStep {
 
   const TrainConfig& cfg_;
   ShardedState& state_;
-  Communicator& comm_;
+  ShardGroup& group_;
   std::span<float> chunk_;
   std::optional<LossScaler> scaler_;
   LrSchedule schedule_;

@@ -114,7 +114,17 @@ CommModes comm_modes_of(const TrainConfig& c) {
                    .hpz = c.hpz,
                    .qwz_block = c.qwz ? static_cast<size_t>(c.qwz_block) : 0,
                    .qgz_bits = c.launch.comm.qgz_bits,
-                   .qgz_block = c.launch.comm.qgz_block};
+                   .qgz_block = c.launch.comm.qgz_block,
+                   .shard_within_node = c.shard_within_node};
+}
+
+int shard_ranks(const TrainConfig& c, int world) {
+  return c.shard_within_node && c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : world;
+}
+
+int shard_index(const TrainConfig& c, int rank) {
+  return c.shard_within_node && c.launch.comm.node_ranks > 0 ? rank % c.launch.comm.node_ranks
+                                                             : rank;
 }
 
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
@@ -164,6 +174,22 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
     return static_cast<uint64_t>(quantized_bytes(c, qgz));
   };
   CommBytes b;
+  if (modes.shard_within_node && reduce == StagePlan::Reduce::kReduceScatter) {
+    // HSDP: ranges of Partition(numel, T); each reduction is a node_reduce_scatter (inside
+    // the node (T - 1) c_l w, across an all-reduce of c_l split over the P nodes), each
+    // gather a node_all_gather (inside the node only).
+    const int local = rank % per_node;
+    const int node = rank / per_node;
+    for (uint64_t numel : unit_numel) {
+      const uint64_t own = own_count(numel, per_node, local);
+      const uint64_t piece = own_count(own, nodes, node);
+      const uint64_t cross = (static_cast<uint64_t>(nodes - 1) * piece + own - piece) * w;
+      b.reduce_scatter += reductions * (static_cast<uint64_t>(per_node - 1) * own * w + cross);
+      b.cross_reduce_scatter += reductions * cross;
+      b.all_gather += gathers * (numel - own) * w;
+    }
+    return b;
+  }
   for (uint64_t numel : unit_numel) {
     const uint64_t own = own_count(numel, world, rank);
     uint64_t rs = peers * own * w;  // from each peer, its copy of my range

@@ -69,9 +69,16 @@ struct CommModes {
   // of qgz_block elements, in two levels over nodes of T (the world when node_ranks is 0).
   int qgz_bits = 0;
   size_t qgz_block = 256;
+  // HSDP (TrainConfig::shard_within_node): units partitioned over the T ranks of a node,
+  // reductions by node_reduce_scatter, gathers inside the node.
+  bool shard_within_node = false;
 };
 // A run's modes, from its options.
 CommModes comm_modes_of(const TrainConfig& c);
+// The ranks one copy of a run's states is sharded over: the world, or under
+// --shard-within-node a node's T; rank r holds range shard_index(c, r) of them.
+int shard_ranks(const TrainConfig& c, int world);
+int shard_index(const TrainConfig& c, int rank);
 struct CommBytes {
   uint64_t all_reduce = 0;
   uint64_t reduce_scatter = 0;

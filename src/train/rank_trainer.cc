@@ -93,21 +93,22 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                          const ModelFactory& make_model)
     : cfg_(cfg),
       comm_(comm),
+      group_(comm, cfg),
       compute_(compute_for(cfg.precision)),
       model_(make_model ? make_model() : build_model(cfg)),
-      ledger_(comm.rank(), cfg.memory_per_rank, budget_advice_for(cfg, model_, comm.size())),
+      ledger_(comm.rank(), cfg.memory_per_rank, budget_advice_for(cfg, model_, group_.size())),
       data_(data),
       shape_{.B = cfg.micro_batch,
              .T = std::holds_alternative<TokenDataset>(data.train) ? cfg.seq_len : 1},
-      layout_(transient_layout(model_, transient_plan(cfg, data, comm.size()), comm.rank())),
+      layout_(transient_layout(model_, transient_plan(cfg, data, group_.size()), group_.index())),
       sampler_(SamplerOptions{.dataset_size = dataset_size(data.train),
                               .world_size = comm.size(),
                               .micro_batch = cfg.micro_batch,
                               .grad_accum = cfg.grad_accum,
                               .seed = cfg.seed}),
       state_(model_, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg)),
-             cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed, comm.size(),
-             comm.rank(), ledger_),
+             cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed,
+             group_.size(), group_.index(), ledger_),
       buf_(ledger_, layout_, state_.dtype()),
       hpz_(cfg.hpz && state_.plan().gather_before_compute
                ? std::optional<HpzCopy>(std::in_place, state_.units(), buf_.hpz,
@@ -117,8 +118,8 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                ? std::optional<QuantizedGather>(std::in_place, state_.units(), buf_.qwz_staging,
                                                 static_cast<size_t>(cfg.qwz_block), comm.rank())
                : std::nullopt),
-      reducer_(state_, layout_, cfg.grad_accum, comm, ledger_, chunk_),
-      optimizer_(cfg, state_, comm, chunk_),
+      reducer_(state_, layout_, cfg.grad_accum, group_, ledger_, chunk_),
+      optimizer_(cfg, state_, group_, chunk_),
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
   // Rank threads that each ask for all cores oversubscribe them.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -179,7 +180,7 @@ double RankTrainer::forward() {
   if (state_.plan().gather_before_compute) {
     std::vector<size_t> order(U);
     for (size_t i = 0; i < U; ++i) order[i] = i;
-    gathers.emplace(comm_, state_.units(), buf_.gathered, order, nullptr, qwz_ ? &*qwz_ : nullptr);
+    gathers.emplace(group_, state_.units(), buf_.gathered, order, nullptr, qwz_ ? &*qwz_ : nullptr);
   }
   for (size_t i = 0; i < U; ++i) {
     const int slot = gathers ? gathers->acquire(i) : 0;
@@ -200,7 +201,7 @@ void RankTrainer::backward() {
   if (state_.plan().gather_before_compute) {
     std::vector<size_t> order(U);
     for (size_t i = 0; i < U; ++i) order[i] = U - 1 - i;
-    gathers.emplace(comm_, state_.units(), buf_.gathered, order, hpz_ ? &*hpz_ : nullptr,
+    gathers.emplace(group_, state_.units(), buf_.gathered, order, hpz_ ? &*hpz_ : nullptr,
                     qwz_ ? &*qwz_ : nullptr);
   }
   std::span<float> dout;  // the head starts from mb.loss_grad_scale
@@ -267,7 +268,8 @@ StepRecord RankTrainer::step(int64_t step_index) {
   constexpr size_t kSquares = SquareSum::kExchangeDoubles;
   constexpr size_t kHead = kSquares + 2;
   const size_t fields = kHead + static_cast<size_t>(A);
-  control_ = own.sum_squares.to_doubles();
+  // Under --shard-within-node every node holds the same ranges: one node's squares count.
+  control_ = group_.counts_in_sums() ? own.sum_squares.to_doubles() : SquareSum{}.to_doubles();
   control_.push_back(static_cast<double>(own.first_bad_unit));
   control_.push_back(static_cast<double>(stop_requested()));
   control_.insert(control_.end(), losses_.begin(), losses_.end());
@@ -349,7 +351,7 @@ std::string RankTrainer::weights_sha256(std::vector<float>* keep) {
     std::span<float> full = buf_.dw32.span().first(u.numel);
     const std::span<const float> mine = u.master_values();
     if (state_.plan().optimizer == StagePlan::Extent::kOwn) {
-      comm_.all_gather(mine.first(u.own.count()), full, u.part);
+      group_.all_gather_async(mine.first(u.own.count()), full, u.part).wait();
     } else {
       std::copy(mine.begin(), mine.end(), full.begin());
     }

@@ -117,6 +117,7 @@ class RankTrainer {
 
   const TrainConfig& cfg_;
   Communicator& comm_;
+  ShardGroup group_;  // the ranks the states are sharded over
   GemmCompute compute_;
   Model model_;
   MemoryLedger ledger_;

@@ -145,8 +145,9 @@ nlohmann::json report_json(const TrainResult& r) {
   const TrainConfig& c = r.config;
   nlohmann::json plan_states = nlohmann::json::array(), plan_comm = nlohmann::json::array();
   for (int rank = 0; rank < r.world_size; ++rank) {
-    const StateBytes s = model_state_bytes(r.unit_numel, r.world_size, c.stage, c.precision, rank,
-                                           fp32_accumulator(c));
+    const StateBytes s =
+        model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
+                          shard_index(c, rank), fp32_accumulator(c));
     plan_states.push_back({{name(MemCategory::kParams), s.params},
                            {name(MemCategory::kGrads), s.grads},
                            {name(MemCategory::kMaster), s.master},
@@ -209,8 +210,9 @@ std::string formula_table(const TrainResult& r) {
                      "", "comm/step", "formula", "");
   const double steps = static_cast<double>(std::max<size_t>(1, r.steps.size()));
   for (const auto& rank : r.ranks) {
-    const StateBytes plan = model_state_bytes(r.unit_numel, r.world_size, c.stage, c.precision,
-                                              rank.rank, fp32_accumulator(c));
+    const StateBytes plan =
+        model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
+                          shard_index(c, rank.rank), fp32_accumulator(c));
     uint64_t states = 0;
     for (int k = 0; k <= static_cast<int>(MemCategory::kAdamV); ++k) states += rank.model_state[k];
     uint64_t comm = 0;

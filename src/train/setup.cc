@@ -115,14 +115,15 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
   std::vector<uint64_t> numel;
   for (const auto& u : model) numel.push_back(u->numel());
   const bool local = cfg.launch.backend == Backend::kLocal;
-  const TransientPlan plan = transient_plan(cfg, data, world);
+  const TransientPlan plan = transient_plan(cfg, data, shard_ranks(cfg, world));
   uint64_t process = 0, worst = 0;
   int worst_rank = my_rank;
   for (int r = local ? 0 : my_rank; r < (local ? world : my_rank + ranks_here); ++r) {
     const uint64_t need =
-        model_state_bytes(numel, world, cfg.stage, cfg.precision, r, fp32_accumulator(cfg))
+        model_state_bytes(numel, shard_ranks(cfg, world), cfg.stage, cfg.precision,
+                          shard_index(cfg, r), fp32_accumulator(cfg))
             .total() +
-        transient_bytes(model, plan, r).total();
+        transient_bytes(model, plan, shard_index(cfg, r)).total();
     process += need;
     if (need > worst) {
       worst = need;
