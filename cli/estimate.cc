@@ -37,6 +37,7 @@ struct Flags {
   int node_ranks = 0;  // 0: one node
   std::string collectives = "flat";
   bool hpz = false;
+  bool shard_within_node = false;
   bool qwz = false;
   std::string qgz = "off";
   size_t qgz_block = 256;
@@ -138,6 +139,12 @@ std::vector<NodeMode> node_modes(int per_node, size_t qwz_block, size_t qgz_bloc
   add(true, false, true, 4);
   add(true, true, true, 8);
   add(true, true, true, 4);
+  // HSDP: not a switch on stage 3's exchange but another sharding, which trades memory for
+  // cross-node bytes.
+  out.push_back(NodeMode{.name = "HSDP (shard within node)",
+                         .flags = "--shard-within-node",
+                         .switches = 1,
+                         .modes = {.node_ranks = per_node, .shard_within_node = true}});
   return out;
 }
 
@@ -197,20 +204,22 @@ ModeChoice choose_mode(std::span<const ModeRow> rows, std::optional<uint64_t> bu
 
 // Stage 3 over nodes of T ranks: what each mode moves across nodes per step for rank 0,
 // what it adds to a rank's memory and (given the links' bandwidths) how long its bytes take
-// at them. `base_need(canonical)`: the stage-3 row's need without hpZ or qwZ, with or
+// at them. `base_need(canonical, shards)`: the stage-3 row's need without hpZ or qwZ, with or
 // without the canonical order's fp32 accumulator (flat collectives keep the order under
-// --invariant auto; two-level and qgZ drop it).
+// --invariant auto; two-level and qgZ drop it), states sharded over `shards` ranks (the
+// world, or a node's under HSDP).
 std::vector<ModeRow> node_mode_rows(std::span<const uint64_t> units, int n, int per_node,
                                     Precision precision, int grad_accum, AccumulatePolicy policy,
                                     std::optional<bool> invariant, int prefetch, size_t qwz_block,
                                     size_t qgz_block, std::optional<double> bandwidth,
                                     std::optional<double> inter_bandwidth,
-                                    const std::function<uint64_t(bool)>& base_need) {
+                                    const std::function<uint64_t(bool, int)>& base_need) {
   const int w = precision == Precision::kFP32 ? 4 : 2;
   std::vector<ModeRow> rows;
   for (NodeMode& m : node_modes(per_node, qwz_block, qgz_block)) {
     ModeRow r;
-    const bool reorders = m.modes.two_level || m.modes.qgz_bits != 0;
+    const bool hsdp = m.modes.shard_within_node;
+    const bool reorders = m.modes.two_level || m.modes.qgz_bits != 0 || hsdp;
     r.allowed = !(invariant.value_or(false) && reorders);
     const bool canonical =
         invariant.value_or(policy == AccumulatePolicy::kReduce && !reorders) && !reorders;
@@ -230,14 +239,16 @@ std::vector<ModeRow> node_mode_rows(std::span<const uint64_t> units, int n, int 
       }
     }
     r.extra += static_cast<uint64_t>(1 + prefetch) * staging;
-    r.need = base_need(canonical) + r.extra;
+    // HSDP's states cost 1/T instead of 1/N per rank.
+    if (hsdp) r.extra += base_need(false, per_node) - base_need(false, n);
+    r.need = base_need(canonical, n) + r.extra;
     if (bandwidth || inter_bandwidth) {
       const double cross = static_cast<double>(r.comm.cross_total());
       const double intra = static_cast<double>(r.comm.total()) - cross;
       const double inter = inter_bandwidth.value_or(bandwidth.value_or(0));
       const double inside = bandwidth.value_or(0);
       // A flat exchange over nodes runs at the link between them, a two-level one at each.
-      r.seconds = m.modes.two_level
+      r.seconds = m.modes.two_level || hsdp
                       ? (inside > 0 ? intra / inside : 0) + (inter > 0 ? cross / inter : 0)
                       : (inter > 0 ? static_cast<double>(r.comm.total()) / inter : 0);
     }
@@ -414,6 +425,11 @@ int run_estimate(const Flags& f) {
   const int qgz_bits = parse_qgz_flag(f.qgz);
   check_invariant_collectives(invariant, CommOptions{.two_level = two_level, .qgz_bits = qgz_bits});
   check_node_modes(f.node_ranks, two_level, f.hpz, qgz_bits, f.qgz_block, f.qwz_block);
+  if (f.shard_within_node) {
+    // Rows of stage 0 stay plain ZeRO; the check wants a stage that shards, if any is asked.
+    check_shard_within_node(*std::max_element(stages.begin(), stages.end()), f.node_ranks,
+                            invariant, two_level, f.hpz, f.qwz, qgz_bits);
+  }
 
   if (f.micro_batch < 1) {
     throw InvalidArgument(
@@ -498,25 +514,30 @@ int run_estimate(const Flags& f) {
       // As train resolves them: --invariant on makes reduce the default.
       const AccumulatePolicy policy =
           accumulate.value_or(default_accumulate(stage, f.grad_accum, invariant));
-      const bool canonical =
-          invariant.value_or(policy == AccumulatePolicy::kReduce && !two_level && qgz_bits == 0);
+      // HSDP: stages 1-3 shard the states over a node's ranks, one replica per node.
+      const bool hsdp = f.shard_within_node && stage >= 1;
+      const int shards = hsdp ? f.node_ranks : n;
+      const bool canonical = invariant.value_or(policy == AccumulatePolicy::kReduce && !two_level &&
+                                                qgz_bits == 0 && !hsdp);
       const bool accumulator = canonical && f.grad_accum > 1;
-      const StateBytes s = max_model_state_bytes(units, n, stage, precision, accumulator);
+      const StateBytes s = max_model_state_bytes(units, shards, stage, precision, accumulator);
       const uint64_t all =
-          all_ranks_model_state_bytes(units, n, stage, precision, accumulator).total();
+          all_ranks_model_state_bytes(units, shards, stage, precision, accumulator).total() *
+          static_cast<uint64_t>(n / shards);
       const CommModes modes{.node_ranks = f.node_ranks,
                             .two_level = two_level,
                             .hpz = f.hpz && stage == 3,
                             .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0,
                             .qgz_bits = stage >= 1 ? qgz_bits : 0,
-                            .qgz_block = f.qgz_block};
+                            .qgz_block = f.qgz_block,
+                            .shard_within_node = hsdp};
       const CommBytes c = comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy,
                                               canonical, 0, modes);
       std::optional<TransientBytes> t;
       if (built) {
         t = transient_bytes(
             *built,
-            TransientPlan{.world = n,
+            TransientPlan{.world = shards,
                           .stage = stage,
                           .precision = precision,
                           .policy = policy,
@@ -542,7 +563,7 @@ int run_estimate(const Flags& f) {
         const double a_red = during_backward ? A : 1;
         const int per_node = f.node_ranks > 0 ? f.node_ranks : n;
         const bool spans = per_node < n;
-        const bool levels = two_level && spans && per_node > 1;
+        const bool levels = (two_level || hsdp) && spans && per_node > 1;
         const auto at = [](const std::optional<double>& rate, double bytes) {
           return rate ? bytes / *rate : 0.0;
         };
@@ -686,12 +707,12 @@ int run_estimate(const Flags& f) {
           accumulate.value_or(default_accumulate(3, f.grad_accum, invariant));
       // As the stage-3 row computes `need`, without the user's --hpz or --qwz: each mode
       // adds its own.
-      const auto base_need = [&](bool canonical) {
+      const auto base_need = [&](bool canonical, int shards) {
         const bool accumulator3 = canonical && f.grad_accum > 1;
-        uint64_t need = max_model_state_bytes(units, n, 3, precision, accumulator3).total();
+        uint64_t need = max_model_state_bytes(units, shards, 3, precision, accumulator3).total();
         if (built) {
           need += transient_bytes(*built,
-                                  TransientPlan{.world = n,
+                                  TransientPlan{.world = shards,
                                                 .stage = 3,
                                                 .precision = precision,
                                                 .policy = policy3,
@@ -751,6 +772,9 @@ Runner add_estimate(CLI::App& app) {
   app.add_option("--node-ranks", f->node_ranks,
                  "Ranks per node: also show the comm bytes per step that cross nodes "
                  "(docs/topology.md)");
+  app.add_flag("--shard-within-node", f->shard_within_node,
+               "Stages 1-3: shard the states over each node's ranks, one replica per node "
+               "(HSDP; needs --node-ranks)");
   app.add_flag("--hpz", f->hpz,
                "Stage 3: count hpZ's secondary copy (params / T per rank) and its backward "
                "gathers inside the node (needs --node-ranks)");

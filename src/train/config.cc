@@ -141,11 +141,11 @@ void check_shard_within_node(int stage, int node_ranks, std::optional<bool> inva
         "--shard-within-node shards states inside each node; --stage 0 shards none. Use "
         "--stage 1, 2 or 3");
   }
-  const char* other = hpz                ? "--hpz"
-                      : qwz              ? "--qwz"
-                      : qgz_bits != 0    ? "--qgz"
-                      : two_level        ? "--collectives two-level"
-                                         : nullptr;
+  const char* other = hpz             ? "--hpz"
+                      : qwz           ? "--qwz"
+                      : qgz_bits != 0 ? "--qgz"
+                      : two_level     ? "--collectives two-level"
+                                      : nullptr;
   if (other != nullptr) {
     throw InvalidArgument(fmt::format(
         "--shard-within-node already gathers inside each node and reduces in two levels; "
@@ -231,8 +231,8 @@ void resolve_config(TrainConfig& c) {
   check_invariant_policy(c.invariant, c.accumulate);
   check_invariant_collectives(c.invariant, c.launch.comm);
   if (c.shard_within_node) {
-    check_shard_within_node(c.stage, c.launch.comm.node_ranks, c.invariant,
-                            c.launch.comm.two_level, c.hpz, c.qwz, c.launch.comm.qgz_bits);
+    check_shard_within_node(c.stage, c.launch.comm.node_ranks, c.invariant, c.launch.comm.two_level,
+                            c.hpz, c.qwz, c.launch.comm.qgz_bits);
     if (!c.checkpoint_dir.empty()) {
       throw InvalidArgument(
           "--shard-within-node does not write checkpoints yet (its shards are replicated per "

@@ -53,9 +53,8 @@ void QuantizedGather::finish(const UnitState& state, size_t u, size_t slot, Flat
   }
 }
 
-GatherQueue::GatherQueue(ShardGroup& group, std::vector<UnitState>& units,
-                         std::vector<Flat>& slots, std::vector<size_t> order, HpzCopy* hpz,
-                         QuantizedGather* qwz)
+GatherQueue::GatherQueue(ShardGroup& group, std::vector<UnitState>& units, std::vector<Flat>& slots,
+                         std::vector<size_t> order, HpzCopy* hpz, QuantizedGather* qwz)
     : group_(group), units_(units), slots_(slots), order_(std::move(order)), hpz_(hpz), qwz_(qwz) {
   while (issued_ < order_.size() && issued_ < slots_.size()) issue();
 }

@@ -133,7 +133,7 @@ void GradientReducer::finish_accumulators() {
     narrow(acc, u.grads.data(), state_.dtype(), u.grads_own);
     if (plan_.gather_grads) {
       works_.push_back(group_.all_gather_async(u.grads.range(u.grads_own, u.own.count()),
-                                              u.grads.buffer(), u.part));
+                                               u.grads.buffer(), u.part));
     }
   }
   for (auto& w : works_) w.wait();
@@ -153,8 +153,8 @@ void GradientReducer::finish_step() {
     if (plan_.boundary_reduce == StagePlan::Reduce::kAllReduce) {
       works_.push_back(group_.comm().all_reduce_async(u.grads.buffer(), ReduceOp::kAvg));
     } else if (plan_.accumulate_full) {
-      works_.push_back(group_.reduce_scatter_async(accum_full_[i].buffer(), u.grads.buffer(), u.part,
-                                                  ReduceOp::kAvg));
+      works_.push_back(group_.reduce_scatter_async(accum_full_[i].buffer(), u.grads.buffer(),
+                                                   u.part, ReduceOp::kAvg));
     } else {
       // Full grads, own range reduced in place.
       works_.push_back(group_.reduce_scatter_async(

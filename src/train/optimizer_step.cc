@@ -105,7 +105,7 @@ void OptimizerStep::update(double lr, double coef) {
     }
     if (state_.plan().gather_after_update) {
       works_.push_back(group_.all_gather_async(u.params.range(u.params_own, u.own.count()),
-                                              u.params.buffer(), u.part));
+                                               u.params.buffer(), u.part));
     }
   }
   for (auto& w : works_) w.wait();

@@ -145,9 +145,8 @@ nlohmann::json report_json(const TrainResult& r) {
   const TrainConfig& c = r.config;
   nlohmann::json plan_states = nlohmann::json::array(), plan_comm = nlohmann::json::array();
   for (int rank = 0; rank < r.world_size; ++rank) {
-    const StateBytes s =
-        model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
-                          shard_index(c, rank), fp32_accumulator(c));
+    const StateBytes s = model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage,
+                                           c.precision, shard_index(c, rank), fp32_accumulator(c));
     plan_states.push_back({{name(MemCategory::kParams), s.params},
                            {name(MemCategory::kGrads), s.grads},
                            {name(MemCategory::kMaster), s.master},

@@ -30,8 +30,7 @@ class ShardGroup {
 
   // The reduce-scatter of a gradient over `part` (size() ranges): this rank's range of the
   // world's reduction.
-  Work reduce_scatter_async(ConstBuffer in, MutableBuffer out, const Partition& part,
-                            ReduceOp op) {
+  Work reduce_scatter_async(ConstBuffer in, MutableBuffer out, const Partition& part, ReduceOp op) {
     return within_node_ ? comm_.node_reduce_scatter_async(in, out, part, op)
                         : comm_.reduce_scatter_async(in, out, part, op);
   }

@@ -17,7 +17,9 @@ for case in "3 0 bf16 1 -" "3 1 fp16 2 -" "4 2 bf16 2 --checkpoint-activations" 
   "3 3 fp32 1 --qwz,--qwz-block=100" \
   "4 3 bf16 2 --node-ranks=2,--collectives=two-level,--hpz,--qwz,--qgz=int4,--qgz-block=64" \
   "6 2 fp16 1 --node-ranks=3,--qgz=int8,--qgz-block=7" "3 2 bf16 1 --qgz=int4" \
-  "4 1 bf16 2 --node-ranks=2,--qgz=int8" "3 1 fp32 1 --qgz=int4"; do
+  "4 1 bf16 2 --node-ranks=2,--qgz=int8" "3 1 fp32 1 --qgz=int4" \
+  "4 1 bf16 2 --node-ranks=2,--shard-within-node" "6 3 fp16 1 --node-ranks=3,--shard-within-node" \
+  "6 2 bf16 2 --node-ranks=2,--shard-within-node,--accumulate=local"; do
   read -r n stage precision accum ckpt <<<"$case"
   extra=()
   [[ $ckpt != - ]] && IFS=, read -r -a extra <<<"$ckpt"
@@ -58,8 +60,10 @@ for ((i = 0; i < nmodes; i++)); do
   read -r -a flags < <(/usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[0]["node_modes"][int(sys.argv[2])]["flags"])' "$tmp/modes.json" "$i")
   "$zerodp" estimate "${modes_shape[@]}" "${flags[@]}" --json >"$tmp/m.json"
   # The same collectives and qgZ without hpZ's copy and qwZ's staging: what they add.
+  # HSDP adds states (1/T of them instead of 1/N): against two-level ZeRO, in the same order.
   bare=()
   for x in "${flags[@]}"; do [[ $x == --hpz || $x == --qwz ]] || bare+=("$x"); done
+  [[ " ${flags[*]} " == *" --shard-within-node "* ]] && bare=(--collectives two-level)
   "$zerodp" estimate "${modes_shape[@]}" "${bare[@]}" --json >"$tmp/b.json"
   if /usr/bin/python3 - "$tmp/modes.txt" "$tmp/modes.json" "$tmp/m.json" "$i" "$tmp/b.json" <<'PY'
 import json, sys
@@ -75,7 +79,12 @@ assert mode["comm_bytes"] == c["total"], (mode, c)
 assert mode["need_bytes"] == alone["peak_bytes"], (mode, alone["peak_bytes"])
 t = alone["transient_bytes"]
 assert mode["extra_bytes"] == alone["peak_bytes"] - bare["peak_bytes"], (mode, t, bare["transient_bytes"])
-assert mode["extra_bytes"] == t["hpz_params"] + t["comm_buffers"] - bare["transient_bytes"]["comm_buffers"], (mode, t)
+if "--shard-within-node" in mode["flags"]:
+    # States at 1/T instead of 1/N, and comm buffers for the larger shards.
+    assert alone["model_state_bytes"]["total"] > bare["model_state_bytes"]["total"], (alone, bare)
+    assert t["hpz_params"] == 0 and mode["extra_bytes"] > 0, (mode, t)
+else:
+    assert mode["extra_bytes"] == t["hpz_params"] + t["comm_buffers"] - bare["transient_bytes"]["comm_buffers"], (mode, t)
 assert ("--hpz" in mode["flags"]) == (t["hpz_params"] > 0), (mode, t)
 assert mode["seconds"] is None and mode["fits"] is None, mode
 rows = [l for l in text if l.strip().startswith(mode["mode"] + "  ")]

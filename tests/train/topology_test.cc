@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "train/plan.h"
 #include "train_testing.h"
 
 namespace zerodp {
@@ -225,6 +226,82 @@ TEST(Hpz, IsRefusedWhereItHasNothingToKeep) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("needs --node-ranks"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace zerodp
+
+namespace zerodp {
+namespace {
+
+TrainConfig hsdp_config(int ranks, int node_ranks, int stage, Precision precision) {
+  TrainConfig c = testing::tiny_config(ranks, stage, precision);
+  c.launch.comm.node_ranks = node_ranks;
+  c.shard_within_node = true;
+  c.accumulate = AccumulatePolicy::kReduce;
+  return c;
+}
+
+// HSDP reduces every element as the two-level collectives do (the node's ranks folded and
+// rounded, then the nodes in order) and its squares are exact, so at every stage it gives the
+// two-level run's bits; its states are 1/T of the model per rank, not 1/N, and its gathers
+// never leave the node.
+TEST(ShardWithinNode, GivesTheTwoLevelBitsWithStatesShardedOverTheNode) {
+  for (const auto& [ranks, per_node, accum] : {std::tuple{4, 2, 1}, {6, 3, 2}, {6, 2, 1}}) {
+    TrainConfig tl = two_level_config(ranks, per_node, 2, Precision::kBF16);
+    tl.grad_accum = accum;
+    const TrainResult want = run(tl);
+    for (int stage = 1; stage <= 3; ++stage) {
+      TrainConfig c = hsdp_config(ranks, per_node, stage, Precision::kBF16);
+      c.grad_accum = accum;
+      const std::string where =
+          fmt::format("{} x {} A={} stage {}", ranks / per_node, per_node, accum, stage);
+      const TrainResult got = run(c);
+      EXPECT_EQ(got.weights_sha256, want.weights_sha256) << where;
+      ASSERT_EQ(got.steps.size(), want.steps.size()) << where;
+      for (size_t k = 0; k < got.steps.size(); ++k) {
+        EXPECT_EQ(got.steps[k].grad_norm, want.steps[k].grad_norm) << where << " step " << k + 1;
+      }
+      for (size_t r = 0; r < got.ranks.size(); ++r) {
+        const StateBytes s = model_state_bytes(got.unit_numel, per_node, stage, Precision::kBF16,
+                                               static_cast<int>(r) % per_node);
+        const auto& m = got.ranks[r].model_state;
+        EXPECT_EQ(m[static_cast<int>(MemCategory::kParams)], s.params) << where << " rank " << r;
+        EXPECT_EQ(m[static_cast<int>(MemCategory::kMaster)], s.master) << where << " rank " << r;
+        EXPECT_EQ(m[static_cast<int>(MemCategory::kAdamM)], s.adam_m) << where << " rank " << r;
+        const auto& ag = got.ranks[r].comm_train[static_cast<int>(CommKind::kAllGather)];
+        EXPECT_GT(ag.bytes, 0u) << where;
+        EXPECT_EQ(ag.cross_node_bytes, 0u) << where << " rank " << r;
+        const auto& rs = got.ranks[r].comm_train[static_cast<int>(CommKind::kReduceScatter)];
+        EXPECT_GT(rs.cross_node_bytes, 0u) << where << " rank " << r;
+      }
+    }
+  }
+}
+
+TEST(ShardWithinNode, IsRefusedWhereItCannotWork) {
+  const auto refused = [](TrainConfig c, const std::string& expect) {
+    try {
+      resolve_config(c);
+      ADD_FAILURE() << "accepted; wanted a refusal saying '" << expect << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
+  };
+  refused(hsdp_config(4, 2, 0, Precision::kBF16), "--stage 0 shards none");
+  refused(hsdp_config(4, 0, 2, Precision::kBF16), "needs --node-ranks");
+  TrainConfig c = hsdp_config(4, 2, 3, Precision::kBF16);
+  c.hpz = true;
+  refused(c, "--hpz has nothing to act on");
+  c = hsdp_config(4, 2, 2, Precision::kBF16);
+  c.invariant = true;
+  refused(c, "--invariant on");
+  c = hsdp_config(4, 2, 2, Precision::kBF16);
+  c.checkpoint_dir = "/tmp/zerodp-hsdp-never-written";
+  refused(c, "does not write checkpoints yet");
+  c = hsdp_config(4, 2, 2, Precision::kBF16);
+  resolve_config(c);
+  EXPECT_FALSE(canonical_order(c));
 }
 
 }  // namespace
