@@ -164,10 +164,10 @@ class Communicator {
   // world: HSDP's gradient reduction (states sharded inside each node, replicated across
   // nodes). `in` holds node_part.length() elements on every rank (node_part has T ranges);
   // `out` receives node_part.count(l), l = rank() % T: range l reduced over all N ranks, the
-  // same bits on the P ranks of local index l. Order: with 1 < T < N the two-level one
-  // (each node's T inputs folded in local rank order in fp32 and rounded to the dtype, then
-  // the P node partials folded in node order, divided by N for kAvg, rounded once);
-  // otherwise the flat rank order. kSum and kAvg; not under qgZ. Recorded as a
+  // same bits on the P ranks of local index l. `out` may be exactly range l of `in`. Order: with 1
+  // < T < N the two-level one (each node's T inputs folded in local rank order in fp32 and rounded
+  // to the dtype, then the P node partials folded in node order, divided by N for kAvg, rounded
+  // once); otherwise the flat rank order. kSum and kAvg; not under qgZ. Recorded as a
   // reduce_scatter: (T - 1) * c_l * w inside the node, and across nodes an all-reduce of the
   // c_l elements among the ranks of local index l split as Partition(c_l, P), of which node
   // p's rank receives ((P - 1) * s_p + c_l - s_p) * w, s_p its piece.

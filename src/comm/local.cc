@@ -138,11 +138,23 @@ class LocalCommunicator final : public Communicator {
     for (int k = 0; k < size(); ++k) {
       inputs[k] = static_cast<const char*>(shared_->slots[k].in) + offset_bytes;
     }
-    if (nodes_fold_in_two_levels()) {
-      reduce_two_level(inputs, out, in.dtype, op);
-    } else {
+    if (size() == node_ranks()) {
       reduce_rank_order(inputs, out.data, out.count, in.dtype, op);
+      depart(f);
+      return;
     }
+    // Over several nodes the other nodes' ranks of this local index read this rank's range
+    // too, which may be the output (in place): reduce into scratch, write once all have read.
+    const size_t bytes = out.bytes();
+    result_.resize(bytes);
+    const MutableBuffer scratch(result_.data(), out.count, out.dtype);
+    if (nodes_fold_in_two_levels()) {
+      reduce_two_level(inputs, scratch, in.dtype, op);
+    } else {
+      reduce_rank_order(inputs, scratch.data, out.count, in.dtype, op);
+    }
+    shared_->group.arrive_and_wait(rank(), fmt::format("{} #{} (read)", describe(f), sequence_));
+    if (bytes > 0) std::memcpy(out.data, result_.data(), bytes);
     depart(f);
   }
 
@@ -268,6 +280,7 @@ class LocalCommunicator final : public Communicator {
   std::vector<std::byte> partials_;     // two-level: the P node partials of a piece
   std::vector<float> partial_, total_;  // qgZ: a node's partial, and the sum so far
   std::vector<std::byte> packed_;       // qgZ: one quantized range
+  std::vector<std::byte> result_;       // node_reduce_scatter over nodes, until all have read
 };
 
 }  // namespace

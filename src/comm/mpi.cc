@@ -118,13 +118,20 @@ constexpr int kReduceScatterCrossTag = 7;
 constexpr int kAllGatherCrossTag = 8;
 constexpr int kAllGatherNodeTag = 9;
 constexpr int kNodeAllGatherTag = 10;
-constexpr int kTagCount = 11;
+// node_reduce_scatter's three phases: inside the node, the partials' pieces across nodes,
+// the reduced pieces back.
+constexpr int kNodeReduceNodeTag = 11;
+constexpr int kNodeReduceCrossTag = 12;
+constexpr int kNodeReduceGatherTag = 13;
+constexpr int kTagCount = 14;
 // An abort notice starts with the failed rank (a process may host several).
 constexpr size_t kNoticeHeader = sizeof(int32_t);
 
 // What a rank says it is about to do; ranks must agree before any data moves.
 struct Fingerprint {
-  uint64_t kind = 0;  // 1 reduce_scatter, 2 all_gather, 3 broadcast, 4 control, 5 node_all_gather
+  // 1 reduce_scatter, 2 all_gather, 3 broadcast, 4 control, 5 node_all_gather,
+  // 6 node_reduce_scatter
+  uint64_t kind = 0;
   uint64_t count = 0;
   uint64_t dtype = 0;
   uint64_t op = 0;  // reduce op, or the broadcast's root
@@ -133,11 +140,12 @@ struct Fingerprint {
 };
 
 std::string describe(const Fingerprint& f) {
-  static constexpr const char* kKinds[] = {"?",         "reduce_scatter", "all_gather",
-                                           "broadcast", "control",        "node_all_gather"};
-  const char* kind = f.kind < 6 ? kKinds[f.kind] : "?";
+  static constexpr const char* kKinds[] = {
+      "?",       "reduce_scatter",  "all_gather",         "broadcast",
+      "control", "node_all_gather", "node_reduce_scatter"};
+  const char* kind = f.kind < 7 ? kKinds[f.kind] : "?";
   std::string detail;
-  if (f.kind == 1) {
+  if (f.kind == 1 || f.kind == 6) {
     detail = fmt::format("{} x {}, {}", f.count, dtype_name(static_cast<DType>(f.dtype)),
                          reduce_op_name(static_cast<ReduceOp>(f.op)));
   } else if (f.kind == 3) {
@@ -484,13 +492,114 @@ class MpiCommunicator final : public Communicator {
     depart(what);
   }
 
+  // HSDP's reduction (see the top of this file): inside the node, rank l gathers its range
+  // of every local peer's input and folds the node partial; across nodes, the P ranks of
+  // local index l reduce-scatter the partials by Partition(c_l, P) and all-gather the
+  // reduced pieces. Whole ranges per message (exchange() splits them into chunks).
   void run_node_reduce_scatter(ConstBuffer in, MutableBuffer out, const Partition& node_part,
                                ReduceOp op) override {
-    (void)in;
-    (void)out;
-    (void)node_part;
-    (void)op;
-    throw InvalidArgument("node_reduce_scatter is not built on the mpi backend yet");
+    constexpr std::string_view what = "node_reduce_scatter";
+    check_usable(what);
+    const auto deadline = deadline_after(options_.timeout_seconds);
+    agree(what, {6, node_part.length(), static_cast<uint64_t>(in.dtype), static_cast<uint64_t>(op)},
+          deadline, in.data, out.data);
+    const int t = node_ranks();
+    const int nodes = size() / t;
+    const int node = rank() / t;
+    const int local = rank() % t;
+    auto rank_of = [t](int q, int l) { return q * t + l; };
+    const size_t w = dtype_size(in.dtype);
+    const size_t mine = node_part.count(local);
+    auto* in_bytes = const_cast<std::byte*>(static_cast<const std::byte*>(in.data));
+    auto* out_bytes = static_cast<std::byte*>(out.data);
+    // Members, not locals: a receive a failure leaves behind must not land in freed memory
+    // (the communicator refuses every later collective, so they are not resized).
+    const size_t peer_bytes = mine * w;
+    const size_t needed = static_cast<size_t>(t - 1 + nodes) * peer_bytes;
+    if (scratch_.size() < needed) scratch_.resize(needed);
+    std::byte* const peer_slots = scratch_.data();                                    // [l' != l]
+    std::byte* const partial = peer_slots + static_cast<size_t>(t - 1) * peer_bytes;  // node's
+    std::byte* const pieces = partial + peer_bytes;  // [q != node]: others' pieces of mine
+    auto peer_slot = [&](int l) {
+      return peer_slots + static_cast<size_t>(l < local ? l : l - 1) * peer_bytes;
+    };
+
+    // Inside the node: every local peer's input of range l (in place for this process's).
+    std::vector<Message> sends;
+    std::vector<Message> recvs;
+    for (int l = 0; l < t; ++l) {
+      const int peer = rank_of(node, l);
+      if (l == local || here(peer)) continue;
+      if (node_part.count(l) > 0) {
+        sends.push_back({peer, in_bytes + node_part.offset(l) * w, node_part.count(l) * w});
+      }
+      if (mine > 0) recvs.push_back({peer, peer_slot(l), peer_bytes});
+    }
+    exchange(what, kNodeReduceNodeTag, sends, recvs, deadline);
+    std::vector<const void*> inputs(static_cast<size_t>(std::max(t, nodes)));
+    for (int l = 0; l < t; ++l) {
+      const int peer = rank_of(node, l);
+      inputs[static_cast<size_t>(l)] =
+          l == local   ? static_cast<const void*>(in_bytes + node_part.offset(local) * w)
+          : here(peer) ? published_in(peer) + node_part.offset(local) * w
+                       : peer_slot(l);
+    }
+    if (nodes == 1) {
+      // One node: the node's fold is the world's, the flat order.
+      reduce_rank_order(std::span<const void* const>(inputs.data(), static_cast<size_t>(t)),
+                        out_bytes, mine, in.dtype, op);
+      depart(what);
+      return;
+    }
+    // The node partial: rounded to the dtype when it folds several ranks (the two-level
+    // order); a node of one rank sends its input as it is (the flat order).
+    const void* node_partial = inputs[0];
+    if (t > 1) {
+      reduce_rank_order(std::span<const void* const>(inputs.data(), static_cast<size_t>(t)),
+                        partial, mine, in.dtype, node_partial_op(op));
+      node_partial = partial;
+    }
+    const auto* partial_bytes = static_cast<const std::byte*>(node_partial);
+
+    // Across nodes, among the ranks of local index l: piece q of the partials to (q, l).
+    const Partition split(mine, nodes);
+    auto piece_slot = [&](int q) {
+      return pieces + static_cast<size_t>(q < node ? q : q - 1) * split.count(node) * w;
+    };
+    sends.clear();
+    recvs.clear();
+    for (int q = 0; q < nodes; ++q) {
+      if (q == node) continue;
+      const int peer = rank_of(q, local);
+      if (split.count(q) > 0) {
+        sends.push_back({peer, const_cast<std::byte*>(partial_bytes) + split.offset(q) * w,
+                         split.count(q) * w});
+      }
+      if (split.count(node) > 0) recvs.push_back({peer, piece_slot(q), split.count(node) * w});
+    }
+    exchange(what, kNodeReduceCrossTag, sends, recvs, deadline);
+    std::vector<const void*> node_partials(static_cast<size_t>(nodes));
+    for (int q = 0; q < nodes; ++q) {
+      node_partials[static_cast<size_t>(q)] =
+          q == node ? static_cast<const void*>(partial_bytes + split.offset(node) * w)
+                    : piece_slot(q);
+    }
+    std::byte* const reduced = out_bytes + split.offset(node) * w;
+    reduce_rank_order(node_partials, reduced, split.count(node), in.dtype, op, size());
+
+    // The reduced pieces back to the ranks of local index l on every node.
+    sends.clear();
+    recvs.clear();
+    for (int q = 0; q < nodes; ++q) {
+      if (q == node) continue;
+      const int peer = rank_of(q, local);
+      if (split.count(node) > 0) sends.push_back({peer, reduced, split.count(node) * w});
+      if (split.count(q) > 0) {
+        recvs.push_back({peer, out_bytes + split.offset(q) * w, split.count(q) * w});
+      }
+    }
+    exchange(what, kNodeReduceGatherTag, sends, recvs, deadline);
+    depart(what);
   }
 
   // One MPI_Ibcast among the processes, issued by each process's first rank from the root's

@@ -533,6 +533,93 @@ TEST(NodeAllGather, GathersTheShardsOfThisNodeOnly) {
   }
 }
 
+// HSDP's reduction, written out plainly: element i of local range l, summed over the world.
+// With 1 < T < N each node's T values are added in local rank order in fp32 and rounded to
+// the dtype, then the P node values added in node order, divided by N for avg, rounded
+// once; otherwise the flat rank order.
+template <typename T>
+T node_reduce_reference(int nodes, int per_node, size_t i, ReduceOp op) {
+  const int world = nodes * per_node;
+  if (per_node == 1 || nodes == 1) return reference_reduce<T>(world, i, op);
+  float total = 0;
+  for (int q = 0; q < nodes; ++q) {
+    float partial = 0;
+    for (int l = 0; l < per_node; ++l)
+      partial += widen(from_float<T>(input_value(q * per_node + l, i)));
+    total += widen(from_float<T>(partial));
+  }
+  if (op == ReduceOp::kAvg) total /= static_cast<float>(world);
+  return from_float<T>(total);
+}
+
+TYPED_TEST(CollectiveTest, NodeReduceScatterReducesTheWorldIntoTheNodesRanges) {
+  using T = TypeParam;
+  const size_t w = sizeof(T);
+  for (const auto& [nodes, per_node] : {std::pair{2, 2}, {2, 3}, {3, 2}, {1, 4}, {4, 1}, {3, 1}}) {
+    const int world = nodes * per_node;
+    CommOptions options = kOptions;
+    options.node_ranks = per_node;
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        for (bool in_place : {false, true}) {
+          run_local(world, options, [&](Communicator& comm) {
+            const Partition part(count, per_node);
+            const int r = comm.rank();
+            const int l = r % per_node;
+            std::vector<T> in = make_input<T>(r, count);
+            std::vector<T> separate(part.count(l));
+            std::span<T> out = in_place ? std::span<T>(in).subspan(part.offset(l), part.count(l))
+                                        : std::span<T>(separate);
+            comm.node_reduce_scatter_async(std::span<const T>(in), out, part, op).wait();
+            for (size_t k = 0; k < out.size(); ++k) {
+              const T want = node_reduce_reference<T>(nodes, per_node, part.offset(l) + k, op);
+              ASSERT_TRUE(same_bits(out[k], want))
+                  << nodes << " x " << per_node << " rank " << r << " count " << count << " "
+                  << reduce_op_name(op) << (in_place ? " in place" : "") << " element " << k << ": "
+                  << widen(out[k]) << " vs " << widen(want);
+            }
+            // The ledger: inside the node the peers' copies of range l; across nodes an
+            // all-reduce of it split over the nodes.
+            const uint64_t mine = part.count(l);
+            const uint64_t piece = Partition(mine, nodes).count(r / per_node);
+            const uint64_t cross = ((nodes - 1) * piece + mine - piece) * w;
+            const CommCounter& c = comm.ledger().total(CommKind::kReduceScatter);
+            EXPECT_EQ(c.bytes, (per_node - 1) * mine * w + cross);
+            EXPECT_EQ(c.cross_node_bytes, cross);
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(NodeReduceScatter, RefusesWhatItDoesNotDo) {
+  CommOptions options = kOptions;
+  options.node_ranks = 2;
+  run_local(4, options, [&](Communicator& comm) {
+    std::vector<float> in(10), out(5);
+    const auto refused = [&](const Partition& part, ReduceOp op, std::span<float> o,
+                             const std::string& expect) {
+      try {
+        comm.node_reduce_scatter_async(std::span<const float>(in), o, part, op).wait();
+        ADD_FAILURE() << "accepted; wanted '" << expect << "'";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+      }
+    };
+    refused(Partition(10, 2), ReduceOp::kMax, out, "max is not supported");
+    refused(Partition(10, 4), ReduceOp::kSum, out, "4 ranges but a node has 2 ranks");
+    refused(Partition(10, 2), ReduceOp::kSum, std::span<float>(out).first(3), "owns 5 of 10");
+  });
+  options.qgz_bits = 4;
+  run_local(4, options, [&](Communicator& comm) {
+    std::vector<float> in(10), out(5);
+    EXPECT_THROW(comm.node_reduce_scatter_async(std::span<const float>(in), std::span<float>(out),
+                                                Partition(10, 2), ReduceOp::kSum),
+                 InvalidArgument);
+  });
+}
+
 // u8 buffers (quantized payloads) are moved, never reduced.
 TEST(Collectives, MoveRawBytesButRefuseToReduceThem) {
   run_local(3, kOptions, [&](Communicator& comm) {

@@ -1475,6 +1475,73 @@ TEST(MpiThreadsTest, RefusesRanksPerProcessThatSplitANode) {
   }
 }
 
+// HSDP's reduction (node_reduce_scatter) against the local backend: every node size T that
+// divides the world, one rank per process and as threads, default and 4 KiB chunks, in place
+// and into a separate buffer; outputs and ledgers equal.
+std::vector<Bytes> node_reduce_sweep(Communicator& c, int t) {
+  std::vector<Bytes> out;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{100003}}) {
+        const Partition part(count, t);
+        const int l = c.rank() % t;
+        const size_t w = dtype_size(dtype);
+        const Bytes in = make_input(dtype, c.rank(), count);
+        Bytes separate(part.count(l) * w, std::byte{0xAB});
+        c.node_reduce_scatter_async({in.data(), count, dtype},
+                                    {separate.data(), part.count(l), dtype}, part, op)
+            .wait();
+        out.push_back(separate);
+        Bytes in_place = in;
+        std::byte* own = in_place.data() + part.offset(l) * w;
+        c.node_reduce_scatter_async({in_place.data(), count, dtype}, {own, part.count(l), dtype},
+                                    part, op)
+            .wait();
+        out.emplace_back(own, own + part.count(l) * w);
+      }
+    }
+  }
+  const CommCounter& k = c.ledger().total(CommKind::kReduceScatter);
+  const uint64_t v[] = {k.calls, k.bytes, k.cross_node_bytes};
+  out.emplace_back(reinterpret_cast<const std::byte*>(v),
+                   reinterpret_cast<const std::byte*>(v + 3));
+  return out;
+}
+
+TEST(MpiNodeReduceScatterTwoLevelTest, MatchesLocalBackend) {
+  for (int per_process : {1, 2}) {
+    const int n = world() * per_process;
+    for (int t = 1; t <= n; ++t) {
+      if (n % t != 0 || t % per_process != 0) continue;
+      CommOptions options = kOptions;
+      options.node_ranks = t;
+      std::vector<std::vector<Bytes>> expected(static_cast<size_t>(n));
+      run_local(n, options, [&](Communicator& c) {
+        expected[static_cast<size_t>(c.rank())] = node_reduce_sweep(c, t);
+      });
+      for (const char* chunk : {"default", "4096"}) {
+        if (std::string(chunk) != "default") {
+          ASSERT_EQ(setenv(kChunkEnv, chunk, 1), 0);
+        }
+        const auto actual = run_as_threads(per_process, options, [&](Communicator& c) {
+          return std::make_pair(c.rank(), node_reduce_sweep(c, t));
+        });
+        ASSERT_EQ(unsetenv(kChunkEnv), 0);
+        for (const auto& [rank, outputs] : actual) {
+          const auto& want = expected[static_cast<size_t>(rank)];
+          ASSERT_EQ(outputs.size(), want.size());
+          for (size_t i = 0; i < outputs.size(); ++i) {
+            EXPECT_SAME_BYTES(outputs[i], want[i],
+                              fmt::format("node_reduce_scatter rank {} of {} = nodes of {} ({} per "
+                                          "process), entry {}, chunk {}",
+                                          rank, n, t, per_process, i, chunk));
+          }
+        }
+      }
+    }
+  }
+}
+
 // Non-zero ranks print only failures, each line naming the rank.
 class RankFailurePrinter : public testing::EmptyTestEventListener {
  public:

@@ -279,6 +279,20 @@ TEST(ShardWithinNode, GivesTheTwoLevelBitsWithStatesShardedOverTheNode) {
   }
 }
 
+// Stage 1 under --accumulate local reduces the full gradient buffer in place, which over
+// several nodes the other nodes' ranks read as well: still the two-level bits.
+TEST(ShardWithinNode, ReducesInPlaceAtStageOneWithLocalAccumulation) {
+  for (const auto& [ranks, per_node] : {std::pair{4, 2}, {6, 3}}) {
+    TrainConfig tl = two_level_config(ranks, per_node, 1, Precision::kBF16);
+    tl.accumulate = AccumulatePolicy::kLocal;
+    tl.grad_accum = 2;
+    TrainConfig c = hsdp_config(ranks, per_node, 1, Precision::kBF16);
+    c.accumulate = AccumulatePolicy::kLocal;
+    c.grad_accum = 2;
+    EXPECT_EQ(run(c).weights_sha256, run(tl).weights_sha256) << ranks << " ranks of " << per_node;
+  }
+}
+
 TEST(ShardWithinNode, IsRefusedWhereItCannotWork) {
   const auto refused = [](TrainConfig c, const std::string& expect) {
     try {
