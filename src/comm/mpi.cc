@@ -41,6 +41,22 @@
 //                   Whole ranges per message, no rounds. Scratch: every packet sent and
 //                   received and the fp32 partials, kept between calls. Received:
 //                   (T - 1) * sum_q Q(c_(q, l)) inside the node, (P - 1) * Q(c_r) across.
+// node_reduce_scatter (HSDP; node_part of T ranges, c_l = node_part.count(l), P nodes):
+//   inside the node, r receives every local peer's input of range l and folds the node
+//   partial in local rank order (rounded to the dtype when 1 < T < N; with one node the
+//   fold is the result). Across nodes, among the ranks of local index l, the partial is
+//   split as Partition(c_l, P): r sends piece q to (q, l), folds the P pieces of its own
+//   piece in node order (divided by N for avg, rounded once), and sends that to every
+//   (q, l), receiving theirs into `out`. Whole ranges per message. Received: (T - 1) * c_l * w
+//   inside, ((P - 1) * s_p + c_l - s_p) * w across (s_p: r's piece).
+// Ranks as threads (MpiSession::make_communicators): the T_p ranks of a process share one
+// communicator, on which a tag is (kind, sender's local index, receiver's local index), and
+// a ThreadGroup. Every collective publishes its buffers to the group and meets the other
+// ranks there (agree), and meets them again before returning (depart); each algorithm
+// reads a same-process peer's range in place where it would receive it, and exchanges
+// messages only with ranks of other processes. A broadcast is one MPI_Ibcast among the
+// processes, issued by each process's first rank. The received bytes the ledger records are
+// the same either way: it counts what a rank takes from its peers, however it travels.
 // Every message is split into pieces of at most chunk_bytes, so counts of any size fit
 // MPI 3's int counts. Point-to-point rather than MPI_Ialltoallv / MPI_Iallgatherv for three
 // reasons: their displacements are int (2 GiB); own data need not travel to itself; and a
@@ -53,12 +69,12 @@
 // caller's; every MPI call in this file holds one process-wide mutex, and no call blocks in
 // MPI (requests are polled with MPI_Test*), so the mutex is never held for long.
 //
-// Failure: each communicator keeps one receive posted for abort notices (tag kNoticeTag,
-// any source). abort(reason) sends the reason to every peer; a peer polling a collective
-// sees the notice and fails with CommError naming the rank and its reason. After any
-// failure (notice, local abort, timeout, MPI error) the communicator refuses further
-// collectives with the same error: messages of the failed collective may still be in
-// flight, so the job should end (MpiSession::abort_job).
+// Failure: each communicator keeps one receive posted for abort notices (tag kNoticeTag for
+// its local index, any source; a notice starts with the failed rank). abort(reason) sends the
+// reason to every peer; a peer polling a collective sees the notice and fails with CommError naming
+// the rank and its reason. After any failure (notice, local abort, timeout, MPI error) the
+// communicator refuses further collectives with the same error: messages of the failed collective
+// may still be in flight, so the job should end (MpiSession::abort_job).
 
 // Keep the deprecated C++ bindings out: they are not used and warn under -Wall.
 #define OMPI_SKIP_MPICXX 1

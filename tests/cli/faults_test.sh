@@ -54,6 +54,11 @@ fault "local nan, --max-skips 1" 10 "unit head on rank 1" -- --ranks 2 --max-ski
 if [[ -n $mpirun ]]; then
   fault "mpi throw" 30 "step 3: injected" "$mpirun" -np 3 -- --backend mpi --inject throw@3:1
   fault "mpi hang" 30 "waiting for rank 2" "$mpirun" -np 3 -- --backend mpi --inject hang@3:2
+  # Ranks as threads: a rank thread's failure ends its process's other ranks and the job.
+  fault "mpi threads throw" 30 "rank 3 of 4" "$mpirun" -np 2 -- --backend mpi \
+    --ranks-per-process 2 --inject throw@3:3
+  fault "mpi threads hang" 30 "waiting for rank" "$mpirun" -np 2 -- --backend mpi \
+    --ranks-per-process 2 --inject hang@3:1
   # Two programs, one job: the ranks disagree on --lr.
   cfg=("${common[@]}" --backend mpi)
   start=$(date +%s)
