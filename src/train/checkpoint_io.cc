@@ -16,7 +16,8 @@ namespace zerodp {
 
 checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
   const TrainConfig& cfg = trainer.config();
-  const int world = trainer.comm().size();
+  // The ranks that write shards: the world, or under HSDP one node's (one copy of states).
+  const int world = trainer.group().size();
   checkpoint::Meta m;
   m.zerodp_version = zerodp_version();
   m.step = static_cast<uint64_t>(step);
@@ -233,10 +234,14 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
   uint64_t bytes = 0;
   ck::FileMeta history_file;
   const std::filesystem::path file = temp / ck::rank_file_name(rank);
+  // Under HSDP the other nodes hold copies of node 0's shards: they write nothing.
+  const bool writer = trainer.group().primary();
   try {
-    trainer.faults().shard_write(step, file);
-    sha = write_shard(trainer.state(), file);
-    bytes = std::filesystem::file_size(file);
+    if (writer) {
+      trainer.faults().shard_write(step, file);
+      sha = write_shard(trainer.state(), file);
+      bytes = std::filesystem::file_size(file);
+    }
     if (rank == 0) history_file = ck::write_history(temp, history);
   } catch (const std::exception& e) {
     error = e.what();
@@ -257,6 +262,7 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
       failed.push_back(r);
       continue;
     }
+    if (r >= meta.world_size) continue;  // a replica's rank: no shard
     std::string hex;
     for (int i = 0; i < 32; ++i) hex += fmt::format("{:02x}", static_cast<int>(v[2 + i]));
     meta.files.push_back({ck::rank_file_name(r), static_cast<uint64_t>(v[1]), hex});

@@ -233,11 +233,6 @@ void resolve_config(TrainConfig& c) {
   if (c.shard_within_node) {
     check_shard_within_node(c.stage, c.launch.comm.node_ranks, c.invariant, c.launch.comm.two_level,
                             c.hpz, c.qwz, c.launch.comm.qgz_bits);
-    if (!c.checkpoint_dir.empty()) {
-      throw InvalidArgument(
-          "--shard-within-node does not write checkpoints yet (its shards are replicated per "
-          "node, which the checkpoint format does not describe); leave --checkpoint-dir out");
-    }
   }
   if (c.launch.comm.qgz_bits != 0 && c.stage == 0) {
     throw InvalidArgument(

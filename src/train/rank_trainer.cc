@@ -269,7 +269,7 @@ StepRecord RankTrainer::step(int64_t step_index) {
   constexpr size_t kHead = kSquares + 2;
   const size_t fields = kHead + static_cast<size_t>(A);
   // Under --shard-within-node every node holds the same ranges: one node's squares count.
-  control_ = group_.counts_in_sums() ? own.sum_squares.to_doubles() : SquareSum{}.to_doubles();
+  control_ = group_.primary() ? own.sum_squares.to_doubles() : SquareSum{}.to_doubles();
   control_.push_back(static_cast<double>(own.first_bad_unit));
   control_.push_back(static_cast<double>(stop_requested()));
   control_.insert(control_.end(), losses_.begin(), losses_.end());

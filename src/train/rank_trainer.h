@@ -74,6 +74,7 @@ class RankTrainer {
   MemoryLedger& ledger() { return ledger_; }
   std::string samples_sha256() const { return samples_hash_.hex_digest(); }
   ShardedState& state() { return state_; }
+  const ShardGroup& group() const { return group_; }
   const ShardedState& state() const { return state_; }
   OptimizerStep& optimizer() { return optimizer_; }
   const OptimizerStep& optimizer() const { return optimizer_; }

@@ -23,10 +23,11 @@ class ShardGroup {
   int size() const { return size_; }
   int index() const { return index_; }
   // Whether other nodes hold the same ranges (so world-wide sums over owned ranges, such as
-  // the gradient norm's, must count one node's only).
+  // the gradient norm's, must count one node's only, and one node writes the checkpoint).
   bool replicated() const { return within_node_ && size_ < comm_.size(); }
-  // Whether this rank's owned ranges enter such sums: always, or under HSDP node 0's ranks.
-  bool counts_in_sums() const { return !replicated() || comm_.rank() < size_; }
+  // Whether this rank's ranges are the copy that counts: always, or under HSDP node 0's
+  // ranks (ranks 0 .. T - 1, whose index is their rank).
+  bool primary() const { return !replicated() || comm_.rank() < size_; }
 
   // The reduce-scatter of a gradient over `part` (size() ranges): this rank's range of the
   // world's reduction.
