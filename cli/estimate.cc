@@ -528,7 +528,7 @@ int run_estimate(const Flags& f) {
                             .two_level = two_level,
                             .hpz = f.hpz && stage == 3,
                             .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0,
-                            .qgz_bits = stage >= 1 ? qgz_bits : 0,
+                            .qgz_bits = qgz_bits,
                             .qgz_block = f.qgz_block,
                             .shard_within_node = hsdp};
       const CommBytes c = comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy,
@@ -590,7 +590,7 @@ int run_estimate(const Flags& f) {
         const double reduce = kind == StagePlan::Reduce::kAllReduce
                                   ? cost(c.all_reduce, c.cross_all_reduce, U * a_red, 2, levels)
                                   : cost(c.reduce_scatter, c.cross_reduce_scatter, U * a_red, 1,
-                                         levels || (qgz_bits != 0 && stage >= 1));
+                                         levels || qgz_bits != 0);
         (during_backward ? st.comm_overlap : st.comm_serial) += reduce;
         if (sp.gather_before_compute) {
           st.comm_overlap += cost(c.all_gather, c.cross_all_gather, U * 2 * A, 1, levels);
@@ -783,7 +783,8 @@ Runner add_estimate(CLI::App& app) {
   app.add_option("--qwz-block", f->qwz_block, "Elements per quantization scale (--qwz)")
       ->capture_default_str();
   app.add_option("--qgz", f->qgz,
-                 "Stages 1-3: count the gradients' reduce-scatter as off, int8 or int4 blocks")
+                 "Count the gradients' reduce-scatter (stage 0: all-reduce's half) as off, int8 or "
+                 "int4 blocks")
       ->capture_default_str();
   app.add_option("--qgz-block", f->qgz_block, "Elements per quantization scale (--qgz)")
       ->capture_default_str();

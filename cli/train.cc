@@ -413,7 +413,8 @@ Runner add_train(CLI::App& app) {
   par->add_option("--qwz-block", c.qwz_block, "Elements per quantization scale (--qwz)")
       ->capture_default_str();
   par->add_option("--qgz", f->qgz,
-                  "Stages 1-3: reduce gradients as int8 or int4 blocks with an fp32 scale each, "
+                  "Reduce gradients as int8 or int4 blocks with an fp32 scale each (at stage 0 "
+                  "the all-reduce's reduce-scatter half), "
                   "inside each node then across nodes (ZeRO++'s qgZ), summed in fp32 at the "
                   "owner; off, int8 or int4")
       ->capture_default_str();

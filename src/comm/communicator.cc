@@ -448,7 +448,8 @@ Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
         run_all_gather(shard, buf, part);
       },
       CommKind::kAllReduce, bytes,
-      two_level() ? rs.seconds + ag.seconds : link_seconds(bytes, 2 * (size_ - 1)));
+      two_level() || quantized_reduce_scatter() ? rs.seconds + ag.seconds
+                                                : link_seconds(bytes, 2 * (size_ - 1)));
 }
 
 Work Communicator::broadcast_async(MutableBuffer buf, int root) {

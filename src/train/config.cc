@@ -234,11 +234,6 @@ void resolve_config(TrainConfig& c) {
     check_shard_within_node(c.stage, c.launch.comm.node_ranks, c.invariant, c.launch.comm.two_level,
                             c.hpz, c.qwz, c.launch.comm.qgz_bits);
   }
-  if (c.launch.comm.qgz_bits != 0 && c.stage == 0) {
-    throw InvalidArgument(
-        "--qgz quantizes the gradients' reduce-scatter of stages 1-3; --stage 0 all-reduces "
-        "them. Use --stage 1, 2 or 3, or leave --qgz out");
-  }
   if (c.steps < 1)
     throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
   if (c.prefetch < 0 || c.prefetch > 8) {

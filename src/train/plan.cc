@@ -207,7 +207,8 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
       ag_away =
           sum_over_ranks(numel, world, rank % per_node, nodes, per_node, payload) - payload(own);
     }
-    if (modes.qgz_bits != 0 && reduce == StagePlan::Reduce::kReduceScatter) {
+    // qgZ quantizes every gradient reduce-scatter, and stage 0's all-reduce's half of one.
+    if (modes.qgz_bits != 0) {
       rs_away = other_nodes * qgz_payload(own);
       rs = static_cast<uint64_t>(per_node - 1) *
                sum_over_ranks(numel, world, rank % per_node, nodes, per_node, qgz_payload) +

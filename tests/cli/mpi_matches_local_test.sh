@@ -21,7 +21,7 @@ for case in "2 0 bf16 1 -" "2 3 bf16 1 -" "3 1 fp16 1 -" "3 2 fp32 1 -" \
   "4 2 fp16 1 --node-ranks=2,--qgz=int4,--qgz-block=64" "4 2 bf16 2 -" "4 0 fp32 4 -" \
   "6 3 bf16 3 --node-ranks=3,--collectives=two-level,--hpz,--qwz,--qgz=int4" \
   "4 1 bf16 1 --node-ranks=2,--shard-within-node,--accumulate=local,--grad-accum=2" \
-  "6 3 fp16 3 --node-ranks=3,--shard-within-node"; do
+  "6 3 fp16 3 --node-ranks=3,--shard-within-node" "4 0 bf16 2 --node-ranks=2,--qgz=int4"; do
   read -r n stage precision per extras <<<"$case"
   extra=()
   [[ $extras != - ]] && IFS=, read -r -a extra <<<"$extras"
