@@ -3,6 +3,7 @@
 // fewer and each accumulating more micro-batches of the same step, finish with the bits of
 // the run that never failed; failures a restart cannot fix end the run as before.
 #include <atomic>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -155,6 +156,30 @@ TEST(Elastic, OverNodesTheSurvivorsAreWholeNodes) {
     EXPECT_EQ(o.result.config.launch.comm.node_ranks, 2) << ranks << " ranks";
     EXPECT_EQ(o.result.weights_sha256, whole.weights_sha256) << ranks << " ranks";
   }
+}
+
+// HSDP restarts on whole nodes from node 0's checkpoint and stays HSDP. Its order depends on
+// the nodes (docs/determinism.md), so the bits change; the run goes on to its last step.
+TEST(Elastic, ShardedWithinNodesTheSurvivorsAreWholeNodesStill) {
+  TempDir dir;
+  TrainConfig c = twelve_micro_batches(dir);
+  c.invariant.reset();
+  c.shard_within_node = true;
+  c.launch.ranks = 6;
+  c.grad_accum = 2;
+  c.launch.comm.node_ranks = 2;
+  c.stage = 3;
+  c.max_restarts = 1;
+  c.inject = {parse_injection("throw@7:5")};
+  const Outcome o = run_elastic(c);
+  ASSERT_EQ(o.result.restarts.size(), 1u);
+  EXPECT_EQ(o.result.restarts[0].ranks_after, 4);
+  EXPECT_EQ(o.result.world_size, 4);
+  EXPECT_TRUE(o.result.config.shard_within_node);
+  EXPECT_EQ(o.result.config.launch.comm.node_ranks, 2);
+  ASSERT_FALSE(o.result.steps.empty());
+  EXPECT_EQ(o.result.steps.back().step, c.steps);
+  EXPECT_TRUE(std::isfinite(o.result.steps.back().loss));
 }
 
 TEST(Elastic, TheMlpRestartsToTheSameBitsToo) {
