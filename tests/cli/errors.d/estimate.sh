@@ -43,3 +43,6 @@ expect "--min-bytes 100GiB is more than --max-bytes 256MiB" bench-comm --min-byt
 # bad_alloc. 100 TiB exceeds any machine this runs on.
 expect_code 1 "--max-bytes 100TiB: the largest row needs" bench-comm --min-bytes 100TiB --max-bytes 100TiB
 expect_code 1 "4000 rank(s) x 2 buffers" bench-comm --ranks 4000 --min-bytes 1GiB --max-bytes 1GiB
+expect "it needs --node-ranks T" estimate --params 1e6 --ranks 4 --stage 3 --shard-within-node
+expect "--stage 0 shards none" estimate --params 1e6 --ranks 4 --node-ranks 2 --stage 0 --shard-within-node
+expect "--ranks-per-process 2 is for --backend mpi" bench-comm --ranks-per-process 2 --max-bytes 4KiB

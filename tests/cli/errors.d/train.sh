@@ -125,3 +125,10 @@ expect "pass --checkpoint-every K" train --max-restarts 1 --checkpoint-dir /none
 expect "--max-restarts 2 works on the local backend only: under MPI a failed rank ends the job; relaunch it with mpirun -np N'" \
   train --max-restarts 2 --backend mpi --checkpoint-dir /nonexistent/ck --checkpoint-every 2 \
   --data synthetic
+# Ranks as threads of MPI processes, and HSDP: refused where they cannot work, naming why.
+expect "--ranks-per-process 2 is for --backend mpi" train "${tiny[@]}" --ranks-per-process 2
+expect "--ranks-per-process 0 is invalid" train "${tiny[@]}" --ranks-per-process 0
+expect "it needs --node-ranks T" train "${tiny[@]}" --ranks 4 --stage 2 --shard-within-node
+expect "--stage 0 shards none" train "${tiny[@]}" --ranks 4 --node-ranks 2 --shard-within-node
+expect "--qwz has nothing to act on" train "${tiny[@]}" --ranks 4 --node-ranks 2 --stage 3 \
+  --shard-within-node --qwz
