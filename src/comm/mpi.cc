@@ -41,14 +41,20 @@
 //                   Whole ranges per message, no rounds. Scratch: every packet sent and
 //                   received and the fp32 partials, kept between calls. Received:
 //                   (T - 1) * sum_q Q(c_(q, l)) inside the node, (P - 1) * Q(c_r) across.
-// node_reduce_scatter (HSDP; node_part of T ranges, c_l = node_part.count(l), P nodes):
-//   inside the node, r receives every local peer's input of range l and folds the node
-//   partial in local rank order (rounded to the dtype when 1 < T < N; with one node the
-//   fold is the result). Across nodes, among the ranks of local index l, the partial is
-//   split as Partition(c_l, P): r sends piece q to (q, l), folds the P pieces of its own
-//   piece in node order (divided by N for avg, rounded once), and sends that to every
-//   (q, l), receiving theirs into `out`. Whole ranges per message. Received: (T - 1) * c_l * w
-//   inside, ((P - 1) * s_p + c_l - s_p) * w across (s_p: r's piece).
+// node_reduce_scatter (HSDP's gradient reduction; T = node_ranks or the world, P = N / T,
+// r = p * T + l, c_l the elements of range l of the node partition, s_q the elements of
+// piece q of Partition(c_l, P)), whatever two_level says:
+//   inside the node, in rounds of K elements of range l: r sends each local peer (p, l') its
+//   input's piece of range l' and receives their pieces of range l, then folds the node's T
+//   pieces in local rank order into `out`: the node partial, rounded to the dtype (with one
+//   node the flat fold with the op, and the collective ends there). With T = 1 the partial
+//   is r's input itself, unrounded. Across nodes, among the P ranks of local index l, an
+//   all-reduce of the partial split into the P pieces, in rounds of K elements of each:
+//   r sends piece q of its partial to (q, l) and receives piece p of the other nodes'
+//   partials, folds the P of them in node order (avg: divided by N) into its piece of `out`;
+//   then it sends that piece to every (q, l) and receives theirs into `out`. Scratch:
+//   (T - 1) * min(K, c_l) * w bytes, then (P - 1) * min(K, s_p) * w. Received:
+//   (T - 1) * c_l * w inside the node, ((P - 1) * s_p + c_l - s_p) * w across.
 // Ranks as threads (MpiSession::make_communicators): the T_p ranks of a process share one
 // communicator, on which a tag is (kind, sender's local index, receiver's local index), and
 // a ThreadGroup. Every collective publishes its buffers to the group and meets the other
@@ -508,10 +514,12 @@ class MpiCommunicator final : public Communicator {
     depart(what);
   }
 
-  // HSDP's reduction (see the top of this file): inside the node, rank l gathers its range
-  // of every local peer's input and folds the node partial; across nodes, the P ranks of
-  // local index l reduce-scatter the partials by Partition(c_l, P) and all-gather the
-  // reduced pieces. Whole ranges per message (exchange() splits them into chunks).
+  // HSDP's gradient reduction (see the top of this file). This rank's node partial of range
+  // l is built in `out` (or, with one rank per node, is this rank's input), so the only
+  // scratch is one round's pieces. Messages of 0 bytes are not sent, and both sides post the
+  // messages of one phase between two ranks in the same order, so MPI's non-overtaking order
+  // matches them. The peers across nodes (q, l) are never ranks of this process: a process's
+  // ranks share a node.
   void run_node_reduce_scatter(ConstBuffer in, MutableBuffer out, const Partition& node_part,
                                ReduceOp op) override {
     constexpr std::string_view what = "node_reduce_scatter";
@@ -523,95 +531,109 @@ class MpiCommunicator final : public Communicator {
     const int nodes = size() / t;
     const int node = rank() / t;
     const int local = rank() % t;
-    auto rank_of = [t](int q, int l) { return q * t + l; };
+    const int first = node_first();
     const size_t w = dtype_size(in.dtype);
+    const size_t chunk = std::max<size_t>(1, chunk_bytes_ / w);  // elements per round
     const size_t mine = node_part.count(local);
     auto* in_bytes = const_cast<std::byte*>(static_cast<const std::byte*>(in.data));
     auto* out_bytes = static_cast<std::byte*>(out.data);
-    // Members, not locals: a receive a failure leaves behind must not land in freed memory
-    // (the communicator refuses every later collective, so they are not resized).
-    const size_t peer_bytes = mine * w;
-    const size_t needed = static_cast<size_t>(t - 1 + nodes) * peer_bytes;
-    if (scratch_.size() < needed) scratch_.resize(needed);
-    std::byte* const peer_slots = scratch_.data();                                    // [l' != l]
-    std::byte* const partial = peer_slots + static_cast<size_t>(t - 1) * peer_bytes;  // node's
-    std::byte* const pieces = partial + peer_bytes;  // [q != node]: others' pieces of mine
-    auto peer_slot = [&](int l) {
-      return peer_slots + static_cast<size_t>(l < local ? l : l - 1) * peer_bytes;
+    auto piece = [chunk](size_t count, size_t begin) {
+      return begin < count ? std::min(chunk, count - begin) : size_t{0};
     };
-
-    // Inside the node: every local peer's input of range l (in place for this process's).
     std::vector<Message> sends;
     std::vector<Message> recvs;
-    for (int l = 0; l < t; ++l) {
-      const int peer = rank_of(node, l);
-      if (l == local || here(peer)) continue;
-      if (node_part.count(l) > 0) {
-        sends.push_back({peer, in_bytes + node_part.offset(l) * w, node_part.count(l) * w});
-      }
-      if (mine > 0) recvs.push_back({peer, peer_slot(l), peer_bytes});
-    }
-    exchange(what, kNodeReduceNodeTag, sends, recvs, deadline);
-    std::vector<const void*> inputs(static_cast<size_t>(std::max(t, nodes)));
-    for (int l = 0; l < t; ++l) {
-      const int peer = rank_of(node, l);
-      inputs[static_cast<size_t>(l)] =
-          l == local   ? static_cast<const void*>(in_bytes + node_part.offset(local) * w)
-          : here(peer) ? published_in(peer) + node_part.offset(local) * w
-                       : peer_slot(l);
-    }
-    if (nodes == 1) {
-      // One node: the node's fold is the world's, the flat order.
-      reduce_rank_order(std::span<const void* const>(inputs.data(), static_cast<size_t>(t)),
-                        out_bytes, mine, in.dtype, op);
-      depart(what);
-      return;
-    }
-    // The node partial: rounded to the dtype when it folds several ranks (the two-level
-    // order); a node of one rank sends its input as it is (the flat order).
-    const void* node_partial = inputs[0];
+
+    // Inside the node: every local peer's input of range `local`, folded in local rank order.
+    // One node is the flat fold, finished here; over several nodes it is the node partial,
+    // rounded to the dtype. One rank per node has no partial to fold: its input is its node's.
+    const std::byte* partial = in_bytes + node_part.offset(local) * w;
     if (t > 1) {
-      reduce_rank_order(std::span<const void* const>(inputs.data(), static_cast<size_t>(t)),
-                        partial, mine, in.dtype, node_partial_op(op));
-      node_partial = partial;
-    }
-    const auto* partial_bytes = static_cast<const std::byte*>(node_partial);
-
-    // Across nodes, among the ranks of local index l: piece q of the partials to (q, l).
-    const Partition split(mine, nodes);
-    auto piece_slot = [&](int q) {
-      return pieces + static_cast<size_t>(q < node ? q : q - 1) * split.count(node) * w;
-    };
-    sends.clear();
-    recvs.clear();
-    for (int q = 0; q < nodes; ++q) {
-      if (q == node) continue;
-      const int peer = rank_of(q, local);
-      if (split.count(q) > 0) {
-        sends.push_back({peer, const_cast<std::byte*>(partial_bytes) + split.offset(q) * w,
-                         split.count(q) * w});
+      const ReduceOp node_op = nodes == 1 ? op : node_partial_op(op);
+      const size_t slot = std::min(chunk, mine) * w;  // one local peer's piece
+      if (scratch_.size() < static_cast<size_t>(t - 1) * slot) {
+        scratch_.resize(static_cast<size_t>(t - 1) * slot);
       }
-      if (split.count(node) > 0) recvs.push_back({peer, piece_slot(q), split.count(node) * w});
+      auto peer_slot = [&](int l) {
+        return scratch_.data() + static_cast<size_t>(l < local ? l : l - 1) * slot;
+      };
+      std::vector<const void*> node_inputs(static_cast<size_t>(t));
+      const size_t rounds = (node_part.max_count() + chunk - 1) / chunk;
+      for (size_t k = 0; k < rounds; ++k) {
+        const size_t begin = k * chunk;  // element offset of this round within each range
+        sends.clear();
+        recvs.clear();
+        for (int l = 0; l < t; ++l) {
+          if (l == local || here(first + l)) continue;
+          if (const size_t n = piece(node_part.count(l), begin); n > 0) {
+            sends.push_back({first + l, in_bytes + (node_part.offset(l) + begin) * w, n * w});
+          }
+          if (const size_t n = piece(mine, begin); n > 0) {
+            recvs.push_back({first + l, peer_slot(l), n * w});
+          }
+        }
+        exchange(what, kNodeReduceNodeTag, sends, recvs, deadline);
+        const size_t n = piece(mine, begin);
+        if (n == 0) continue;
+        const size_t at = (node_part.offset(local) + begin) * w;
+        for (int l = 0; l < t; ++l) {
+          node_inputs[static_cast<size_t>(l)] = l == local ? static_cast<const void*>(in_bytes + at)
+                                                : here(first + l) ? published_in(first + l) + at
+                                                                  : peer_slot(l);
+        }
+        reduce_rank_order(node_inputs, out_bytes + begin * w, n, in.dtype, node_op);
+      }
+      if (nodes == 1) {
+        depart(what);
+        return;
+      }
+      partial = out_bytes;
     }
-    exchange(what, kNodeReduceCrossTag, sends, recvs, deadline);
-    std::vector<const void*> node_partials(static_cast<size_t>(nodes));
-    for (int q = 0; q < nodes; ++q) {
-      node_partials[static_cast<size_t>(q)] =
-          q == node ? static_cast<const void*>(partial_bytes + split.offset(node) * w)
-                    : piece_slot(q);
-    }
-    std::byte* const reduced = out_bytes + split.offset(node) * w;
-    reduce_rank_order(node_partials, reduced, split.count(node), in.dtype, op, size());
 
-    // The reduced pieces back to the ranks of local index l on every node.
+    // Across nodes, among the ranks of local index `local`: an all-reduce of the partials
+    // split as Partition(mine, P). Node q's rank folds piece q of the P partials in node
+    // order (dividing by the world for avg), then every rank gathers the folded pieces.
+    const Partition pieces(mine, nodes);
+    const size_t own = pieces.count(node);
+    const size_t foreign_slot = std::min(chunk, own) * w;  // another node's partial piece
+    if (scratch_.size() < static_cast<size_t>(nodes - 1) * foreign_slot) {
+      scratch_.resize(static_cast<size_t>(nodes - 1) * foreign_slot);
+    }
+    auto node_slot = [&](int q) {
+      return scratch_.data() + static_cast<size_t>(q < node ? q : q - 1) * foreign_slot;
+    };
+    std::vector<const void*> partials(static_cast<size_t>(nodes));
+    const size_t rounds = (pieces.max_count() + chunk - 1) / chunk;
+    for (size_t k = 0; k < rounds; ++k) {
+      const size_t begin = k * chunk;  // element offset of this round within each piece
+      sends.clear();
+      recvs.clear();
+      for (int q = 0; q < nodes; ++q) {
+        if (q == node) continue;
+        const int peer = q * t + local;
+        if (const size_t n = piece(pieces.count(q), begin); n > 0) {
+          sends.push_back(
+              {peer, const_cast<std::byte*>(partial) + (pieces.offset(q) + begin) * w, n * w});
+        }
+        if (const size_t n = piece(own, begin); n > 0) recvs.push_back({peer, node_slot(q), n * w});
+      }
+      exchange(what, kNodeReduceCrossTag, sends, recvs, deadline);
+      const size_t n = piece(own, begin);
+      if (n == 0) continue;
+      const size_t at = (pieces.offset(node) + begin) * w;
+      for (int q = 0; q < nodes; ++q) {
+        partials[static_cast<size_t>(q)] =
+            q == node ? static_cast<const void*>(partial + at) : node_slot(q);
+      }
+      reduce_rank_order(partials, out_bytes + at, n, in.dtype, op, size());
+    }
     sends.clear();
     recvs.clear();
     for (int q = 0; q < nodes; ++q) {
       if (q == node) continue;
-      const int peer = rank_of(q, local);
-      if (split.count(node) > 0) sends.push_back({peer, reduced, split.count(node) * w});
-      if (split.count(q) > 0) {
-        recvs.push_back({peer, out_bytes + split.offset(q) * w, split.count(q) * w});
+      const int peer = q * t + local;
+      if (own > 0) sends.push_back({peer, out_bytes + pieces.offset(node) * w, own * w});
+      if (pieces.count(q) > 0) {
+        recvs.push_back({peer, out_bytes + pieces.offset(q) * w, pieces.count(q) * w});
       }
     }
     exchange(what, kNodeReduceGatherTag, sends, recvs, deadline);
