@@ -87,7 +87,13 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
   auto fail = [&](int rank, const std::exception& e) {
     fmt::print(stderr, "zerodp: rank {} of {}: {}\n", rank, world, e.what());
     std::fflush(stderr);
-    session.abort_job(options.mpi_exit_code ? options.mpi_exit_code(e) : 1);
+    // A failure another rank caused (not a timeout, which this rank diagnosed itself) lets
+    // that rank's abort set the job's exit status.
+    const auto* comm_error = dynamic_cast<const CommError*>(&e);
+    const bool consequence = comm_error != nullptr &&
+                             dynamic_cast<const CommTimeout*>(&e) == nullptr &&
+                             comm_error->failed_rank() >= 0 && comm_error->failed_rank() != rank;
+    session.abort_job(options.mpi_exit_code ? options.mpi_exit_code(e) : 1, consequence);
   };
   if (per_process == 1) {
     try {

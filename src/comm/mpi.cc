@@ -1473,12 +1473,12 @@ std::vector<std::unique_ptr<Communicator>> MpiSession::make_communicators(
   return comms;
 }
 
-void MpiSession::abort_job(int code) {
+void MpiSession::abort_job(int code, bool consequence) {
   // Launchers forward output asynchronously, and MPICH's Hydra drops what a rank printed
   // just before MPI_Abort about one time in ten: give the reason a moment to get out.
   std::fflush(stdout);
   std::fflush(stderr);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::this_thread::sleep_for(std::chrono::milliseconds(consequence ? 1200 : 200));
   // Held until the process ends: no other thread may enter MPI meanwhile.
   mpi_mutex().lock();
   MPI_Abort(MPI_COMM_WORLD, code);

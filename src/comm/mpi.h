@@ -60,8 +60,10 @@ class MpiSession {
   std::vector<std::unique_ptr<Communicator>> make_communicators(const CommOptions& options,
                                                                 int ranks_per_process);
   // Ends every process of the job with `code` (MPI_Abort). The caller prints the reason,
-  // naming its rank, first.
-  [[noreturn]] void abort_job(int code);
+  // naming its rank, first. `consequence`: this process failed because a peer did, whose
+  // own MPI_Abort (and exit code: the job's status names the root cause) should come first,
+  // so this one waits a second longer.
+  [[noreturn]] void abort_job(int code, bool consequence = false);
 
  private:
   int rank_ = 0;

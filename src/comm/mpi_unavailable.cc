@@ -29,6 +29,6 @@ std::vector<std::unique_ptr<Communicator>> MpiSession::make_communicators(
   throw InvalidArgument(kUnavailable);
 }
 
-void MpiSession::abort_job(int /*code*/) { throw InvalidArgument(kUnavailable); }
+void MpiSession::abort_job(int /*code*/, bool /*consequence*/) { throw InvalidArgument(kUnavailable); }
 
 }  // namespace zerodp
