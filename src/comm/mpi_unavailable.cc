@@ -29,6 +29,8 @@ std::vector<std::unique_ptr<Communicator>> MpiSession::make_communicators(
   throw InvalidArgument(kUnavailable);
 }
 
-void MpiSession::abort_job(int /*code*/, bool /*consequence*/) { throw InvalidArgument(kUnavailable); }
+void MpiSession::abort_job(int /*code*/, bool /*consequence*/) {
+  throw InvalidArgument(kUnavailable);
+}
 
 }  // namespace zerodp
