@@ -48,6 +48,7 @@ std::optional<std::vector<checkpoint::UnitMeta>> checkpoint_model_layout(const c
                                                                          const std::string& what);
 
 Runner add_bench_comm(CLI::App& app);
+Runner add_bench_io(CLI::App& app);
 Runner add_train(CLI::App& app);
 Runner add_estimate(CLI::App& app);
 Runner add_sample(CLI::App& app);

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
       "  zerodp estimate --params 7.5e9 --ranks 64 --memory-per-rank 32GB\n"
       "  zerodp bench-comm --ranks 4 --max-bytes 64MiB\n"
       "  mpirun -np 2 zerodp bench-comm --backend mpi --json\n"
+      "  zerodp bench-io /scratch --size 4GiB\n"
       "  zerodp train --steps 200 --checkpoint-dir ckpt --checkpoint-every 50\n"
       "  zerodp train --steps 400 --checkpoint-dir ckpt --resume latest\n"
       "  zerodp export ckpt --out model.safetensors\n"
@@ -41,6 +42,9 @@ int main(int argc, char** argv) {
   runners[estimate] = cli::add_estimate(*estimate);
   CLI::App* bench = app.add_subcommand("bench-comm", "Time every collective, like nccl-tests");
   runners[bench] = cli::add_bench_comm(*bench);
+  CLI::App* bench_io = app.add_subcommand(
+      "bench-io", "Sequential write and read bandwidth of a directory's disk, like fio");
+  runners[bench_io] = cli::add_bench_io(*bench_io);
   CLI::App* exp = app.add_subcommand(
       "export", "Consolidate a sharded checkpoint into one fp32 safetensors file");
   runners[exp] = cli::add_export(*exp);

@@ -46,3 +46,8 @@ expect_code 1 "4000 rank(s) x 2 buffers" bench-comm --ranks 4000 --min-bytes 1Gi
 expect "it needs --node-ranks T" estimate --params 1e6 --ranks 4 --stage 3 --shard-within-node
 expect "--stage 0 shards none" estimate --params 1e6 --ranks 4 --node-ranks 2 --stage 0 --shard-within-node
 expect "--ranks-per-process 2 is for --backend mpi" bench-comm --ranks-per-process 2 --max-bytes 4KiB
+expect "bench-io: /nonexistent-zerodp does not exist" bench-io /nonexistent-zerodp
+expect "is not a directory" bench-io /etc/hostname
+expect "--block 1000 is invalid" bench-io /tmp --block 1000
+expect "--size 3MiB is invalid; use a whole number of --block" bench-io /tmp --size 3MiB --block 2MiB
+expect "--direct 'maybe' is invalid" bench-io /tmp --direct maybe --size 4MiB --block 4MiB
