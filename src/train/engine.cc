@@ -569,15 +569,6 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       gemm_peak = gemm_flops_per_core(compute);
       model_shapes_peak = gemm_flops_per_core(compute, cost->products);
     }
-    const RunPlan plan{.cfg = cfg,
-                       .data = data,
-                       .make_model = make_model,
-                       .resume_from = resume_from,
-                       .flops_per_token = cost->flops_per_token,
-                       .gemm_flops_per_core = gemm_peak,
-                       .model_shapes_flops_per_core = model_shapes_peak,
-                       .restarts = restarts,
-                       .failures = failures};
     if (const int signal = stop_requested()) {
       throw Interrupted(fmt::format("interrupted by {} before the first step; nothing was trained",
                                     signal_name(signal)),
@@ -604,14 +595,14 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       }
       const TrainConfig& rank_cfg = own ? *own : cfg;
       const RunPlan rank_plan{.cfg = rank_cfg,
-                              .data = plan.data,
-                              .make_model = plan.make_model,
-                              .resume_from = plan.resume_from,
-                              .flops_per_token = plan.flops_per_token,
-                              .gemm_flops_per_core = plan.gemm_flops_per_core,
-                              .model_shapes_flops_per_core = plan.model_shapes_flops_per_core,
-                              .restarts = plan.restarts,
-                              .failures = plan.failures};
+                              .data = data,
+                              .make_model = make_model,
+                              .resume_from = resume_from,
+                              .flops_per_token = cost->flops_per_token,
+                              .gemm_flops_per_core = gemm_peak,
+                              .model_shapes_flops_per_core = model_shapes_peak,
+                              .restarts = restarts,
+                              .failures = failures};
       std::optional<CheckpointDirLock> rank0_lock;
       if (!local && comm.rank() == 0) rank0_lock.emplace(rank_cfg.checkpoint_dir);
       Tracer* tracer = nullptr;

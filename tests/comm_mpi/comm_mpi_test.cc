@@ -1371,6 +1371,35 @@ std::vector<Bytes> every_collective(Communicator& c, bool quantized) {
   return out;
 }
 
+// `body`'s outputs on every rank of world() * t ranks, run as t threads per process, equal
+// the local backend's for the same world and options, in the default chunks and in 4 KiB
+// ones.
+template <typename Body>
+void expect_threads_match_local(int t, const CommOptions& options, const Body& body,
+                                const std::string& what) {
+  const int n = world() * t;
+  std::vector<std::vector<Bytes>> expected(static_cast<size_t>(n));
+  run_local(n, options,
+            [&](Communicator& c) { expected[static_cast<size_t>(c.rank())] = body(c); });
+  for (const char* chunk : {"default", "4096"}) {
+    if (std::string(chunk) != "default") {
+      ASSERT_EQ(setenv(kChunkEnv, chunk, 1), 0);
+    }
+    const auto actual = run_as_threads(
+        t, options, [&](Communicator& c) { return std::make_pair(c.rank(), body(c)); });
+    ASSERT_EQ(unsetenv(kChunkEnv), 0);
+    for (const auto& [rank, outputs] : actual) {
+      const auto& want = expected[static_cast<size_t>(rank)];
+      ASSERT_EQ(outputs.size(), want.size());
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        EXPECT_SAME_BYTES(
+            outputs[i], want[i],
+            fmt::format("{}: rank {} of {}, entry {}, chunk {}", what, rank, n, i, chunk));
+      }
+    }
+  }
+}
+
 class MpiThreadsTest : public testing::TestWithParam<ThreadsParam> {};
 
 TEST_P(MpiThreadsTest, EveryCollectiveMatchesLocalBackend) {
@@ -1382,27 +1411,9 @@ TEST_P(MpiThreadsTest, EveryCollectiveMatchesLocalBackend) {
   options.two_level = p.two_level;
   options.qgz_bits = p.qgz_bits;
   const bool quantized = p.qgz_bits != 0;
-  std::vector<std::vector<Bytes>> expected(static_cast<size_t>(n));
-  run_local(n, options, [&](Communicator& c) {
-    expected[static_cast<size_t>(c.rank())] = every_collective(c, quantized);
-  });
-  for (const char* chunk : {"default", "4096"}) {
-    if (std::string(chunk) != "default") {
-      ASSERT_EQ(setenv(kChunkEnv, chunk, 1), 0);
-    }
-    const auto actual = run_as_threads(p.t, options, [&](Communicator& c) {
-      return std::make_pair(c.rank(), every_collective(c, quantized));
-    });
-    ASSERT_EQ(unsetenv(kChunkEnv), 0);
-    for (const auto& [rank, outputs] : actual) {
-      const auto& want = expected[static_cast<size_t>(rank)];
-      ASSERT_EQ(outputs.size(), want.size());
-      for (size_t i = 0; i < outputs.size(); ++i) {
-        EXPECT_SAME_BYTES(outputs[i], want[i],
-                          fmt::format("rank {} of {}, entry {}, chunk {}", rank, n, i, chunk));
-      }
-    }
-  }
+  expect_threads_match_local(
+      p.t, options, [&](Communicator& c) { return every_collective(c, quantized); },
+      fmt::format("T {} node_ranks {}", p.t, p.node_ranks));
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, MpiThreadsTest,
@@ -1515,29 +1526,9 @@ TEST(MpiNodeReduceScatterTwoLevelTest, MatchesLocalBackend) {
       if (n % t != 0 || t % per_process != 0) continue;
       CommOptions options = kOptions;
       options.node_ranks = t;
-      std::vector<std::vector<Bytes>> expected(static_cast<size_t>(n));
-      run_local(n, options, [&](Communicator& c) {
-        expected[static_cast<size_t>(c.rank())] = node_reduce_sweep(c, t);
-      });
-      for (const char* chunk : {"default", "4096"}) {
-        if (std::string(chunk) != "default") {
-          ASSERT_EQ(setenv(kChunkEnv, chunk, 1), 0);
-        }
-        const auto actual = run_as_threads(per_process, options, [&](Communicator& c) {
-          return std::make_pair(c.rank(), node_reduce_sweep(c, t));
-        });
-        ASSERT_EQ(unsetenv(kChunkEnv), 0);
-        for (const auto& [rank, outputs] : actual) {
-          const auto& want = expected[static_cast<size_t>(rank)];
-          ASSERT_EQ(outputs.size(), want.size());
-          for (size_t i = 0; i < outputs.size(); ++i) {
-            EXPECT_SAME_BYTES(outputs[i], want[i],
-                              fmt::format("node_reduce_scatter rank {} of {} = nodes of {} ({} per "
-                                          "process), entry {}, chunk {}",
-                                          rank, n, t, per_process, i, chunk));
-          }
-        }
-      }
+      expect_threads_match_local(
+          per_process, options, [&](Communicator& c) { return node_reduce_sweep(c, t); },
+          fmt::format("node_reduce_scatter, nodes of {} ({} per process)", t, per_process));
     }
   }
 }
