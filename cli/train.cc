@@ -38,6 +38,7 @@ struct Flags {
   std::string inter_node_latency;
   std::string collectives = "flat";
   std::string qgz = "off";
+  std::string offload = "none";
   std::string link_latency;
   std::string config_file;
   // Parsed here rather than by CLI11, to refuse what it would wrap, clamp or round to inf
@@ -186,6 +187,7 @@ int run_train(Flags& f, Launch args) {
   c.invariant = parse_invariant_flag(f.invariant);
   c.launch.comm.two_level = parse_collectives_flag(f.collectives);
   c.launch.comm.qgz_bits = parse_qgz_flag(f.qgz);
+  c.offload_optimizer = parse_offload(f.offload);
   c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout");
   if (!(c.launch.comm.timeout_seconds > 0)) {
     throw InvalidArgument(fmt::format(
@@ -411,6 +413,17 @@ Runner add_train(CLI::App& app) {
                 "from the owner's fp32 master (ZeRO++'s qwZ): about half the gathers' bytes, "
                 "and the passes see quantized weights");
   par->add_option("--qwz-block", c.qwz_block, "Elements per quantization scale (--qwz)")
+      ->capture_default_str();
+  par->add_option("--offload", f->offload,
+                  "optimizer: keep the fp32 master weights and Adam moments in a scratch file "
+                  "per rank under --offload-dir, streamed through the update in 4 MiB pieces "
+                  "(ZeRO-Infinity's NVMe tier): memory holds params and grads only; the "
+                  "step pays reading and writing them (zerodp bench-io DIR measures the disk; "
+                  "docs/offload.md); none or optimizer")
+      ->capture_default_str();
+  par->add_option("--offload-dir", c.offload_dir,
+                  "Directory for --offload's scratch files (unlinked at once: nothing is left "
+                  "behind); use a disk, not tmpfs")
       ->capture_default_str();
   par->add_option("--qgz", f->qgz,
                   "Reduce gradients as int8 or int4 blocks with an fp32 scale each (at stage 0 "

@@ -3,7 +3,9 @@
 // Categories follow the ZeRO accounting: the persistent model states (params, grads, master,
 // adam_m, adam_v) and the transient buffers (gathered stage-3 unit params, grad_buckets,
 // grad_accum (the canonical order's fp32 accumulator), hpz_params (hpZ's copy of stage 3's
-// parameters sharded within the node), activations, comm_buffers, workspace).
+// parameters sharded within the node), activations, comm_buffers, workspace, offload_staging
+// (the pieces of the offload file in flight)). States kept on disk by the offload tier are
+// not memory: they are counted apart, as `disk` bytes (the report's "nvme").
 // `peak_total` is the peak of the sum over categories, not the sum of their peaks. An optional
 // budget (the accelerator's capacity,
 // `--memory-per-rank`) makes a reservation past it fail with OutOfMemory naming the rank,
@@ -39,8 +41,9 @@ enum class MemCategory : uint8_t {
   kActivations,
   kCommBuffers,
   kWorkspace,
+  kOffloadStaging,
 };
-inline constexpr int kNumMemCategories = 12;
+inline constexpr int kNumMemCategories = 13;
 std::string_view mem_category_name(MemCategory c);  // "params", "adam_m", "grad_buckets", ...
 
 class MemoryLedger {
@@ -66,6 +69,11 @@ class MemoryLedger {
   const Table& current_table() const { return current_; }
   const Table& peak_table() const { return peak_; }
 
+  // Bytes of this rank's states kept in files (the offload tier), apart from the categories:
+  // they take no memory and no budget.
+  void add_disk(uint64_t bytes) { disk_ += bytes; }
+  uint64_t disk() const { return disk_; }
+
   // Starts a new measurement window: peaks become the current values.
   void reset_peaks();
 
@@ -82,6 +90,7 @@ class MemoryLedger {
   Table peak_{};
   uint64_t current_total_ = 0;
   uint64_t peak_total_ = 0;
+  uint64_t disk_ = 0;
 };
 
 namespace detail {

@@ -214,6 +214,19 @@ Injection parse_injection(std::string_view text) {
   return inj;
 }
 
+bool parse_offload(std::string_view text) {
+  if (text == "none") return false;
+  if (text == "optimizer") return true;
+  if (text == "optimizer,params" || text == "params") {
+    throw InvalidArgument(fmt::format(
+        "--offload {}: parameters cannot be offloaded yet (docs/offload.md); use --offload "
+        "optimizer, which keeps master weights and Adam moments on disk",
+        text));
+  }
+  throw InvalidArgument(
+      fmt::format("--offload '{}' is not a tier; use none or optimizer", text));
+}
+
 void resolve_config(TrainConfig& c) {
   model_kind(c.model).resolve(c);
   (void)Sharding::for_stage(c.stage);
@@ -233,6 +246,16 @@ void resolve_config(TrainConfig& c) {
   if (c.shard_within_node) {
     check_shard_within_node(c.stage, c.launch.comm.node_ranks, c.invariant, c.launch.comm.two_level,
                             c.hpz, c.qwz, c.launch.comm.qgz_bits);
+  }
+  if (c.offload_optimizer && c.qwz) {
+    throw InvalidArgument(
+        "--qwz quantizes parameters from the fp32 master, which --offload optimizer keeps on "
+        "disk; use one of the two");
+  }
+  if (c.offload_optimizer && c.offload_dir.empty()) {
+    throw InvalidArgument(
+        "--offload-dir is empty; give a directory on a disk with room for the states, e.g. "
+        "/var/tmp");
   }
   if (c.steps < 1)
     throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
@@ -424,6 +447,8 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["shard_within_node"] = c.shard_within_node;
   j["qgz"] = std::string(qgz_name(c.launch.comm.qgz_bits));
   j["qgz_block"] = c.launch.comm.qgz_block;
+  j["offload"] = c.offload_optimizer ? "optimizer" : "none";
+  j["offload_dir"] = c.offload_dir;
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
   j["checkpoint_dir"] = c.checkpoint_dir;
   j["checkpoint_every"] = c.checkpoint_every;

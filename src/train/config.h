@@ -122,6 +122,10 @@ struct TrainConfig {
   // and replicated across nodes; gradients reduce-scattered inside the node of the world's
   // sum (Communicator::node_reduce_scatter), parameters gathered inside the node.
   bool shard_within_node = false;
+  // Offload (docs/offload.md): master, adam_m and adam_v kept in a scratch file per rank under
+  // offload_dir and streamed through the update in pieces, not held in memory.
+  bool offload_optimizer = false;
+  std::string offload_dir = "/var/tmp";
   // Optimization.
   int64_t steps = 100;
   uint64_t seed = 1337;
@@ -165,6 +169,10 @@ struct TrainConfig {
   // Return the consolidated fp32 weights in TrainResult (tools and tests; costs 4Φ on rank 0).
   bool keep_final_weights = false;
 };
+
+// --offload's value: "none" or "optimizer" (true). Throws InvalidArgument naming the text
+// and what is accepted.
+bool parse_offload(std::string_view text);
 
 // Resolves size presets and defaults in place; throws InvalidArgument naming bad values.
 void resolve_config(TrainConfig& config);

@@ -46,7 +46,7 @@ uint64_t sum_over_ranks(uint64_t numel, int world, int first, int count, int ste
 }  // namespace
 
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                             Precision precision, int rank, bool fp32_accumulator) {
+                             Precision precision, int rank, bool fp32_accumulator, bool offload) {
   check_rank(world, rank);
   const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce, fp32_accumulator);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
@@ -57,6 +57,11 @@ StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, in
     const uint64_t opt = StagePlan::count(sp.optimizer, own, numel);
     b.params += StagePlan::count(sp.params, own, numel) * w;
     b.grads += StagePlan::count(sp.grads, own, numel) * gw;
+    if (offload) {
+      const uint64_t arrays = precision == Precision::kFP32 ? 2 : 3;
+      b.nvme += arrays * offload_region_bytes(opt);
+      continue;
+    }
     b.master += precision == Precision::kFP32 ? 0 : opt * 4;
     b.adam_m += opt * 4;
     b.adam_v += opt * 4;
@@ -65,9 +70,9 @@ StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, in
 }
 
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                                 Precision precision, bool fp32_accumulator) {
+                                 Precision precision, bool fp32_accumulator, bool offload) {
   // Balanced partitions give rank 0 the largest range of every unit.
-  return model_state_bytes(unit_numel, world, stage, precision, 0, fp32_accumulator);
+  return model_state_bytes(unit_numel, world, stage, precision, 0, fp32_accumulator, offload);
 }
 
 StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
@@ -240,8 +245,10 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
   const BatchShape shape{.B = p.micro_batch, .T = p.seq_len};
   const GemmCompute compute = compute_for(p.precision);
   TransientLayout l;
-  uint64_t max_numel = 0, max_own = 0, max_saved = 0;
+  uint64_t max_numel = 0, max_own = 0, max_saved = 0, max_opt = 0;
   for (const auto& u : model) {
+    max_opt = std::max(max_opt, StagePlan::count(sp.optimizer,
+                                                 own_count(u->numel(), p.world, rank), u->numel()));
     max_numel = std::max<uint64_t>(max_numel, u->numel());
     max_own = std::max<uint64_t>(max_own, own_count(u->numel(), p.world, rank));
     max_saved = std::max<uint64_t>(max_saved, u->saved_count(shape, compute));
@@ -281,6 +288,11 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
       }
     }
   }
+  if (p.offload) {
+    l.offload_arrays = fp32 ? 2 : 3;
+    const uint64_t per_block = kOffloadAlign / 4;
+    l.offload_piece = std::min(kOffloadPiece, (max_opt + per_block - 1) / per_block * per_block);
+  }
   if (sp.micro_batch_reduce != StagePlan::Reduce::kNone) {
     // Two buckets: one reduces while the next unit's backward fills the other.
     l.buckets = 2;
@@ -309,6 +321,10 @@ TransientBytes transient_bytes(const TransientLayout& l) {
   b.comm_buffers = static_cast<uint64_t>(l.buckets) * l.reduced * l.dtype_bytes +
                    static_cast<uint64_t>(l.gathered_slots) * l.qwz_staging;
   b.hpz_params = sum(l.hpz) * l.dtype_bytes;
+  if (l.offload_arrays > 0) {
+    b.offload_staging =
+        2 * static_cast<uint64_t>(l.offload_arrays) * l.offload_piece * 4 + kOffloadAlign;
+  }
   return b;
 }
 
@@ -326,6 +342,19 @@ std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Preci
     return max_model_state_bytes(unit_numel, ranks, stage, precision, fp32_accumulator).total() <=
            budget_bytes;
   };
+  // Offload keeps only the params and grads in memory; worth naming when no stage fits here.
+  if (!fits(3, world)) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      const uint64_t need =
+          max_model_state_bytes(unit_numel, world, stage, precision, fp32_accumulator, true)
+              .total();
+      if (need <= budget_bytes) {
+        s += fmt::format("; with --offload optimizer, stage {} would hold {} in memory", stage,
+                         format_bytes(static_cast<double>(need)));
+        break;
+      }
+    }
+  }
   const std::string tail =
       " (activations and buffers come on top; zerodp never changes stage by itself)";
   // Naming a rank count when the states already fit would send the user after the wrong

@@ -20,8 +20,22 @@ struct StateBytes {
   uint64_t master = 0;
   uint64_t adam_m = 0;
   uint64_t adam_v = 0;
+  // Under --offload optimizer, master, adam_m and adam_v live in the rank's offload file:
+  // the three are 0 here and `nvme` is the file's size. Not part of total(), which is memory.
+  uint64_t nvme = 0;
   uint64_t total() const { return params + grads + master + adam_m + adam_v; }
 };
+
+// The offload file's layout (train/offload.h): per unit, one region each for master (16-bit
+// runs only), adam_m and adam_v of the optimizer range, every region padded to whole
+// kOffloadAlign-byte blocks so O_DIRECT can read any piece of it.
+inline constexpr uint64_t kOffloadAlign = 4096;
+// Elements per staged piece (4 MiB of fp32 per array): large enough that one read or write
+// runs at the disk's sequential speed, small enough that the staging stays a few MiB.
+inline constexpr uint64_t kOffloadPiece = uint64_t{1} << 20;
+inline uint64_t offload_region_bytes(uint64_t elements) {
+  return (elements * 4 + kOffloadAlign - 1) / kOffloadAlign * kOffloadAlign;
+}
 
 // Every function below costs O(units) per call, whatever the world size, so a loop over
 // ranks stays linear in the ranks.
@@ -30,11 +44,14 @@ struct StateBytes {
 // or 4 at fp32), fp32 master (none at fp32) and Adam moments; each full or the rank's
 // partition range of every unit, as the stage's switches say. `fp32_accumulator` (the
 // canonical order with A > 1, config.h): at stages 2-3 the grads are held in fp32.
+// `offload`: --offload optimizer (master, adam_m, adam_v counted in `nvme`, on disk).
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                             Precision precision, int rank, bool fp32_accumulator = false);
+                             Precision precision, int rank, bool fp32_accumulator = false,
+                             bool offload = false);
 // The largest over ranks (rank 0 holds the largest ranges).
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                                 Precision precision, bool fp32_accumulator = false);
+                                 Precision precision, bool fp32_accumulator = false,
+                                 bool offload = false);
 // The sum over all `world` ranks of model_state_bytes, in closed form: the ranges of a unit
 // add up to the unit, so a sharded state sums to one copy and a replicated one to `world`.
 StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
@@ -120,6 +137,7 @@ struct TransientPlan {
   uint64_t features_per_sample = 0;
   int hpz_node_ranks = 0;  // hpZ's secondary copy over this many ranks (0 = off)
   size_t qwz_block = 0;    // qwZ's elements per scale (0 = off)
+  bool offload = false;    // --offload optimizer: the staging of the offload file's pieces
 };
 struct TransientLayout {
   // Activations, fp32 unless said: the stream between units (unit u's input, then the
@@ -157,6 +175,12 @@ struct TransientLayout {
   // Bytes: qwZ's staging of every rank's int8 payload, one per gather slot, sized for the
   // largest unit (comm_buffers).
   uint64_t qwz_staging = 0;
+  // --offload optimizer: two slots (one computed on while the other's I/O runs) of
+  // `offload_arrays` arrays (master, adam_m, adam_v; 2 at fp32, whose master stays in
+  // memory as the params) of `offload_piece` fp32 elements, plus kOffloadAlign bytes to
+  // align them for O_DIRECT.
+  int offload_arrays = 0;
+  uint64_t offload_piece = 0;
 };
 TransientLayout transient_layout(const Model& model, const TransientPlan& plan, int rank);
 
@@ -169,9 +193,10 @@ struct TransientBytes {
   uint64_t grad_accum = 0;
   uint64_t comm_buffers = 0;
   uint64_t hpz_params = 0;
+  uint64_t offload_staging = 0;
   uint64_t total() const {
     return activations + workspace + gathered + grad_buckets + grad_accum + comm_buffers +
-           hpz_params;
+           hpz_params + offload_staging;
   }
 };
 TransientBytes transient_bytes(const TransientLayout& layout);
@@ -181,6 +206,7 @@ inline TransientBytes transient_bytes(const Model& model, const TransientPlan& p
 
 // One sentence for a budget error: the model-state bytes per rank of every stage at this N,
 // and the fewest ranks with which stage 3's states fit the budget.
+// When no stage fits even at many ranks but --offload optimizer would at this N, it says so.
 std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,
                           uint64_t budget_bytes, bool fp32_accumulator = false);
 
