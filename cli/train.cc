@@ -425,6 +425,10 @@ Runner add_train(CLI::App& app) {
                   "Directory for --offload's scratch files (unlinked at once: nothing is left "
                   "behind); use a disk, not tmpfs")
       ->capture_default_str();
+  par->add_option("--offload-piece", c.offload_piece,
+                  "Elements per staged piece of --offload (a multiple of 1024; 0 = 1048576, "
+                  "4 MiB per array): larger pieces, longer sequential I/O, more staging memory")
+      ->capture_default_str();
   par->add_option("--qgz", f->qgz,
                   "Reduce gradients as int8 or int4 blocks with an fp32 scale each (at stage 0 "
                   "the all-reduce's reduce-scatter half), "

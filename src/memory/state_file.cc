@@ -1,6 +1,7 @@
 #include "memory/state_file.h"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include <fcntl.h>
@@ -27,7 +28,8 @@ void IoWork::wait() {
   if (state_->error) std::rethrow_exception(state_->error);
 }
 
-StateFile::StateFile(const std::filesystem::path& dir, const std::string& name, uint64_t bytes)
+StateFile::StateFile(const std::filesystem::path& dir, const std::string& name, uint64_t bytes,
+                     bool direct)
     : path_(dir / name), size_(bytes) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
@@ -36,7 +38,16 @@ StateFile::StateFile(const std::filesystem::path& dir, const std::string& name, 
                     "directory on a disk with room for the states",
                     dir.string()));
   }
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  constexpr int kFlags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+  if (direct) {
+    fd_ = ::open(path_.c_str(), kFlags | O_DIRECT, 0600);
+    direct_ = fd_ >= 0;
+  }
+  // tmpfs and some others refuse O_DIRECT with EINVAL, after creating the file (O_EXCL held,
+  // so it is ours to remove): buffered I/O still works there.
+  const bool refused = direct && fd_ < 0 && errno == EINVAL;
+  if (refused) ::unlink(path_.c_str());
+  if (!direct || refused) fd_ = ::open(path_.c_str(), kFlags, 0600);
   if (fd_ < 0) {
     throw IoError(
         fmt::format("offload: cannot create {}: {}", path_.string(), std::strerror(errno)));
@@ -79,6 +90,13 @@ IoWork StateFile::submit(Job job) {
         "offload: {} of {} bytes at byte {} is past the end of {} "
         "({} bytes)",
         job.write ? "a write" : "a read", job.bytes, job.offset, path_.string(), size_));
+  }
+  if (direct_ && (job.offset % kDirectAlign != 0 || job.bytes % kDirectAlign != 0 ||
+                  reinterpret_cast<uintptr_t>(job.data) % kDirectAlign != 0)) {
+    throw InvalidArgument(fmt::format(
+        "offload: {} of {} bytes at byte {} of {} is not aligned to {} bytes, which O_DIRECT "
+        "needs",
+        job.write ? "a write" : "a read", job.bytes, job.offset, path_.string(), kDirectAlign));
   }
   job.state = std::make_shared<IoWork::State>();
   IoWork work(job.state);

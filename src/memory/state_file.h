@@ -40,13 +40,20 @@ class StateFile {
  public:
   // Creates `name` under `dir` with `bytes` bytes reserved. Throws InvalidArgument when
   // `dir` is not a directory, IoError when the file cannot be created or its space reserved.
-  StateFile(const std::filesystem::path& dir, const std::string& name, uint64_t bytes);
+  // `direct`: open with O_DIRECT where the file system takes it (not tmpfs), so reads and
+  // writes go to the device and its pages do not crowd the page cache; then every offset,
+  // length and buffer address must be a multiple of kDirectAlign.
+  StateFile(const std::filesystem::path& dir, const std::string& name, uint64_t bytes,
+            bool direct = false);
+  static constexpr uint64_t kDirectAlign = 4096;
   // Waits for the queued I/O (its errors are dropped: the caller is unwinding or done).
   ~StateFile();
   StateFile(const StateFile&) = delete;
   StateFile& operator=(const StateFile&) = delete;
 
   uint64_t size() const { return size_; }
+  // Whether O_DIRECT was asked for and taken.
+  bool direct() const { return direct_; }
   // Where the file was created (it has no name on disk any more).
   const std::filesystem::path& path() const { return path_; }
 
@@ -70,6 +77,7 @@ class StateFile {
 
   std::filesystem::path path_;
   uint64_t size_ = 0;
+  bool direct_ = false;
   int fd_ = -1;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -59,7 +59,8 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
   return m;
 }
 
-std::string write_shard(const ShardedState& state, const std::filesystem::path& file) {
+std::string write_shard(const ShardedState& state, OffloadTier* offload,
+                        const std::filesystem::path& file) {
   using checkpoint::tensor_name;
   namespace st = safetensors;
   const bool fp32 = state.fp32();
@@ -75,10 +76,25 @@ std::string write_shard(const ShardedState& state, const std::filesystem::path& 
   }
   st::Writer w(file, std::move(decls), {{"format", std::string(checkpoint::kFormat)}});
   const size_t psize = dtype_size(dtype);
-  for (const UnitState& u : state.units()) {
+  for (size_t i = 0; i < state.units().size(); ++i) {
+    const UnitState& u = state.units()[i];
     const size_t n = u.own.count();
     w.write(std::span(static_cast<const std::byte*>(u.params.data()) + u.params_own * psize,
                       n * psize));
+    if (offload != nullptr) {
+      // The tensors in the file's order, each streamed from the offload file in pieces.
+      std::vector<OffloadTier::Job> jobs;
+      const Range own{u.opt_own, u.opt_own + n};
+      if (!fp32) jobs.push_back({i, own, OffloadTier::kMaster});
+      jobs.push_back({i, own, OffloadTier::kAdamM});
+      jobs.push_back({i, own, OffloadTier::kAdamV});
+      offload->stream(jobs, OffloadTier::Access::kRead, [&](OffloadTier::Piece& p) {
+        w.write_values(std::span<const float>(!p.master.empty() ? p.master
+                                              : !p.m.empty()    ? p.m
+                                                                : p.v));
+      });
+      continue;
+    }
     if (!fp32) w.write_values(u.master.span().subspan(u.opt_own, n));
     w.write_values(u.adam_m.span().subspan(u.opt_own, n));
     w.write_values(u.adam_v.span().subspan(u.opt_own, n));
@@ -144,6 +160,23 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
       narrow(tmp, u.params.data(), dtype, 0);
     }
     const size_t n = u.opt_range.count();
+    if (OffloadTier* offload = trainer.offload()) {
+      std::vector<OffloadTier::Job> jobs;
+      if (!fp32) jobs.push_back({i, {0, n}, OffloadTier::kMaster});
+      jobs.push_back({i, {0, n}, OffloadTier::kAdamM});
+      jobs.push_back({i, {0, n}, OffloadTier::kAdamV});
+      offload->stream(jobs, OffloadTier::Access::kWrite, [&](OffloadTier::Piece& p) {
+        const size_t at = u.opt_range.begin + p.begin;
+        if (!p.master.empty()) {
+          ckpt.read_master(i, at, p.master);
+        } else {
+          const bool first_moment = !p.m.empty();
+          ckpt.read(i, first_moment ? "adam_m" : "adam_v", at,
+                    std::as_writable_bytes(first_moment ? p.m : p.v));
+        }
+      });
+      continue;
+    }
     if (!fp32) ckpt.read_master(i, u.opt_range.begin, u.master.span());
     ckpt.read(i, "adam_m", u.opt_range.begin, std::as_writable_bytes(u.adam_m.span().first(n)));
     ckpt.read(i, "adam_v", u.opt_range.begin, std::as_writable_bytes(u.adam_v.span().first(n)));
@@ -239,7 +272,7 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
   try {
     if (writer) {
       trainer.faults().shard_write(step, file);
-      sha = write_shard(trainer.state(), file);
+      sha = write_shard(trainer.state(), trainer.offload(), file);
       bytes = std::filesystem::file_size(file);
     }
     if (rank == 0) history_file = ck::write_history(temp, history);

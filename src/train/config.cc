@@ -223,8 +223,7 @@ bool parse_offload(std::string_view text) {
         "optimizer, which keeps master weights and Adam moments on disk",
         text));
   }
-  throw InvalidArgument(
-      fmt::format("--offload '{}' is not a tier; use none or optimizer", text));
+  throw InvalidArgument(fmt::format("--offload '{}' is not a tier; use none or optimizer", text));
 }
 
 void resolve_config(TrainConfig& c) {
@@ -251,6 +250,12 @@ void resolve_config(TrainConfig& c) {
     throw InvalidArgument(
         "--qwz quantizes parameters from the fp32 master, which --offload optimizer keeps on "
         "disk; use one of the two");
+  }
+  if (c.offload_piece % 1024 != 0) {
+    throw InvalidArgument(fmt::format(
+        "--offload-piece {} is not a multiple of 1024 elements (4 KiB, O_DIRECT's block); use "
+        "e.g. 1048576, or 0 for the default",
+        c.offload_piece));
   }
   if (c.offload_optimizer && c.offload_dir.empty()) {
     throw InvalidArgument(
@@ -449,6 +454,7 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["qgz_block"] = c.launch.comm.qgz_block;
   j["offload"] = c.offload_optimizer ? "optimizer" : "none";
   j["offload_dir"] = c.offload_dir;
+  j["offload_piece"] = c.offload_piece;
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
   j["checkpoint_dir"] = c.checkpoint_dir;
   j["checkpoint_every"] = c.checkpoint_every;

@@ -126,6 +126,8 @@ struct TrainConfig {
   // offload_dir and streamed through the update in pieces, not held in memory.
   bool offload_optimizer = false;
   std::string offload_dir = "/var/tmp";
+  // Elements per staged piece, a multiple of 1024; 0 = kOffloadPiece (train/plan.h).
+  uint64_t offload_piece = 0;
   // Optimization.
   int64_t steps = 100;
   uint64_t seed = 1337;

@@ -44,6 +44,8 @@ struct MemorySnapshot {
   MemoryLedger::Table peak{};
   uint64_t peak_total = 0;
   uint64_t gemm_bf16_copies = 0;
+  uint64_t nvme = 0;
+  OffloadTier::Counters offload;
 };
 
 std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
@@ -53,6 +55,10 @@ std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
   for (uint64_t x : mem.peak) v.push_back(static_cast<double>(x));
   v.push_back(static_cast<double>(mem.peak_total));
   v.push_back(static_cast<double>(mem.gemm_bf16_copies));
+  v.push_back(static_cast<double>(mem.nvme));
+  v.push_back(static_cast<double>(mem.offload.bytes_read));
+  v.push_back(static_cast<double>(mem.offload.bytes_written));
+  v.push_back(mem.offload.wait_seconds);
   for (auto phase : {CommPhase::kTrain, CommPhase::kOther}) {
     for (const auto& c : comm.ledger().table(phase)) {
       v.push_back(static_cast<double>(c.calls));
@@ -73,6 +79,10 @@ RankSummary unpack_summary(std::span<const double> v, int rank) {
   for (auto& x : s.peak) x = static_cast<uint64_t>(v[k++]);
   s.peak_total = static_cast<uint64_t>(v[k++]);
   s.gemm_bf16_copy_bytes = static_cast<uint64_t>(v[k++]);
+  s.nvme_bytes = static_cast<uint64_t>(v[k++]);
+  s.offload_bytes_read = static_cast<uint64_t>(v[k++]);
+  s.offload_bytes_written = static_cast<uint64_t>(v[k++]);
+  s.offload_wait_seconds = v[k++];
   for (auto* table : {&s.comm_train, &s.comm_other}) {
     for (auto& c : *table) {
       c.calls = static_cast<uint64_t>(v[k++]);
@@ -622,8 +632,13 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       RankRun run = run_steps(rank_plan, trainer, from, on_step);
       const bool reporter = comm.rank() == 0;
       // Memory as training left it; the evaluation and hash below are not training.
-      const MemorySnapshot mem{trainer.ledger().current_table(), trainer.ledger().peak_table(),
-                               trainer.ledger().peak_total(), gemm_bf16_copy_bytes()};
+      const MemorySnapshot mem{
+          trainer.ledger().current_table(),
+          trainer.ledger().peak_table(),
+          trainer.ledger().peak_total(),
+          gemm_bf16_copy_bytes(),
+          trainer.ledger().disk(),
+          trainer.offload() ? trainer.offload()->counters() : OffloadTier::Counters{}};
       CommPhaseScope other(comm.ledger(), CommPhase::kOther);
       // An interrupted run ends as soon as it can: mpirun, for one, kills its processes
       // shortly after forwarding the signal.

@@ -24,8 +24,13 @@ LrSchedule make_schedule(const TrainConfig& cfg) {
 }  // namespace
 
 OptimizerStep::OptimizerStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& group,
-                             std::span<float> chunk)
-    : cfg_(cfg), state_(state), group_(group), chunk_(chunk), schedule_(make_schedule(cfg)) {
+                             std::span<float> chunk, OffloadTier* offload)
+    : cfg_(cfg),
+      state_(state),
+      group_(group),
+      chunk_(chunk),
+      offload_(offload),
+      schedule_(make_schedule(cfg)) {
   if (cfg.precision == Precision::kFP16) {
     LossScalerConfig sc;
     sc.initial_scale = cfg.initial_loss_scale;
@@ -67,49 +72,76 @@ UpdateOutcome OptimizerStep::apply(int64_t step_index, double sum_squares, bool 
 }
 
 // AdamW on the optimizer range; then the updated parameters are rounded into place and,
-// when the plan says so, all-gathered.
+// when the plan says so, all-gathered. Offloaded, the same ranges arrive piece by piece
+// (AdamW is elementwise, so any split gives the same bits) and each unit's gather is issued
+// after its last piece, in unit order as in memory.
 void OptimizerStep::update(double lr, double coef) {
-  const DType t = state_.dtype();
-  const bool fp32 = state_.fp32();
   AdamWConfig ac;
   ac.lr = lr;
   ac.weight_decay = cfg_.weight_decay;
   works_.clear();
-  for (auto& u : state_.units()) {
-    const size_t n = u.opt_range.count();
-    if (n > 0) {
-      const std::span<float> master = u.master_values();
-      // AdamW is elementwise: chunk by chunk (widening the gradient into the chunk unless it
-      // is fp32 already) gives the same bits as one pass.
-      for (const DecaySegment& s : u.decay) {
-        for (size_t b = s.begin; b < s.end; b += chunk_.size()) {
-          const size_t len = std::min(chunk_.size(), s.end - b);
-          std::span<const float> grad;
-          if (u.grads.dtype == DType::kF32) {
-            grad = std::span<const float>(
-                static_cast<const float*>(u.grads.data()) + u.grads_opt + b, len);
-          } else {
-            const std::span<float> piece = chunk_.first(len);
-            widen(u.grads.data(), u.grads.dtype, u.grads_opt + b, piece);
-            grad = piece;
-          }
-          const AdamWShard shard{.master = master.subspan(b, len),
-                                 .m = u.adam_m.span().subspan(b, len),
-                                 .v = u.adam_v.span().subspan(b, len),
-                                 .grad = grad,
-                                 .offset = u.opt_range.begin + b};
-          adamw_update(shard, s.decay, ac, adam_step_, static_cast<float>(coef));
-        }
+  std::vector<UnitState>& units = state_.units();
+  const float c = static_cast<float>(coef);
+  if (offload_ == nullptr) {
+    for (auto& u : units) {
+      if (u.opt_range.count() > 0) {
+        update_range(u, 0, u.master_values(), u.adam_m.span(), u.adam_v.span(), ac, c);
       }
-      if (!fp32) narrow(master, u.params.data(), t, u.params_opt);
+      gather(u);
     }
-    if (state_.plan().gather_after_update) {
-      works_.push_back(group_.all_gather_async(u.params.range(u.params_own, u.own.count()),
-                                               u.params.buffer(), u.part));
+  } else {
+    std::vector<OffloadTier::Job> jobs;
+    for (size_t i = 0; i < units.size(); ++i) {
+      jobs.push_back({i, {0, units[i].opt_range.count()}, OffloadTier::kAll});
     }
+    size_t gathered = 0;  // units whose gather is issued
+    offload_->stream(jobs, OffloadTier::Access::kReadWrite, [&](OffloadTier::Piece& p) {
+      update_range(units[p.unit], p.begin, p.master, p.m, p.v, ac, c);
+      if (p.last) {
+        for (; gathered <= p.unit; ++gathered) gather(units[gathered]);
+      }
+    });
+    for (; gathered < units.size(); ++gathered) gather(units[gathered]);
   }
   for (auto& w : works_) w.wait();
   works_.clear();
+}
+
+void OptimizerStep::update_range(UnitState& u, size_t begin, std::span<float> master,
+                                 std::span<float> m, std::span<float> v, const AdamWConfig& ac,
+                                 float coef) {
+  const size_t end = begin + master.size();
+  for (const DecaySegment& s : u.decay) {
+    const size_t lo = std::max(s.begin, begin), hi = std::min(s.end, end);
+    // AdamW is elementwise: chunk by chunk (widening the gradient into the chunk unless it is
+    // fp32 already) gives the same bits as one pass.
+    for (size_t b = lo; b < hi; b += chunk_.size()) {
+      const size_t len = std::min(chunk_.size(), hi - b);
+      std::span<const float> grad;
+      if (u.grads.dtype == DType::kF32) {
+        grad = std::span<const float>(static_cast<const float*>(u.grads.data()) + u.grads_opt + b,
+                                      len);
+      } else {
+        const std::span<float> piece = chunk_.first(len);
+        widen(u.grads.data(), u.grads.dtype, u.grads_opt + b, piece);
+        grad = piece;
+      }
+      const AdamWShard shard{.master = master.subspan(b - begin, len),
+                             .m = m.subspan(b - begin, len),
+                             .v = v.subspan(b - begin, len),
+                             .grad = grad,
+                             .offset = u.opt_range.begin + b};
+      adamw_update(shard, s.decay, ac, adam_step_, coef);
+    }
+  }
+  if (!state_.fp32()) narrow(master, u.params.data(), state_.dtype(), u.params_opt + begin);
+}
+
+void OptimizerStep::gather(UnitState& u) {
+  if (state_.plan().gather_after_update) {
+    works_.push_back(group_.all_gather_async(u.params.range(u.params_own, u.own.count()),
+                                             u.params.buffer(), u.part));
+  }
 }
 
 OptimizerCounters OptimizerStep::counters() const {

@@ -11,10 +11,12 @@
 #include <span>
 
 #include "comm/communicator.h"
+#include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/square_sum.h"
 #include "train/config.h"
+#include "train/offload.h"
 #include "train/shard_group.h"
 #include "train/sharded_state.h"
 
@@ -44,9 +46,10 @@ struct UpdateOutcome {
 
 class OptimizerStep {
  public:
-  // `chunk` is fp32 widening space the caller owns.
+  // `chunk` is fp32 widening space the caller owns. `offload`: where master, adam_m and
+  // adam_v live when they are not in `state` (null: in memory).
   OptimizerStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& group,
-                std::span<float> chunk);
+                std::span<float> chunk, OffloadTier* offload = nullptr);
 
   // The scale the step's loss gradient is multiplied by: the fp16 loss scale, else 1.
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
@@ -63,11 +66,17 @@ class OptimizerStep {
 
  private:
   void update(double lr, double coef);
+  // AdamW on elements [begin, begin + master.size()) of u's optimizer range, whose master and
+  // moments are the spans given; then those parameters rounded into place.
+  void update_range(UnitState& u, size_t begin, std::span<float> master, std::span<float> m,
+                    std::span<float> v, const AdamWConfig& ac, float coef);
+  void gather(UnitState& u);
 
   const TrainConfig& cfg_;
   ShardedState& state_;
   ShardGroup& group_;
   std::span<float> chunk_;
+  OffloadTier* offload_;
   std::optional<LossScaler> scaler_;
   LrSchedule schedule_;
   int64_t adam_step_ = 0;

@@ -247,8 +247,8 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
   TransientLayout l;
   uint64_t max_numel = 0, max_own = 0, max_saved = 0, max_opt = 0;
   for (const auto& u : model) {
-    max_opt = std::max(max_opt, StagePlan::count(sp.optimizer,
-                                                 own_count(u->numel(), p.world, rank), u->numel()));
+    max_opt = std::max(
+        max_opt, StagePlan::count(sp.optimizer, own_count(u->numel(), p.world, rank), u->numel()));
     max_numel = std::max<uint64_t>(max_numel, u->numel());
     max_own = std::max<uint64_t>(max_own, own_count(u->numel(), p.world, rank));
     max_saved = std::max<uint64_t>(max_saved, u->saved_count(shape, compute));
@@ -291,7 +291,9 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
   if (p.offload) {
     l.offload_arrays = fp32 ? 2 : 3;
     const uint64_t per_block = kOffloadAlign / 4;
-    l.offload_piece = std::min(kOffloadPiece, (max_opt + per_block - 1) / per_block * per_block);
+    const uint64_t piece = p.offload_piece > 0 ? p.offload_piece : kOffloadPiece;
+    l.offload_piece =
+        std::max(per_block, std::min(piece, (max_opt + per_block - 1) / per_block * per_block));
   }
   if (sp.micro_batch_reduce != StagePlan::Reduce::kNone) {
     // Two buckets: one reduces while the next unit's backward fills the other.

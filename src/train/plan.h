@@ -135,9 +135,10 @@ struct TransientPlan {
   int seq_len = 1;   // tokens per sample (1 for images)
   bool text = true;  // token inputs (else features_per_sample floats per sample)
   uint64_t features_per_sample = 0;
-  int hpz_node_ranks = 0;  // hpZ's secondary copy over this many ranks (0 = off)
-  size_t qwz_block = 0;    // qwZ's elements per scale (0 = off)
-  bool offload = false;    // --offload optimizer: the staging of the offload file's pieces
+  int hpz_node_ranks = 0;      // hpZ's secondary copy over this many ranks (0 = off)
+  size_t qwz_block = 0;        // qwZ's elements per scale (0 = off)
+  bool offload = false;        // --offload optimizer: the staging of the offload file's pieces
+  uint64_t offload_piece = 0;  // elements per piece; 0 = kOffloadPiece
 };
 struct TransientLayout {
   // Activations, fp32 unless said: the stream between units (unit u's input, then the

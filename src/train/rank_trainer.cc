@@ -44,7 +44,9 @@ TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int
       .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0,
       .hpz_node_ranks =
           cfg.hpz ? (cfg.launch.comm.node_ranks > 0 ? cfg.launch.comm.node_ranks : world) : 0,
-      .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.qwz_block) : 0};
+      .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.qwz_block) : 0,
+      .offload = cfg.offload_optimizer,
+      .offload_piece = cfg.offload_piece};
 }
 
 namespace {
@@ -108,7 +110,11 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                               .seed = cfg.seed}),
       state_(model_, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg)),
              cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed,
-             group_.size(), group_.index(), ledger_),
+             group_.size(), group_.index(), ledger_, cfg.offload_optimizer),
+      offload_(cfg.offload_optimizer
+                   ? std::optional<OffloadTier>(std::in_place, state_, cfg.offload_dir, comm.rank(),
+                                                layout_.offload_piece, ledger_)
+                   : std::nullopt),
       buf_(ledger_, layout_, state_.dtype()),
       hpz_(cfg.hpz && state_.plan().gather_before_compute
                ? std::optional<HpzCopy>(std::in_place, state_.units(), buf_.hpz,
@@ -119,8 +125,9 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                                                 static_cast<size_t>(cfg.qwz_block), comm.rank())
                : std::nullopt),
       reducer_(state_, layout_, cfg.grad_accum, group_, ledger_, chunk_),
-      optimizer_(cfg, state_, group_, chunk_),
+      optimizer_(cfg, state_, group_, chunk_, offload()),
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
+  if (offload_) offload_->initialize(cfg.seed);
   // Rank threads that each ask for all cores oversubscribe them.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   set_gemm_threads(std::max(1, static_cast<int>(cores) / ranks_on_this_host(comm, cfg.launch)));
@@ -346,15 +353,25 @@ double RankTrainer::evaluate() {
 
 std::string RankTrainer::weights_sha256(std::vector<float>* keep) {
   Sha256 hash;
-  for (const UnitState& u : state_.units()) {
+  const bool sharded = state_.plan().optimizer == StagePlan::Extent::kOwn;
+  for (size_t i = 0; i < state_.units().size(); ++i) {
+    const UnitState& u = state_.units()[i];
     // The gradient workspace is free after training and holds the largest unit.
     std::span<float> full = buf_.dw32.span().first(u.numel);
-    const std::span<const float> mine = u.master_values();
-    if (state_.plan().optimizer == StagePlan::Extent::kOwn) {
-      group_.all_gather_async(mine.first(u.own.count()), full, u.part).wait();
+    // Sharded, the optimizer range is the own range; else it is all of the unit.
+    const size_t at = sharded ? u.own.begin : 0;
+    if (offload_) {
+      const OffloadTier::Job job{i, {0, u.opt_range.count()}, OffloadTier::kMaster};
+      offload_->stream(std::span(&job, 1), OffloadTier::Access::kRead, [&](OffloadTier::Piece& p) {
+        std::copy(p.master.begin(), p.master.end(),
+                  full.begin() + static_cast<std::ptrdiff_t>(at + p.begin));
+      });
     } else {
-      std::copy(mine.begin(), mine.end(), full.begin());
+      const std::span<const float> mine = u.master_values();
+      std::copy(mine.begin(), mine.end(), full.begin() + static_cast<std::ptrdiff_t>(at));
     }
+    if (sharded)
+      group_.all_gather_async(full.subspan(u.own.begin, u.own.count()), full, u.part).wait();
     // Little-endian on every platform zerodp builds for (x86-64, aarch64).
     hash.update(full.data(), full.size_bytes());
     if (keep != nullptr) keep->insert(keep->end(), full.begin(), full.end());

@@ -33,6 +33,7 @@
 #include "train/fault_plan.h"
 #include "train/gather_queue.h"
 #include "train/grad_reducer.h"
+#include "train/offload.h"
 #include "train/optimizer_step.h"
 #include "train/plan.h"
 #include "train/result.h"
@@ -74,6 +75,9 @@ class RankTrainer {
   MemoryLedger& ledger() { return ledger_; }
   std::string samples_sha256() const { return samples_hash_.hex_digest(); }
   ShardedState& state() { return state_; }
+  // Where master, adam_m and adam_v live under --offload optimizer; null when in memory.
+  OffloadTier* offload() { return offload_ ? &*offload_ : nullptr; }
+  const OffloadTier* offload() const { return offload_ ? &*offload_ : nullptr; }
   const ShardGroup& group() const { return group_; }
   const ShardedState& state() const { return state_; }
   OptimizerStep& optimizer() { return optimizer_; }
@@ -127,6 +131,7 @@ class RankTrainer {
   TransientLayout layout_;
   DistributedSampler sampler_;
   ShardedState state_;
+  std::optional<OffloadTier> offload_;
   Buffers buf_;
   std::optional<HpzCopy> hpz_;
   std::optional<QuantizedGather> qwz_;

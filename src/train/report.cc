@@ -135,6 +135,12 @@ nlohmann::json report_json(const TrainResult& r) {
     rj[key::kModelStateBytes] = states;
     rj[key::kPeakBytes] = peak;
     rj[key::kOutsideLedgerBytes] = {{key::kGemmBf16Copies, rank.gemm_bf16_copy_bytes}};
+    if (r.config.offload_optimizer) {
+      rj["nvme_bytes"] = rank.nvme_bytes;
+      rj["offload_io"] = {{"bytes_read", rank.offload_bytes_read},
+                          {"bytes_written", rank.offload_bytes_written},
+                          {"wait_seconds", rank.offload_wait_seconds}};
+    }
     rj[key::kComm] = comm_json(rank.comm_train);
     rj[key::kCommOther] = comm_json(rank.comm_other);
     rj[key::kSamplesSha256] = rank.samples_sha256;
@@ -145,14 +151,16 @@ nlohmann::json report_json(const TrainResult& r) {
   const TrainConfig& c = r.config;
   nlohmann::json plan_states = nlohmann::json::array(), plan_comm = nlohmann::json::array();
   for (int rank = 0; rank < r.world_size; ++rank) {
-    const StateBytes s = model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage,
-                                           c.precision, shard_index(c, rank), fp32_accumulator(c));
+    const StateBytes s =
+        model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
+                          shard_index(c, rank), fp32_accumulator(c), c.offload_optimizer);
     plan_states.push_back({{name(MemCategory::kParams), s.params},
                            {name(MemCategory::kGrads), s.grads},
                            {name(MemCategory::kMaster), s.master},
                            {name(MemCategory::kAdamM), s.adam_m},
                            {name(MemCategory::kAdamV), s.adam_v},
                            {key::kTotal, s.total()}});
+    if (c.offload_optimizer) plan_states.back()["nvme"] = s.nvme;
     const CommBytes cb =
         comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
                             c.accumulate, canonical_order(c), rank, comm_modes_of(c));
@@ -172,30 +180,34 @@ std::string summary_table(const TrainResult& r) {
   out += fmt::format("Per-rank memory (peak bytes by category) and communication per step:\n");
   // Nodes given: the part of the traffic that crossed them, a column of its own.
   const bool nodes = r.config.launch.comm.node_ranks > 0;
+  // Offloaded: the states on disk, a column of their own (not in the memory total).
+  const bool nvme = r.config.offload_optimizer;
   out +=
-      fmt::format("{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}{}\n",
+      fmt::format("{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}{}{}\n",
                   "rank", "params", "grads", "master", "adam_m+v", "gathered", "activations",
-                  "other", "total", "comm/step", nodes ? fmt::format(" {:>11}", "cross-node") : "");
+                  "other", "total", "comm/step", nodes ? fmt::format(" {:>11}", "cross-node") : "",
+                  nvme ? fmt::format(" {:>10}", "nvme") : "");
   for (const auto& rank : r.ranks) {
     const auto& p = rank.peak;
     auto cat = [&](MemCategory c) { return static_cast<double>(p[static_cast<int>(c)]); };
     const double other = cat(MemCategory::kGradBuckets) + cat(MemCategory::kGradAccum) +
                          cat(MemCategory::kHpzParams) + cat(MemCategory::kCommBuffers) +
-                         cat(MemCategory::kWorkspace);
+                         cat(MemCategory::kWorkspace) + cat(MemCategory::kOffloadStaging);
     uint64_t comm = 0, cross = 0;
     for (int k = 0; k < kNumCommKinds; ++k) {
       comm += rank.comm_train[k].bytes;
       cross += rank.comm_train[k].cross_node_bytes;
     }
     out += fmt::format(
-        "{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}{}\n", rank.rank,
+        "{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}{}{}\n", rank.rank,
         format_bytes(cat(MemCategory::kParams)), format_bytes(cat(MemCategory::kGrads)),
         format_bytes(cat(MemCategory::kMaster)),
         format_bytes(cat(MemCategory::kAdamM) + cat(MemCategory::kAdamV)),
         format_bytes(cat(MemCategory::kGathered)), format_bytes(cat(MemCategory::kActivations)),
         format_bytes(other), format_bytes(static_cast<double>(rank.peak_total)),
         format_bytes(static_cast<double>(comm) / steps),
-        nodes ? fmt::format(" {:>11}", format_bytes(static_cast<double>(cross) / steps)) : "");
+        nodes ? fmt::format(" {:>11}", format_bytes(static_cast<double>(cross) / steps)) : "",
+        nvme ? fmt::format(" {:>10}", format_bytes(static_cast<double>(rank.nvme_bytes))) : "");
   }
   return out;
 }
@@ -205,13 +217,16 @@ std::string formula_table(const TrainResult& r) {
   std::string out =
       fmt::format("Measured against the ZeRO formulas (stage {}, {} ranks, Φ = {}, A = {}, {}):\n",
                   c.stage, r.world_size, r.params, c.grad_accum, accumulate_name(c.accumulate));
+  if (c.offload_optimizer) {
+    out += "(states in memory: --offload optimizer keeps master and Adam moments on disk)\n";
+  }
   out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", "rank", "states", "formula",
                      "", "comm/step", "formula", "");
   const double steps = static_cast<double>(std::max<size_t>(1, r.steps.size()));
   for (const auto& rank : r.ranks) {
     const StateBytes plan =
         model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
-                          shard_index(c, rank.rank), fp32_accumulator(c));
+                          shard_index(c, rank.rank), fp32_accumulator(c), c.offload_optimizer);
     uint64_t states = 0;
     for (int k = 0; k <= static_cast<int>(MemCategory::kAdamV); ++k) states += rank.model_state[k];
     uint64_t comm = 0;

@@ -66,6 +66,13 @@ struct RankSummary {
   uint64_t peak_total = 0;
   // Outside the ledger: the rank thread's kept bf16 operand copies (tensor/gemm.h), 0 in fp32.
   uint64_t gemm_bf16_copy_bytes = 0;
+  // --offload optimizer: the offload file's bytes (the ledger's disk bytes), and what the
+  // tier moved over the run (initialization, steps, checkpoints) and how long the rank
+  // waited for it.
+  uint64_t nvme_bytes = 0;
+  uint64_t offload_bytes_read = 0;
+  uint64_t offload_bytes_written = 0;
+  double offload_wait_seconds = 0;
   CommLedger::Table comm_train{};
   CommLedger::Table comm_other{};
   std::string samples_sha256;

@@ -3,6 +3,7 @@
 #include "train/rank_trainer.h"
 
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -103,6 +104,32 @@ std::optional<double> gemm_flops_per_core(GemmCompute compute, std::span<const G
 // states and transients, the same bytes the ledger will count) against --memory-per-rank
 // and the machine's available memory. A run that cannot fit is refused with the stage or
 // rank count that would, instead of failing halfway through allocation or swapping.
+namespace {
+
+// The offload files are reserved when the ranks start; a directory that cannot hold them is
+// better refused here, with the sum, than by one rank's allocation failing.
+void check_offload_dir(const std::string& dir, uint64_t bytes, int ranks) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(dir, ec);
+  if (!std::filesystem::is_directory(status)) {
+    throw InvalidArgument(fmt::format(
+        "--offload-dir {} {}; give a directory on a disk with room for {} of optimizer states", dir,
+        std::filesystem::exists(status) ? "is not a directory" : "does not exist",
+        format_bytes(static_cast<double>(bytes))));
+  }
+  const auto space = std::filesystem::space(dir, ec);
+  if (!ec && space.available < bytes) {
+    throw InvalidArgument(fmt::format(
+        "--offload-dir {} has {} free, but this process's {} rank(s) keep {} of optimizer "
+        "states there; free space, use another directory, a higher --stage or more ranks "
+        "(zerodp estimate --offload optimizer says what each needs)",
+        dir, format_bytes(static_cast<double>(space.available)), ranks,
+        format_bytes(static_cast<double>(bytes))));
+  }
+}
+
+}  // namespace
+
 void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactory& make_model,
                int world, int my_rank, int ranks_here) {
   // The data's own limits first: they say more precisely what is wrong with a micro-batch.
@@ -116,19 +143,41 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
   for (const auto& u : model) numel.push_back(u->numel());
   const bool local = cfg.launch.backend == Backend::kLocal;
   const TransientPlan plan = transient_plan(cfg, data, shard_ranks(cfg, world));
-  uint64_t process = 0, worst = 0;
+  TransientPlan offloaded_plan = plan;
+  offloaded_plan.offload = true;
+  // A rank's memory and disk bytes, as run or with --offload optimizer.
+  const auto bytes = [&](int r, bool offload) {
+    const StateBytes s = model_state_bytes(numel, shard_ranks(cfg, world), cfg.stage, cfg.precision,
+                                           shard_index(cfg, r), fp32_accumulator(cfg), offload);
+    return std::pair(
+        s.total() +
+            transient_bytes(model, offload ? offloaded_plan : plan, shard_index(cfg, r)).total(),
+        s.nvme);
+  };
+  uint64_t process = 0, worst = 0, disk = 0, worst_offloaded = 0;
   int worst_rank = my_rank;
   for (int r = local ? 0 : my_rank; r < (local ? world : my_rank + ranks_here); ++r) {
-    const uint64_t need =
-        model_state_bytes(numel, shard_ranks(cfg, world), cfg.stage, cfg.precision,
-                          shard_index(cfg, r), fp32_accumulator(cfg))
-            .total() +
-        transient_bytes(model, plan, shard_index(cfg, r)).total();
+    const auto [need, nvme] = bytes(r, cfg.offload_optimizer);
     process += need;
+    disk += nvme;
     if (need > worst) {
       worst = need;
       worst_rank = r;
     }
+    if (cfg.memory_per_rank && !cfg.offload_optimizer) {
+      worst_offloaded = std::max(worst_offloaded, bytes(r, true).first);
+    }
+  }
+  if (cfg.memory_per_rank && worst > *cfg.memory_per_rank && !cfg.offload_optimizer &&
+      worst_offloaded <= *cfg.memory_per_rank) {
+    throw OutOfMemory(fmt::format(
+        "rank {} would need {} (model states, activations and buffers), past its "
+        "--memory-per-rank budget of {}; with --offload optimizer (master weights and Adam "
+        "moments on disk, docs/offload.md) it would need {}, which fits; {}",
+        worst_rank, format_bytes(static_cast<double>(worst)),
+        format_bytes(static_cast<double>(*cfg.memory_per_rank)),
+        format_bytes(static_cast<double>(worst_offloaded)),
+        budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank, fp32_accumulator(cfg))));
   }
   if (cfg.memory_per_rank && worst > *cfg.memory_per_rank) {
     throw OutOfMemory(fmt::format(
@@ -139,6 +188,7 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
         format_bytes(static_cast<double>(*cfg.memory_per_rank)),
         budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank, fp32_accumulator(cfg))));
   }
+  if (cfg.offload_optimizer) check_offload_dir(cfg.offload_dir, disk, local ? world : ranks_here);
   const auto available = available_memory();
   if (available && process > *available) {
     throw OutOfMemory(fmt::format(

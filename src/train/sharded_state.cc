@@ -59,7 +59,7 @@ void initialize(UnitState& u, uint64_t seed) {
 
 ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision precision,
                            bool products_read_bf16, bool decay_all, uint64_t seed, int world,
-                           int rank, MemoryLedger& ledger)
+                           int rank, MemoryLedger& ledger, bool offload)
     : plan_(plan), dtype_(param_dtype(precision)) {
   using E = StagePlan;
   units_.resize(model.size());
@@ -81,9 +81,11 @@ ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision 
     u.grads = Flat(ledger, MemCategory::kGrads, plan.grads_fp32 ? DType::kF32 : dtype_,
                    E::held(plan.grads, u.own, u.numel).count());
     const size_t opt = u.opt_range.count();
-    if (!fp32()) u.master = Buffer<float>(ledger, MemCategory::kMaster, opt);
-    u.adam_m = Buffer<float>(ledger, MemCategory::kAdamM, opt);
-    u.adam_v = Buffer<float>(ledger, MemCategory::kAdamV, opt);
+    if (!offload) {
+      if (!fp32()) u.master = Buffer<float>(ledger, MemCategory::kMaster, opt);
+      u.adam_m = Buffer<float>(ledger, MemCategory::kAdamM, opt);
+      u.adam_v = Buffer<float>(ledger, MemCategory::kAdamV, opt);
+    }
     for (const TensorSpec& t : u.unit->tensors()) {
       if (products_read_bf16 && t.use == TensorUse::kProductOperand) continue;
       if (!u.widen.empty() && u.widen.back().end == t.offset) {

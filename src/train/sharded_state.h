@@ -58,13 +58,14 @@ struct UnitState {
   Unit* unit = nullptr;
   size_t numel = 0;
   Partition part;
-  Range own;             // this rank's range of the unit's flat buffer
-  Range held;            // what `params` holds: own, or all of the unit
-  Range opt_range;       // what this rank's optimizer updates: own, or all of the unit
-  Flat params;           // the held range
-  Flat grads;            // all of the unit, or the own range
-  Buffer<float> master;  // the optimizer range; empty at fp32, which updates `params`
-  Buffer<float> adam_m;
+  Range own;        // this rank's range of the unit's flat buffer
+  Range held;       // what `params` holds: own, or all of the unit
+  Range opt_range;  // what this rank's optimizer updates: own, or all of the unit
+  Flat params;      // the held range
+  Flat grads;       // all of the unit, or the own range
+  // The optimizer range; empty at fp32, which updates `params`, and under offload.
+  Buffer<float> master;
+  Buffer<float> adam_m;  // empty under offload
   Buffer<float> adam_v;
   // Where ranges start inside the buffers (element offsets).
   size_t params_own = 0;  // own range in params
@@ -87,9 +88,10 @@ class ShardedState {
   // Allocates and initializes rank `rank`'s states for `model` (which must outlive this),
   // as `plan` says, on `ledger`. `products_read_bf16`: the forward's products read 16-bit
   // weights from their stored copy, so product operands need no widening.
+  // `offload`: master, adam_m and adam_v are left unallocated (the OffloadTier holds them).
   ShardedState(const Model& model, const StagePlan& plan, Precision precision,
                bool products_read_bf16, bool decay_all, uint64_t seed, int world, int rank,
-               MemoryLedger& ledger);
+               MemoryLedger& ledger, bool offload = false);
 
   std::vector<UnitState>& units() { return units_; }
   const std::vector<UnitState>& units() const { return units_; }

@@ -1,0 +1,239 @@
+// --offload optimizer: the run is the in-memory run, bit for bit, whatever the stage, rank
+// count, precision or piece size; checkpoints cross between offloaded and in-memory runs;
+// memory holds what the planner says (no master or moments, the staging) and the disk the
+// rest; a directory that cannot hold the states is refused before anything is allocated.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+#include <gtest/gtest.h>
+
+#include "checkpoint/store.h"
+#include "checkpoint_testing.h"
+#include "core/error.h"
+#include "models/model.h"
+#include "temp_dir.h"
+#include "train/plan.h"
+#include "train/setup.h"
+#include "train_testing.h"
+
+namespace zerodp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run;
+using testing::TempDir;
+using testing::tiny_config;
+
+struct Case {
+  int ranks;
+  int stage;
+  Precision precision;
+  int grad_accum;
+  uint64_t piece;  // elements per staged piece (0 = the default: one piece per tiny unit)
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << fmt::format("N={} stage {} {} A={} piece {}", c.ranks, c.stage,
+                     precision_name(c.precision), c.grad_accum, c.piece);
+}
+
+std::vector<double> losses(const TrainResult& r) {
+  std::vector<double> v;
+  for (const auto& s : r.steps) v.push_back(s.loss);
+  return v;
+}
+
+std::vector<double> norms(const TrainResult& r) {
+  std::vector<double> v;
+  for (const auto& s : r.steps) v.push_back(s.grad_norm);
+  return v;
+}
+
+std::vector<uint64_t> unit_numel(TrainConfig c) {
+  resolve_config(c);
+  std::vector<uint64_t> v;
+  for (const auto& u : build_model(c)) v.push_back(u->numel());
+  return v;
+}
+
+bool dir_is_empty(const fs::path& p) {
+  return fs::directory_iterator(p) == fs::directory_iterator();
+}
+
+class SameBits : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SameBits, AsTheInMemoryRunAndOnlyParamsAndGradsInMemory) {
+  const Case p = GetParam();
+  TempDir tmp;
+  TrainConfig c = tiny_config(p.ranks, p.stage, p.precision);
+  c.grad_accum = p.grad_accum;
+  c.steps = 4;
+  const TrainResult memory = run(c);
+  c.offload_optimizer = true;
+  c.offload_dir = tmp.path().string();
+  c.offload_piece = p.piece;
+  const TrainResult disk = run(c);
+  EXPECT_EQ(losses(disk), losses(memory));
+  EXPECT_EQ(norms(disk), norms(memory));
+  EXPECT_EQ(disk.weights_sha256, memory.weights_sha256);
+  EXPECT_TRUE(dir_is_empty(tmp.path())) << "the scratch files are unlinked at once";
+
+  const std::vector<uint64_t> numel = unit_numel(c);
+  uint64_t moved = 0;
+  for (const RankSummary& r : disk.ranks) {
+    const StateBytes plan =
+        model_state_bytes(numel, p.ranks, p.stage, p.precision, r.rank, fp32_accumulator(c), true);
+    const auto at = [&](MemCategory k) { return r.model_state[static_cast<int>(k)]; };
+    EXPECT_EQ(at(MemCategory::kMaster), 0u);
+    EXPECT_EQ(at(MemCategory::kAdamM), 0u);
+    EXPECT_EQ(at(MemCategory::kAdamV), 0u);
+    EXPECT_EQ(at(MemCategory::kParams), plan.params);
+    EXPECT_EQ(at(MemCategory::kGrads), plan.grads);
+    EXPECT_EQ(r.nvme_bytes, plan.nvme) << "rank " << r.rank;
+    EXPECT_GT(r.peak[static_cast<int>(MemCategory::kOffloadStaging)], 0u);
+    // Every step reads and writes the whole file once; initialization writes the master.
+    EXPECT_GE(r.offload_bytes_read, 4 * plan.nvme);
+    EXPECT_GE(r.offload_bytes_written, 4 * plan.nvme);
+    moved += r.offload_bytes_read;
+  }
+  EXPECT_GT(moved, 0u);
+  // The in-memory run holds the same states in memory, and nothing on disk.
+  for (const RankSummary& r : memory.ranks) EXPECT_EQ(r.nvme_bytes, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, SameBits,
+    ::testing::Values(Case{1, 0, Precision::kBF16, 1, 0}, Case{2, 0, Precision::kFP32, 1, 1024},
+                      Case{2, 1, Precision::kFP16, 2, 1024}, Case{3, 2, Precision::kBF16, 1, 2048},
+                      Case{2, 3, Precision::kBF16, 1, 1024}, Case{3, 3, Precision::kFP32, 2, 0}));
+
+struct Crossing {
+  int ranks;
+  int stage;
+  bool save_offloaded;
+  bool resume_offloaded;
+};
+
+void PrintTo(const Crossing& c, std::ostream* os) {
+  *os << fmt::format("N={} stage {} saved {} resumed {}", c.ranks, c.stage,
+                     c.save_offloaded ? "offloaded" : "in memory",
+                     c.resume_offloaded ? "offloaded" : "in memory");
+}
+
+class Checkpoints : public ::testing::TestWithParam<Crossing> {};
+
+// A checkpoint is the same bytes whichever tier held the states, and a continuation in
+// either tier is the run that never stopped.
+TEST_P(Checkpoints, CrossBetweenTiers) {
+  const Crossing p = GetParam();
+  TempDir tmp;
+  TrainConfig c = tiny_config(p.ranks, p.stage);
+  c.steps = 6;
+  c.checkpoint_every = 3;
+  c.offload_dir = tmp.path().string();
+  c.offload_piece = 1024;
+  c.checkpoint_dir = (tmp.path() / "memory").string();
+  const TrainResult full = run(c);
+
+  TrainConfig saving = c;
+  saving.offload_optimizer = p.save_offloaded;
+  saving.checkpoint_dir = (tmp.path() / "saved").string();
+  saving.stop_after = 3;
+  (void)run(saving);
+  EXPECT_EQ(testing::checkpoint_states(tmp.path() / "saved"),
+            testing::checkpoint_states(tmp.path() / "memory" / checkpoint::step_dir_name(3)));
+
+  TrainConfig resuming = c;
+  resuming.offload_optimizer = p.resume_offloaded;
+  resuming.checkpoint_dir = (tmp.path() / "saved").string();
+  resuming.resume = "latest";
+  const TrainResult cont = run(resuming);
+  EXPECT_EQ(cont.weights_sha256, full.weights_sha256);
+  const std::vector<double> all = losses(full);
+  EXPECT_EQ(losses(cont), std::vector<double>(all.begin() + 3, all.end()));
+  EXPECT_EQ(testing::checkpoint_states(tmp.path() / "saved"),
+            testing::checkpoint_states(tmp.path() / "memory"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, Checkpoints,
+                         ::testing::Values(Crossing{3, 0, true, false}, Crossing{2, 1, false, true},
+                                           Crossing{3, 3, true, true}, Crossing{1, 0, true, true}));
+
+TEST(OffloadRefusals, ADirectoryThatCannotHoldTheStatesIsRefusedBeforeAnyRankStarts) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(1, 0);
+  c.offload_optimizer = true;
+  c.offload_dir = (tmp.path() / "missing").string();
+  EXPECT_THROW(
+      {
+        try {
+          run(c);
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      InvalidArgument);
+  // A GPT of about 100 billion parameters: 1.2 TB of optimizer states, past any test disk.
+  c.offload_dir = tmp.path().string();
+  c.layers = 32;
+  c.embd = 16384;
+  c.heads = 128;
+  c.memory_per_rank.reset();
+  try {
+    run(c);
+    ADD_FAILURE() << "a run whose states cannot fit the disk started";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("free, but"), std::string::npos) << what;
+    EXPECT_NE(what.find(tmp.path().string()), std::string::npos) << what;
+  }
+  EXPECT_TRUE(dir_is_empty(tmp.path()));
+}
+
+TEST(OffloadRefusals, QwzNeedsTheMasterInMemory) {
+  TrainConfig c = tiny_config(2, 3);
+  c.offload_optimizer = true;
+  c.qwz = true;
+  EXPECT_THROW(resolve_config(c), InvalidArgument);
+  c.qwz = false;
+  c.offload_piece = 1000;
+  EXPECT_THROW(resolve_config(c), InvalidArgument);
+}
+
+TEST(OffloadBudget, ABudgetOnlyOffloadMeetsTrainsAndTheAdviceSaysSo) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 3);
+  // Small pieces: with the default, the tiny model's staging would cost about what offload
+  // saves.
+  c.offload_piece = 1024;
+  const std::vector<uint64_t> numel = unit_numel(c);
+  // Between what stage 3 needs in memory with and without offload, plus room for the rest.
+  const uint64_t with = max_model_state_bytes(numel, 2, 3, c.precision, false, true).total();
+  const uint64_t without = max_model_state_bytes(numel, 2, 3, c.precision).total();
+  ASSERT_LT(with, without);
+  const TrainResult probe = [&] {
+    TrainConfig o = c;
+    o.offload_optimizer = true;
+    o.offload_dir = tmp.path().string();
+    return run(o);
+  }();
+  const uint64_t transient = probe.ranks[0].peak_total - with;
+  c.memory_per_rank = with + transient + (without - with) / 2;
+  try {
+    run(c);
+    ADD_FAILURE() << "the budget admitted the in-memory run";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("--offload optimizer"), std::string::npos) << e.what();
+  }
+  c.offload_optimizer = true;
+  c.offload_dir = tmp.path().string();
+  const TrainResult ok = run(c);
+  EXPECT_EQ(ok.weights_sha256, probe.weights_sha256);
+  EXPECT_LE(ok.ranks[0].peak_total, *c.memory_per_rank);
+}
+
+}  // namespace
+}  // namespace zerodp
