@@ -46,6 +46,7 @@ struct MemorySnapshot {
   uint64_t gemm_bf16_copies = 0;
   uint64_t nvme = 0;
   OffloadTier::Counters offload;
+  bool offload_direct = false;
 };
 
 std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
@@ -59,6 +60,7 @@ std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
   v.push_back(static_cast<double>(mem.offload.bytes_read));
   v.push_back(static_cast<double>(mem.offload.bytes_written));
   v.push_back(mem.offload.wait_seconds);
+  v.push_back(mem.offload_direct ? 1 : 0);
   for (auto phase : {CommPhase::kTrain, CommPhase::kOther}) {
     for (const auto& c : comm.ledger().table(phase)) {
       v.push_back(static_cast<double>(c.calls));
@@ -83,6 +85,7 @@ RankSummary unpack_summary(std::span<const double> v, int rank) {
   s.offload_bytes_read = static_cast<uint64_t>(v[k++]);
   s.offload_bytes_written = static_cast<uint64_t>(v[k++]);
   s.offload_wait_seconds = v[k++];
+  s.offload_direct = v[k++] != 0;
   for (auto* table : {&s.comm_train, &s.comm_other}) {
     for (auto& c : *table) {
       c.calls = static_cast<uint64_t>(v[k++]);
@@ -638,7 +641,8 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
           trainer.ledger().peak_total(),
           gemm_bf16_copy_bytes(),
           trainer.ledger().disk(),
-          trainer.offload() ? trainer.offload()->counters() : OffloadTier::Counters{}};
+          trainer.offload() ? trainer.offload()->counters() : OffloadTier::Counters{},
+          trainer.offload() != nullptr && trainer.offload()->file().direct()};
       CommPhaseScope other(comm.ledger(), CommPhase::kOther);
       // An interrupted run ends as soon as it can: mpirun, for one, kills its processes
       // shortly after forwarding the signal.

@@ -139,7 +139,8 @@ nlohmann::json report_json(const TrainResult& r) {
       rj["nvme_bytes"] = rank.nvme_bytes;
       rj["offload_io"] = {{"bytes_read", rank.offload_bytes_read},
                           {"bytes_written", rank.offload_bytes_written},
-                          {"wait_seconds", rank.offload_wait_seconds}};
+                          {"wait_seconds", rank.offload_wait_seconds},
+                          {"direct", rank.offload_direct}};
     }
     rj[key::kComm] = comm_json(rank.comm_train);
     rj[key::kCommOther] = comm_json(rank.comm_other);

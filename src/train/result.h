@@ -73,6 +73,7 @@ struct RankSummary {
   uint64_t offload_bytes_read = 0;
   uint64_t offload_bytes_written = 0;
   double offload_wait_seconds = 0;
+  bool offload_direct = false;  // the file took O_DIRECT (not on tmpfs, for one)
   CommLedger::Table comm_train{};
   CommLedger::Table comm_other{};
   std::string samples_sha256;

@@ -132,3 +132,14 @@ expect "it needs --node-ranks T" train "${tiny[@]}" --ranks 4 --stage 2 --shard-
 expect "--stage 0 shards none" train "${tiny[@]}" --ranks 4 --node-ranks 2 --shard-within-node
 expect "--qwz has nothing to act on" train "${tiny[@]}" --ranks 4 --node-ranks 2 --stage 3 \
   --shard-within-node --qwz
+# The offload tier: what it cannot do yet, and directories it cannot use, named before a rank
+# starts.
+expect "parameters cannot be offloaded yet" train "${tiny[@]}" --offload optimizer,params
+expect "--offload 'disk' is not a tier; use none or optimizer" train "${tiny[@]}" --offload disk
+expect "--offload-piece 1000 is not a multiple of 1024" train "${tiny[@]}" --offload optimizer \
+  --offload-piece 1000
+expect "--offload-dir /nonexistent/offload does not exist" train "${tiny[@]}" \
+  --offload optimizer --offload-dir /nonexistent/offload
+expect "is not a directory" train "${tiny[@]}" --offload optimizer --offload-dir /etc/hostname
+expect "--qwz quantizes parameters from the fp32 master" train "${tiny[@]}" --stage 3 --qwz \
+  --offload optimizer
