@@ -42,6 +42,24 @@ for boundary in shard-written meta-written renamed latest-written; do
   check_recovers "$d" "$want" "local, killed at $boundary"
 done
 
+# Offloaded: the scratch files die with the process (unlinked at creation), and the last
+# committed checkpoint continues, here in memory.
+d=$tmp/offload
+scratch=$tmp/offload-scratch
+mkdir -p "$scratch"
+offload=(--offload optimizer --offload-dir "$scratch" --offload-piece 1024)
+"$zerodp" "${common[@]}" "${backend[@]}" "${offload[@]}" --steps 2 --checkpoint-dir "$d" >/dev/null
+ZERODP_FAILPOINT=shard-written timeout 120 "$zerodp" "${common[@]}" "${backend[@]}" \
+  "${offload[@]}" --steps 4 --checkpoint-dir "$d" --resume latest >/dev/null 2>&1
+rc=$?
+if [[ $rc != 137 ]]; then
+  say_fail "offloaded, killed at shard-written: exit $rc, expected 137 (SIGKILL)"
+elif [[ -n $(ls -A "$scratch") ]]; then
+  say_fail "offloaded, killed: scratch files left behind: $(ls -A "$scratch")"
+else
+  check_recovers "$d" step_00000002 "offloaded, killed at shard-written"
+fi
+
 if [[ -n $mpirun ]]; then
   backend=(--backend mpi)
   for spec in shard-written:1 shard-written:0 meta-written:0; do
