@@ -143,3 +143,17 @@ expect "--offload-dir /nonexistent/offload does not exist" train "${tiny[@]}" \
 expect "is not a directory" train "${tiny[@]}" --offload optimizer --offload-dir /etc/hostname
 expect "--qwz quantizes parameters from the fp32 master" train "${tiny[@]}" --stage 3 --qwz \
   --offload optimizer
+# A disk that cannot take the offload file fails at the start, naming the file: here a file
+# size limit (SIGXFSZ ignored, so the reservation returns EFBIG rather than killing).
+scratch=$(mktemp -d)
+err=$(bash -c 'trap "" XFSZ; ulimit -f 100; exec "$@"' _ timeout 20 "$zerodp" train "${tiny[@]}" \
+  --offload optimizer --offload-dir "$scratch" 2>&1 >/dev/null)
+code=$?
+if [[ $code -ne 1 || "$err" != *"cannot reserve"*"$scratch/zerodp-offload-"*"File too large"* ||
+      -n $(ls -A "$scratch") ]]; then
+  echo "FAIL: offload past a file size limit: exit $code, stderr: $err, left: $(ls -A "$scratch")"
+  fail=1
+else
+  echo "ok: offload past a file size limit -> exit 1, $err"
+fi
+rm -rf "$scratch"
