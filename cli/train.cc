@@ -429,6 +429,11 @@ Runner add_train(CLI::App& app) {
                   "Elements per staged piece of --offload (a multiple of 1024; 0 = 1048576, "
                   "4 MiB per array): larger pieces, longer sequential I/O, more staging memory")
       ->capture_default_str();
+  par->add_option("--offload-overlap", c.offload_overlap,
+                  "Stages 0 and 3 with --offload: run the update on its own thread while the "
+                  "next step's forward starts on the units already updated (on/off; the same "
+                  "bits either way)")
+      ->capture_default_str();
   par->add_option("--qgz", f->qgz,
                   "Reduce gradients as int8 or int4 blocks with an fp32 scale each (at stage 0 "
                   "the all-reduce's reduce-scatter half), "

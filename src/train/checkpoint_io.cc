@@ -246,6 +246,7 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
   namespace ck = checkpoint;
   CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
   const Tracer::Span span(trainer.tracer(), "checkpoint", "checkpoint");
+  trainer.settle();
   const std::filesystem::path root = cfg.checkpoint_dir;
   const std::filesystem::path temp = ck::temp_dir(root, static_cast<uint64_t>(step));
   const int rank = comm.rank();

@@ -455,6 +455,7 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["offload"] = c.offload_optimizer ? "optimizer" : "none";
   j["offload_dir"] = c.offload_dir;
   j["offload_piece"] = c.offload_piece;
+  j["offload_overlap"] = c.offload_overlap;
   j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
   j["checkpoint_dir"] = c.checkpoint_dir;
   j["checkpoint_every"] = c.checkpoint_every;

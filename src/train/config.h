@@ -128,6 +128,9 @@ struct TrainConfig {
   std::string offload_dir = "/var/tmp";
   // Elements per staged piece, a multiple of 1024; 0 = kOffloadPiece (train/plan.h).
   uint64_t offload_piece = 0;
+  // Stages 0 and 3: the update streams on its own thread, and the next step's forward waits
+  // per unit for it rather than for the whole update (the same bits either way).
+  bool offload_overlap = true;
   // Optimization.
   int64_t steps = 100;
   uint64_t seed = 1337;

@@ -633,6 +633,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       RankTrainer trainer(rank_cfg, comm, data, make_model);
       trainer.set_tracer(tracer);
       RankRun run = run_steps(rank_plan, trainer, from, on_step);
+      trainer.settle();  // the last step's update may still be streaming
       const bool reporter = comm.rank() == 0;
       // Memory as training left it; the evaluation and hash below are not training.
       const MemorySnapshot mem{

@@ -54,8 +54,15 @@ void QuantizedGather::finish(const UnitState& state, size_t u, size_t slot, Flat
 }
 
 GatherQueue::GatherQueue(ShardGroup& group, std::vector<UnitState>& units, std::vector<Flat>& slots,
-                         std::vector<size_t> order, HpzCopy* hpz, QuantizedGather* qwz)
-    : group_(group), units_(units), slots_(slots), order_(std::move(order)), hpz_(hpz), qwz_(qwz) {
+                         std::vector<size_t> order, HpzCopy* hpz, QuantizedGather* qwz,
+                         std::function<void(size_t)> before_issue)
+    : group_(group),
+      units_(units),
+      slots_(slots),
+      order_(std::move(order)),
+      hpz_(hpz),
+      qwz_(qwz),
+      before_issue_(std::move(before_issue)) {
   while (issued_ < order_.size() && issued_ < slots_.size()) issue();
 }
 
@@ -71,6 +78,7 @@ void GatherQueue::release(size_t) {
 }
 
 void GatherQueue::issue() {
+  if (before_issue_) before_issue_(order_[issued_]);
   UnitState& u = units_[order_[issued_]];
   Flat& slot = slots_[issued_ % slots_.size()];
   if (hpz_) {

@@ -74,7 +74,8 @@ UpdateOutcome OptimizerStep::apply(int64_t step_index, double sum_squares, bool 
 // AdamW on the optimizer range; then the updated parameters are rounded into place and,
 // when the plan says so, all-gathered. Offloaded, the same ranges arrive piece by piece
 // (AdamW is elementwise, so any split gives the same bits) and each unit's gather is issued
-// after its last piece, in unit order as in memory.
+// after its last piece, in unit order as in memory; with the overlap on (stages 0 and 3,
+// which gather nothing after the update) the stream runs on the updater thread.
 void OptimizerStep::update(double lr, double coef) {
   AdamWConfig ac;
   ac.lr = lr;
@@ -85,44 +86,107 @@ void OptimizerStep::update(double lr, double coef) {
   if (offload_ == nullptr) {
     for (auto& u : units) {
       if (u.opt_range.count() > 0) {
-        update_range(u, 0, u.master_values(), u.adam_m.span(), u.adam_v.span(), ac, c);
+        update_range(u, 0, u.master_values(), u.adam_m.span(), u.adam_v.span(), ac, c, chunk_);
       }
       gather(u);
     }
-  } else {
-    std::vector<OffloadTier::Job> jobs;
-    for (size_t i = 0; i < units.size(); ++i) {
-      jobs.push_back({i, {0, units[i].opt_range.count()}, OffloadTier::kAll});
+  } else if (cfg_.offload_overlap && !state_.plan().gather_after_update) {
+    settle();
+    updater_chunk_.resize(chunk_.size());
+    {
+      std::lock_guard lock(mu_);
+      units_ready_ = 0;
+      updating_ = true;
     }
-    size_t gathered = 0;  // units whose gather is issued
-    offload_->stream(jobs, OffloadTier::Access::kReadWrite, [&](OffloadTier::Piece& p) {
-      update_range(units[p.unit], p.begin, p.master, p.m, p.v, ac, c);
-      if (p.last) {
-        for (; gathered <= p.unit; ++gathered) gather(units[gathered]);
+    updater_ = std::thread([this, ac, c] {
+      std::exception_ptr error;
+      try {
+        stream_update(ac, c, updater_chunk_, false);
+      } catch (...) {
+        error = std::current_exception();
       }
+      std::lock_guard lock(mu_);
+      update_error_ = error;
+      updating_ = false;
+      ready_cv_.notify_all();
     });
-    for (; gathered < units.size(); ++gathered) gather(units[gathered]);
+  } else {
+    stream_update(ac, c, chunk_, true);
   }
   for (auto& w : works_) w.wait();
   works_.clear();
 }
 
+void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<float> chunk,
+                                  bool gathers) {
+  std::vector<UnitState>& units = state_.units();
+  std::vector<OffloadTier::Job> jobs;
+  for (size_t i = 0; i < units.size(); ++i) {
+    jobs.push_back({i, {0, units[i].opt_range.count()}, OffloadTier::kAll});
+  }
+  size_t done = 0;  // units whose update (and gather) is finished
+  const auto finished = [&](size_t upto) {
+    for (; done < upto; ++done) {
+      if (gathers) gather(units[done]);
+    }
+    std::lock_guard lock(mu_);
+    units_ready_ = done;
+    ready_cv_.notify_all();
+  };
+  offload_->stream(jobs, OffloadTier::Access::kReadWrite, [&](OffloadTier::Piece& p) {
+    update_range(units[p.unit], p.begin, p.master, p.m, p.v, ac, coef, chunk);
+    if (p.last) finished(p.unit + 1);
+  });
+  finished(units.size());
+}
+
+bool OptimizerStep::unit_ready(size_t i) {
+  std::lock_guard lock(mu_);
+  return !updating_ || units_ready_ > i;
+}
+
+void OptimizerStep::wait_unit(size_t i) {
+  if (!updater_.joinable()) return;
+  bool failed = false;
+  {
+    std::unique_lock lock(mu_);
+    ready_cv_.wait(lock, [&] { return !updating_ || units_ready_ > i; });
+    failed = update_error_ != nullptr;
+  }
+  if (failed) settle();
+}
+
+void OptimizerStep::settle() {
+  if (!updater_.joinable()) return;
+  updater_.join();
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(mu_);
+    std::swap(error, update_error_);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+OptimizerStep::~OptimizerStep() {
+  if (updater_.joinable()) updater_.join();
+}
+
 void OptimizerStep::update_range(UnitState& u, size_t begin, std::span<float> master,
                                  std::span<float> m, std::span<float> v, const AdamWConfig& ac,
-                                 float coef) {
+                                 float coef, std::span<float> chunk) {
   const size_t end = begin + master.size();
   for (const DecaySegment& s : u.decay) {
     const size_t lo = std::max(s.begin, begin), hi = std::min(s.end, end);
     // AdamW is elementwise: chunk by chunk (widening the gradient into the chunk unless it is
     // fp32 already) gives the same bits as one pass.
-    for (size_t b = lo; b < hi; b += chunk_.size()) {
-      const size_t len = std::min(chunk_.size(), hi - b);
+    for (size_t b = lo; b < hi; b += chunk.size()) {
+      const size_t len = std::min(chunk.size(), hi - b);
       std::span<const float> grad;
       if (u.grads.dtype == DType::kF32) {
         grad = std::span<const float>(static_cast<const float*>(u.grads.data()) + u.grads_opt + b,
                                       len);
       } else {
-        const std::span<float> piece = chunk_.first(len);
+        const std::span<float> piece = chunk.first(len);
         widen(u.grads.data(), u.grads.dtype, u.grads_opt + b, piece);
         grad = piece;
       }

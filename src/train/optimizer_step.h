@@ -6,9 +6,14 @@
 // A step with a non-finite gradient or loss is skipped: no update, the scaler backs off.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <optional>
 #include <span>
+#include <thread>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "optim/adamw.h"
@@ -60,16 +65,32 @@ class OptimizerStep {
   // The learning rate of step `step_index` (1-based): what a checkpoint records as next.
   double lr_at(int64_t step_index) const { return schedule_.lr_at(step_index - 1); }
 
+  // With --offload-overlap (stages 0 and 3), apply() returns with the update still
+  // streaming on its own thread. wait_unit(i) returns once unit i's parameters are updated
+  // (at once when no update runs); settle() once the update is done with every state and
+  // buffer. Both rethrow the update's error. Everything but the next forward's reads of
+  // updated parameters must settle first.
+  void wait_unit(size_t i);
+  void settle();
+  // Whether wait_unit(i) would return without blocking.
+  bool unit_ready(size_t i);
+
   OptimizerCounters counters() const;
   // Throws InvalidArgument when the scaler state is out of range.
   void restore(const OptimizerCounters& c);
 
+  // Waits for an update still running (its error dropped: the caller is unwinding).
+  ~OptimizerStep();
+  OptimizerStep(const OptimizerStep&) = delete;
+  OptimizerStep& operator=(const OptimizerStep&) = delete;
+
  private:
   void update(double lr, double coef);
+  void stream_update(const AdamWConfig& ac, float coef, std::span<float> chunk, bool gathers);
   // AdamW on elements [begin, begin + master.size()) of u's optimizer range, whose master and
   // moments are the spans given; then those parameters rounded into place.
   void update_range(UnitState& u, size_t begin, std::span<float> master, std::span<float> m,
-                    std::span<float> v, const AdamWConfig& ac, float coef);
+                    std::span<float> v, const AdamWConfig& ac, float coef, std::span<float> chunk);
   void gather(UnitState& u);
 
   const TrainConfig& cfg_;
@@ -81,6 +102,15 @@ class OptimizerStep {
   LrSchedule schedule_;
   int64_t adam_step_ = 0;
   std::vector<Work> works_;  // the gathers in flight; capacity kept
+  // The overlapped update: its thread, its own widening chunk (the reducer uses chunk_ in
+  // the backward), and how many units (in order) it has finished.
+  std::thread updater_;
+  std::vector<float> updater_chunk_;
+  std::mutex mu_;
+  std::condition_variable ready_cv_;
+  size_t units_ready_ = 0;
+  bool updating_ = false;
+  std::exception_ptr update_error_;
 };
 
 }  // namespace zerodp

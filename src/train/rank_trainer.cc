@@ -181,15 +181,23 @@ void RankTrainer::fill_micro_batch(const Dataset& dataset, std::span<const uint6
   mb_.targets = buf_.targets.span();
 }
 
+void RankTrainer::wait_for_update(size_t i) {
+  if (optimizer_.unit_ready(i)) return;
+  const Tracer::Span span(tracer_, "update wait", "wait");
+  optimizer_.wait_unit(i);
+}
+
 double RankTrainer::forward() {
   const size_t U = model_.size();
   std::optional<GatherQueue> gathers;
   if (state_.plan().gather_before_compute) {
     std::vector<size_t> order(U);
     for (size_t i = 0; i < U; ++i) order[i] = i;
-    gathers.emplace(group_, state_.units(), buf_.gathered, order, nullptr, qwz_ ? &*qwz_ : nullptr);
+    gathers.emplace(group_, state_.units(), buf_.gathered, order, nullptr, qwz_ ? &*qwz_ : nullptr,
+                    [this](size_t u) { wait_for_update(u); });
   }
   for (size_t i = 0; i < U; ++i) {
+    if (!gathers) wait_for_update(i);
     const int slot = gathers ? gathers->acquire(i) : 0;
     if (hpz_) hpz_->keep(i, buf_.gathered[slot]);
     const Tracer::Span span(tracer_, tracer_ ? "forward " + model_[i]->name() : "");
@@ -254,11 +262,19 @@ StepRecord RankTrainer::step(int64_t step_index) {
   // The canonical order seeds every micro-batch alike and divides by the step's
   // micro-batches once, at the boundary (grad_reducer.h).
   mb_.loss_grad_scale = static_cast<float>(state_.plan().fp32_accumulator ? scale : scale / A);
-  reducer_.begin_step();
   losses_.resize(static_cast<size_t>(A));
   for (int a = 0; a < A; ++a) {
     load_micro_batch(a);
     losses_[static_cast<size_t>(a)] = forward();
+    // The first forward ran beside the last step's overlapped update, which reads the
+    // gradients: they are cleared for this step once it is done.
+    if (a == 0) {
+      {
+        const Tracer::Span span(tracer_, "update wait", "wait");
+        optimizer_.settle();
+      }
+      reducer_.begin_step();
+    }
     backward();
   }
   {
@@ -309,6 +325,10 @@ StepRecord RankTrainer::step(int64_t step_index) {
   std::optional<Tracer::Span> span;
   if (!overflow) span.emplace(tracer_, "optimizer");
   const UpdateOutcome out = optimizer_.apply(step_index, squares.value(), overflow);
+  // An overlapped update is timed in the step after it, which waits for it; the run's last
+  // has no such step, so it is waited for here.
+  const int64_t last = cfg_.stop_after > 0 ? std::min(cfg_.steps, cfg_.stop_after) : cfg_.steps;
+  if (step_index >= last) optimizer_.settle();
   span.reset();
   rec.lr = out.lr;
   rec.grad_norm = out.grad_norm;
@@ -325,6 +345,7 @@ StepRecord RankTrainer::step(int64_t step_index) {
 // Validation batch k (samples [k b, (k + 1) b)) is rank k mod N's; the losses are folded in
 // k's order, so the result does not depend on N.
 double RankTrainer::evaluate() {
+  settle();
   const uint64_t size = dataset_size(data_.validation);
   const uint64_t b = static_cast<uint64_t>(shape_.B);
   const uint64_t n = static_cast<uint64_t>(comm_.size());
@@ -352,6 +373,7 @@ double RankTrainer::evaluate() {
 }
 
 std::string RankTrainer::weights_sha256(std::vector<float>* keep) {
+  settle();
   Sha256 hash;
   const bool sharded = state_.plan().optimizer == StagePlan::Extent::kOwn;
   for (size_t i = 0; i < state_.units().size(); ++i) {

@@ -63,6 +63,9 @@ class RankTrainer {
   // is smaller), shared among the ranks and folded in order; forward only. NaN when the
   // validation set is too small for one.
   double evaluate();
+  // Waits until the last step's update is done with every state (it may still be streaming
+  // under --offload-overlap): before reading or writing the states outside the step.
+  void settle() { optimizer_.settle(); }
   // sha256 of the consolidated fp32 master weights, units and tensors in canonical order;
   // with `keep`, the weights too (collective: every rank calls it).
   std::string weights_sha256(std::vector<float>* keep);
@@ -96,6 +99,8 @@ class RankTrainer {
   std::span<const BFloat16> stored_bf16(size_t ui, int slot) const;
   std::span<float> saved_for(size_t ui);
   double forward();
+  // Before the forward reads unit i's parameters: the overlapped update has updated them.
+  void wait_for_update(size_t i);
   void backward();
 
   // What a rank allocates besides its states and the reducer's buffers, from the layout the
