@@ -53,6 +53,10 @@ struct Flags {
   std::string link_latency;    // e.g. 20us
   std::string inter_node_bandwidth;
   std::string inter_node_latency;
+  // --offload optimizer: the optimizer's states in a file per rank, priced at the disk.
+  std::string offload = "none";
+  std::string disk_bandwidth;  // R or R/W, e.g. 2.1GB/s/1.0GB/s
+  std::string ranks_per_disk;  // empty: the ranks of a node (or of the row, on one node)
 };
 
 // Per-rank step time from the cost model: compute = model FLOPs / --flops; comm = bytes /
@@ -70,6 +74,12 @@ struct StepTime {
   double serial() const { return compute + comm(); }
   double overlapped() const { return std::max(compute, comm_overlap) + comm_serial; }
 };
+
+// What a step with offload waits on most: compute, the links, or the disk.
+std::string bound(const StepTime& t, double io) {
+  if (io > t.compute && io > t.comm()) return "io";
+  return t.comm() > t.compute ? "comm" : "compute";
+}
 
 // Decimal units, as hardware is sold and as the ZeRO paper's tables are written.
 std::string gb(uint64_t bytes) {
@@ -91,6 +101,39 @@ std::optional<double> parse_number(const std::string& text) {
   }
   if (used != text.size() || !std::isfinite(v)) return std::nullopt;
   return v;
+}
+
+// --disk-bandwidth: one bandwidth for both directions, or read/write. A bandwidth may end in
+// "/s" itself, so the text splits at the one '/' whose two sides are both bandwidths
+// ("2.1GB/s/1.0GB/s", "2138e6/1031e6"); "2.1GB/s" alone is one figure.
+struct DiskBandwidth {
+  double read = 0, write = 0;
+};
+
+DiskBandwidth parse_disk_bandwidth(const std::string& text) {
+  const auto one = [](std::string_view part) -> std::optional<double> {
+    try {
+      const double v = parse_bandwidth(part, "--disk-bandwidth");
+      if (std::isfinite(v)) return v;
+    } catch (const InvalidArgument&) {
+    }
+    return std::nullopt;
+  };
+  std::vector<DiskBandwidth> readings;
+  if (const auto both = one(text)) readings.push_back({*both, *both});
+  for (size_t at = text.find('/'); at != std::string::npos; at = text.find('/', at + 1)) {
+    const auto r = one(std::string_view(text).substr(0, at));
+    const auto w = one(std::string_view(text).substr(at + 1));
+    if (r && w) readings.push_back({*r, *w});
+  }
+  if (readings.size() != 1) {
+    throw InvalidArgument(fmt::format(
+        "--disk-bandwidth '{}' is not a disk's bandwidth; give bytes per second for reads and "
+        "writes alike or as READ/WRITE, e.g. 2GB/s, 2.1GB/s/1.0GB/s or 2138e6/1031e6 (zerodp "
+        "bench-io DIR measures them)",
+        text));
+  }
+  return readings[0];
 }
 
 // A way to run stage 3 over nodes: ZeRO++'s switches, as train takes them.
@@ -207,11 +250,13 @@ ModeChoice choose_mode(std::span<const ModeRow> rows, std::optional<uint64_t> bu
 // at them. `base_need(canonical, shards)`: the stage-3 row's need without hpZ or qwZ, with or
 // without the canonical order's fp32 accumulator (flat collectives keep the order under
 // --invariant auto; two-level and qgZ drop it), states sharded over `shards` ranks (the
-// world, or a node's under HSDP).
+// world, or a node's under HSDP). Under --offload optimizer qwZ is not allowed: it quantizes
+// from the fp32 master, which is on disk.
 std::vector<ModeRow> node_mode_rows(std::span<const uint64_t> units, int n, int per_node,
                                     Precision precision, int grad_accum, AccumulatePolicy policy,
-                                    std::optional<bool> invariant, int prefetch, size_t qwz_block,
-                                    size_t qgz_block, std::optional<double> bandwidth,
+                                    std::optional<bool> invariant, bool offload, int prefetch,
+                                    size_t qwz_block, size_t qgz_block,
+                                    std::optional<double> bandwidth,
                                     std::optional<double> inter_bandwidth,
                                     const std::function<uint64_t(bool, int)>& base_need) {
   const int w = precision == Precision::kFP32 ? 4 : 2;
@@ -220,7 +265,7 @@ std::vector<ModeRow> node_mode_rows(std::span<const uint64_t> units, int n, int 
     ModeRow r;
     const bool hsdp = m.modes.shard_within_node;
     const bool reorders = m.modes.two_level || m.modes.qgz_bits != 0 || hsdp;
-    r.allowed = !(invariant.value_or(false) && reorders);
+    r.allowed = !(invariant.value_or(false) && reorders) && !(offload && m.modes.qwz_block > 0);
     const bool canonical =
         invariant.value_or(policy == AccumulatePolicy::kReduce && !reorders) && !reorders;
     r.comm = comm_bytes_per_step(units, n, 3, precision, grad_accum, policy, canonical, 0, m.modes);
@@ -332,6 +377,41 @@ nlohmann::json node_modes_json(std::span<const ModeRow> rows, std::optional<uint
                    {"allowed", r.allowed}});
   }
   return out;
+}
+
+// The no-fit sentence under --offload optimizer: what memory keeps of each stage's states
+// (the planner's budget_advice counts the states offload moves to disk), and the fewest ranks
+// at which stage 3's fit.
+std::string offload_advice(std::span<const uint64_t> units, int n, Precision precision,
+                           uint64_t budget, bool accumulator, bool transients) {
+  const auto states = [&](int stage, int ranks) {
+    return max_model_state_bytes(units, ranks, stage, precision, accumulator, true).total();
+  };
+  std::string s =
+      fmt::format("model states in memory per rank with --offload optimizer at {} ranks:", n);
+  for (int stage = 0; stage <= 3; ++stage) {
+    s += fmt::format(" stage {} {}{}{}", stage, gb(states(stage, n)),
+                     states(stage, n) <= budget ? " (fits)" : "", stage < 3 ? "," : "");
+  }
+  if (states(3, n) <= budget) {
+    return s + (transients ? "; it is the activations and buffers that do not fit"
+                           : "; use a stage marked (fits)");
+  }
+  // Stage 3's states shrink as 1/N: double, then bisect to the fewest ranks.
+  int hi = n;
+  while (hi < (1 << 20) && states(3, hi) > budget) hi *= 2;
+  if (states(3, hi) > budget) return s + "; no rank count makes them fit";
+  int lo = std::max(n, hi / 2);
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (states(3, mid) <= budget) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return s + fmt::format("; stage 3 needs at least {} ranks for them to fit{}", hi,
+                         transients ? " (activations and buffers come on top)" : "");
 }
 
 int run_estimate(const Flags& f) {
@@ -463,6 +543,50 @@ int run_estimate(const Flags& f) {
         "{} needs --node-ranks T to say which ranks share a node",
         f.inter_node_bandwidth.empty() ? "--inter-node-latency" : "--inter-node-bandwidth"));
   }
+  const bool offload = parse_offload(f.offload);
+  if (offload && f.qwz) {
+    throw InvalidArgument(
+        "--qwz quantizes parameters from the fp32 master, which --offload optimizer keeps on "
+        "disk; use one of the two");
+  }
+  std::optional<DiskBandwidth> disk;
+  if (!f.disk_bandwidth.empty()) {
+    if (!offload) {
+      throw InvalidArgument(fmt::format(
+          "--disk-bandwidth {} prices the offload file's reads and writes; give --offload "
+          "optimizer with it (or leave it out)",
+          f.disk_bandwidth));
+    }
+    disk = parse_disk_bandwidth(f.disk_bandwidth);
+  }
+  std::optional<int> ranks_per_disk;
+  if (!f.ranks_per_disk.empty()) {
+    if (!disk) {
+      throw InvalidArgument(fmt::format(
+          "--ranks-per-disk {} divides a disk's bandwidth among ranks; give --offload optimizer "
+          "and --disk-bandwidth with it",
+          f.ranks_per_disk));
+    }
+    const double k = parse_number(f.ranks_per_disk).value_or(0);
+    if (!(k >= 1) || k > 1e6 || k != std::floor(k)) {
+      throw InvalidArgument(
+          fmt::format("--ranks-per-disk '{}' is not a rank count; use a whole number, 1 or more",
+                      f.ranks_per_disk));
+    }
+    ranks_per_disk = static_cast<int>(k);
+  }
+  // Ranks that stream their files from one disk at once share its bandwidth: by default every
+  // rank of a node (a machine), and never more than the row has.
+  const auto disk_sharers = [&](int n) {
+    const int k = ranks_per_disk.value_or(f.node_ranks > 0 ? f.node_ranks : n);
+    return std::min(k, n);
+  };
+  // Every byte of the file is read once and written once per step, after the gradient norm
+  // is known and before the next forward, so none of it hides behind compute or comm.
+  const auto io_seconds = [&](uint64_t nvme, int n) {
+    const double bytes = static_cast<double>(nvme);
+    return (bytes / disk->read + bytes / disk->write) * disk_sharers(n);
+  };
   std::optional<Model> built;
   if (gpt) built = make_gpt(*gpt);
   // Recomputing forward under --checkpoint-activations adds a third of the model FLOPs.
@@ -474,6 +598,53 @@ int run_estimate(const Flags& f) {
     const double tokens = static_cast<double>(f.micro_batch) * gpt->seq_len * f.grad_accum;
     (void)n;
     return per_token * tokens * (f.checkpoint_activations ? 4.0 / 3.0 : 1.0);
+  };
+
+  // A row's memory per rank (rank 0, the largest): its states and, for a GPT shape, every
+  // transient buffer, as train would allocate them at `n` ranks with or without offload.
+  struct RowPlan {
+    AccumulatePolicy policy = AccumulatePolicy::kLocal;
+    bool hsdp = false;
+    int shards = 1;
+    bool canonical = false;
+    bool accumulator = false;
+    StateBytes states;
+    std::optional<TransientBytes> transients;
+    uint64_t need = 0;
+  };
+  const auto plan_row = [&](int n, int stage, bool off) {
+    RowPlan r;
+    // As train resolves them: --invariant on makes reduce the default.
+    r.policy = accumulate.value_or(default_accumulate(stage, f.grad_accum, invariant));
+    // HSDP: stages 1-3 shard the states over a node's ranks, one replica per node.
+    r.hsdp = f.shard_within_node && stage >= 1;
+    r.shards = r.hsdp ? f.node_ranks : n;
+    r.canonical = invariant.value_or(r.policy == AccumulatePolicy::kReduce && !two_level &&
+                                     qgz_bits == 0 && !r.hsdp);
+    r.accumulator = r.canonical && f.grad_accum > 1;
+    r.states = max_model_state_bytes(units, r.shards, stage, precision, r.accumulator, off);
+    // Offload excludes qwZ (it quantizes from the master on disk).
+    const bool qwz = f.qwz && !off;
+    if (built) {
+      r.transients = transient_bytes(
+          *built,
+          TransientPlan{.world = r.shards,
+                        .stage = stage,
+                        .precision = precision,
+                        .policy = r.policy,
+                        .grad_accum = f.grad_accum,
+                        .canonical = r.canonical,
+                        .prefetch = f.prefetch,
+                        .checkpoint_activations = f.checkpoint_activations,
+                        .micro_batch = f.micro_batch,
+                        .seq_len = gpt->seq_len,
+                        .hpz_node_ranks = f.hpz && stage == 3 ? f.node_ranks : 0,
+                        .qwz_block = qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0,
+                        .offload = off},
+          0);
+    }
+    r.need = r.states.total() + (r.transients ? r.transients->total() : 0);
+    return r;
   };
 
   nlohmann::json rows = nlohmann::json::array();
@@ -494,36 +665,63 @@ int run_estimate(const Flags& f) {
           f.micro_batch, gpt->seq_len,
           f.checkpoint_activations ? ", activation checkpointing" : "");
     }
+    if (offload) {
+      fmt::print(
+          "--offload optimizer: master weights{} and Adam moments in a file per rank (nvme, "
+          "not in per rank), streamed through the update in pieces (peak/rank counts the "
+          "staging)\n",
+          precision == Precision::kFP32 ? " (none at fp32: the params are the master)" : "");
+    }
     if (flops && gpt) {
       fmt::print(
           "step s = max(compute, comm issued during compute) + comm at the boundary "
-          "(--accumulate local reductions, stages 1-2's parameter gather)\n");
+          "(--accumulate local reductions, stages 1-2's parameter gather){}\n",
+          disk ? " + io s" : "");
     }
-    fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>13} {:>13} {:>5}", "ranks",
-               "stage", "params", "grads", "master", "adam m+v", "per rank", "all ranks",
-               "comm/step", "fits");
+    if (disk) {
+      fmt::print(
+          "io s = nvme / {}/s read + nvme / {}/s write, x the ranks sharing the disk ({}), "
+          "every step{}\n",
+          gb(static_cast<uint64_t>(disk->read)), gb(static_cast<uint64_t>(disk->write)),
+          ranks_per_disk     ? fmt::format("--ranks-per-disk {}", *ranks_per_disk)
+          : f.node_ranks > 0 ? fmt::format("a node's {}", f.node_ranks)
+                             : std::string("all the row's ranks: one machine"),
+          flops && gpt ? "; bound: the largest of compute s, comm s and io s" : "");
+    }
+    fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11}", "ranks", "stage", "params",
+               "grads", "master", "adam m+v", "per rank");
+    if (offload) fmt::print(" {:>11}", "nvme");
+    fmt::print(" {:>13} {:>13} {:>5}", "all ranks", "comm/step", "fits");
     if (f.node_ranks > 0) fmt::print(" {:>11}", "cross-node");
     if (gpt) fmt::print(" {:>11} {:>11}", "activations", "peak/rank");
-    if (flops && gpt) fmt::print(" {:>9} {:>9} {:>9}", "compute s", "comm s", "step s");
+    if (flops && gpt && disk) {
+      fmt::print(" {:>9} {:>9} {:>9} {:>9} {:>7}", "compute s", "comm s", "io s", "step s",
+                 "bound");
+    } else if (flops && gpt) {
+      fmt::print(" {:>9} {:>9} {:>9}", "compute s", "comm s", "step s");
+    } else if (disk) {
+      fmt::print(" {:>9}", "io s");
+    }
     fmt::print("\n");
   }
   for (int n : f.ranks) {
     std::optional<int> cheapest;
     std::optional<size_t> stage3_row;  // in `rows`
     for (int stage : stages) {
-      // As train resolves them: --invariant on makes reduce the default.
-      const AccumulatePolicy policy =
-          accumulate.value_or(default_accumulate(stage, f.grad_accum, invariant));
-      // HSDP: stages 1-3 shard the states over a node's ranks, one replica per node.
-      const bool hsdp = f.shard_within_node && stage >= 1;
-      const int shards = hsdp ? f.node_ranks : n;
-      const bool canonical = invariant.value_or(policy == AccumulatePolicy::kReduce && !two_level &&
-                                                qgz_bits == 0 && !hsdp);
-      const bool accumulator = canonical && f.grad_accum > 1;
-      const StateBytes s = max_model_state_bytes(units, shards, stage, precision, accumulator);
+      const RowPlan rp = plan_row(n, stage, offload);
+      const AccumulatePolicy policy = rp.policy;
+      const bool hsdp = rp.hsdp;
+      const int shards = rp.shards;
+      const bool canonical = rp.canonical;
+      const StateBytes& s = rp.states;
+      const std::optional<TransientBytes>& t = rp.transients;
+      const uint64_t need = rp.need;
+      // Offload moves master, adam_m and adam_v of every rank to disk: what memory keeps of
+      // all ranks' states is their params and grads.
+      const StateBytes a =
+          all_ranks_model_state_bytes(units, shards, stage, precision, rp.accumulator);
       const uint64_t all =
-          all_ranks_model_state_bytes(units, shards, stage, precision, accumulator).total() *
-          static_cast<uint64_t>(n / shards);
+          (offload ? a.params + a.grads : a.total()) * static_cast<uint64_t>(n / shards);
       const CommModes modes{.node_ranks = f.node_ranks,
                             .two_level = two_level,
                             .hpz = f.hpz && stage == 3,
@@ -533,25 +731,7 @@ int run_estimate(const Flags& f) {
                             .shard_within_node = hsdp};
       const CommBytes c = comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy,
                                               canonical, 0, modes);
-      std::optional<TransientBytes> t;
-      if (built) {
-        t = transient_bytes(
-            *built,
-            TransientPlan{.world = shards,
-                          .stage = stage,
-                          .precision = precision,
-                          .policy = policy,
-                          .grad_accum = f.grad_accum,
-                          .canonical = canonical,
-                          .prefetch = f.prefetch,
-                          .checkpoint_activations = f.checkpoint_activations,
-                          .micro_batch = f.micro_batch,
-                          .seq_len = gpt->seq_len,
-                          .hpz_node_ranks = f.hpz && stage == 3 ? f.node_ranks : 0,
-                          .qwz_block = f.qwz && stage == 3 ? static_cast<size_t>(f.qwz_block) : 0},
-            0);
-      }
-      const uint64_t need = s.total() + (t ? t->total() : 0);
+      const double io = disk ? io_seconds(s.nvme, n) : 0.0;
       std::optional<StepTime> time;
       if (flops && gpt) {
         StepTime st;
@@ -645,15 +825,38 @@ int run_estimate(const Flags& f) {
                                                     {"overlapped", time->overlapped()}}
                                    : nlohmann::json()},
              {"fits", budget ? nlohmann::json(fits) : nlohmann::json()}});
+        // Offload's keys only where it is asked for: rows without it read as they always did.
+        if (offload) {
+          nlohmann::json& row = rows.back();
+          row["offload"] = "optimizer";
+          row["model_state_bytes"]["nvme"] = s.nvme;
+          if (t) row["transient_bytes"]["offload_staging"] = t->offload_staging;
+          if (disk) {
+            row["io_seconds"] = io;
+            row["ranks_per_disk"] = disk_sharers(n);
+            if (time) {
+              row["step_seconds"]["io"] = io;
+              row["step_seconds"]["predicted"] = time->overlapped() + io;
+              row["step_seconds"]["bound"] = bound(*time, io);
+            }
+          }
+        }
       } else {
-        fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>13} {:>13} {:>5}", n, stage,
-                   gb(s.params), gb(s.grads), gb(s.master), gb(s.adam_m + s.adam_v), gb(s.total()),
-                   gb(all), gb(c.total()), budget ? (fits ? "yes" : "no") : "-");
+        fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11}", n, stage, gb(s.params),
+                   gb(s.grads), gb(s.master), gb(s.adam_m + s.adam_v), gb(s.total()));
+        if (offload) fmt::print(" {:>11}", gb(s.nvme));
+        fmt::print(" {:>13} {:>13} {:>5}", gb(all), gb(c.total()),
+                   budget ? (fits ? "yes" : "no") : "-");
         if (f.node_ranks > 0) fmt::print(" {:>11}", gb(c.cross_total()));
         if (t) fmt::print(" {:>11} {:>11}", gb(t->activations), gb(need));
-        if (time) {
+        if (time && disk) {
+          fmt::print(" {:>9.3g} {:>9.3g} {:>9.3g} {:>9.3g} {:>7}", time->compute, time->comm(), io,
+                     time->overlapped() + io, bound(*time, io));
+        } else if (time) {
           fmt::print(" {:>9.3g} {:>9.3g} {:>9.3g}", time->compute, time->comm(),
                      time->overlapped());
+        } else if (disk) {
+          fmt::print(" {:>9.3g}", io);
         }
         fmt::print("\n");
       }
@@ -670,7 +873,16 @@ int run_estimate(const Flags& f) {
         // Stages 2-3 reduce by default, so the canonical order unless --invariant off.
         const bool accumulator3 =
             invariant.value_or(!two_level && qgz_bits == 0) && f.grad_accum > 1;
-        std::string why = budget_advice(units, n, precision, *budget, accumulator3);
+        std::string why;
+        if (!offload) {
+          why = budget_advice(units, n, precision, *budget, accumulator3);
+          // The planner prices offload by model states alone; the clause below prices it by
+          // all a rank holds, so the sentence names offload once.
+          const size_t at = why.find("; with --offload optimizer");
+          if (at != std::string::npos) why.erase(at, why.find("; ", at + 2) - at);
+        } else {
+          why = offload_advice(units, n, precision, *budget, accumulator3, built.has_value());
+        }
         if (built) {
           // What the activations would need with less of them kept, at stage 3.
           const auto at_stage3 = [&](bool ckpt, int b) {
@@ -686,9 +898,11 @@ int run_estimate(const Flags& f) {
                                               .checkpoint_activations = ckpt,
                                               .micro_batch = b,
                                               .seq_len = gpt->seq_len,
-                                              .hpz_node_ranks = f.hpz ? f.node_ranks : 0},
+                                              .hpz_node_ranks = f.hpz ? f.node_ranks : 0,
+                                              .offload = offload},
                                 0);
-            return max_model_state_bytes(units, n, 3, precision, accumulator3).total() + tb.total();
+            return max_model_state_bytes(units, n, 3, precision, accumulator3, offload).total() +
+                   tb.total();
           };
           const uint64_t ck = at_stage3(true, f.micro_batch);
           const uint64_t small = at_stage3(f.checkpoint_activations, 1);
@@ -697,6 +911,32 @@ int run_estimate(const Flags& f) {
               "--micro-batch 1 {} ({})",
               why, gb(ck), ck <= *budget ? "fits" : "does not fit", gb(small),
               small <= *budget ? "fits" : "does not fit");
+        }
+        if (!offload) {
+          // The least communication that fits once the optimizer's states are on disk, at
+          // the run's other flags; else the least memory.
+          std::optional<int> fit;
+          int least = 0;
+          std::vector<RowPlan> with;
+          for (int stage = 0; stage <= 3; ++stage) {
+            with.push_back(plan_row(n, stage, true));
+            if (!fit && with.back().need <= *budget) fit = stage;
+            if (with.back().need < with[static_cast<size_t>(least)].need) least = stage;
+          }
+          const std::string what = gpt ? "states, activations and buffers" : "model states";
+          if (fit) {
+            const RowPlan& r = with[static_cast<size_t>(*fit)];
+            why += fmt::format(
+                "; with --offload optimizer{} stage {} fits: {} per rank in memory ({}), {} per "
+                "rank on disk (--disk-bandwidth prices its reads and writes)",
+                f.qwz ? " in place of --qwz" : "", *fit, gb(r.need), what, gb(r.states.nvme));
+          } else {
+            why += fmt::format(
+                "; --offload optimizer{} does not fit either: the least is stage {}'s {} per "
+                "rank in memory ({})",
+                f.qwz ? " in place of --qwz" : "", least, gb(with[static_cast<size_t>(least)].need),
+                what);
+          }
         }
         fmt::print("  -> {} ranks: no stage fits {}; {}\n", n, gb(*budget), why);
       }
@@ -709,7 +949,8 @@ int run_estimate(const Flags& f) {
       // adds its own.
       const auto base_need = [&](bool canonical, int shards) {
         const bool accumulator3 = canonical && f.grad_accum > 1;
-        uint64_t need = max_model_state_bytes(units, shards, 3, precision, accumulator3).total();
+        uint64_t need =
+            max_model_state_bytes(units, shards, 3, precision, accumulator3, offload).total();
         if (built) {
           need += transient_bytes(*built,
                                   TransientPlan{.world = shards,
@@ -721,14 +962,15 @@ int run_estimate(const Flags& f) {
                                                 .prefetch = f.prefetch,
                                                 .checkpoint_activations = f.checkpoint_activations,
                                                 .micro_batch = f.micro_batch,
-                                                .seq_len = gpt->seq_len},
+                                                .seq_len = gpt->seq_len,
+                                                .offload = offload},
                                   0)
                       .total();
         }
         return need;
       };
       const std::vector<ModeRow> mode_rows = node_mode_rows(
-          units, n, f.node_ranks, precision, f.grad_accum, policy3, invariant, f.prefetch,
+          units, n, f.node_ranks, precision, f.grad_accum, policy3, invariant, offload, f.prefetch,
           static_cast<size_t>(f.qwz_block), f.qgz_block, bandwidth, inter_bandwidth, base_need);
       const ModeChoice choice = choose_mode(mode_rows, budget);
       if (!f.json) {
@@ -811,6 +1053,20 @@ Runner add_estimate(CLI::App& app) {
                  "1GB/s");
   app.add_option("--inter-node-latency", f->inter_node_latency,
                  "Per step latency between nodes (with --node-ranks), e.g. 50us");
+  app.add_option("--offload", f->offload,
+                 "none or optimizer: count train --offload optimizer, whose fp32 master weights "
+                 "(16-bit runs) and Adam moments live in a file per rank: memory keeps params, "
+                 "grads and two staging slots, and the nvme column gives the file's bytes per "
+                 "rank (12 B per optimizer element at bf16/fp16, 8 at fp32, in 4 KiB blocks)")
+      ->capture_default_str();
+  app.add_option("--disk-bandwidth", f->disk_bandwidth,
+                 "With --offload optimizer: the disk's bytes per second, one figure for reads and "
+                 "writes or READ/WRITE, e.g. 2GB/s, 2.1GB/s/1.0GB/s or 2138e6/1031e6 (zerodp "
+                 "bench-io DIR measures them); adds io s = nvme/READ + nvme/WRITE per step, "
+                 "times the ranks sharing the disk, to the step time");
+  app.add_option("--ranks-per-disk", f->ranks_per_disk,
+                 "With --disk-bandwidth: ranks whose files share one disk's bandwidth, e.g. 8 "
+                 "(default: --node-ranks, else every rank of the row: one machine)");
   app.add_flag("--json", f->json, "One JSON array of rows on stdout");
   return [f](Launch) { return run_estimate(*f); };
 }
