@@ -56,6 +56,7 @@ struct Flags {
   // --offload optimizer: the optimizer's states in a file per rank, priced at the disk.
   std::string offload = "none";
   std::string disk_bandwidth;  // R or R/W, e.g. 2.1GB/s/1.0GB/s
+  bool offload_overlap = true;  // train's --offload-overlap
   std::string ranks_per_disk;  // empty: the ranks of a node (or of the row, on one node)
 };
 
@@ -74,6 +75,14 @@ struct StepTime {
   double serial() const { return compute + comm(); }
   double overlapped() const { return std::max(compute, comm_overlap) + comm_serial; }
 };
+
+// The offloaded step: the in-memory step plus the update's I/O, except that at stages 0
+// and 3 with train's --offload-overlap the next step's forward (a third of the compute:
+// 2 of the 6 FLOPs per parameter and token) runs beside the update's I/O.
+double offload_step(const StepTime& t, double io, int stage, bool overlap) {
+  const double hidden = overlap && (stage == 0 || stage == 3) ? std::min(io, t.compute / 3) : 0;
+  return t.overlapped() + io - hidden;
+}
 
 // What a step with offload waits on most: compute, the links, or the disk.
 std::string bound(const StepTime& t, double io) {
@@ -836,7 +845,7 @@ int run_estimate(const Flags& f) {
             row["ranks_per_disk"] = disk_sharers(n);
             if (time) {
               row["step_seconds"]["io"] = io;
-              row["step_seconds"]["predicted"] = time->overlapped() + io;
+              row["step_seconds"]["predicted"] = offload_step(*time, io, stage, f.offload_overlap);
               row["step_seconds"]["bound"] = bound(*time, io);
             }
           }
@@ -851,7 +860,7 @@ int run_estimate(const Flags& f) {
         if (t) fmt::print(" {:>11} {:>11}", gb(t->activations), gb(need));
         if (time && disk) {
           fmt::print(" {:>9.3g} {:>9.3g} {:>9.3g} {:>9.3g} {:>7}", time->compute, time->comm(), io,
-                     time->overlapped() + io, bound(*time, io));
+                     offload_step(*time, io, stage, f.offload_overlap), bound(*time, io));
         } else if (time) {
           fmt::print(" {:>9.3g} {:>9.3g} {:>9.3g}", time->compute, time->comm(),
                      time->overlapped());
@@ -1064,6 +1073,10 @@ Runner add_estimate(CLI::App& app) {
                  "writes or READ/WRITE, e.g. 2GB/s, 2.1GB/s/1.0GB/s or 2138e6/1031e6 (zerodp "
                  "bench-io DIR measures them); adds io s = nvme/READ + nvme/WRITE per step, "
                  "times the ranks sharing the disk, to the step time");
+  app.add_option("--offload-overlap", f->offload_overlap,
+                 "As train's: at stages 0 and 3 the next forward runs beside the update's I/O, "
+                 "hiding up to a third of the compute (on/off)")
+      ->capture_default_str();
   app.add_option("--ranks-per-disk", f->ranks_per_disk,
                  "With --disk-bandwidth: ranks whose files share one disk's bandwidth, e.g. 8 "
                  "(default: --node-ranks, else every rank of the row: one machine)");

@@ -102,8 +102,9 @@ else
   bad "--disk-bandwidth 500MB/s"
 fi
 
-# With --flops the I/O adds to the step (the update waits for the gradient norm and the next
-# forward for the update), and `bound` names the largest part.
+# With --flops the I/O adds to the step (the update waits for the gradient norm and the
+# backward for the update; at stages 0 and 3 the forward overlaps it), and `bound` names the
+# largest part.
 gpt=(--layers 2 --heads 2 --embd 64 --seq-len 32 --ranks 2 --flops 1e9 --link-bandwidth 1GB/s)
 # A disk of 1 kB/s bounds every row; one of 1 TB/s bounds none (compute does: 1 GFLOP/s).
 for case in "1e3 io" "1e12 compute"; do
@@ -120,7 +121,9 @@ for r, p in zip(rows, plain):
     assert abs(t["io"] - want) <= 1e-12 * want, (t["io"], want)
     # Offload changes nothing of compute and comm; the step gains exactly the I/O.
     assert t["overlapped"] == pt["overlapped"], (t, pt)
-    assert abs(t["predicted"] - (pt["overlapped"] + want)) <= 1e-12 * t["predicted"], (t, pt)
+    # At stages 0 and 3 the next forward (a third of the compute) runs beside the I/O.
+    hidden = min(want, t["compute"] / 3) if r["stage"] in (0, 3) else 0
+    assert abs(t["predicted"] - (pt["overlapped"] + want - hidden)) <= 1e-12 * t["predicted"], (t, pt)
     parts = {"compute": t["compute"], "comm": t["comm"], "io": t["io"]}
     assert t["bound"] == max(parts, key=parts.get), (t["bound"], parts)
     # Memory: the states moved to disk leave, the staging of their pieces comes.
