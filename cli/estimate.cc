@@ -55,9 +55,9 @@ struct Flags {
   std::string inter_node_latency;
   // --offload optimizer: the optimizer's states in a file per rank, priced at the disk.
   std::string offload = "none";
-  std::string disk_bandwidth;  // R or R/W, e.g. 2.1GB/s/1.0GB/s
-  bool offload_overlap = true;  // train's --offload-overlap
-  std::string ranks_per_disk;  // empty: the ranks of a node (or of the row, on one node)
+  std::string disk_bandwidth;    // R or R/W, e.g. 2.1GB/s/1.0GB/s
+  bool offload_overlap = false;  // train's --offload-overlap
+  std::string ranks_per_disk;    // empty: the ranks of a node (or of the row, on one node)
 };
 
 // Per-rank step time from the cost model: compute = model FLOPs / --flops; comm = bytes /

@@ -432,7 +432,7 @@ Runner add_train(CLI::App& app) {
   par->add_option("--offload-overlap", c.offload_overlap,
                   "Stages 0 and 3 with --offload: run the update on its own thread while the "
                   "next step's forward starts on the units already updated (on/off; the same "
-                  "bits either way)")
+                  "bits either way; pays with a spare core per rank, docs/offload.md)")
       ->capture_default_str();
   par->add_option("--qgz", f->qgz,
                   "Reduce gradients as int8 or int4 blocks with an fp32 scale each (at stage 0 "

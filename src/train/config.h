@@ -129,8 +129,10 @@ struct TrainConfig {
   // Elements per staged piece, a multiple of 1024; 0 = kOffloadPiece (train/plan.h).
   uint64_t offload_piece = 0;
   // Stages 0 and 3: the update streams on its own thread, and the next step's forward waits
-  // per unit for it rather than for the whole update (the same bits either way).
-  bool offload_overlap = true;
+  // per unit for it rather than for the whole update (the same bits either way). Off by
+  // default: on 2 cores the extra thread beside the GEMM threads starves the file's worker
+  // as often as it helps (docs/offload.md has the measurements).
+  bool offload_overlap = false;
   // Optimization.
   int64_t steps = 100;
   uint64_t seed = 1337;

@@ -103,8 +103,8 @@ else
 fi
 
 # With --flops the I/O adds to the step (the update waits for the gradient norm and the
-# backward for the update; at stages 0 and 3 the forward overlaps it), and `bound` names the
-# largest part.
+# backward for the update; at stages 0 and 3 --offload-overlap on lets the forward overlap
+# it), and `bound` names the largest part.
 gpt=(--layers 2 --heads 2 --embd 64 --seq-len 32 --ranks 2 --flops 1e9 --link-bandwidth 1GB/s)
 # A disk of 1 kB/s bounds every row; one of 1 TB/s bounds none (compute does: 1 GFLOP/s).
 for case in "1e3 io" "1e12 compute"; do
@@ -122,7 +122,7 @@ for r, p in zip(rows, plain):
     # Offload changes nothing of compute and comm; the step gains exactly the I/O.
     assert t["overlapped"] == pt["overlapped"], (t, pt)
     # At stages 0 and 3 the next forward (a third of the compute) runs beside the I/O.
-    hidden = min(want, t["compute"] / 3) if r["stage"] in (0, 3) else 0
+    hidden = 0  # --offload-overlap is off unless asked for
     assert abs(t["predicted"] - (pt["overlapped"] + want - hidden)) <= 1e-12 * t["predicted"], (t, pt)
     parts = {"compute": t["compute"], "comm": t["comm"], "io": t["io"]}
     assert t["bound"] == max(parts, key=parts.get), (t["bound"], parts)
@@ -138,6 +138,25 @@ PY
     bad "GPT --flops --disk-bandwidth $disk"
   fi
 done
+# --offload-overlap on: at stages 0 and 3 the forward (a third of the compute) hides behind
+# the I/O; stages 1-2 are unchanged.
+"$zerodp" estimate "${gpt[@]}" --offload optimizer --disk-bandwidth 1e9 --json >"$tmp/off.json" &&
+  "$zerodp" estimate "${gpt[@]}" --offload optimizer --disk-bandwidth 1e9 --offload-overlap on \
+    --json >"$tmp/on.json"
+if $py - "$tmp/off.json" "$tmp/on.json" <<'PY'; then
+import json, sys
+off = json.load(open(sys.argv[1])); on = json.load(open(sys.argv[2]))
+for a, b in zip(off, on):
+    ta, tb = a["step_seconds"], b["step_seconds"]
+    hidden = min(ta["io"], ta["compute"] / 3) if a["stage"] in (0, 3) else 0
+    assert hidden == 0 or hidden > 0 and a["stage"] in (0, 3)
+    assert abs(tb["predicted"] - (ta["predicted"] - hidden)) <= 1e-12 * ta["predicted"], (a["stage"], ta, tb)
+assert any(b["step_seconds"]["predicted"] < a["step_seconds"]["predicted"] for a, b in zip(off, on))
+PY
+  ok "--offload-overlap on: stages 0 and 3 hide the forward behind the I/O"
+else
+  bad "--offload-overlap on"
+fi
 out=$("$zerodp" estimate "${gpt[@]}" --offload optimizer --disk-bandwidth 1e3 2>&1)
 if [[ $out == *" io s "*"bound"* && $out == *"nvme"* && $out == *" io"$'\n'* ]]; then
   ok "text table: nvme, io s and bound columns (a slow disk bounds the step)"
