@@ -154,10 +154,11 @@ ReportRank read_rank(const Fields& F, const json& rk, const std::string& where) 
     r.model_state[k] = F.count(states, states_at, category(k).c_str());
   }
   for (int k = kLastStateCategory + 1; k < kNumMemCategories; ++k) {
-    // Reports written before the canonical order's accumulator, or hpZ, existed have no
-    // grad_accum or hpz_params.
+    // Reports written before the canonical order's accumulator, hpZ or offload existed have
+    // no grad_accum, hpz_params or offload_staging.
     if ((k == static_cast<int>(MemCategory::kGradAccum) ||
-         k == static_cast<int>(MemCategory::kHpzParams)) &&
+         k == static_cast<int>(MemCategory::kHpzParams) ||
+         k == static_cast<int>(MemCategory::kOffloadStaging)) &&
         !peaks.contains(category(k))) {
       continue;
     }
