@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
       "  zerodp bench-comm --ranks 4 --max-bytes 64MiB\n"
       "  mpirun -np 2 zerodp bench-comm --backend mpi --json\n"
       "  zerodp bench-io /scratch --size 4GiB\n"
+      "  zerodp train --layers 40 --embd 2048 --heads 16 --offload optimizer --offload-dir "
+      "/scratch\n"
       "  zerodp train --steps 200 --checkpoint-dir ckpt --checkpoint-every 50\n"
       "  zerodp train --steps 400 --checkpoint-dir ckpt --resume latest\n"
       "  zerodp export ckpt --out model.safetensors\n"
