@@ -553,11 +553,7 @@ int run_estimate(const Flags& f) {
         f.inter_node_bandwidth.empty() ? "--inter-node-latency" : "--inter-node-bandwidth"));
   }
   const bool offload = parse_offload(f.offload);
-  if (offload && f.qwz) {
-    throw InvalidArgument(
-        "--qwz quantizes parameters from the fp32 master, which --offload optimizer keeps on "
-        "disk; use one of the two");
-  }
+  check_offload_modes(offload, f.qwz);
   std::optional<DiskBandwidth> disk;
   if (!f.disk_bandwidth.empty()) {
     if (!offload) {
@@ -884,11 +880,8 @@ int run_estimate(const Flags& f) {
             invariant.value_or(!two_level && qgz_bits == 0) && f.grad_accum > 1;
         std::string why;
         if (!offload) {
-          why = budget_advice(units, n, precision, *budget, accumulator3);
-          // The planner prices offload by model states alone; the clause below prices it by
-          // all a rank holds, so the sentence names offload once.
-          const size_t at = why.find("; with --offload optimizer");
-          if (at != std::string::npos) why.erase(at, why.find("; ", at + 2) - at);
+          // The clause below prices offload by all a rank holds, not by its states alone.
+          why = budget_advice(units, n, precision, *budget, accumulator3, /*name_offload=*/false);
         } else {
           why = offload_advice(units, n, precision, *budget, accumulator3, built.has_value());
         }

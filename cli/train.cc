@@ -39,6 +39,7 @@ struct Flags {
   std::string collectives = "flat";
   std::string qgz = "off";
   std::string offload = "none";
+  std::string offload_piece = "0";
   std::string link_latency;
   std::string config_file;
   // Parsed here rather than by CLI11, to refuse what it would wrap, clamp or round to inf
@@ -79,15 +80,19 @@ double parse_number(const std::string& text, std::string_view flag, double min, 
   return v;
 }
 
-uint64_t parse_seed(const std::string& text) {
+// A whole number as the user wrote it: CLI11 would wrap -1 into 2^64 - 1.
+uint64_t parse_whole(const std::string& text, std::string_view flag, std::string_view advice) {
   uint64_t v = 0;
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, v);
   if (ec != std::errc() || ptr != end || text.empty()) {
-    throw InvalidArgument(fmt::format(
-        "--seed {} is invalid; use a whole number from 0 to 18446744073709551615", text));
+    throw InvalidArgument(fmt::format("{} {} is invalid; {}", flag, text, advice));
   }
   return v;
+}
+
+uint64_t parse_seed(const std::string& text) {
+  return parse_whole(text, "--seed", "use a whole number from 0 to 18446744073709551615");
 }
 
 class Progress {
@@ -188,6 +193,9 @@ int run_train(Flags& f, Launch args) {
   c.launch.comm.two_level = parse_collectives_flag(f.collectives);
   c.launch.comm.qgz_bits = parse_qgz_flag(f.qgz);
   c.offload_optimizer = parse_offload(f.offload);
+  c.offload_piece = parse_whole(f.offload_piece, "--offload-piece",
+                                "use a multiple of 1024 elements, e.g. 1048576, or 0 for the "
+                                "default");
   c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout");
   if (!(c.launch.comm.timeout_seconds > 0)) {
     throw InvalidArgument(fmt::format(
@@ -425,7 +433,7 @@ Runner add_train(CLI::App& app) {
                   "Directory for --offload's scratch files (unlinked at once: nothing is left "
                   "behind); use a disk, not tmpfs")
       ->capture_default_str();
-  par->add_option("--offload-piece", c.offload_piece,
+  par->add_option("--offload-piece", f->offload_piece,
                   "Elements per staged piece of --offload (a multiple of 1024; 0 = 1048576, "
                   "4 MiB per array): larger pieces, longer sequential I/O, more staging memory")
       ->capture_default_str();

@@ -226,6 +226,14 @@ bool parse_offload(std::string_view text) {
   throw InvalidArgument(fmt::format("--offload '{}' is not a tier; use none or optimizer", text));
 }
 
+void check_offload_modes(bool offload, bool qwz) {
+  if (offload && qwz) {
+    throw InvalidArgument(
+        "--qwz quantizes parameters from the fp32 master, which --offload optimizer keeps on "
+        "disk; use one of the two");
+  }
+}
+
 void resolve_config(TrainConfig& c) {
   model_kind(c.model).resolve(c);
   (void)Sharding::for_stage(c.stage);
@@ -246,11 +254,7 @@ void resolve_config(TrainConfig& c) {
     check_shard_within_node(c.stage, c.launch.comm.node_ranks, c.invariant, c.launch.comm.two_level,
                             c.hpz, c.qwz, c.launch.comm.qgz_bits);
   }
-  if (c.offload_optimizer && c.qwz) {
-    throw InvalidArgument(
-        "--qwz quantizes parameters from the fp32 master, which --offload optimizer keeps on "
-        "disk; use one of the two");
-  }
+  check_offload_modes(c.offload_optimizer, c.qwz);
   if (c.offload_piece % 1024 != 0) {
     throw InvalidArgument(fmt::format(
         "--offload-piece {} is not a multiple of 1024 elements (4 KiB, O_DIRECT's block); use "

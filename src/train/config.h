@@ -180,6 +180,9 @@ struct TrainConfig {
 // --offload's value: "none" or "optimizer" (true). Throws InvalidArgument naming the text
 // and what is accepted.
 bool parse_offload(std::string_view text);
+// Throws InvalidArgument for --qwz with --offload optimizer: qwZ quantizes from the master in
+// memory.
+void check_offload_modes(bool offload, bool qwz);
 
 // Resolves size presets and defaults in place; throws InvalidArgument naming bad values.
 void resolve_config(TrainConfig& config);

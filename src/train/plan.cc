@@ -331,7 +331,7 @@ TransientBytes transient_bytes(const TransientLayout& l) {
 }
 
 std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,
-                          uint64_t budget_bytes, bool fp32_accumulator) {
+                          uint64_t budget_bytes, bool fp32_accumulator, bool name_offload) {
   std::string s = fmt::format("model states per rank at {} ranks:", world);
   for (int stage = 0; stage <= 3; ++stage) {
     const uint64_t need =
@@ -345,7 +345,7 @@ std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Preci
            budget_bytes;
   };
   // Offload keeps only the params and grads in memory; worth naming when no stage fits here.
-  if (!fits(3, world)) {
+  if (name_offload && !fits(3, world)) {
     for (int stage = 0; stage <= 3; ++stage) {
       const uint64_t need =
           max_model_state_bytes(unit_numel, world, stage, precision, fp32_accumulator, true)

@@ -168,25 +168,21 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
       worst_offloaded = std::max(worst_offloaded, bytes(r, true).first);
     }
   }
-  if (cfg.memory_per_rank && worst > *cfg.memory_per_rank && !cfg.offload_optimizer &&
-      worst_offloaded <= *cfg.memory_per_rank) {
-    throw OutOfMemory(fmt::format(
-        "rank {} would need {} (model states, activations and buffers), past its "
-        "--memory-per-rank budget of {}; with --offload optimizer (master weights and Adam "
-        "moments on disk, docs/offload.md) it would need {}, which fits; {}",
-        worst_rank, format_bytes(static_cast<double>(worst)),
-        format_bytes(static_cast<double>(*cfg.memory_per_rank)),
-        format_bytes(static_cast<double>(worst_offloaded)),
-        budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank, fp32_accumulator(cfg))));
-  }
   if (cfg.memory_per_rank && worst > *cfg.memory_per_rank) {
+    // Offload priced by everything a rank holds, so the planner's states-only clause is off.
+    const bool offload_fits = !cfg.offload_optimizer && worst_offloaded <= *cfg.memory_per_rank;
     throw OutOfMemory(fmt::format(
         "rank {} would need {} (model states, activations and buffers), past its "
-        "--memory-per-rank budget of {}; {}; or try --checkpoint-activations or a smaller "
+        "--memory-per-rank budget of {}; {}{}; or try --checkpoint-activations or a smaller "
         "--micro-batch",
         worst_rank, format_bytes(static_cast<double>(worst)),
         format_bytes(static_cast<double>(*cfg.memory_per_rank)),
-        budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank, fp32_accumulator(cfg))));
+        offload_fits ? fmt::format("with --offload optimizer (master weights and Adam moments on "
+                                   "disk, docs/offload.md) it would need {}, which fits; ",
+                                   format_bytes(static_cast<double>(worst_offloaded)))
+                     : std::string(),
+        budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank, fp32_accumulator(cfg),
+                      /*name_offload=*/false)));
   }
   if (cfg.offload_optimizer) check_offload_dir(cfg.offload_dir, disk, local ? world : ranks_here);
   const auto available = available_memory();

@@ -157,3 +157,4 @@ else
   echo "ok: offload past a file size limit -> exit 1, $err"
 fi
 rm -rf "$scratch"
+expect "--offload-piece -1 is invalid" train "${tiny[@]}" --offload optimizer --offload-piece -1
