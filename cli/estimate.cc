@@ -53,7 +53,8 @@ struct Flags {
   std::string link_latency;    // e.g. 20us
   std::string inter_node_bandwidth;
   std::string inter_node_latency;
-  // --offload optimizer: the optimizer's states in a file per rank, priced at the disk.
+  // --offload optimizer[,params]: the optimizer's states (and stage 3's parameter shards) in
+  // a file per rank, priced at the disk.
   std::string offload = "none";
   std::string disk_bandwidth;    // R or R/W, e.g. 2.1GB/s/1.0GB/s
   bool offload_overlap = false;  // train's --offload-overlap
@@ -391,13 +392,20 @@ nlohmann::json node_modes_json(std::span<const ModeRow> rows, std::optional<uint
 // The no-fit sentence under --offload optimizer: what memory keeps of each stage's states
 // (the planner's budget_advice counts the states offload moves to disk), and the fewest ranks
 // at which stage 3's fit.
+// What a row at `stage` offloads when --offload asks for `asked`: parameters only at stage 3.
+Offload stage_offload(Offload asked, int stage) {
+  return asked == Offload::kParams && stage != 3 ? Offload::kOptimizer : asked;
+}
+
 std::string offload_advice(std::span<const uint64_t> units, int n, Precision precision,
-                           uint64_t budget, bool accumulator, bool transients) {
+                           uint64_t budget, bool accumulator, bool transients, Offload offload) {
   const auto states = [&](int stage, int ranks) {
-    return max_model_state_bytes(units, ranks, stage, precision, accumulator, true).total();
+    return max_model_state_bytes(units, ranks, stage, precision, accumulator,
+                                 stage_offload(offload, stage))
+        .total();
   };
-  std::string s =
-      fmt::format("model states in memory per rank with --offload optimizer at {} ranks:", n);
+  std::string s = fmt::format(
+      "model states in memory per rank with --offload {} at {} ranks:", offload_name(offload), n);
   for (int stage = 0; stage <= 3; ++stage) {
     s += fmt::format(" stage {} {}{}{}", stage, gb(states(stage, n)),
                      states(stage, n) <= budget ? " (fits)" : "", stage < 3 ? "," : "");
@@ -552,8 +560,9 @@ int run_estimate(const Flags& f) {
         "{} needs --node-ranks T to say which ranks share a node",
         f.inter_node_bandwidth.empty() ? "--inter-node-latency" : "--inter-node-bandwidth"));
   }
-  const bool offload = parse_offload(f.offload);
-  check_offload_modes(offload, f.qwz);
+  const Offload offload_flag = parse_offload(f.offload);
+  const bool offload = offload_flag != Offload::kNone;
+  check_offload_modes(offload_flag, f.qwz, 3, f.offload_overlap);
   std::optional<DiskBandwidth> disk;
   if (!f.disk_bandwidth.empty()) {
     if (!offload) {
@@ -586,11 +595,24 @@ int run_estimate(const Flags& f) {
     const int k = ranks_per_disk.value_or(f.node_ranks > 0 ? f.node_ranks : n);
     return std::min(k, n);
   };
-  // Every byte of the file is read once and written once per step, after the gradient norm
-  // is known and before the next forward, so none of it hides behind compute or comm.
-  const auto io_seconds = [&](uint64_t nvme, int n) {
-    const double bytes = static_cast<double>(nvme);
-    return (bytes / disk->read + bytes / disk->write) * disk_sharers(n);
+  // The update reads and writes every byte of the file once per step, after the gradient
+  // norm is known and before the next forward, so none of it hides behind compute or comm.
+  // Offloaded parameters are the exception: the update writes them without reading them
+  // (16-bit: rounded from the master), and every gather reads them first, the forward's and
+  // the backward's of each micro-batch (with hpZ the backward's come from memory), in line
+  // with compute. `s`: the row's states with `off`, at `shards` ranks.
+  const auto io_seconds = [&](const StateBytes& s, int n, int stage, int shards, bool acc,
+                              Offload off) {
+    double read = static_cast<double>(s.nvme);
+    const double write = read;
+    if (off == Offload::kParams) {
+      const double params = static_cast<double>(
+          s.nvme -
+          max_model_state_bytes(units, shards, stage, precision, acc, Offload::kOptimizer).nvme);
+      if (precision != Precision::kFP32) read -= params;
+      read += params * f.grad_accum * (f.hpz && stage == 3 && f.node_ranks > 0 ? 1 : 2);
+    }
+    return (read / disk->read + write / disk->write) * disk_sharers(n);
   };
   std::optional<Model> built;
   if (gpt) built = make_gpt(*gpt);
@@ -617,7 +639,8 @@ int run_estimate(const Flags& f) {
     std::optional<TransientBytes> transients;
     uint64_t need = 0;
   };
-  const auto plan_row = [&](int n, int stage, bool off) {
+  const auto plan_row = [&](int n, int stage, Offload asked) {
+    const Offload off = stage_offload(asked, stage);
     RowPlan r;
     // As train resolves them: --invariant on makes reduce the default.
     r.policy = accumulate.value_or(default_accumulate(stage, f.grad_accum, invariant));
@@ -629,7 +652,7 @@ int run_estimate(const Flags& f) {
     r.accumulator = r.canonical && f.grad_accum > 1;
     r.states = max_model_state_bytes(units, r.shards, stage, precision, r.accumulator, off);
     // Offload excludes qwZ (it quantizes from the master on disk).
-    const bool qwz = f.qwz && !off;
+    const bool qwz = f.qwz && off == Offload::kNone;
     if (built) {
       r.transients = transient_bytes(
           *built,
@@ -676,6 +699,12 @@ int run_estimate(const Flags& f) {
           "not in per rank), streamed through the update in pieces (peak/rank counts the "
           "staging)\n",
           precision == Precision::kFP32 ? " (none at fp32: the params are the master)" : "");
+      if (offload_flag == Offload::kParams) {
+        fmt::print(
+            "--offload optimizer,params: at stage 3 the parameter shards too, read before "
+            "every gather (stages 0-2 offload the optimizer only: every rank computes on "
+            "its full copy)\n");
+      }
     }
     if (flops && gpt) {
       fmt::print(
@@ -686,11 +715,15 @@ int run_estimate(const Flags& f) {
     if (disk) {
       fmt::print(
           "io s = nvme / {}/s read + nvme / {}/s write, x the ranks sharing the disk ({}), "
-          "every step{}\n",
+          "every step{}{}\n",
           gb(static_cast<uint64_t>(disk->read)), gb(static_cast<uint64_t>(disk->write)),
           ranks_per_disk     ? fmt::format("--ranks-per-disk {}", *ranks_per_disk)
           : f.node_ranks > 0 ? fmt::format("a node's {}", f.node_ranks)
                              : std::string("all the row's ranks: one machine"),
+          offload_flag == Offload::kParams
+              ? "; offloaded parameters are read for every gather (2 per micro-batch, 1 with "
+                "hpZ) and written once, not read, by the update"
+              : "",
           flops && gpt ? "; bound: the largest of compute s, comm s and io s" : "");
     }
     fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11}", "ranks", "stage", "params",
@@ -713,7 +746,8 @@ int run_estimate(const Flags& f) {
     std::optional<int> cheapest;
     std::optional<size_t> stage3_row;  // in `rows`
     for (int stage : stages) {
-      const RowPlan rp = plan_row(n, stage, offload);
+      const RowPlan rp = plan_row(n, stage, offload_flag);
+      const Offload row_offload = stage_offload(offload_flag, stage);
       const AccumulatePolicy policy = rp.policy;
       const bool hsdp = rp.hsdp;
       const int shards = rp.shards;
@@ -722,11 +756,13 @@ int run_estimate(const Flags& f) {
       const std::optional<TransientBytes>& t = rp.transients;
       const uint64_t need = rp.need;
       // Offload moves master, adam_m and adam_v of every rank to disk: what memory keeps of
-      // all ranks' states is their params and grads.
+      // all ranks' states is their params and grads (their grads alone with the params).
       const StateBytes a =
           all_ranks_model_state_bytes(units, shards, stage, precision, rp.accumulator);
-      const uint64_t all =
-          (offload ? a.params + a.grads : a.total()) * static_cast<uint64_t>(n / shards);
+      const uint64_t kept = row_offload == Offload::kParams      ? a.grads
+                            : row_offload == Offload::kOptimizer ? a.params + a.grads
+                                                                 : a.total();
+      const uint64_t all = kept * static_cast<uint64_t>(n / shards);
       const CommModes modes{.node_ranks = f.node_ranks,
                             .two_level = two_level,
                             .hpz = f.hpz && stage == 3,
@@ -736,7 +772,7 @@ int run_estimate(const Flags& f) {
                             .shard_within_node = hsdp};
       const CommBytes c = comm_bytes_per_step(units, n, stage, precision, f.grad_accum, policy,
                                               canonical, 0, modes);
-      const double io = disk ? io_seconds(s.nvme, n) : 0.0;
+      const double io = disk ? io_seconds(s, n, stage, shards, rp.accumulator, row_offload) : 0.0;
       std::optional<StepTime> time;
       if (flops && gpt) {
         StepTime st;
@@ -833,7 +869,7 @@ int run_estimate(const Flags& f) {
         // Offload's keys only where it is asked for: rows without it read as they always did.
         if (offload) {
           nlohmann::json& row = rows.back();
-          row["offload"] = "optimizer";
+          row["offload"] = std::string(offload_name(row_offload));
           row["model_state_bytes"]["nvme"] = s.nvme;
           if (t) row["transient_bytes"]["offload_staging"] = t->offload_staging;
           if (disk) {
@@ -883,7 +919,8 @@ int run_estimate(const Flags& f) {
           // The clause below prices offload by all a rank holds, not by its states alone.
           why = budget_advice(units, n, precision, *budget, accumulator3, /*name_offload=*/false);
         } else {
-          why = offload_advice(units, n, precision, *budget, accumulator3, built.has_value());
+          why = offload_advice(units, n, precision, *budget, accumulator3, built.has_value(),
+                               offload_flag);
         }
         if (built) {
           // What the activations would need with less of them kept, at stage 3.
@@ -901,9 +938,10 @@ int run_estimate(const Flags& f) {
                                               .micro_batch = b,
                                               .seq_len = gpt->seq_len,
                                               .hpz_node_ranks = f.hpz ? f.node_ranks : 0,
-                                              .offload = offload},
+                                              .offload = offload_flag},
                                 0);
-            return max_model_state_bytes(units, n, 3, precision, accumulator3, offload).total() +
+            return max_model_state_bytes(units, n, 3, precision, accumulator3, offload_flag)
+                       .total() +
                    tb.total();
           };
           const uint64_t ck = at_stage3(true, f.micro_batch);
@@ -917,27 +955,38 @@ int run_estimate(const Flags& f) {
         if (!offload) {
           // The least communication that fits once the optimizer's states are on disk, at
           // the run's other flags; else the least memory.
-          std::optional<int> fit;
-          int least = 0;
+          // Stages 0-3 with the optimizer offloaded, then stage 3 with its parameters too.
+          struct Offer {
+            int stage;
+            Offload offload;
+          };
+          const Offer offers[] = {{0, Offload::kOptimizer},
+                                  {1, Offload::kOptimizer},
+                                  {2, Offload::kOptimizer},
+                                  {3, Offload::kOptimizer},
+                                  {3, Offload::kParams}};
+          std::optional<size_t> fit;
+          size_t least = 0;
           std::vector<RowPlan> with;
-          for (int stage = 0; stage <= 3; ++stage) {
-            with.push_back(plan_row(n, stage, true));
-            if (!fit && with.back().need <= *budget) fit = stage;
-            if (with.back().need < with[static_cast<size_t>(least)].need) least = stage;
+          for (const Offer& o : offers) {
+            with.push_back(plan_row(n, o.stage, o.offload));
+            if (!fit && with.back().need <= *budget) fit = with.size() - 1;
+            if (with.back().need < with[least].need) least = with.size() - 1;
           }
           const std::string what = gpt ? "states, activations and buffers" : "model states";
           if (fit) {
-            const RowPlan& r = with[static_cast<size_t>(*fit)];
+            const RowPlan& r = with[*fit];
             why += fmt::format(
-                "; with --offload optimizer{} stage {} fits: {} per rank in memory ({}), {} per "
+                "; with --offload {}{} stage {} fits: {} per rank in memory ({}), {} per "
                 "rank on disk (--disk-bandwidth prices its reads and writes)",
-                f.qwz ? " in place of --qwz" : "", *fit, gb(r.need), what, gb(r.states.nvme));
+                offload_name(offers[*fit].offload), f.qwz ? " in place of --qwz" : "",
+                offers[*fit].stage, gb(r.need), what, gb(r.states.nvme));
           } else {
             why += fmt::format(
-                "; --offload optimizer{} does not fit either: the least is stage {}'s {} per "
-                "rank in memory ({})",
-                f.qwz ? " in place of --qwz" : "", least, gb(with[static_cast<size_t>(least)].need),
-                what);
+                "; --offload{} does not fit either: the least is stage {}'s {} per rank in "
+                "memory ({}) with --offload {}",
+                f.qwz ? " in place of --qwz" : "", offers[least].stage, gb(with[least].need), what,
+                offload_name(offers[least].offload));
           }
         }
         fmt::print("  -> {} ranks: no stage fits {}; {}\n", n, gb(*budget), why);
@@ -952,7 +1001,7 @@ int run_estimate(const Flags& f) {
       const auto base_need = [&](bool canonical, int shards) {
         const bool accumulator3 = canonical && f.grad_accum > 1;
         uint64_t need =
-            max_model_state_bytes(units, shards, 3, precision, accumulator3, offload).total();
+            max_model_state_bytes(units, shards, 3, precision, accumulator3, offload_flag).total();
         if (built) {
           need += transient_bytes(*built,
                                   TransientPlan{.world = shards,
@@ -965,7 +1014,7 @@ int run_estimate(const Flags& f) {
                                                 .checkpoint_activations = f.checkpoint_activations,
                                                 .micro_batch = f.micro_batch,
                                                 .seq_len = gpt->seq_len,
-                                                .offload = offload},
+                                                .offload = offload_flag},
                                   0)
                       .total();
         }
@@ -1059,7 +1108,9 @@ Runner add_estimate(CLI::App& app) {
                  "none or optimizer: count train --offload optimizer, whose fp32 master weights "
                  "(16-bit runs) and Adam moments live in a file per rank: memory keeps params, "
                  "grads and two staging slots, and the nvme column gives the file's bytes per "
-                 "rank (12 B per optimizer element at bf16/fp16, 8 at fp32, in 4 KiB blocks)")
+                 "rank (12 B per optimizer element at bf16/fp16, 8 at fp32, in 4 KiB blocks); "
+                 "optimizer,params: at stage 3 the parameter shards too (2 B more per element, "
+                 "4 at fp32), read for every gather")
       ->capture_default_str();
   app.add_option("--disk-bandwidth", f->disk_bandwidth,
                  "With --offload optimizer: the disk's bytes per second, one figure for reads and "

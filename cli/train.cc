@@ -192,7 +192,7 @@ int run_train(Flags& f, Launch args) {
   c.invariant = parse_invariant_flag(f.invariant);
   c.launch.comm.two_level = parse_collectives_flag(f.collectives);
   c.launch.comm.qgz_bits = parse_qgz_flag(f.qgz);
-  c.offload_optimizer = parse_offload(f.offload);
+  c.offload = parse_offload(f.offload);
   c.offload_piece = parse_whole(f.offload_piece, "--offload-piece",
                                 "use a multiple of 1024 elements, e.g. 1048576, or 0 for the "
                                 "default");
@@ -427,15 +427,18 @@ Runner add_train(CLI::App& app) {
                   "per rank under --offload-dir, streamed through the update in 4 MiB pieces "
                   "(ZeRO-Infinity's NVMe tier): memory holds params and grads only; the "
                   "step pays reading and writing them (zerodp bench-io DIR measures the disk; "
-                  "docs/offload.md); none or optimizer")
+                  "docs/offload.md). optimizer,params (stage 3): each rank's parameter shard "
+                  "too, read from disk before each gather, so memory holds the gradients and "
+                  "the gathered units. none, optimizer or optimizer,params")
       ->capture_default_str();
   par->add_option("--offload-dir", c.offload_dir,
                   "Directory for --offload's scratch files (unlinked at once: nothing is left "
                   "behind); use a disk, not tmpfs")
       ->capture_default_str();
   par->add_option("--offload-piece", f->offload_piece,
-                  "Elements per staged piece of --offload (a multiple of 1024; 0 = 1048576, "
-                  "4 MiB per array): larger pieces, longer sequential I/O, more staging memory")
+                  "Elements per staged piece of --offload (a multiple of 1024, of 2048 with "
+                  "params; 0 = 1048576, 4 MiB per array): larger pieces, longer sequential I/O, "
+                  "more staging memory")
       ->capture_default_str();
   par->add_option("--offload-overlap", c.offload_overlap,
                   "Stages 0 and 3 with --offload: run the update on its own thread while the "

@@ -79,8 +79,15 @@ std::string write_shard(const ShardedState& state, OffloadTier* offload,
   for (size_t i = 0; i < state.units().size(); ++i) {
     const UnitState& u = state.units()[i];
     const size_t n = u.own.count();
-    w.write(std::span(static_cast<const std::byte*>(u.params.data()) + u.params_own * psize,
-                      n * psize));
+    if (offload != nullptr && offload->holds_params()) {
+      const OffloadTier::Job job{i, {u.opt_own, u.opt_own + n}, OffloadTier::kParams};
+      offload->stream(std::span(&job, 1), OffloadTier::Access::kRead, [&](OffloadTier::Piece& p) {
+        w.write(std::span(static_cast<const std::byte*>(p.params), p.count * psize));
+      });
+    } else {
+      w.write(std::span(static_cast<const std::byte*>(u.params.data()) + u.params_own * psize,
+                        n * psize));
+    }
     if (offload != nullptr) {
       // The tensors in the file's order, each streamed from the offload file in pieces.
       std::vector<OffloadTier::Job> jobs;
@@ -150,17 +157,30 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
     // The 16-bit params are the rounded master; read them as saved when the dtype agrees
     // (the same bits the saving run computed with), else round the master here.
     const Range held = u.held;
-    if (saved_dtype && param_dtype(*saved_dtype) == dtype) {
-      ckpt.read(
-          i, "params", held.begin,
-          std::span(static_cast<std::byte*>(u.params.data()), held.count() * dtype_size(dtype)));
+    const bool same_dtype = saved_dtype && param_dtype(*saved_dtype) == dtype;
+    // Elements [at, at + count) of the unit into `into`.
+    const auto read_params = [&](size_t at, size_t count, void* into) {
+      if (same_dtype) {
+        ckpt.read(i, "params", at,
+                  std::span(static_cast<std::byte*>(into), count * dtype_size(dtype)));
+      } else {
+        tmp.resize(count);
+        ckpt.read_master(i, at, tmp);
+        narrow(tmp, into, dtype, 0);
+      }
+    };
+    OffloadTier* offload = trainer.offload();
+    if (offload != nullptr && offload->holds_params()) {
+      // Stage 3: the held range is the optimizer range.
+      const OffloadTier::Job job{i, {0, held.count()}, OffloadTier::kParams};
+      offload->stream(std::span(&job, 1), OffloadTier::Access::kWrite, [&](OffloadTier::Piece& p) {
+        read_params(held.begin + p.begin, p.count, p.params);
+      });
     } else {
-      tmp.resize(held.count());
-      ckpt.read_master(i, held.begin, tmp);
-      narrow(tmp, u.params.data(), dtype, 0);
+      read_params(held.begin, held.count(), u.params.data());
     }
     const size_t n = u.opt_range.count();
-    if (OffloadTier* offload = trainer.offload()) {
+    if (offload != nullptr) {
       std::vector<OffloadTier::Job> jobs;
       if (!fp32) jobs.push_back({i, {0, n}, OffloadTier::kMaster});
       jobs.push_back({i, {0, n}, OffloadTier::kAdamM});

@@ -214,23 +214,51 @@ Injection parse_injection(std::string_view text) {
   return inj;
 }
 
-bool parse_offload(std::string_view text) {
-  if (text == "none") return false;
-  if (text == "optimizer") return true;
-  if (text == "optimizer,params" || text == "params") {
-    throw InvalidArgument(fmt::format(
-        "--offload {}: parameters cannot be offloaded yet (docs/offload.md); use --offload "
-        "optimizer, which keeps master weights and Adam moments on disk",
-        text));
+Offload parse_offload(std::string_view text) {
+  if (text == "none") return Offload::kNone;
+  if (text == "optimizer") return Offload::kOptimizer;
+  if (text == "optimizer,params" || text == "params,optimizer") return Offload::kParams;
+  if (text == "params") {
+    throw InvalidArgument(
+        "--offload params: the parameters go to disk only with the optimizer's states, which "
+        "are 6 times their bytes; use --offload optimizer,params");
   }
-  throw InvalidArgument(fmt::format("--offload '{}' is not a tier; use none or optimizer", text));
+  throw InvalidArgument(
+      fmt::format("--offload '{}' is not a tier; use none, optimizer or optimizer,params", text));
 }
 
-void check_offload_modes(bool offload, bool qwz) {
-  if (offload && qwz) {
+std::string_view offload_name(Offload o) {
+  switch (o) {
+    case Offload::kNone:
+      return "none";
+    case Offload::kOptimizer:
+      return "optimizer";
+    case Offload::kParams:
+      return "optimizer,params";
+  }
+  return "none";
+}
+
+void check_offload_modes(Offload offload, bool qwz, int stage, bool overlap) {
+  if (offload != Offload::kNone && qwz) {
+    throw InvalidArgument(fmt::format(
+        "--qwz quantizes parameters from the fp32 master, which --offload {} keeps on disk; use "
+        "one of the two",
+        offload_name(offload)));
+  }
+  if (offload != Offload::kParams) return;
+  if (stage != 3) {
+    throw InvalidArgument(fmt::format(
+        "--offload optimizer,params puts each rank's parameter shard on disk, and only stage 3 "
+        "shards parameters (at stage {} every rank computes on its full copy); use --stage 3, "
+        "or --offload optimizer",
+        stage));
+  }
+  if (overlap) {
     throw InvalidArgument(
-        "--qwz quantizes parameters from the fp32 master, which --offload optimizer keeps on "
-        "disk; use one of the two");
+        "--offload-overlap on with --offload optimizer,params: the next forward would read "
+        "parameter shards the update is still writing; use --offload-overlap off, or "
+        "--offload optimizer");
   }
 }
 
@@ -254,14 +282,22 @@ void resolve_config(TrainConfig& c) {
     check_shard_within_node(c.stage, c.launch.comm.node_ranks, c.invariant, c.launch.comm.two_level,
                             c.hpz, c.qwz, c.launch.comm.qgz_bits);
   }
-  check_offload_modes(c.offload_optimizer, c.qwz);
+  check_offload_modes(c.offload, c.qwz, c.stage, c.offload_overlap);
   if (c.offload_piece % 1024 != 0) {
     throw InvalidArgument(fmt::format(
         "--offload-piece {} is not a multiple of 1024 elements (4 KiB, O_DIRECT's block); use "
         "e.g. 1048576, or 0 for the default",
         c.offload_piece));
   }
-  if (c.offload_optimizer && c.offload_dir.empty()) {
+  if (c.offload == Offload::kParams && c.precision != Precision::kFP32 &&
+      c.offload_piece % 2048 != 0) {
+    throw InvalidArgument(fmt::format(
+        "--offload-piece {} is not a multiple of 2048 elements, which --offload "
+        "optimizer,params needs (2-byte parameters fill O_DIRECT's 4 KiB block at 2048); use "
+        "e.g. 1048576, or 0 for the default",
+        c.offload_piece));
+  }
+  if (c.offload != Offload::kNone && c.offload_dir.empty()) {
     throw InvalidArgument(
         "--offload-dir is empty; give a directory on a disk with room for the states, e.g. "
         "/var/tmp");
@@ -456,7 +492,7 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["shard_within_node"] = c.shard_within_node;
   j["qgz"] = std::string(qgz_name(c.launch.comm.qgz_bits));
   j["qgz_block"] = c.launch.comm.qgz_block;
-  j["offload"] = c.offload_optimizer ? "optimizer" : "none";
+  j["offload"] = std::string(offload_name(c.offload));
   j["offload_dir"] = c.offload_dir;
   j["offload_piece"] = c.offload_piece;
   j["offload_overlap"] = c.offload_overlap;

@@ -24,6 +24,9 @@ struct Sharding {
 };
 
 enum class Precision { kBF16, kFP16, kFP32 };
+// What a rank keeps in its offload file (docs/offload.md): nothing; the optimizer's states
+// (fp32 master, adam_m, adam_v); those and, at stage 3, its parameter shards.
+enum class Offload { kNone, kOptimizer, kParams };
 std::optional<Precision> parse_precision(std::string_view name);
 // The same for a flag's value: throws InvalidArgument with the standard message, e.g.
 // "--precision 'fp8' is unknown; use bf16, fp16 or fp32".
@@ -122,11 +125,12 @@ struct TrainConfig {
   // and replicated across nodes; gradients reduce-scattered inside the node of the world's
   // sum (Communicator::node_reduce_scatter), parameters gathered inside the node.
   bool shard_within_node = false;
-  // Offload (docs/offload.md): master, adam_m and adam_v kept in a scratch file per rank under
-  // offload_dir and streamed through the update in pieces, not held in memory.
-  bool offload_optimizer = false;
+  // Offload (docs/offload.md): what a scratch file per rank under offload_dir holds instead of
+  // memory, streamed through in pieces.
+  Offload offload = Offload::kNone;
   std::string offload_dir = "/var/tmp";
-  // Elements per staged piece, a multiple of 1024; 0 = kOffloadPiece (train/plan.h).
+  // Elements per staged piece, a multiple of 1024 (2048 with 16-bit parameters: their 2-byte
+  // elements fill O_DIRECT's 4 KiB blocks at half the rate); 0 = kOffloadPiece (train/plan.h).
   uint64_t offload_piece = 0;
   // Stages 0 and 3: the update streams on its own thread, and the next step's forward waits
   // per unit for it rather than for the whole update (the same bits either way). Off by
@@ -177,12 +181,14 @@ struct TrainConfig {
   bool keep_final_weights = false;
 };
 
-// --offload's value: "none" or "optimizer" (true). Throws InvalidArgument naming the text
-// and what is accepted.
-bool parse_offload(std::string_view text);
-// Throws InvalidArgument for --qwz with --offload optimizer: qwZ quantizes from the master in
-// memory.
-void check_offload_modes(bool offload, bool qwz);
+// --offload's value: "none", "optimizer" or "optimizer,params". Throws InvalidArgument naming
+// the text and what is accepted.
+Offload parse_offload(std::string_view text);
+std::string_view offload_name(Offload o);
+// Throws InvalidArgument for what offload cannot be combined with: --qwz (it quantizes from
+// the master in memory); with parameters, stages 0-2 (every rank computes on its full copy)
+// and --offload-overlap (the next forward would read parameter shards still being written).
+void check_offload_modes(Offload offload, bool qwz, int stage = 3, bool overlap = false);
 
 // Resolves size presets and defaults in place; throws InvalidArgument naming bad values.
 void resolve_config(TrainConfig& config);

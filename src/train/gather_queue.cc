@@ -55,13 +55,14 @@ void QuantizedGather::finish(const UnitState& state, size_t u, size_t slot, Flat
 
 GatherQueue::GatherQueue(ShardGroup& group, std::vector<UnitState>& units, std::vector<Flat>& slots,
                          std::vector<size_t> order, HpzCopy* hpz, QuantizedGather* qwz,
-                         std::function<void(size_t)> before_issue)
+                         OffloadTier* offload, std::function<void(size_t)> before_issue)
     : group_(group),
       units_(units),
       slots_(slots),
       order_(std::move(order)),
       hpz_(hpz),
       qwz_(qwz),
+      offload_(offload != nullptr && offload->holds_params() ? offload : nullptr),
       before_issue_(std::move(before_issue)) {
   while (issued_ < order_.size() && issued_ < slots_.size()) issue();
 }
@@ -85,6 +86,11 @@ void GatherQueue::issue() {
     works_.push_back(hpz_->gather(group_.comm(), order_[issued_], slot));
   } else if (qwz_) {
     works_.push_back(qwz_->issue(group_.comm(), u, order_[issued_], issued_ % slots_.size()));
+  } else if (offload_) {
+    // In place: the shard is read straight into its range of the gathered unit.
+    const MutableBuffer mine = slot.range(u.own.begin, u.own.count());
+    offload_->read_params(order_[issued_], mine.data);
+    works_.push_back(group_.all_gather_async(mine, slot.range(0, u.numel), u.part));
   } else {
     works_.push_back(group_.all_gather_async(u.params.buffer(), slot.range(0, u.numel), u.part));
   }

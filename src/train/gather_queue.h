@@ -9,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "comm/quantize.h"
+#include "train/offload.h"
 #include "train/shard_group.h"
 #include "train/sharded_state.h"
 
@@ -57,12 +58,13 @@ class QuantizedGather {
 class GatherQueue {
  public:
   // Issues the first gathers at once. `order`: the unit indices in the order of the pass.
-  // With `hpz`, units are gathered from the node's copy; else with `qwz`, quantized.
-  // `before_issue(u)` runs before unit u's gather is issued (the offload tier's overlapped
-  // update: the unit's parameters must be updated first).
+  // With `hpz`, units are gathered from the node's copy; else with `qwz`, quantized; else
+  // from `offload` when it holds the parameter shards (each read into its place in the slot
+  // before its gather is issued). `before_issue(u)` runs before unit u's gather is issued
+  // (the offload tier's overlapped update: the unit's parameters must be updated first).
   GatherQueue(ShardGroup& group, std::vector<UnitState>& units, std::vector<Flat>& slots,
               std::vector<size_t> order, HpzCopy* hpz = nullptr, QuantizedGather* qwz = nullptr,
-              std::function<void(size_t)> before_issue = {});
+              OffloadTier* offload = nullptr, std::function<void(size_t)> before_issue = {});
   // Waits for the i-th unit of the order to arrive; returns its slot.
   int acquire(size_t i);
   // The i-th unit is done with its slot: the next gather may reuse it.
@@ -76,6 +78,7 @@ class GatherQueue {
   std::vector<size_t> order_;
   HpzCopy* hpz_;
   QuantizedGather* qwz_;
+  OffloadTier* offload_;
   std::function<void(size_t)> before_issue_;
   std::vector<Work> works_;
   size_t issued_ = 0;

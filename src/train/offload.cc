@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <fmt/core.h>
 
 #include "models/init.h"
+#include "train/flat.h"
 #include "train/plan.h"
 
 namespace zerodp {
@@ -18,62 +20,91 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kBlockElements = kOffloadAlign / 4;
-
 uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
-
-// Each unit's first byte in the file, and the file's size last.
-std::vector<uint64_t> unit_bases(const ShardedState& state) {
-  const uint64_t arrays = state.fp32() ? 2 : 3;
-  std::vector<uint64_t> base{0};
-  for (const UnitState& u : state.units()) {
-    base.push_back(base.back() + arrays * offload_region_bytes(u.opt_range.count()));
-  }
-  return base;
-}
 
 }  // namespace
 
-OffloadTier::OffloadTier(ShardedState& state, const std::filesystem::path& dir, int rank,
-                         uint64_t piece, MemoryLedger& ledger)
+std::vector<OffloadTier::Region> OffloadTier::regions_for(bool fp32, bool params) {
+  std::vector<Region> r;
+  if (params && !fp32) r.push_back({kParams, 2});
+  if (!fp32) r.push_back({kMaster, 4});
+  if (fp32 && params) r.push_back({kMaster | kParams, 4});
+  r.push_back({kAdamM, 4});
+  r.push_back({kAdamV, 4});
+  return r;
+}
+
+OffloadTier::OffloadTier(ShardedState& state, Offload offload, const std::filesystem::path& dir,
+                         int rank, uint64_t piece, MemoryLedger& ledger)
     : state_(state),
-      fp32_(state.fp32()),
+      params_(offload == Offload::kParams),
+      regions_(regions_for(state.fp32(), params_)),
       piece_(piece),
-      unit_base_(unit_bases(state)),
+      block_(offload_block_elements(offload, state.fp32() ? Precision::kFP32 : Precision::kBF16)),
+      slot_bytes_(0),
+      unit_base_([&] {
+        std::vector<uint64_t> base{0};
+        for (const UnitState& u : state.units()) {
+          uint64_t bytes = 0;
+          for (const Region& r : regions_) {
+            bytes += offload_region_bytes(u.opt_range.count(), r.element_bytes);
+          }
+          base.push_back(base.back() + bytes);
+        }
+        return base;
+      }()),
       file_(dir, fmt::format("zerodp-offload-{}-rank{}", ::getpid(), rank), unit_base_.back(),
             /*direct=*/true) {
-  if (piece_ == 0 || piece_ % kBlockElements != 0) {
+  if (offload == Offload::kNone) throw std::logic_error("offload: a tier of nothing");
+  if (piece_ == 0 || piece_ % block_ != 0) {
     throw std::logic_error(fmt::format("offload: piece of {} elements is not whole {}-byte blocks",
                                        piece_, kOffloadAlign));
   }
-  const uint64_t slot_bytes = static_cast<uint64_t>(arrays_in_file()) * piece_ * 4;
+  for (const Region& r : regions_) slot_bytes_ += piece_ * r.element_bytes;
   staging_ =
-      Buffer<std::byte>(ledger, MemCategory::kOffloadStaging, 2 * slot_bytes + kOffloadAlign);
+      Buffer<std::byte>(ledger, MemCategory::kOffloadStaging, 2 * slot_bytes_ + kOffloadAlign);
   const auto at = reinterpret_cast<uintptr_t>(staging_.data());
   aligned_ = staging_.data() + (round_up(at, kOffloadAlign) - at);
   ledger.add_disk(file_.size());
 }
 
-std::span<float> OffloadTier::slot(int s, int array) {
-  const size_t index = static_cast<size_t>(s * arrays_in_file() + array);
-  return {reinterpret_cast<float*>(aligned_) + index * piece_, piece_};
+std::byte* OffloadTier::slot(int s, size_t r) {
+  std::byte* p = aligned_ + static_cast<size_t>(s) * slot_bytes_;
+  for (size_t k = 0; k < r; ++k) p += piece_ * regions_[k].element_bytes;
+  return p;
 }
 
-uint64_t OffloadTier::offset(size_t u, int array, size_t e) const {
-  const uint64_t region = offload_region_bytes(state_.units()[u].opt_range.count());
-  return unit_base_[u] + static_cast<uint64_t>(array) * region + e * 4;
+uint64_t OffloadTier::offset(size_t u, size_t r, size_t e) const {
+  const uint64_t n = state_.units()[u].opt_range.count();
+  uint64_t at = unit_base_[u];
+  for (size_t k = 0; k < r; ++k) at += offload_region_bytes(n, regions_[k].element_bytes);
+  return at + e * regions_[r].element_bytes;
 }
 
 void OffloadTier::initialize(uint64_t seed) {
-  if (fp32_) return;  // the params are the master, initialized in memory
+  const bool fp32 = state_.fp32();
+  if (fp32 && !params_) return;  // the params are the master, initialized in memory
   std::vector<Job> jobs;
   for (size_t i = 0; i < state_.units().size(); ++i) {
-    jobs.push_back({i, {0, state_.units()[i].opt_range.count()}, kMaster});
+    jobs.push_back(
+        {i, {0, state_.units()[i].opt_range.count()}, kMaster | (params_ && !fp32 ? kParams : 0u)});
   }
   stream(jobs, Access::kWrite, [&](Piece& p) {
     const UnitState& u = state_.units()[p.unit];
     const size_t b = u.opt_range.begin + p.begin;
     initialize_range(seed, *u.unit, b, b + p.size(), p.master);
+    // As ShardedState rounds its in-memory parameters.
+    if (p.params != nullptr && !fp32) narrow(p.master, p.params, state_.dtype(), 0);
+  });
+}
+
+void OffloadTier::read_params(size_t u, void* into) {
+  if (!params_) throw std::logic_error("offload: the parameters are not in the file");
+  const size_t n = state_.units()[u].opt_range.count();
+  const size_t bytes = dtype_size(state_.dtype());
+  const Job job{u, {0, n}, kParams};
+  stream(std::span(&job, 1), Access::kRead, [&](Piece& p) {
+    std::memcpy(static_cast<std::byte*>(into) + p.begin * bytes, p.params, p.count * bytes);
   });
 }
 
@@ -90,37 +121,42 @@ void OffloadTier::stream(std::span<const Job> jobs, Access access,
           fmt::format("offload: job [{}, {}) of unit {} is outside its {} elements",
                       job.range.begin, job.range.end, job.unit, n));
     }
-    for (size_t a = job.range.begin / kBlockElements * kBlockElements; a < job.range.end;
-         a += piece_) {
+    if ((job.arrays & kParams) && !params_) {
+      throw std::logic_error("offload: the parameters are not in the file");
+    }
+    for (size_t a = job.range.begin / block_ * block_; a < job.range.end; a += piece_) {
       const Window w{.job = j,
                      .io_begin = a,
                      .io_end = std::min<size_t>(a + piece_, n),
                      .use_begin = std::max(a, job.range.begin),
                      .use_end = std::min<size_t>(a + piece_, job.range.end)};
       // Writing part of a window without reading it would write the rest as garbage.
-      if (!reading && (w.use_begin != w.io_begin || w.use_end != w.io_end)) {
+      const bool unread = !reading || (writing && job.write_only != 0);
+      if (unread && (w.use_begin != w.io_begin || w.use_end != w.io_end)) {
         throw std::logic_error("offload: a write-only job must cover whole windows");
       }
       windows.push_back(w);
     }
   }
 
-  // The file's arrays a job moves, as indices into the file's regions and a slot's arrays.
-  const auto file_arrays = [&](unsigned arrays) {
-    std::vector<int> out;
-    if (!fp32_ && (arrays & kMaster)) out.push_back(0);
-    if (arrays & kAdamM) out.push_back(fp32_ ? 0 : 1);
-    if (arrays & kAdamV) out.push_back(fp32_ ? 1 : 2);
+  // The file's regions a job's arrays live in.
+  const auto regions = [&](unsigned arrays) {
+    std::vector<size_t> out;
+    for (size_t r = 0; r < regions_.size(); ++r) {
+      if (regions_[r].arrays & arrays) out.push_back(r);
+    }
     return out;
   };
   const auto issue = [&](size_t k, bool write) {
     const Window& w = windows[k];
     const Job& job = jobs[w.job];
-    const uint64_t bytes = round_up((w.io_end - w.io_begin) * 4, kOffloadAlign);
     std::vector<IoWork> works;
-    for (int a : file_arrays(job.arrays)) {
-      std::byte* buf = reinterpret_cast<std::byte*>(slot(static_cast<int>(k % 2), a).data());
-      const uint64_t at = offset(job.unit, a, w.io_begin);
+    for (size_t r : regions(job.arrays)) {
+      if (!write && (regions_[r].arrays & job.write_only)) continue;
+      const uint64_t eb = regions_[r].element_bytes;
+      const uint64_t bytes = round_up((w.io_end - w.io_begin) * eb, kOffloadAlign);
+      std::byte* buf = slot(static_cast<int>(k % 2), r);
+      const uint64_t at = offset(job.unit, r, w.io_begin);
       works.push_back(write ? file_.write_async(at, std::span<const std::byte>(buf, bytes))
                             : file_.read_async(at, std::span<std::byte>(buf, bytes)));
       (write ? counters_.bytes_written : counters_.bytes_read) += bytes;
@@ -161,26 +197,32 @@ void OffloadTier::stream(std::span<const Job> jobs, Access access,
     wait(reads[s]);
     const Window& w = windows[k];
     const Job& job = jobs[w.job];
+    const size_t skip = w.use_begin - w.io_begin, len = w.use_end - w.use_begin;
     Piece p{.job = w.job,
             .unit = job.unit,
             .begin = w.use_begin,
             .first = k == 0 || windows[k - 1].job != w.job,
             .last = k + 1 == windows.size() || windows[k + 1].job != w.job,
+            .count = len,
             .master = {},
             .m = {},
-            .v = {}};
-    const size_t skip = w.use_begin - w.io_begin, len = w.use_end - w.use_begin;
-    const auto view = [&](int a) { return slot(static_cast<int>(s), a).subspan(skip, len); };
-    if (job.arrays & kMaster) {
-      if (fp32_) {
-        UnitState& u = state_.units()[job.unit];
-        p.master = {static_cast<float*>(u.params.data()) + u.params_opt + w.use_begin, len};
-      } else {
-        p.master = view(0);
-      }
+            .v = {},
+            .params = nullptr};
+    for (size_t r = 0; r < regions_.size(); ++r) {
+      const unsigned asked = regions_[r].arrays & job.arrays;
+      if (asked == 0) continue;
+      std::byte* at = slot(static_cast<int>(s), r) + skip * regions_[r].element_bytes;
+      const std::span<float> view(reinterpret_cast<float*>(at), len);
+      if (asked & kMaster) p.master = view;
+      if (asked & kAdamM) p.m = view;
+      if (asked & kAdamV) p.v = view;
+      if (asked & kParams) p.params = at;
     }
-    if (job.arrays & kAdamM) p.m = view(fp32_ ? 0 : 1);
-    if (job.arrays & kAdamV) p.v = view(fp32_ ? 1 : 2);
+    if ((job.arrays & kMaster) && p.master.empty()) {
+      // fp32 with the parameters in memory: they are the master.
+      UnitState& u = state_.units()[job.unit];
+      p.master = {static_cast<float*>(u.params.data()) + u.params_opt + w.use_begin, len};
+    }
     f(p);
     if (writing) writes[s] = issue(k, true);
   }

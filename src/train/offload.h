@@ -1,13 +1,16 @@
-// The offload tier (--offload optimizer, docs/offload.md): a rank's optimizer states (fp32
-// master, adam_m, adam_v of every unit's optimizer range) kept in a scratch file instead of
-// memory, and streamed through two staging slots: while the caller computes on one piece,
-// the file's worker writes the previous piece back and reads the next one in.
+// The offload tier (--offload, docs/offload.md): a rank's optimizer states (fp32 master,
+// adam_m, adam_v of every unit's optimizer range) and, with optimizer,params at stage 3, its
+// parameter shards, kept in a scratch file instead of memory and streamed through two
+// staging slots: while the caller computes on one piece, the file's worker writes the
+// previous piece back and reads the next one in.
 //
-// File layout, per unit in model order: a region for master (16-bit runs only: at fp32 the
-// params are the master and stay in memory), then adam_m, then adam_v, each of the unit's
-// optimizer range, padded to whole kOffloadAlign blocks (train/plan.h). A piece is an
-// aligned window of kOffloadPiece elements (fewer for small units) of one unit, so every
-// read and write is aligned for O_DIRECT.
+// File layout, per unit in model order, one region per array of the unit's optimizer range
+// (at stage 3 that is the parameter shard), each padded to whole kOffloadAlign blocks
+// (train/plan.h): the 16-bit parameters (optimizer,params only), master (16-bit runs; at fp32
+// the parameters are the master, so it is there only when they are offloaded), adam_m,
+// adam_v. A piece is an aligned window of kOffloadPiece elements (fewer for small units) of
+// one unit, a whole number of blocks in every region, so every read and write is aligned
+// for O_DIRECT.
 //
 // The values streamed are the values an in-memory run holds, byte for byte: the tier moves
 // bits, it never converts them, so an offloaded run is bit-identical to the same run without.
@@ -29,8 +32,9 @@ namespace zerodp {
 
 class OffloadTier {
  public:
-  // Which arrays a job streams (a bit set).
-  enum Arrays : unsigned { kMaster = 1, kAdamM = 2, kAdamV = 4, kAll = 7 };
+  // Which arrays a job streams (a bit set). kParams: the parameters in their dtype (at fp32
+  // the same region as kMaster); only when the tier holds them.
+  enum Arrays : unsigned { kMaster = 1, kAdamM = 2, kAdamV = 4, kAll = 7, kParams = 8 };
   enum class Access {
     kRead,       // pieces are read in; what the callback changes is dropped
     kWrite,      // pieces start undefined and are written out (jobs must cover whole windows)
@@ -41,6 +45,9 @@ class OffloadTier {
     size_t unit = 0;
     Range range;
     unsigned arrays = kAll;
+    // Of `arrays`, those not read in before the callback (it overwrites them) under kReadWrite;
+    // the job must then cover whole windows.
+    unsigned write_only = 0;
   };
   struct Piece {
     size_t job = 0;
@@ -48,10 +55,12 @@ class OffloadTier {
     size_t begin = 0;    // in the unit's optimizer range
     bool first = false;  // the job's first piece
     bool last = false;   // the job's last piece
-    // The arrays the job asked for, [begin, begin + size) of each; empty otherwise. At fp32,
-    // master is the params' own memory.
+    size_t count = 0;
+    // The arrays the job asked for, [begin, begin + count) of each; empty otherwise. At fp32
+    // without kParams in the file, master is the params' own memory.
     std::span<float> master, m, v;
-    size_t size() const { return master.empty() ? m.size() : master.size(); }
+    void* params = nullptr;  // count elements of the state's dtype
+    size_t size() const { return count; }
   };
 
   // Creates rank `rank`'s file under `dir` for `state`'s units, sized as
@@ -59,12 +68,17 @@ class OffloadTier {
   // and the file's bytes noted as its disk bytes. `piece`: elements per staged window
   // (TransientLayout::offload_piece). Throws as StateFile does when the directory cannot
   // hold the file.
-  OffloadTier(ShardedState& state, const std::filesystem::path& dir, int rank, uint64_t piece,
-              MemoryLedger& ledger);
+  OffloadTier(ShardedState& state, Offload offload, const std::filesystem::path& dir, int rank,
+              uint64_t piece, MemoryLedger& ledger);
 
-  // Writes the starting master weights (the pure init function's values of every optimizer
-  // range); the moments start at zero, which the reserved file reads as.
+  // Writes the starting master weights (and parameters) as the pure init function gives
+  // them for every optimizer range; the moments start at zero, which the reserved file reads
+  // as.
   void initialize(uint64_t seed);
+
+  bool holds_params() const { return params_; }
+  // Reads unit u's parameter shard (its optimizer range, in the state's dtype) into `into`.
+  void read_params(size_t u, void* into);
 
   // Streams the jobs' pieces in order, calling f on each. Reads run one piece ahead of f,
   // writes behind it. Returns when every write is on disk (in the page cache without
@@ -87,14 +101,23 @@ class OffloadTier {
     size_t io_begin = 0, io_end = 0;    // the aligned window read or written
     size_t use_begin = 0, use_end = 0;  // the part the caller sees
   };
-  std::span<float> slot(int s, int array);
-  // The file offset of `array` (0 master, 1 adam_m, 2 adam_v) of unit u at element e.
-  uint64_t offset(size_t u, int array, size_t e) const;
-  int arrays_in_file() const { return fp32_ ? 2 : 3; }
+  // One array's region in every unit: which Arrays bits it serves and its element size.
+  struct Region {
+    unsigned arrays = 0;
+    uint64_t element_bytes = 4;
+  };
+  static std::vector<Region> regions_for(bool fp32, bool params);
+  // Region r of staging slot s.
+  std::byte* slot(int s, size_t r);
+  // The file offset of region r of unit u at element e.
+  uint64_t offset(size_t u, size_t r, size_t e) const;
 
   ShardedState& state_;
-  bool fp32_;
+  bool params_;
+  std::vector<Region> regions_;
   uint64_t piece_;
+  uint64_t block_;                   // elements per kOffloadAlign block of the narrowest region
+  uint64_t slot_bytes_;              // one staging slot: a piece of every region
   std::vector<uint64_t> unit_base_;  // each unit's first byte in the file
   StateFile file_;
   Buffer<std::byte> staging_;

@@ -86,7 +86,8 @@ void OptimizerStep::update(double lr, double coef) {
   if (offload_ == nullptr) {
     for (auto& u : units) {
       if (u.opt_range.count() > 0) {
-        update_range(u, 0, u.master_values(), u.adam_m.span(), u.adam_v.span(), ac, c, chunk_);
+        update_range(u, 0, u.master_values(), u.adam_m.span(), u.adam_v.span(), u.params.data(),
+                     u.params_opt, ac, c, chunk_);
       }
       gather(u);
     }
@@ -120,9 +121,11 @@ void OptimizerStep::update(double lr, double coef) {
 void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<float> chunk,
                                   bool gathers) {
   std::vector<UnitState>& units = state_.units();
+  // Parameters the file holds are rounded from the master, never read.
+  const unsigned params = offload_->holds_params() && !state_.fp32() ? OffloadTier::kParams : 0u;
   std::vector<OffloadTier::Job> jobs;
   for (size_t i = 0; i < units.size(); ++i) {
-    jobs.push_back({i, {0, units[i].opt_range.count()}, OffloadTier::kAll});
+    jobs.push_back({i, {0, units[i].opt_range.count()}, OffloadTier::kAll | params, params});
   }
   size_t done = 0;  // units whose update (and gather) is finished
   const auto finished = [&](size_t upto) {
@@ -134,7 +137,13 @@ void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<f
     ready_cv_.notify_all();
   };
   offload_->stream(jobs, OffloadTier::Access::kReadWrite, [&](OffloadTier::Piece& p) {
-    update_range(units[p.unit], p.begin, p.master, p.m, p.v, ac, coef, chunk);
+    UnitState& u = units[p.unit];
+    if (p.params != nullptr) {
+      update_range(u, p.begin, p.master, p.m, p.v, p.params, 0, ac, coef, chunk);
+    } else {
+      update_range(u, p.begin, p.master, p.m, p.v, u.params.data(), u.params_opt + p.begin, ac,
+                   coef, chunk);
+    }
     if (p.last) finished(p.unit + 1);
   });
   finished(units.size());
@@ -172,8 +181,9 @@ OptimizerStep::~OptimizerStep() {
 }
 
 void OptimizerStep::update_range(UnitState& u, size_t begin, std::span<float> master,
-                                 std::span<float> m, std::span<float> v, const AdamWConfig& ac,
-                                 float coef, std::span<float> chunk) {
+                                 std::span<float> m, std::span<float> v, void* params,
+                                 size_t params_at, const AdamWConfig& ac, float coef,
+                                 std::span<float> chunk) {
   const size_t end = begin + master.size();
   for (const DecaySegment& s : u.decay) {
     const size_t lo = std::max(s.begin, begin), hi = std::min(s.end, end);
@@ -198,7 +208,7 @@ void OptimizerStep::update_range(UnitState& u, size_t begin, std::span<float> ma
       adamw_update(shard, s.decay, ac, adam_step_, coef);
     }
   }
-  if (!state_.fp32()) narrow(master, u.params.data(), state_.dtype(), u.params_opt + begin);
+  if (!state_.fp32()) narrow(master, params, state_.dtype(), params_at);
 }
 
 void OptimizerStep::gather(UnitState& u) {

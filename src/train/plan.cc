@@ -46,7 +46,8 @@ uint64_t sum_over_ranks(uint64_t numel, int world, int first, int count, int ste
 }  // namespace
 
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                             Precision precision, int rank, bool fp32_accumulator, bool offload) {
+                             Precision precision, int rank, bool fp32_accumulator,
+                             Offload offload) {
   check_rank(world, rank);
   const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce, fp32_accumulator);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
@@ -55,9 +56,16 @@ StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, in
   for (uint64_t numel : unit_numel) {
     const uint64_t own = own_count(numel, world, rank);
     const uint64_t opt = StagePlan::count(sp.optimizer, own, numel);
-    b.params += StagePlan::count(sp.params, own, numel) * w;
+    const uint64_t params = StagePlan::count(sp.params, own, numel);
     b.grads += StagePlan::count(sp.grads, own, numel) * gw;
-    if (offload) {
+    if (offload == Offload::kParams) {
+      // Stage 3 (config checks it): the parameters are the optimizer range.
+      const bool fp32 = precision == Precision::kFP32;
+      b.nvme += 3 * offload_region_bytes(opt) + (fp32 ? 0 : offload_region_bytes(params, w));
+      continue;
+    }
+    b.params += params * w;
+    if (offload == Offload::kOptimizer) {
       const uint64_t arrays = precision == Precision::kFP32 ? 2 : 3;
       b.nvme += arrays * offload_region_bytes(opt);
       continue;
@@ -70,7 +78,7 @@ StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, in
 }
 
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                                 Precision precision, bool fp32_accumulator, bool offload) {
+                                 Precision precision, bool fp32_accumulator, Offload offload) {
   // Balanced partitions give rank 0 the largest range of every unit.
   return model_state_bytes(unit_numel, world, stage, precision, 0, fp32_accumulator, offload);
 }
@@ -288,9 +296,11 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
       }
     }
   }
-  if (p.offload) {
-    l.offload_arrays = fp32 ? 2 : 3;
-    const uint64_t per_block = kOffloadAlign / 4;
+  if (p.offload != Offload::kNone) {
+    const bool params = p.offload == Offload::kParams;
+    l.offload_arrays = fp32 && !params ? 2 : 3;
+    l.offload_param_bytes = params && !fp32 ? 2 : 0;
+    const uint64_t per_block = offload_block_elements(p.offload, p.precision);
     const uint64_t piece = p.offload_piece > 0 ? p.offload_piece : kOffloadPiece;
     l.offload_piece =
         std::max(per_block, std::min(piece, (max_opt + per_block - 1) / per_block * per_block));
@@ -324,8 +334,9 @@ TransientBytes transient_bytes(const TransientLayout& l) {
                    static_cast<uint64_t>(l.gathered_slots) * l.qwz_staging;
   b.hpz_params = sum(l.hpz) * l.dtype_bytes;
   if (l.offload_arrays > 0) {
-    b.offload_staging =
-        2 * static_cast<uint64_t>(l.offload_arrays) * l.offload_piece * 4 + kOffloadAlign;
+    b.offload_staging = 2 * (static_cast<uint64_t>(l.offload_arrays) * 4 + l.offload_param_bytes) *
+                            l.offload_piece +
+                        kOffloadAlign;
   }
   return b;
 }
@@ -346,15 +357,24 @@ std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Preci
   };
   // Offload keeps only the params and grads in memory; worth naming when no stage fits here.
   if (name_offload && !fits(3, world)) {
-    for (int stage = 0; stage <= 3; ++stage) {
-      const uint64_t need =
-          max_model_state_bytes(unit_numel, world, stage, precision, fp32_accumulator, true)
-              .total();
+    bool named = false;
+    for (int stage = 0; stage <= 3 && !named; ++stage) {
+      const uint64_t need = max_model_state_bytes(unit_numel, world, stage, precision,
+                                                  fp32_accumulator, Offload::kOptimizer)
+                                .total();
       if (need <= budget_bytes) {
         s += fmt::format("; with --offload optimizer, stage {} would hold {} in memory", stage,
                          format_bytes(static_cast<double>(need)));
-        break;
+        named = true;
       }
+    }
+    // Then only the gradients stay: stage 3 with its parameter shards on disk too.
+    const uint64_t need =
+        max_model_state_bytes(unit_numel, world, 3, precision, fp32_accumulator, Offload::kParams)
+            .total();
+    if (!named && need <= budget_bytes) {
+      s += fmt::format("; with --offload optimizer,params, stage 3 would hold {} in memory",
+                       format_bytes(static_cast<double>(need)));
     }
   }
   const std::string tail =

@@ -20,21 +20,27 @@ struct StateBytes {
   uint64_t master = 0;
   uint64_t adam_m = 0;
   uint64_t adam_v = 0;
-  // Under --offload optimizer, master, adam_m and adam_v live in the rank's offload file:
-  // the three are 0 here and `nvme` is the file's size. Not part of total(), which is memory.
+  // Under --offload optimizer, master, adam_m and adam_v live in the rank's offload file
+  // (and with optimizer,params the parameter shards): those are 0 here and `nvme` is the
+  // file's size. Not part of total(), which is memory.
   uint64_t nvme = 0;
   uint64_t total() const { return params + grads + master + adam_m + adam_v; }
 };
 
-// The offload file's layout (train/offload.h): per unit, one region each for master (16-bit
-// runs only), adam_m and adam_v of the optimizer range, every region padded to whole
-// kOffloadAlign-byte blocks so O_DIRECT can read any piece of it.
+// The offload file's layout (train/offload.h): per unit, one region each for the 16-bit
+// parameters (optimizer,params only), master (16-bit runs, or fp32 with parameters: there
+// the master is the parameters), adam_m and adam_v of the optimizer range, every region
+// padded to whole kOffloadAlign-byte blocks so O_DIRECT can read any piece of it.
 inline constexpr uint64_t kOffloadAlign = 4096;
 // Elements per staged piece (4 MiB of fp32 per array): large enough that one read or write
 // runs at the disk's sequential speed, small enough that the staging stays a few MiB.
 inline constexpr uint64_t kOffloadPiece = uint64_t{1} << 20;
-inline uint64_t offload_region_bytes(uint64_t elements) {
-  return (elements * 4 + kOffloadAlign - 1) / kOffloadAlign * kOffloadAlign;
+inline uint64_t offload_region_bytes(uint64_t elements, uint64_t element_bytes = 4) {
+  return (elements * element_bytes + kOffloadAlign - 1) / kOffloadAlign * kOffloadAlign;
+}
+// A piece's elements must fill whole blocks in every region: 1024 fp32, 2048 16-bit.
+inline uint64_t offload_block_elements(Offload o, Precision p) {
+  return kOffloadAlign / (o == Offload::kParams && p != Precision::kFP32 ? 2 : 4);
 }
 
 // Every function below costs O(units) per call, whatever the world size, so a loop over
@@ -44,14 +50,14 @@ inline uint64_t offload_region_bytes(uint64_t elements) {
 // or 4 at fp32), fp32 master (none at fp32) and Adam moments; each full or the rank's
 // partition range of every unit, as the stage's switches say. `fp32_accumulator` (the
 // canonical order with A > 1, config.h): at stages 2-3 the grads are held in fp32.
-// `offload`: --offload optimizer (master, adam_m, adam_v counted in `nvme`, on disk).
+// `offload`: what is counted in `nvme`, on disk, instead (kParams only at stage 3).
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                              Precision precision, int rank, bool fp32_accumulator = false,
-                             bool offload = false);
+                             Offload offload = Offload::kNone);
 // The largest over ranks (rank 0 holds the largest ranges).
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                                  Precision precision, bool fp32_accumulator = false,
-                                 bool offload = false);
+                                 Offload offload = Offload::kNone);
 // The sum over all `world` ranks of model_state_bytes, in closed form: the ranges of a unit
 // add up to the unit, so a sharded state sums to one copy and a replicated one to `world`.
 StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
@@ -135,10 +141,10 @@ struct TransientPlan {
   int seq_len = 1;   // tokens per sample (1 for images)
   bool text = true;  // token inputs (else features_per_sample floats per sample)
   uint64_t features_per_sample = 0;
-  int hpz_node_ranks = 0;      // hpZ's secondary copy over this many ranks (0 = off)
-  size_t qwz_block = 0;        // qwZ's elements per scale (0 = off)
-  bool offload = false;        // --offload optimizer: the staging of the offload file's pieces
-  uint64_t offload_piece = 0;  // elements per piece; 0 = kOffloadPiece
+  int hpz_node_ranks = 0;            // hpZ's secondary copy over this many ranks (0 = off)
+  size_t qwz_block = 0;              // qwZ's elements per scale (0 = off)
+  Offload offload = Offload::kNone;  // the staging of the offload file's pieces
+  uint64_t offload_piece = 0;        // elements per piece; 0 = kOffloadPiece
 };
 struct TransientLayout {
   // Activations, fp32 unless said: the stream between units (unit u's input, then the
@@ -176,11 +182,13 @@ struct TransientLayout {
   // Bytes: qwZ's staging of every rank's int8 payload, one per gather slot, sized for the
   // largest unit (comm_buffers).
   uint64_t qwz_staging = 0;
-  // --offload optimizer: two slots (one computed on while the other's I/O runs) of
-  // `offload_arrays` arrays (master, adam_m, adam_v; 2 at fp32, whose master stays in
-  // memory as the params) of `offload_piece` fp32 elements, plus kOffloadAlign bytes to
-  // align them for O_DIRECT.
+  // --offload: two slots (one computed on while the other's I/O runs) of `offload_arrays`
+  // fp32 arrays (master, adam_m, adam_v; at fp32 2 unless the parameters, which are the
+  // master there, are offloaded too) and, with 16-bit parameters offloaded, one array of
+  // `offload_param_bytes` per element, each of `offload_piece` elements; plus kOffloadAlign
+  // bytes to align them for O_DIRECT.
   int offload_arrays = 0;
+  uint64_t offload_param_bytes = 0;
   uint64_t offload_piece = 0;
 };
 TransientLayout transient_layout(const Model& model, const TransientPlan& plan, int rank);

@@ -45,7 +45,7 @@ TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int
       .hpz_node_ranks =
           cfg.hpz ? (cfg.launch.comm.node_ranks > 0 ? cfg.launch.comm.node_ranks : world) : 0,
       .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.qwz_block) : 0,
-      .offload = cfg.offload_optimizer,
+      .offload = cfg.offload,
       .offload_piece = cfg.offload_piece};
 }
 
@@ -110,10 +110,10 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                               .seed = cfg.seed}),
       state_(model_, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg)),
              cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed,
-             group_.size(), group_.index(), ledger_, cfg.offload_optimizer),
-      offload_(cfg.offload_optimizer
-                   ? std::optional<OffloadTier>(std::in_place, state_, cfg.offload_dir, comm.rank(),
-                                                layout_.offload_piece, ledger_)
+             group_.size(), group_.index(), ledger_, cfg.offload),
+      offload_(cfg.offload != Offload::kNone
+                   ? std::optional<OffloadTier>(std::in_place, state_, cfg.offload, cfg.offload_dir,
+                                                comm.rank(), layout_.offload_piece, ledger_)
                    : std::nullopt),
       buf_(ledger_, layout_, state_.dtype()),
       hpz_(cfg.hpz && state_.plan().gather_before_compute
@@ -194,7 +194,7 @@ double RankTrainer::forward() {
     std::vector<size_t> order(U);
     for (size_t i = 0; i < U; ++i) order[i] = i;
     gathers.emplace(group_, state_.units(), buf_.gathered, order, nullptr, qwz_ ? &*qwz_ : nullptr,
-                    [this](size_t u) { wait_for_update(u); });
+                    offload(), [this](size_t u) { wait_for_update(u); });
   }
   for (size_t i = 0; i < U; ++i) {
     if (!gathers) wait_for_update(i);
@@ -217,7 +217,7 @@ void RankTrainer::backward() {
     std::vector<size_t> order(U);
     for (size_t i = 0; i < U; ++i) order[i] = U - 1 - i;
     gathers.emplace(group_, state_.units(), buf_.gathered, order, hpz_ ? &*hpz_ : nullptr,
-                    qwz_ ? &*qwz_ : nullptr);
+                    qwz_ ? &*qwz_ : nullptr, offload());
   }
   std::span<float> dout;  // the head starts from mb.loss_grad_scale
   Buffer<float>* din_buf = &buf_.dx_a;

@@ -135,7 +135,7 @@ nlohmann::json report_json(const TrainResult& r) {
     rj[key::kModelStateBytes] = states;
     rj[key::kPeakBytes] = peak;
     rj[key::kOutsideLedgerBytes] = {{key::kGemmBf16Copies, rank.gemm_bf16_copy_bytes}};
-    if (r.config.offload_optimizer) {
+    if (r.config.offload != Offload::kNone) {
       rj["nvme_bytes"] = rank.nvme_bytes;
       rj["offload_io"] = {{"bytes_read", rank.offload_bytes_read},
                           {"bytes_written", rank.offload_bytes_written},
@@ -154,14 +154,14 @@ nlohmann::json report_json(const TrainResult& r) {
   for (int rank = 0; rank < r.world_size; ++rank) {
     const StateBytes s =
         model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
-                          shard_index(c, rank), fp32_accumulator(c), c.offload_optimizer);
+                          shard_index(c, rank), fp32_accumulator(c), c.offload);
     plan_states.push_back({{name(MemCategory::kParams), s.params},
                            {name(MemCategory::kGrads), s.grads},
                            {name(MemCategory::kMaster), s.master},
                            {name(MemCategory::kAdamM), s.adam_m},
                            {name(MemCategory::kAdamV), s.adam_v},
                            {key::kTotal, s.total()}});
-    if (c.offload_optimizer) plan_states.back()["nvme"] = s.nvme;
+    if (c.offload != Offload::kNone) plan_states.back()["nvme"] = s.nvme;
     const CommBytes cb =
         comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
                             c.accumulate, canonical_order(c), rank, comm_modes_of(c));
@@ -182,7 +182,7 @@ std::string summary_table(const TrainResult& r) {
   // Nodes given: the part of the traffic that crossed them, a column of its own.
   const bool nodes = r.config.launch.comm.node_ranks > 0;
   // Offloaded: the states on disk, a column of their own (not in the memory total).
-  const bool nvme = r.config.offload_optimizer;
+  const bool nvme = r.config.offload != Offload::kNone;
   out +=
       fmt::format("{:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10}{}{}\n",
                   "rank", "params", "grads", "master", "adam_m+v", "gathered", "activations",
@@ -218,8 +218,12 @@ std::string formula_table(const TrainResult& r) {
   std::string out =
       fmt::format("Measured against the ZeRO formulas (stage {}, {} ranks, Φ = {}, A = {}, {}):\n",
                   c.stage, r.world_size, r.params, c.grad_accum, accumulate_name(c.accumulate));
-  if (c.offload_optimizer) {
+  if (c.offload == Offload::kOptimizer) {
     out += "(states in memory: --offload optimizer keeps master and Adam moments on disk)\n";
+  } else if (c.offload == Offload::kParams) {
+    out +=
+        "(states in memory: --offload optimizer,params keeps master, Adam moments and the "
+        "parameter shards on disk)\n";
   }
   out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", "rank", "states", "formula",
                      "", "comm/step", "formula", "");
@@ -227,7 +231,7 @@ std::string formula_table(const TrainResult& r) {
   for (const auto& rank : r.ranks) {
     const StateBytes plan =
         model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
-                          shard_index(c, rank.rank), fp32_accumulator(c), c.offload_optimizer);
+                          shard_index(c, rank.rank), fp32_accumulator(c), c.offload);
     uint64_t states = 0;
     for (int k = 0; k <= static_cast<int>(MemCategory::kAdamV); ++k) states += rank.model_state[k];
     uint64_t comm = 0;

@@ -113,16 +113,16 @@ void check_offload_dir(const std::string& dir, uint64_t bytes, int ranks) {
   const auto status = std::filesystem::status(dir, ec);
   if (!std::filesystem::is_directory(status)) {
     throw InvalidArgument(fmt::format(
-        "--offload-dir {} {}; give a directory on a disk with room for {} of optimizer states", dir,
+        "--offload-dir {} {}; give a directory on a disk with room for {} of offloaded states", dir,
         std::filesystem::exists(status) ? "is not a directory" : "does not exist",
         format_bytes(static_cast<double>(bytes))));
   }
   const auto space = std::filesystem::space(dir, ec);
   if (!ec && space.available < bytes) {
     throw InvalidArgument(fmt::format(
-        "--offload-dir {} has {} free, but this process's {} rank(s) keep {} of optimizer "
+        "--offload-dir {} has {} free, but this process's {} rank(s) keep {} of offloaded "
         "states there; free space, use another directory, a higher --stage or more ranks "
-        "(zerodp estimate --offload optimizer says what each needs)",
+        "(zerodp estimate --offload ... says what each needs)",
         dir, format_bytes(static_cast<double>(space.available)), ranks,
         format_bytes(static_cast<double>(bytes))));
   }
@@ -143,48 +143,56 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
   for (const auto& u : model) numel.push_back(u->numel());
   const bool local = cfg.launch.backend == Backend::kLocal;
   const TransientPlan plan = transient_plan(cfg, data, shard_ranks(cfg, world));
-  TransientPlan offloaded_plan = plan;
-  offloaded_plan.offload = true;
-  // A rank's memory and disk bytes, as run or with --offload optimizer.
-  const auto bytes = [&](int r, bool offload) {
+  // A rank's memory and disk bytes with `offload`.
+  const auto bytes = [&](int r, Offload offload) {
     const StateBytes s = model_state_bytes(numel, shard_ranks(cfg, world), cfg.stage, cfg.precision,
                                            shard_index(cfg, r), fp32_accumulator(cfg), offload);
-    return std::pair(
-        s.total() +
-            transient_bytes(model, offload ? offloaded_plan : plan, shard_index(cfg, r)).total(),
-        s.nvme);
+    TransientPlan p = plan;
+    p.offload = offload;
+    return std::pair(s.total() + transient_bytes(model, p, shard_index(cfg, r)).total(), s.nvme);
   };
-  uint64_t process = 0, worst = 0, disk = 0, worst_offloaded = 0;
+  uint64_t process = 0, worst = 0, disk = 0;
   int worst_rank = my_rank;
-  for (int r = local ? 0 : my_rank; r < (local ? world : my_rank + ranks_here); ++r) {
-    const auto [need, nvme] = bytes(r, cfg.offload_optimizer);
+  const int first = local ? 0 : my_rank, last = local ? world : my_rank + ranks_here;
+  for (int r = first; r < last; ++r) {
+    const auto [need, nvme] = bytes(r, cfg.offload);
     process += need;
     disk += nvme;
     if (need > worst) {
       worst = need;
       worst_rank = r;
     }
-    if (cfg.memory_per_rank && !cfg.offload_optimizer) {
-      worst_offloaded = std::max(worst_offloaded, bytes(r, true).first);
-    }
   }
   if (cfg.memory_per_rank && worst > *cfg.memory_per_rank) {
-    // Offload priced by everything a rank holds, so the planner's states-only clause is off.
-    const bool offload_fits = !cfg.offload_optimizer && worst_offloaded <= *cfg.memory_per_rank;
+    // What the refusal offers: the least offload that fits, priced by everything a rank
+    // holds (so the planner's states-only clause is off).
+    std::string offer;
+    if (cfg.offload == Offload::kNone) {
+      for (const Offload o : {Offload::kOptimizer, Offload::kParams}) {
+        if (o == Offload::kParams && cfg.stage != 3) break;
+        uint64_t need = 0;
+        for (int r = first; r < last; ++r) need = std::max(need, bytes(r, o).first);
+        if (need <= *cfg.memory_per_rank) {
+          offer = fmt::format(
+              "with --offload {} (master weights and Adam moments{} on disk, docs/offload.md) "
+              "it would need {}, which fits; ",
+              offload_name(o), o == Offload::kParams ? " and the parameter shards" : "",
+              format_bytes(static_cast<double>(need)));
+          break;
+        }
+      }
+    }
     throw OutOfMemory(fmt::format(
         "rank {} would need {} (model states, activations and buffers), past its "
         "--memory-per-rank budget of {}; {}{}; or try --checkpoint-activations or a smaller "
         "--micro-batch",
         worst_rank, format_bytes(static_cast<double>(worst)),
-        format_bytes(static_cast<double>(*cfg.memory_per_rank)),
-        offload_fits ? fmt::format("with --offload optimizer (master weights and Adam moments on "
-                                   "disk, docs/offload.md) it would need {}, which fits; ",
-                                   format_bytes(static_cast<double>(worst_offloaded)))
-                     : std::string(),
+        format_bytes(static_cast<double>(*cfg.memory_per_rank)), offer,
         budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank, fp32_accumulator(cfg),
                       /*name_offload=*/false)));
   }
-  if (cfg.offload_optimizer) check_offload_dir(cfg.offload_dir, disk, local ? world : ranks_here);
+  if (cfg.offload != Offload::kNone)
+    check_offload_dir(cfg.offload_dir, disk, local ? world : ranks_here);
   const auto available = available_memory();
   if (available && process > *available) {
     throw OutOfMemory(fmt::format(

@@ -38,6 +38,7 @@ namespace {
 // not keep. `held` covers the optimizer range (all of the unit below stage 3; at stage 3
 // held == own == the optimizer range).
 void initialize(UnitState& u, uint64_t seed) {
+  if (u.params.count == 0 && u.master.empty()) return;
   std::vector<float> tmp;
   constexpr size_t kChunk = 1 << 16;
   for (size_t b = u.held.begin; b < u.held.end; b += kChunk) {
@@ -59,7 +60,7 @@ void initialize(UnitState& u, uint64_t seed) {
 
 ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision precision,
                            bool products_read_bf16, bool decay_all, uint64_t seed, int world,
-                           int rank, MemoryLedger& ledger, bool offload)
+                           int rank, MemoryLedger& ledger, Offload offload)
     : plan_(plan), dtype_(param_dtype(precision)) {
   using E = StagePlan;
   units_.resize(model.size());
@@ -77,11 +78,12 @@ ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision 
     u.grads_own = E::offset(plan.grads, u.own, u.own.begin);
     u.grads_opt = E::offset(plan.grads, u.own, u.opt_range.begin);
     u.opt_own = u.own.begin - u.opt_range.begin;
-    u.params = Flat(ledger, MemCategory::kParams, dtype_, u.held.count());
+    u.params = Flat(ledger, MemCategory::kParams, dtype_,
+                    offload == Offload::kParams ? 0 : u.held.count());
     u.grads = Flat(ledger, MemCategory::kGrads, plan.grads_fp32 ? DType::kF32 : dtype_,
                    E::held(plan.grads, u.own, u.numel).count());
     const size_t opt = u.opt_range.count();
-    if (!offload) {
+    if (offload == Offload::kNone) {
       if (!fp32()) u.master = Buffer<float>(ledger, MemCategory::kMaster, opt);
       u.adam_m = Buffer<float>(ledger, MemCategory::kAdamM, opt);
       u.adam_v = Buffer<float>(ledger, MemCategory::kAdamV, opt);

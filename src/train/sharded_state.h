@@ -61,7 +61,7 @@ struct UnitState {
   Range own;        // this rank's range of the unit's flat buffer
   Range held;       // what `params` holds: own, or all of the unit
   Range opt_range;  // what this rank's optimizer updates: own, or all of the unit
-  Flat params;      // the held range
+  Flat params;      // the held range; empty when the offload tier holds it
   Flat grads;       // all of the unit, or the own range
   // The optimizer range; empty at fp32, which updates `params`, and under offload.
   Buffer<float> master;
@@ -88,10 +88,11 @@ class ShardedState {
   // Allocates and initializes rank `rank`'s states for `model` (which must outlive this),
   // as `plan` says, on `ledger`. `products_read_bf16`: the forward's products read 16-bit
   // weights from their stored copy, so product operands need no widening.
-  // `offload`: master, adam_m and adam_v are left unallocated (the OffloadTier holds them).
+  // `offload`: master, adam_m and adam_v (with kParams also the parameter shards) are left
+  // unallocated: the OffloadTier holds them.
   ShardedState(const Model& model, const StagePlan& plan, Precision precision,
                bool products_read_bf16, bool decay_all, uint64_t seed, int world, int rank,
-               MemoryLedger& ledger, bool offload = false);
+               MemoryLedger& ledger, Offload offload = Offload::kNone);
 
   std::vector<UnitState>& units() { return units_; }
   const std::vector<UnitState>& units() const { return units_; }

@@ -54,6 +54,44 @@ PY
   done
 done
 
+# --offload optimizer,params: stage 3's row moves the parameter shard to disk too (2 bytes an
+# element in its own padded region at bf16; at fp32 the shard is the master, one 4-byte
+# region); stages 0-2 offload the optimizer only. The shard is read before every gather (2 per
+# micro-batch) and written once, unread, by the update (read too at fp32, as the master).
+for precision in bf16 fp32; do
+  for n in 1 2; do
+    "$zerodp" estimate --params $P --ranks $n --precision $precision --grad-accum 3 \
+      --offload optimizer --disk-bandwidth 2GB/s/1GB/s --json >"$tmp/opt.json" &&
+      "$zerodp" estimate --params $P --ranks $n --precision $precision --grad-accum 3 \
+        --offload optimizer,params --disk-bandwidth 2GB/s/1GB/s --json >"$tmp/par.json"
+    if $py - "$tmp/opt.json" "$tmp/par.json" $P $n $precision <<'PY'; then
+import json, sys
+opt = json.load(open(sys.argv[1])); par = json.load(open(sys.argv[2]))
+P, n, precision = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+pad = lambda b: -(-b // 4096) * 4096
+for o, p in zip(opt, par):
+    if p["stage"] != 3:
+        assert p == o, (p, o)
+        continue
+    own = -(-P // n)
+    w = 4 if precision == "fp32" else 2
+    region = pad(w * own)
+    os_, ps = o["model_state_bytes"], p["model_state_bytes"]
+    assert p["offload"] == "optimizer,params", p["offload"]
+    assert ps["params"] == 0 and os_["params"] == w * own, (ps, os_)
+    assert ps["nvme"] == os_["nvme"] + region, (ps["nvme"], os_["nvme"], region)
+    assert ps["total"] == os_["total"] - w * own, (ps["total"], os_["total"])
+    read = os_["nvme"] + (region if precision == "fp32" else 0) + 2 * 3 * region
+    want = (read / 2e9 + ps["nvme"] / 1e9) * n
+    assert abs(p["io_seconds"] - want) <= 1e-12 * want, (p["io_seconds"], want)
+PY
+      ok "--offload optimizer,params --ranks $n $precision: stage 3's shard on disk, read per gather"
+    else
+      bad "--offload optimizer,params --ranks $n --precision $precision"
+    fi
+  done
+done
+
 # io s: every byte of the file read once and written once per step, times the ranks that
 # share the disk: given, by default every rank of a node (--node-ranks), else of the row.
 check_io() {  # label, rank counts, the ranks per disk expected for each, estimate args...
@@ -181,9 +219,10 @@ expect() {  # text the message must contain, estimate args...
 }
 expect "--disk-bandwidth 1GB/s prices the offload file" --params $P --disk-bandwidth 1GB/s
 expect "give --offload optimizer" --params $P --disk-bandwidth 1GB/s --offload none
-expect "parameters cannot be offloaded" --params $P --offload optimizer,params
-expect "parameters cannot be offloaded" --params $P --offload params
+expect "use --offload optimizer,params" --params $P --offload params
 expect "--offload 'disk' is not a tier" --params $P --offload disk
+expect "--offload-overlap on with --offload optimizer,params" --params $P \
+  --offload optimizer,params --offload-overlap on
 for text in fast 1GB/s/ /1GB/s 1GB/s/fast 0 -1GB/s 1e999 1GB/s/2GB/s/3GB/s; do
   expect "--disk-bandwidth '$text' is not a disk's bandwidth" --params $P --offload optimizer \
     --disk-bandwidth "$text"
@@ -216,11 +255,19 @@ if [[ $out == *"no stage fits"*"stage 3 needs at least 3 ranks"* && $out != *"wi
 else
   bad "with --offload optimizer at 1.5 GB: $out"
 fi
+# Without offload at 1.5 GB: the optimizer's offload leaves 2 GB at stage 3; with the
+# parameter shards on disk too, stage 3 keeps its 1 GB of gradients.
 out=$("$zerodp" estimate --params 1e9 --ranks 2 --memory-per-rank 1.5GB)
-if [[ $out == *"--offload optimizer does not fit either: the least is stage 3's 2.00 GB"* ]]; then
-  ok "1.5 GB without offload: offload named as not fitting either"
+if [[ $out == *"with --offload optimizer,params stage 3 fits: 1.00 GB per rank in memory"* ]]; then
+  ok "1.5 GB without offload: optimizer,params at stage 3 named, 1 GB"
 else
   bad "1.5 GB without offload: $out"
+fi
+out=$("$zerodp" estimate --params 1e9 --ranks 2 --memory-per-rank 0.9GB)
+if [[ $out == *"--offload does not fit either: the least is stage 3's 1.00 GB per rank in memory (model states) with --offload optimizer,params"* ]]; then
+  ok "0.9 GB without offload: even optimizer,params does not fit, its 1 GB named"
+else
+  bad "0.9 GB without offload: $out"
 fi
 # A GPT shape: the advice counts activations, buffers and the staging too: its need is the
 # stage's peak under --offload optimizer.

@@ -1,7 +1,8 @@
-// --offload optimizer: the run is the in-memory run, bit for bit, whatever the stage, rank
-// count, precision or piece size; checkpoints cross between offloaded and in-memory runs;
-// memory holds what the planner says (no master or moments, the staging) and the disk the
-// rest; a directory that cannot hold the states is refused before anything is allocated.
+// --offload optimizer[,params]: the run is the in-memory run, bit for bit, whatever the stage,
+// rank count, precision or piece size; checkpoints cross between offloaded and in-memory runs;
+// memory holds what the planner says (no master or moments, at stage 3 with params no
+// parameter shards; the staging) and the disk the rest; a directory that cannot hold the
+// states is refused before anything is allocated.
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -32,11 +33,12 @@ struct Case {
   Precision precision;
   int grad_accum;
   uint64_t piece;  // elements per staged piece (0 = the default: one piece per tiny unit)
+  Offload offload = Offload::kOptimizer;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << fmt::format("N={} stage {} {} A={} piece {}", c.ranks, c.stage,
-                     precision_name(c.precision), c.grad_accum, c.piece);
+  *os << fmt::format("N={} stage {} {} A={} piece {} offload {}", c.ranks, c.stage,
+                     precision_name(c.precision), c.grad_accum, c.piece, offload_name(c.offload));
 }
 
 std::vector<double> losses(const TrainResult& r) {
@@ -72,10 +74,11 @@ TEST_P(SameBits, AsTheInMemoryRunAndOnlyParamsAndGradsInMemory) {
   c.steps = 4;
   c.eval_every = 2;  // an evaluation between steps waits for an overlapped update
   const TrainResult memory = run(c);
-  c.offload_optimizer = true;
+  c.offload = p.offload;
   c.offload_dir = tmp.path().string();
   c.offload_piece = p.piece;
-  c.offload_overlap = true;  // where it applies (stages 0 and 3); stages 1-2 ignore it
+  // Where it applies (stages 0 and 3, without parameters); stages 1-2 ignore it.
+  c.offload_overlap = p.offload == Offload::kOptimizer;
   const TrainResult disk = run(c);
   EXPECT_EQ(losses(disk), losses(memory));
   EXPECT_EQ(norms(disk), norms(memory));
@@ -85,17 +88,21 @@ TEST_P(SameBits, AsTheInMemoryRunAndOnlyParamsAndGradsInMemory) {
   const std::vector<uint64_t> numel = unit_numel(c);
   uint64_t moved = 0;
   for (const RankSummary& r : disk.ranks) {
-    const StateBytes plan =
-        model_state_bytes(numel, p.ranks, p.stage, p.precision, r.rank, fp32_accumulator(c), true);
+    const StateBytes plan = model_state_bytes(numel, p.ranks, p.stage, p.precision, r.rank,
+                                              fp32_accumulator(c), p.offload);
     const auto at = [&](MemCategory k) { return r.model_state[static_cast<int>(k)]; };
     EXPECT_EQ(at(MemCategory::kMaster), 0u);
     EXPECT_EQ(at(MemCategory::kAdamM), 0u);
     EXPECT_EQ(at(MemCategory::kAdamV), 0u);
     EXPECT_EQ(at(MemCategory::kParams), plan.params);
+    if (p.offload == Offload::kParams) {
+      EXPECT_EQ(at(MemCategory::kParams), 0u);
+    }
     EXPECT_EQ(at(MemCategory::kGrads), plan.grads);
     EXPECT_EQ(r.nvme_bytes, plan.nvme) << "rank " << r.rank;
     EXPECT_GT(r.peak[static_cast<int>(MemCategory::kOffloadStaging)], 0u);
-    // Every step reads and writes the whole file once; initialization writes the master.
+    // Every step reads and writes the whole file once (the 16-bit parameters: written by the
+    // update, read by every gather); initialization writes the master.
     EXPECT_GE(r.offload_bytes_read, 4 * plan.nvme);
     EXPECT_GE(r.offload_bytes_written, 4 * plan.nvme);
     moved += r.offload_bytes_read;
@@ -109,7 +116,12 @@ INSTANTIATE_TEST_SUITE_P(
     Matrix, SameBits,
     ::testing::Values(Case{1, 0, Precision::kBF16, 1, 0}, Case{2, 0, Precision::kFP32, 1, 1024},
                       Case{2, 1, Precision::kFP16, 2, 1024}, Case{3, 2, Precision::kBF16, 1, 2048},
-                      Case{2, 3, Precision::kBF16, 1, 1024}, Case{3, 3, Precision::kFP32, 2, 0}));
+                      Case{2, 3, Precision::kBF16, 1, 1024}, Case{3, 3, Precision::kFP32, 2, 0},
+                      // The parameter shards on disk too, read before every gather.
+                      Case{1, 3, Precision::kBF16, 1, 0, Offload::kParams},
+                      Case{2, 3, Precision::kFP16, 2, 2048, Offload::kParams},
+                      Case{3, 3, Precision::kFP32, 1, 1024, Offload::kParams},
+                      Case{3, 3, Precision::kBF16, 2, 4096, Offload::kParams}));
 
 // At stages 0 and 3 with --offload-overlap the update runs beside the next forward;
 // the bits are the same, and so is the time counted (every update inside some step).
@@ -118,7 +130,7 @@ TEST(Overlap, OnAndOffGiveTheSameBits) {
   for (const int stage : {0, 3}) {
     TrainConfig c = tiny_config(2, stage);
     c.steps = 5;
-    c.offload_optimizer = true;
+    c.offload = Offload::kOptimizer;
     c.offload_dir = tmp.path().string();
     c.offload_piece = 1024;
     c.offload_overlap = true;
@@ -138,14 +150,14 @@ TEST(Overlap, OnAndOffGiveTheSameBits) {
 struct Crossing {
   int ranks;
   int stage;
-  bool save_offloaded;
-  bool resume_offloaded;
+  Offload saved;
+  Offload resumed;
+  Precision precision = Precision::kBF16;
 };
 
 void PrintTo(const Crossing& c, std::ostream* os) {
-  *os << fmt::format("N={} stage {} saved {} resumed {}", c.ranks, c.stage,
-                     c.save_offloaded ? "offloaded" : "in memory",
-                     c.resume_offloaded ? "offloaded" : "in memory");
+  *os << fmt::format("N={} stage {} {} saved offloading {} resumed offloading {}", c.ranks, c.stage,
+                     precision_name(c.precision), offload_name(c.saved), offload_name(c.resumed));
 }
 
 class Checkpoints : public ::testing::TestWithParam<Crossing> {};
@@ -155,16 +167,16 @@ class Checkpoints : public ::testing::TestWithParam<Crossing> {};
 TEST_P(Checkpoints, CrossBetweenTiers) {
   const Crossing p = GetParam();
   TempDir tmp;
-  TrainConfig c = tiny_config(p.ranks, p.stage);
+  TrainConfig c = tiny_config(p.ranks, p.stage, p.precision);
   c.steps = 6;
   c.checkpoint_every = 3;
   c.offload_dir = tmp.path().string();
-  c.offload_piece = 1024;
+  c.offload_piece = 2048;
   c.checkpoint_dir = (tmp.path() / "memory").string();
   const TrainResult full = run(c);
 
   TrainConfig saving = c;
-  saving.offload_optimizer = p.save_offloaded;
+  saving.offload = p.saved;
   saving.checkpoint_dir = (tmp.path() / "saved").string();
   saving.stop_after = 3;
   (void)run(saving);
@@ -172,7 +184,7 @@ TEST_P(Checkpoints, CrossBetweenTiers) {
             testing::checkpoint_states(tmp.path() / "memory" / checkpoint::step_dir_name(3)));
 
   TrainConfig resuming = c;
-  resuming.offload_optimizer = p.resume_offloaded;
+  resuming.offload = p.resumed;
   resuming.checkpoint_dir = (tmp.path() / "saved").string();
   resuming.resume = "latest";
   const TrainResult cont = run(resuming);
@@ -183,14 +195,21 @@ TEST_P(Checkpoints, CrossBetweenTiers) {
             testing::checkpoint_states(tmp.path() / "memory"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiers, Checkpoints,
-                         ::testing::Values(Crossing{3, 0, true, false}, Crossing{2, 1, false, true},
-                                           Crossing{3, 3, true, true}, Crossing{1, 0, true, true}));
+INSTANTIATE_TEST_SUITE_P(
+    Tiers, Checkpoints,
+    ::testing::Values(Crossing{3, 0, Offload::kOptimizer, Offload::kNone},
+                      Crossing{2, 1, Offload::kNone, Offload::kOptimizer},
+                      Crossing{3, 3, Offload::kOptimizer, Offload::kOptimizer},
+                      Crossing{1, 0, Offload::kOptimizer, Offload::kOptimizer},
+                      Crossing{2, 3, Offload::kParams, Offload::kNone},
+                      Crossing{3, 3, Offload::kNone, Offload::kParams},
+                      Crossing{2, 3, Offload::kParams, Offload::kOptimizer, Precision::kFP16},
+                      Crossing{3, 3, Offload::kParams, Offload::kParams, Precision::kFP32}));
 
 TEST(OffloadRefusals, ADirectoryThatCannotHoldTheStatesIsRefusedBeforeAnyRankStarts) {
   TempDir tmp;
   TrainConfig c = tiny_config(1, 0);
-  c.offload_optimizer = true;
+  c.offload = Offload::kOptimizer;
   c.offload_dir = (tmp.path() / "missing").string();
   EXPECT_THROW(
       {
@@ -219,14 +238,42 @@ TEST(OffloadRefusals, ADirectoryThatCannotHoldTheStatesIsRefusedBeforeAnyRankSta
   EXPECT_TRUE(dir_is_empty(tmp.path()));
 }
 
-TEST(OffloadRefusals, QwzNeedsTheMasterInMemory) {
+// Each refusal names the flag at fault.
+void expect_refused(TrainConfig c, const std::string& named) {
+  try {
+    resolve_config(c);
+    ADD_FAILURE() << "accepted; expected a refusal naming " << named;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+  }
+}
+
+TEST(OffloadRefusals, WhatOffloadCannotBeCombinedWith) {
   TrainConfig c = tiny_config(2, 3);
-  c.offload_optimizer = true;
+  c.offload = Offload::kOptimizer;
   c.qwz = true;
-  EXPECT_THROW(resolve_config(c), InvalidArgument);
+  expect_refused(c, "--qwz");
   c.qwz = false;
   c.offload_piece = 1000;
-  EXPECT_THROW(resolve_config(c), InvalidArgument);
+  expect_refused(c, "--offload-piece 1000");
+  // Parameters: only stage 3 shards them; their 2-byte blocks need 2048-element pieces; the
+  // overlapped update would write shards the next forward reads.
+  c.offload = Offload::kParams;
+  c.offload_piece = 3072;
+  expect_refused(c, "multiple of 2048");
+  c.offload_piece = 0;
+  c.offload_overlap = true;
+  expect_refused(c, "--offload-overlap");
+  c.offload_overlap = false;
+  c.qwz = true;
+  expect_refused(c, "--qwz");
+  c.qwz = false;
+  c.stage = 2;
+  expect_refused(c, "--stage 3");
+  c.stage = 3;
+  EXPECT_NO_THROW(resolve_config(c));
+  EXPECT_THROW(parse_offload("params"), InvalidArgument);
+  EXPECT_EQ(parse_offload("optimizer,params"), Offload::kParams);
 }
 
 TEST(OffloadBudget, ABudgetOnlyOffloadMeetsTrainsAndTheAdviceSaysSo) {
@@ -237,12 +284,13 @@ TEST(OffloadBudget, ABudgetOnlyOffloadMeetsTrainsAndTheAdviceSaysSo) {
   c.offload_piece = 1024;
   const std::vector<uint64_t> numel = unit_numel(c);
   // Between what stage 3 needs in memory with and without offload, plus room for the rest.
-  const uint64_t with = max_model_state_bytes(numel, 2, 3, c.precision, false, true).total();
+  const uint64_t with =
+      max_model_state_bytes(numel, 2, 3, c.precision, false, Offload::kOptimizer).total();
   const uint64_t without = max_model_state_bytes(numel, 2, 3, c.precision).total();
   ASSERT_LT(with, without);
   const TrainResult probe = [&] {
     TrainConfig o = c;
-    o.offload_optimizer = true;
+    o.offload = Offload::kOptimizer;
     o.offload_dir = tmp.path().string();
     return run(o);
   }();
@@ -254,10 +302,46 @@ TEST(OffloadBudget, ABudgetOnlyOffloadMeetsTrainsAndTheAdviceSaysSo) {
   } catch (const OutOfMemory& e) {
     EXPECT_NE(std::string(e.what()).find("--offload optimizer"), std::string::npos) << e.what();
   }
-  c.offload_optimizer = true;
+  c.offload = Offload::kOptimizer;
   c.offload_dir = tmp.path().string();
   const TrainResult ok = run(c);
   EXPECT_EQ(ok.weights_sha256, probe.weights_sha256);
+  EXPECT_LE(ok.ranks[0].peak_total, *c.memory_per_rank);
+}
+
+// At stage 3 the parameter shards are the last states memory holds beside the gradients:
+// under a budget only they meet, the refusal names optimizer,params and that run trains.
+TEST(OffloadBudget, ABudgetOnlyParameterOffloadMeetsTrainsAndTheRefusalSaysSo) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 3);
+  c.offload_piece = 2048;
+  c.offload_dir = tmp.path().string();
+  const auto peak = [&](Offload o) {
+    TrainConfig r = c;
+    r.offload = o;
+    return run(r);
+  };
+  const TrainResult params = peak(Offload::kParams);
+  const TrainResult optimizer = peak(Offload::kOptimizer);
+  const uint64_t least = params.ranks[0].peak_total, next = optimizer.ranks[0].peak_total;
+  ASSERT_LT(least, next);
+  c.memory_per_rank = least + (next - least) / 2;
+  for (const Offload o : {Offload::kNone, Offload::kOptimizer}) {
+    c.offload = o;
+    try {
+      run(c);
+      ADD_FAILURE() << "the budget admitted --offload " << offload_name(o);
+    } catch (const OutOfMemory& e) {
+      const bool named =
+          std::string(e.what()).find("--offload optimizer,params") != std::string::npos;
+      // Offered to a run without offload; a run that asked for offload is told what fits.
+      EXPECT_EQ(named, o == Offload::kNone) << e.what();
+    }
+  }
+  c.offload = Offload::kParams;
+  const TrainResult ok = run(c);
+  EXPECT_EQ(ok.weights_sha256, params.weights_sha256);
+  EXPECT_EQ(ok.weights_sha256, optimizer.weights_sha256);
   EXPECT_LE(ok.ranks[0].peak_total, *c.memory_per_rank);
 }
 

@@ -132,10 +132,14 @@ expect "it needs --node-ranks T" train "${tiny[@]}" --ranks 4 --stage 2 --shard-
 expect "--stage 0 shards none" train "${tiny[@]}" --ranks 4 --node-ranks 2 --shard-within-node
 expect "--qwz has nothing to act on" train "${tiny[@]}" --ranks 4 --node-ranks 2 --stage 3 \
   --shard-within-node --qwz
-# The offload tier: what it cannot do yet, and directories it cannot use, named before a rank
+# The offload tier: what it cannot do, and directories it cannot use, named before a rank
 # starts.
-expect "parameters cannot be offloaded yet" train "${tiny[@]}" --offload optimizer,params
-expect "--offload 'disk' is not a tier; use none or optimizer" train "${tiny[@]}" --offload disk
+expect "only stage 3 shards parameters (at stage 1" train "${tiny[@]}" --stage 1 \
+  --offload optimizer,params
+expect "--offload-piece 1024 is not a multiple of 2048" train "${tiny[@]}" --stage 3 \
+  --offload optimizer,params --offload-piece 1024
+expect "--offload 'disk' is not a tier; use none, optimizer or optimizer,params" train \
+  "${tiny[@]}" --offload disk
 expect "--offload-piece 1000 is not a multiple of 1024" train "${tiny[@]}" --offload optimizer \
   --offload-piece 1000
 expect "--offload-dir /nonexistent/offload does not exist" train "${tiny[@]}" \
