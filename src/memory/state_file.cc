@@ -77,11 +77,16 @@ StateFile::~StateFile() {
 }
 
 IoWork StateFile::read_async(uint64_t offset, std::span<std::byte> into) {
-  return submit(Job{false, offset, into.data(), into.size(), nullptr});
+  return submit(Job{false, offset, into.data(), into.size(), nullptr, {}});
+}
+
+IoWork StateFile::read_async(uint64_t offset, std::span<std::byte> into,
+                             std::function<void()> then) {
+  return submit(Job{false, offset, into.data(), into.size(), nullptr, std::move(then)});
 }
 
 IoWork StateFile::write_async(uint64_t offset, std::span<const std::byte> from) {
-  return submit(Job{true, offset, const_cast<std::byte*>(from.data()), from.size(), nullptr});
+  return submit(Job{true, offset, const_cast<std::byte*>(from.data()), from.size(), nullptr, {}});
 }
 
 IoWork StateFile::submit(Job job) {
@@ -137,6 +142,7 @@ void StateFile::run() {
     std::exception_ptr error;
     try {
       transfer(job);
+      if (job.then) job.then();
     } catch (...) {
       error = std::current_exception();
     }

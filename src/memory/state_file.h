@@ -61,6 +61,10 @@ class StateFile {
   // alive and untouched until the work is waited for. InvalidArgument for a range past the
   // end of the file.
   IoWork read_async(uint64_t offset, std::span<std::byte> into);
+  // The same, then `then` on the worker once the read succeeded, before the work completes
+  // (e.g. copying out of a bounce buffer the next queued read reuses). What it throws is the
+  // work's error.
+  IoWork read_async(uint64_t offset, std::span<std::byte> into, std::function<void()> then);
   IoWork write_async(uint64_t offset, std::span<const std::byte> from);
 
  private:
@@ -70,6 +74,7 @@ class StateFile {
     std::byte* data = nullptr;
     size_t bytes = 0;
     std::shared_ptr<IoWork::State> state;
+    std::function<void()> then;
   };
   IoWork submit(Job job);
   void run();

@@ -62,20 +62,44 @@ GatherQueue::GatherQueue(ShardGroup& group, std::vector<UnitState>& units, std::
       order_(std::move(order)),
       hpz_(hpz),
       qwz_(qwz),
-      offload_(offload != nullptr && offload->holds_params() ? offload : nullptr),
+      // hpZ's gathers come from the node's copy in memory, whatever holds the shards.
+      offload_(offload != nullptr && offload->holds_params() && hpz == nullptr ? offload : nullptr),
       before_issue_(std::move(before_issue)) {
   while (issued_ < order_.size() && issued_ < slots_.size()) issue();
+  if (offload_ && slots_.size() >= 2) start_gathers(slots_.size() - 2);
+}
+
+GatherQueue::~GatherQueue() {
+  for (OffloadTier::PendingRead& r : reads_) {
+    try {
+      offload_->finish(r);
+    } catch (...) {  // the error, if it matters, was or will be reported by acquire
+    }
+  }
 }
 
 int GatherQueue::acquire(size_t i) {
+  if (offload_) start_gathers(i);
   works_[i].wait();
   const size_t slot = i % slots_.size();
   if (!hpz_ && qwz_) qwz_->finish(units_[order_[i]], order_[i], slot, slots_[slot]);
   return static_cast<int>(slot);
 }
 
-void GatherQueue::release(size_t) {
+void GatherQueue::release(size_t i) {
   if (issued_ < order_.size()) issue();
+  if (offload_) start_gathers(i + slots_.size() - 1);
+}
+
+void GatherQueue::start_gathers(size_t through) {
+  for (; gathering_ < issued_ && gathering_ <= through; ++gathering_) {
+    offload_->finish(reads_[gathering_]);
+    UnitState& u = units_[order_[gathering_]];
+    Flat& slot = slots_[gathering_ % slots_.size()];
+    // In place: the read put the shard at its range of the gathered unit.
+    works_[gathering_] = group_.all_gather_async(slot.range(u.own.begin, u.own.count()),
+                                                 slot.range(0, u.numel), u.part);
+  }
 }
 
 void GatherQueue::issue() {
@@ -87,10 +111,10 @@ void GatherQueue::issue() {
   } else if (qwz_) {
     works_.push_back(qwz_->issue(group_.comm(), u, order_[issued_], issued_ % slots_.size()));
   } else if (offload_) {
-    // In place: the shard is read straight into its range of the gathered unit.
-    const MutableBuffer mine = slot.range(u.own.begin, u.own.count());
-    offload_->read_params(order_[issued_], mine.data);
-    works_.push_back(group_.all_gather_async(mine, slot.range(0, u.numel), u.part));
+    // The file's worker reads the shard into its range of the slot while compute runs;
+    // start_gathers issues the gather once it is there.
+    reads_.push_back(offload_->read_params_async(order_[issued_], slot.at(u.own.begin)));
+    works_.emplace_back();
   } else {
     works_.push_back(group_.all_gather_async(u.params.buffer(), slot.range(0, u.numel), u.part));
   }

@@ -69,9 +69,20 @@ class GatherQueue {
   int acquire(size_t i);
   // The i-th unit is done with its slot: the next gather may reuse it.
   void release(size_t i);
+  // Waits for reads still queued (their errors dropped: the caller is unwinding or done).
+  ~GatherQueue();
+  GatherQueue(const GatherQueue&) = delete;
+  GatherQueue& operator=(const GatherQueue&) = delete;
 
  private:
   void issue();
+  // From the offload file a unit's shard is read into its slot once the slot is free, and
+  // its gather issued one release later (at the latest when acquired), so the read runs
+  // beside a unit's compute and, from --prefetch 2 on, the gather beside the next one's.
+  // Issued at fixed points of the pass, never when a read happens to finish: every rank
+  // must issue its collectives in one order. Issues the gathers through index `through`,
+  // waiting for their reads.
+  void start_gathers(size_t through);
   ShardGroup& group_;
   std::vector<UnitState>& units_;
   std::vector<Flat>& slots_;
@@ -81,7 +92,9 @@ class GatherQueue {
   OffloadTier* offload_;
   std::function<void(size_t)> before_issue_;
   std::vector<Work> works_;
+  std::vector<OffloadTier::PendingRead> reads_;  // per index of the order, from the file
   size_t issued_ = 0;
+  size_t gathering_ = 0;  // gathers issued (issued_ unless reading from the file)
 };
 
 }  // namespace zerodp

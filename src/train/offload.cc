@@ -61,10 +61,12 @@ OffloadTier::OffloadTier(ShardedState& state, Offload offload, const std::filesy
                                        piece_, kOffloadAlign));
   }
   for (const Region& r : regions_) slot_bytes_ += piece_ * r.element_bytes;
-  staging_ =
-      Buffer<std::byte>(ledger, MemCategory::kOffloadStaging, 2 * slot_bytes_ + kOffloadAlign);
+  const uint64_t bounce = params_ ? piece_ * dtype_size(state.dtype()) : 0;
+  staging_ = Buffer<std::byte>(ledger, MemCategory::kOffloadStaging,
+                               2 * slot_bytes_ + bounce + kOffloadAlign);
   const auto at = reinterpret_cast<uintptr_t>(staging_.data());
   aligned_ = staging_.data() + (round_up(at, kOffloadAlign) - at);
+  bounce_ = aligned_ + 2 * slot_bytes_;
   ledger.add_disk(file_.size());
 }
 
@@ -98,14 +100,32 @@ void OffloadTier::initialize(uint64_t seed) {
   });
 }
 
-void OffloadTier::read_params(size_t u, void* into) {
+OffloadTier::PendingRead OffloadTier::read_params_async(size_t u, void* into) {
   if (!params_) throw std::logic_error("offload: the parameters are not in the file");
+  size_t r = 0;
+  while (!(regions_[r].arrays & kParams)) ++r;
+  const uint64_t eb = regions_[r].element_bytes;
   const size_t n = state_.units()[u].opt_range.count();
-  const size_t bytes = dtype_size(state_.dtype());
-  const Job job{u, {0, n}, kParams};
-  stream(std::span(&job, 1), Access::kRead, [&](Piece& p) {
-    std::memcpy(static_cast<std::byte*>(into) + p.begin * bytes, p.params, p.count * bytes);
-  });
+  PendingRead read;
+  // One worker runs the queue in order, so each piece is copied out of the bounce piece
+  // before the next one is read into it.
+  for (size_t a = 0; a < n; a += piece_) {
+    const size_t len = std::min<size_t>(piece_, n - a);
+    const uint64_t bytes = round_up(len * eb, kOffloadAlign);
+    std::byte* dst = static_cast<std::byte*>(into) + a * eb;
+    read.works.push_back(
+        file_.read_async(offset(u, r, a), std::span(bounce_, bytes),
+                         [this, dst, len, eb] { std::memcpy(dst, bounce_, len * eb); }));
+    counters_.bytes_read += bytes;
+  }
+  return read;
+}
+
+void OffloadTier::finish(PendingRead& read) {
+  const auto t0 = Clock::now();
+  for (IoWork& w : read.works) w.wait();
+  read.works.clear();
+  counters_.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 void OffloadTier::stream(std::span<const Job> jobs, Access access,

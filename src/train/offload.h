@@ -77,8 +77,18 @@ class OffloadTier {
   void initialize(uint64_t seed);
 
   bool holds_params() const { return params_; }
-  // Reads unit u's parameter shard (its optimizer range, in the state's dtype) into `into`.
-  void read_params(size_t u, void* into);
+  // A read queued on the file's worker.
+  struct PendingRead {
+    std::vector<IoWork> works;
+  };
+  // Queues the read of unit u's parameter shard (its optimizer range, in the state's dtype)
+  // into `into` and returns at once: the file's worker reads it piece by piece through one
+  // bounce piece and copies each into place, so the caller computes meanwhile. `into` must
+  // stay alive and untouched until finish(); reads finish in the order they were queued.
+  PendingRead read_params_async(size_t u, void* into);
+  // Waits for the read (counted in wait_seconds); rethrows its first error. Every read must
+  // be finished before the tier is destroyed.
+  void finish(PendingRead& read);
 
   // Streams the jobs' pieces in order, calling f on each. Reads run one piece ahead of f,
   // writes behind it. Returns when every write is on disk (in the page cache without
@@ -122,6 +132,7 @@ class OffloadTier {
   StateFile file_;
   Buffer<std::byte> staging_;
   std::byte* aligned_ = nullptr;  // staging_, aligned to StateFile::kDirectAlign
+  std::byte* bounce_ = nullptr;   // after the two slots: one piece of parameters
   Counters counters_;
 };
 

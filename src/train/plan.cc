@@ -304,6 +304,7 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
     const uint64_t piece = p.offload_piece > 0 ? p.offload_piece : kOffloadPiece;
     l.offload_piece =
         std::max(per_block, std::min(piece, (max_opt + per_block - 1) / per_block * per_block));
+    if (params) l.offload_bounce = l.offload_piece * (fp32 ? 4 : 2);
   }
   if (sp.micro_batch_reduce != StagePlan::Reduce::kNone) {
     // Two buckets: one reduces while the next unit's backward fills the other.
@@ -336,7 +337,7 @@ TransientBytes transient_bytes(const TransientLayout& l) {
   if (l.offload_arrays > 0) {
     b.offload_staging = 2 * (static_cast<uint64_t>(l.offload_arrays) * 4 + l.offload_param_bytes) *
                             l.offload_piece +
-                        kOffloadAlign;
+                        l.offload_bounce + kOffloadAlign;
   }
   return b;
 }

@@ -185,11 +185,13 @@ struct TransientLayout {
   // --offload: two slots (one computed on while the other's I/O runs) of `offload_arrays`
   // fp32 arrays (master, adam_m, adam_v; at fp32 2 unless the parameters, which are the
   // master there, are offloaded too) and, with 16-bit parameters offloaded, one array of
-  // `offload_param_bytes` per element, each of `offload_piece` elements; plus kOffloadAlign
-  // bytes to align them for O_DIRECT.
+  // `offload_param_bytes` per element, each of `offload_piece` elements; with parameters, one
+  // more piece of them (`offload_bounce` bytes) that stage 3's gathers read through; plus
+  // kOffloadAlign bytes to align them for O_DIRECT.
   int offload_arrays = 0;
   uint64_t offload_param_bytes = 0;
   uint64_t offload_piece = 0;
+  uint64_t offload_bounce = 0;
 };
 TransientLayout transient_layout(const Model& model, const TransientPlan& plan, int rank);
 

@@ -147,6 +147,40 @@ TEST(Overlap, OnAndOffGiveTheSameBits) {
   }
 }
 
+// With the parameter shards on disk, a shard is read into its gather slot once the slot is
+// free and gathered one release later: every --prefetch, hpZ's backward gathers from the
+// node's copy in memory (the forward's still read the file) and shards sharded within
+// nodes give the in-memory run's bits; the ranks' collectives stay in one order.
+TEST(ParameterOffload, EveryPrefetchHpzAndHsdpGiveTheInMemoryBits) {
+  TempDir tmp;
+  const auto check = [&](TrainConfig c, const std::string& where) {
+    c.steps = 3;
+    c.grad_accum = 2;
+    const TrainResult memory = run(c);
+    c.offload = Offload::kParams;
+    c.offload_dir = tmp.path().string();
+    c.offload_piece = 2048;
+    const TrainResult disk = run(c);
+    EXPECT_EQ(losses(disk), losses(memory)) << where;
+    EXPECT_EQ(disk.weights_sha256, memory.weights_sha256) << where;
+    for (const RankSummary& r : disk.ranks) {
+      EXPECT_EQ(r.model_state[static_cast<int>(MemCategory::kParams)], 0u) << where;
+    }
+  };
+  for (const int prefetch : {0, 2, 3}) {
+    TrainConfig c = tiny_config(3, 3);
+    c.prefetch = prefetch;
+    check(c, fmt::format("prefetch {}", prefetch));
+  }
+  TrainConfig c = tiny_config(4, 3);
+  c.launch.comm.node_ranks = 2;
+  c.hpz = true;
+  check(c, "hpZ, 2 x 2");
+  c.hpz = false;
+  c.shard_within_node = true;
+  check(c, "HSDP, 2 x 2");
+}
+
 struct Crossing {
   int ranks;
   int stage;

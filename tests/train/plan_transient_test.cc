@@ -1,11 +1,13 @@
 // The planner's transient bytes are what the engine allocates: activations, workspace,
-// gathered units, buckets and reduced shards, per rank, exactly as the ledger measures them.
+// gathered units, buckets and reduced shards, the offload tier's staging, per rank, exactly
+// as the ledger measures them.
 #include <fmt/core.h>
 #include <gtest/gtest.h>
 
 #include "memory/ledger.h"
 #include "models/gpt.h"
 #include "models/mlp.h"
+#include "temp_dir.h"
 #include "train/plan.h"
 #include "train_testing.h"
 
@@ -18,6 +20,8 @@ struct Case {
   AccumulatePolicy policy;
   int prefetch;
   bool checkpoint;
+  Offload offload = Offload::kNone;
+  uint64_t piece = 0;
 };
 
 TEST(PlanTransients, EqualTheLedgerPeaksForEveryRank) {
@@ -28,9 +32,17 @@ TEST(PlanTransients, EqualTheLedgerPeaksForEveryRank) {
       {4, 2, Precision::kBF16, AccumulatePolicy::kReduce, 1, false},
       {3, 3, Precision::kBF16, AccumulatePolicy::kReduce, 2, true},
       {2, 3, Precision::kFP32, AccumulatePolicy::kLocal, 0, false},
+      {3, 0, Precision::kBF16, AccumulatePolicy::kLocal, 1, false, Offload::kOptimizer, 1024},
+      {2, 3, Precision::kFP32, AccumulatePolicy::kReduce, 1, false, Offload::kOptimizer, 0},
+      {3, 3, Precision::kBF16, AccumulatePolicy::kReduce, 2, false, Offload::kParams, 2048},
+      {2, 3, Precision::kFP32, AccumulatePolicy::kReduce, 0, false, Offload::kParams, 1024},
   };
+  testing::TempDir tmp;
   for (const Case& k : cases) {
     TrainConfig c = testing::tiny_config(k.ranks, k.stage, k.precision);
+    c.offload = k.offload;
+    c.offload_piece = k.piece;
+    c.offload_dir = tmp.path().string();
     c.accumulate = k.policy;
     c.prefetch = k.prefetch;
     c.checkpoint_activations = k.checkpoint;
@@ -44,10 +56,13 @@ TEST(PlanTransients, EqualTheLedgerPeaksForEveryRank) {
                              .prefetch = k.prefetch,
                              .checkpoint_activations = k.checkpoint,
                              .micro_batch = c.micro_batch,
-                             .seq_len = 32};
-    const std::string what = fmt::format("N={} stage {} {} {} prefetch {}{}", k.ranks, k.stage,
-                                         precision_name(k.precision), accumulate_name(k.policy),
-                                         k.prefetch, k.checkpoint ? " checkpointed" : "");
+                             .seq_len = 32,
+                             .offload = k.offload,
+                             .offload_piece = k.piece};
+    const std::string what =
+        fmt::format("N={} stage {} {} {} prefetch {}{} offload {}", k.ranks, k.stage,
+                    precision_name(k.precision), accumulate_name(k.policy), k.prefetch,
+                    k.checkpoint ? " checkpointed" : "", offload_name(k.offload));
     for (int rank = 0; rank < k.ranks; ++rank) {
       const TransientBytes t = transient_bytes(model, plan, rank);
       const auto& peak = r.ranks[static_cast<size_t>(rank)].peak;
@@ -57,7 +72,9 @@ TEST(PlanTransients, EqualTheLedgerPeaksForEveryRank) {
       EXPECT_EQ(at(MemCategory::kGathered), t.gathered) << what << " rank " << rank;
       EXPECT_EQ(at(MemCategory::kGradBuckets), t.grad_buckets) << what << " rank " << rank;
       EXPECT_EQ(at(MemCategory::kCommBuffers), t.comm_buffers) << what << " rank " << rank;
-      const StateBytes s = model_state_bytes(r.unit_numel, k.ranks, k.stage, k.precision, rank);
+      EXPECT_EQ(at(MemCategory::kOffloadStaging), t.offload_staging) << what << " rank " << rank;
+      const StateBytes s =
+          model_state_bytes(r.unit_numel, k.ranks, k.stage, k.precision, rank, false, k.offload);
       EXPECT_EQ(r.ranks[static_cast<size_t>(rank)].peak_total, s.total() + t.total())
           << what << " rank " << rank;
     }
