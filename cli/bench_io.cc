@@ -283,6 +283,7 @@ int run_bench_io(const Config& cfg) {
                               {"write_bytes_per_second", s / best.write_seconds},
                               {"read_bytes_per_second", s / best.read_seconds},
                               {"unsynced_write_bytes_per_second", s / best.unsynced_write_seconds},
+                              {"update_bytes_per_second", 2 * moved / best.update_seconds},
                               {"wrong_blocks", wrong}}
                    .dump());
   } else {

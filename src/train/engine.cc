@@ -60,6 +60,8 @@ std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
   v.push_back(static_cast<double>(mem.offload.bytes_read));
   v.push_back(static_cast<double>(mem.offload.bytes_written));
   v.push_back(mem.offload.wait_seconds);
+  v.push_back(static_cast<double>(mem.offload.update_bytes));
+  v.push_back(mem.offload.update_seconds);
   v.push_back(mem.offload_direct ? 1 : 0);
   for (auto phase : {CommPhase::kTrain, CommPhase::kOther}) {
     for (const auto& c : comm.ledger().table(phase)) {
@@ -85,6 +87,8 @@ RankSummary unpack_summary(std::span<const double> v, int rank) {
   s.offload_bytes_read = static_cast<uint64_t>(v[k++]);
   s.offload_bytes_written = static_cast<uint64_t>(v[k++]);
   s.offload_wait_seconds = v[k++];
+  s.offload_update_bytes = static_cast<uint64_t>(v[k++]);
+  s.offload_update_seconds = v[k++];
   s.offload_direct = v[k++] != 0;
   for (auto* table : {&s.comm_train, &s.comm_other}) {
     for (auto& c : *table) {

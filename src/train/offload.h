@@ -102,8 +102,17 @@ class OffloadTier {
     uint64_t bytes_read = 0;
     uint64_t bytes_written = 0;
     double wait_seconds = 0;  // waiting for reads and for the last writes
+    // Of those, the updates' (bytes read + written) and their wall time: the rate the disk
+    // gives this tier, the figure to price it by (estimate --disk-bandwidth).
+    uint64_t update_bytes = 0;
+    double update_seconds = 0;
   };
   const Counters& counters() const { return counters_; }
+  // The optimizer's update streamed `bytes` (read + written) in `seconds`.
+  void count_update(uint64_t bytes, double seconds) {
+    counters_.update_bytes += bytes;
+    counters_.update_seconds += seconds;
+  }
 
  private:
   struct Window {

@@ -2,6 +2,7 @@
 #include "train/optimizer_step.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "optim/adamw.h"
@@ -136,6 +137,8 @@ void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<f
     units_ready_ = done;
     ready_cv_.notify_all();
   };
+  const auto t0 = std::chrono::steady_clock::now();
+  const OffloadTier::Counters before = offload_->counters();
   offload_->stream(jobs, OffloadTier::Access::kReadWrite, [&](OffloadTier::Piece& p) {
     UnitState& u = units[p.unit];
     if (p.params != nullptr) {
@@ -147,6 +150,10 @@ void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<f
     if (p.last) finished(p.unit + 1);
   });
   finished(units.size());
+  const OffloadTier::Counters& after = offload_->counters();
+  offload_->count_update(
+      after.bytes_read - before.bytes_read + after.bytes_written - before.bytes_written,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 bool OptimizerStep::unit_ready(size_t i) {

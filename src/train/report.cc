@@ -140,6 +140,8 @@ nlohmann::json report_json(const TrainResult& r) {
       rj["offload_io"] = {{"bytes_read", rank.offload_bytes_read},
                           {"bytes_written", rank.offload_bytes_written},
                           {"wait_seconds", rank.offload_wait_seconds},
+                          {"update_bytes", rank.offload_update_bytes},
+                          {"update_seconds", rank.offload_update_seconds},
                           {"direct", rank.offload_direct}};
     }
     rj[key::kComm] = comm_json(rank.comm_train);
@@ -209,6 +211,17 @@ std::string summary_table(const TrainResult& r) {
         format_bytes(static_cast<double>(comm) / steps),
         nodes ? fmt::format(" {:>11}", format_bytes(static_cast<double>(cross) / steps)) : "",
         nvme ? fmt::format(" {:>10}", format_bytes(static_cast<double>(rank.nvme_bytes))) : "");
+  }
+  if (nvme && !r.ranks.empty() && r.ranks[0].offload_update_seconds > 0) {
+    // The rate this disk gave the tier, to plan the next run by: in estimate's terms one
+    // figure for both directions, io s = nvme / R + nvme / R.
+    const RankSummary& r0 = r.ranks[0];
+    const double rate = static_cast<double>(r0.offload_update_bytes) / r0.offload_update_seconds;
+    out += fmt::format(
+        "offload: rank 0's updates moved {} (read + written) in {:.2f} s: {:.0f} MB/s, the "
+        "figure for estimate --disk-bandwidth {:.4g}\n",
+        format_bytes(static_cast<double>(r0.offload_update_bytes)), r0.offload_update_seconds,
+        rate / 1e6, rate);
   }
   return out;
 }

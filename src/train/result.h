@@ -73,6 +73,9 @@ struct RankSummary {
   uint64_t offload_bytes_read = 0;
   uint64_t offload_bytes_written = 0;
   double offload_wait_seconds = 0;
+  // The updates' share: bytes read + written and their wall time (the tier's disk rate).
+  uint64_t offload_update_bytes = 0;
+  double offload_update_seconds = 0;
   bool offload_direct = false;  // the file took O_DIRECT (not on tmpfs, for one)
   CommLedger::Table comm_train{};
   CommLedger::Table comm_other{};

@@ -14,6 +14,7 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["bytes"] == 8 << 20 and j["block_bytes"] == 1 << 20, j
 assert j["write_bytes_per_second"] > 0 and j["read_bytes_per_second"] > 0, j
+assert j["update_bytes_per_second"] > 0 and j["unsynced_write_bytes_per_second"] > 0, j
 assert j["wrong_blocks"] == 0, j
 if sys.argv[2] == "off":
     assert j["direct"] is False, j

@@ -15,16 +15,21 @@ fail=0
 # ranks on nodes: the cross-node bytes match too, and the two-level collectives and hpZ give
 # the same bits on both backends. With more than one rank per process the MPI run starts
 # ranks / that many processes, each running its ranks as threads: the same training still.
+# Offloaded parameter shards are read by each process's file workers. Flags are split at
+# commas; a + stands for a comma inside a flag's value.
 for case in "2 0 bf16 1 -" "2 3 bf16 1 -" "3 1 fp16 1 -" "3 2 fp32 1 -" \
   "3 3 bf16 1 --node-ranks=1" "4 0 fp16 1 --node-ranks=2,--collectives=two-level" \
   "4 3 bf16 1 --node-ranks=2,--collectives=two-level,--hpz" "3 3 bf16 1 --qwz,--qwz-block=64" \
   "4 2 fp16 1 --node-ranks=2,--qgz=int4,--qgz-block=64" "4 2 bf16 2 -" "4 0 fp32 4 -" \
   "6 3 bf16 3 --node-ranks=3,--collectives=two-level,--hpz,--qwz,--qgz=int4" \
   "4 1 bf16 1 --node-ranks=2,--shard-within-node,--accumulate=local,--grad-accum=2" \
-  "6 3 fp16 3 --node-ranks=3,--shard-within-node" "4 0 bf16 2 --node-ranks=2,--qgz=int4"; do
+  "6 3 fp16 3 --node-ranks=3,--shard-within-node" "4 0 bf16 2 --node-ranks=2,--qgz=int4" \
+  "2 3 bf16 1 --offload=optimizer+params,--offload-dir=$tmp,--offload-piece=2048" \
+  "4 3 fp16 2 --offload=optimizer+params,--offload-dir=$tmp,--prefetch=2,--grad-accum=2"; do
   read -r n stage precision per extras <<<"$case"
   extra=()
   [[ $extras != - ]] && IFS=, read -r -a extra <<<"$extras"
+  extra=("${extra[@]//+/,}")
   "$zerodp" "${common[@]}" --ranks "$n" --stage "$stage" --precision "$precision" \
     "${extra[@]}" --report "$tmp/local.json" >/dev/null
   "$mpirun" -np $((n / per)) "$zerodp" "${common[@]}" --backend mpi --ranks-per-process "$per" \

@@ -106,6 +106,18 @@ TEST_P(SameBits, AsTheInMemoryRunAndOnlyParamsAndGradsInMemory) {
     EXPECT_GE(r.offload_bytes_read, 4 * plan.nvme);
     EXPECT_GE(r.offload_bytes_written, 4 * plan.nvme);
     moved += r.offload_bytes_read;
+    // The updates' share, the tier's disk rate: every update reads and writes the optimizer's
+    // regions whole (and writes the 16-bit parameters' without reading them; at fp32 they are
+    // the master).
+    uint64_t updates = 0;
+    for (const auto& s : disk.steps) updates += s.skipped ? 0 : 1;
+    if (p.offload == Offload::kOptimizer || p.precision == Precision::kFP32) {
+      EXPECT_EQ(r.offload_update_bytes, 2 * updates * plan.nvme) << "rank " << r.rank;
+    } else {
+      EXPECT_LT(r.offload_update_bytes, 2 * updates * plan.nvme) << "rank " << r.rank;
+      EXPECT_GT(r.offload_update_bytes, updates * plan.nvme) << "rank " << r.rank;
+    }
+    EXPECT_GT(r.offload_update_seconds, 0) << "rank " << r.rank;
   }
   EXPECT_GT(moved, 0u);
   // The in-memory run holds the same states in memory, and nothing on disk.
