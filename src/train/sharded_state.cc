@@ -40,7 +40,7 @@ namespace {
 void initialize(UnitState& u, uint64_t seed) {
   if (u.params.count == 0 && u.master.empty()) return;
   std::vector<float> tmp;
-  constexpr size_t kChunk = 1 << 16;
+  constexpr size_t kChunk = 1 << 20;
   for (size_t b = u.held.begin; b < u.held.end; b += kChunk) {
     const size_t e = std::min(u.held.end, b + kChunk);
     tmp.resize(e - b);

@@ -49,6 +49,19 @@ TEST(Init, AnySplitEqualsTheWholeBuffer) {
   }
 }
 
+// A range large enough to be split across the cores is still every element's own value.
+TEST(Init, ARangeSplitAcrossThreadsIsEveryElementsValue) {
+  const Model m = make_gpt({.layers = 1, .heads = 2, .embd = 192, .seq_len = 8});
+  const Unit& block = *m[1];
+  ASSERT_GT(block.numel(), size_t{400000});  // past two threads' shares
+  const std::vector<float> w = initial_weights(11, block);
+  for (const TensorSpec& t : block.tensors()) {
+    for (size_t i = 0; i < t.numel; ++i) {
+      ASSERT_EQ(w[t.offset + i], initial_value(11, t, i)) << t.name << "[" << i << "]";
+    }
+  }
+}
+
 TEST(Init, ElementsAreInitialValueOfTheirTensor) {
   const Model m = make_gpt({.layers = 1, .heads = 1, .embd = 4, .seq_len = 3});
   for (const auto& u : m) {
