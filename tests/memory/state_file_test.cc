@@ -51,6 +51,32 @@ TEST(StateFile, ReadsBackWhatWasWrittenInCallOrder) {
   EXPECT_EQ(mid, d);
 }
 
+// A read's continuation runs on the worker before the next queued job, so reads can share
+// one bounce buffer and copy out of it; what the continuation throws is the work's error.
+TEST(StateFile, AReadsContinuationRunsBeforeTheNextJob) {
+  TempDir tmp;
+  constexpr size_t kPiece = 4099;
+  StateFile f(tmp.path(), "rank0.states", 4 * kPiece);
+  std::vector<std::byte> all = pattern(4 * kPiece, 7);
+  f.write_async(0, all).wait();
+  std::vector<std::byte> bounce(kPiece), out(4 * kPiece);
+  std::vector<IoWork> works;
+  for (size_t k = 0; k < 4; ++k) {
+    works.push_back(f.read_async(k * kPiece, bounce, [&, k] {
+      std::copy(bounce.begin(), bounce.end(),
+                out.begin() + static_cast<std::ptrdiff_t>(k * kPiece));
+    }));
+  }
+  for (IoWork& w : works) w.wait();
+  EXPECT_EQ(out, all);
+  IoWork failing = f.read_async(0, bounce, [] { throw IoError("continuation failed"); });
+  EXPECT_THROW(failing.wait(), IoError);
+  // The worker goes on after it.
+  std::vector<std::byte> again(kPiece);
+  f.read_async(kPiece, again).wait();
+  EXPECT_TRUE(std::equal(again.begin(), again.end(), all.begin() + kPiece));
+}
+
 TEST(StateFile, LeavesNothingOnDisk) {
   TempDir tmp;
   {
