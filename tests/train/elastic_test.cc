@@ -4,6 +4,7 @@
 // the run that never failed; failures a restart cannot fix end the run as before.
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -131,6 +132,26 @@ TEST(Elastic, AFailedRankRestartsOnThreeWithTheUninterruptedRunsBits) {
   EXPECT_EQ(back.restarts[0].ranks_after, 3u);
   EXPECT_EQ(back.restarts[0].resumed_step, 6u);
   EXPECT_EQ(j.at(report_key::kConfig).at("max_restarts"), 1);
+}
+
+// With the parameter shards and optimizer states on disk, the failing step unwinds every
+// rank with reads of shards still queued (each drained before its slot is reused), and the
+// survivors go on from the checkpoint to the in-memory run's bits.
+TEST(Elastic, OffloadedStateRestartsToTheInMemoryRunsBits) {
+  TempDir whole_dir, elastic_dir, scratch;
+  TrainConfig w = twelve_micro_batches(whole_dir);
+  w.stage = 3;
+  const TrainResult whole = testing::run(w);
+  TrainConfig c = twelve_micro_batches(elastic_dir);
+  c.stage = 3;
+  c.offload = Offload::kParams;
+  c.offload_dir = scratch.path().string();
+  c.offload_piece = 2048;
+  c.max_restarts = 1;
+  c.inject = {parse_injection("throw@7:2")};
+  const Outcome o = run_elastic(c);
+  expect_restarted_to_the_same_bits(o, whole);
+  EXPECT_TRUE(std::filesystem::is_empty(scratch.path()));
 }
 
 // Over nodes the world stays whole nodes (M = 12): 3 nodes of 2 go on as 2 nodes, not as 5
