@@ -17,13 +17,14 @@
                     '#e377c2', '#17becf', '#bcbd22', '#7f7f7f'];
   var STATE_CATS = ['params', 'grads', 'master', 'adam_m', 'adam_v'];
   var PEAK_CATS = ['gathered', 'grad_buckets', 'grad_accum', 'activations', 'comm_buffers',
-    'workspace'];
+    'workspace', 'hpz_params', 'offload_staging'];
   var COMM_CATS = ['all_reduce', 'reduce_scatter', 'all_gather', 'broadcast', 'control'];
   var CAT_COLORS = {
     params: '#4e79a7', grads: '#f28e2b', master: '#e15759', adam_m: '#59a14f',
     adam_v: '#76b7b2', gathered: '#edc948', grad_buckets: '#b07aa1', grad_accum: '#d37295',
     activations: '#ff9da7',
-    comm_buffers: '#9c755f', workspace: '#bab0ac', all_reduce: '#4e79a7',
+    comm_buffers: '#9c755f', workspace: '#bab0ac', hpz_params: '#8cd17d',
+    offload_staging: '#a0cbe8', all_reduce: '#4e79a7',
     reduce_scatter: '#e15759', all_gather: '#59a14f', broadcast: '#f28e2b', control: '#bab0ac'
   };
   var EXTRA_COLORS = ['#8cd17d', '#a0cbe8', '#ffbe7d', '#d4a6c8', '#86bcb6'];

@@ -192,7 +192,8 @@ def bars(sid):
 
 # Memory: one rect per rank per non-zero category, carrying exactly the report's bytes.
 states = ["params", "grads", "master", "adam_m", "adam_v"]
-peaks = ["gathered", "grad_buckets", "activations", "comm_buffers", "workspace"]
+peaks = ["gathered", "grad_buckets", "grad_accum", "activations", "comm_buffers", "workspace",
+         "hpz_params", "offload_staging"]
 want = Counter()
 for r in reports:
     for k in r["ranks"]:
