@@ -86,6 +86,8 @@ uint64_t OffloadTier::offset(size_t u, size_t r, size_t e) const {
 void OffloadTier::initialize(uint64_t seed) {
   const bool fp32 = state_.fp32();
   if (fp32 && !params_) return;  // the params are the master, initialized in memory
+  // The master's values, rounded into the 16-bit parameters too: into the file's region
+  // with them offloaded, else into memory (ShardedState left the optimizer range to this).
   std::vector<Job> jobs;
   for (size_t i = 0; i < state_.units().size(); ++i) {
     jobs.push_back(
@@ -95,8 +97,13 @@ void OffloadTier::initialize(uint64_t seed) {
     const UnitState& u = state_.units()[p.unit];
     const size_t b = u.opt_range.begin + p.begin;
     initialize_range(seed, *u.unit, b, b + p.size(), p.master);
-    // As ShardedState rounds its in-memory parameters.
-    if (p.params != nullptr && !fp32) narrow(p.master, p.params, state_.dtype(), 0);
+    if (fp32) return;
+    if (p.params != nullptr) {
+      narrow(p.master, p.params, state_.dtype(), 0);
+    } else {
+      UnitState& mine = state_.units()[p.unit];
+      narrow(p.master, mine.params.data(), state_.dtype(), mine.params_opt + p.begin);
+    }
   });
 }
 

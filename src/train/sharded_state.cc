@@ -36,13 +36,19 @@ namespace {
 // Every rank initializes exactly the ranges it holds, from the pure init function, so the
 // starting model is the same for every N and stage and no rank materializes what it does
 // not keep. `held` covers the optimizer range (all of the unit below stage 3; at stage 3
-// held == own == the optimizer range).
-void initialize(UnitState& u, uint64_t seed) {
+// held == own == the optimizer range). `skip`, a part of `held`, is left to the offload
+// tier, which computes those values once for the master in its file and rounds them into
+// the params here.
+void initialize(UnitState& u, uint64_t seed, Range skip) {
   if (u.params.count == 0 && u.master.empty()) return;
   std::vector<float> tmp;
   constexpr size_t kChunk = 1 << 20;
-  for (size_t b = u.held.begin; b < u.held.end; b += kChunk) {
-    const size_t e = std::min(u.held.end, b + kChunk);
+  for (size_t b = u.held.begin, e = 0; b < u.held.end; b = e) {
+    if (b >= skip.begin && b < skip.end) {
+      e = skip.end;
+      continue;
+    }
+    e = std::min({u.held.end, b + kChunk, b < skip.begin ? skip.begin : u.held.end});
     tmp.resize(e - b);
     initialize_range(seed, *u.unit, b, e, tmp);
     narrow(tmp, u.params.data(), u.params.dtype, b - u.held.begin);
@@ -105,7 +111,9 @@ ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision 
             {b - u.opt_range.begin, e - u.opt_range.begin, decay_all || t.weight_decay});
       }
     }
-    initialize(u, seed);
+    // 16-bit parameters beside an offloaded master: the tier writes both from one pass.
+    const bool tier_rounds = offload == Offload::kOptimizer && !fp32();
+    initialize(u, seed, tier_rounds ? u.opt_range : Range{});
   }
 }
 
