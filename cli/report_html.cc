@@ -129,6 +129,7 @@ json run_data(const RunReport& r, const std::string& file) {
       out["peaks"][category(k)] = rank.peak[k];
     }
     out["peak_total"] = rank.peak_total;
+    out["nvme"] = rank.nvme_bytes;
     json per_step = json::object();
     for (const auto& [kind, bytes] : rank.comm_bytes) {
       per_step[kind] = static_cast<double>(bytes) / nsteps;

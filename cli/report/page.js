@@ -453,10 +453,16 @@
   }
 
   function runSub(r) { return 'stage ' + r.stage + ' · N=' + r.world_size + ' · ' + r.precision; }
+  // What an offloaded run keeps on disk: not memory, so beside the bars, not in them.
+  function diskSub(r) {
+    var most = 0;
+    r.ranks.forEach(function (k) { most = Math.max(most, k.nvme || 0); });
+    return most > 0 ? ' · ' + fmtBytes(most) + ' on disk' : '';
+  }
 
   function drawMemory() {
     var groups = data.runs.map(function (r, i) {
-      return {label: r.label, sub: runSub(r), color: runColor(i), bars: r.ranks.map(function (k) {
+      return {label: r.label, sub: runSub(r) + diskSub(r), color: runColor(i), bars: r.ranks.map(function (k) {
         var segs = STATE_CATS.map(function (c) { return {cat: c, value: k.states[c]}; })
           .concat(PEAK_CATS.map(function (c) { return {cat: c, value: k.peaks[c] || 0, pale: true}; }));
         return {label: String(k.rank), segs: segs,
@@ -565,6 +571,7 @@
         htmlEl(tr, 'td', fmtBytes(k.states_total)).title = breakdown(k.states);
         htmlEl(tr, 'td', fmtBytes(r.formula.total)).title = breakdown(r.formula);
         htmlEl(tr, 'td', r.formula.total > 0 ? (k.states_total / r.formula.total).toFixed(4) : '—');
+        htmlEl(tr, 'td', k.nvme > 0 ? fmtBytes(k.nvme) : '—', 'nvme');
         if (k.plan_states) {
           htmlEl(tr, 'td', fmtBytes(k.plan_states.total)).title = breakdown(k.plan_states);
           var same = k.plan_states.total === k.states_total;

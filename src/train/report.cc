@@ -136,7 +136,7 @@ nlohmann::json report_json(const TrainResult& r) {
     rj[key::kPeakBytes] = peak;
     rj[key::kOutsideLedgerBytes] = {{key::kGemmBf16Copies, rank.gemm_bf16_copy_bytes}};
     if (r.config.offload != Offload::kNone) {
-      rj["nvme_bytes"] = rank.nvme_bytes;
+      rj[key::kNvmeBytes] = rank.nvme_bytes;
       rj["offload_io"] = {{"bytes_read", rank.offload_bytes_read},
                           {"bytes_written", rank.offload_bytes_written},
                           {"wait_seconds", rank.offload_wait_seconds},

@@ -85,6 +85,7 @@ inline constexpr char kCalls[] = "calls";
 inline constexpr char kBytes[] = "bytes";
 inline constexpr char kCrossNodeBytes[] = "cross_node_bytes";
 inline constexpr char kSamplesSha256[] = "samples_sha256";
+inline constexpr char kNvmeBytes[] = "nvme_bytes";
 inline constexpr char kCommBytesPerStep[] = "comm_bytes_per_step";
 }  // namespace report_key
 

@@ -165,6 +165,7 @@ ReportRank read_rank(const Fields& F, const json& rk, const std::string& where) 
     r.peak[k] = F.count(peaks, peaks_at, category(k).c_str());
   }
   r.peak_total = F.count(peaks, peaks_at, key::kTotal);
+  if (rk.contains(key::kNvmeBytes)) r.nvme_bytes = F.count(rk, where, key::kNvmeBytes);
   const json& comm = F.object(rk, where, key::kComm);
   for (const auto& [kind, v] : comm.items()) {
     const std::string at = fmt::format("{}.{}.{}", where, key::kComm, kind);

@@ -46,6 +46,8 @@ struct ReportRank {
   // `comm[kind].cross_node_bytes`, the part of `bytes` from peers on other nodes, for each
   // kind that has it: reports written before nodes existed have none.
   std::map<std::string, uint64_t> comm_cross_node_bytes;
+  // `nvme_bytes`: the offload file's bytes; 0 for a run without --offload (no key).
+  uint64_t nvme_bytes = 0;
 };
 
 // The planner's figures for one rank, as the file holds them (`plan`).

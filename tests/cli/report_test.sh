@@ -31,6 +31,10 @@ mkdir -p "$weird"
 # Over two nodes of 2 ranks, with stage 3's modes that keep traffic inside a node.
 "$zerodp" train --size tiny --data synthetic --steps 3 --ranks 4 --node-ranks 2 --stage 3 \
   --collectives two-level --hpz --report c.json >train_c.log 2>&1 || { cat train_c.log; exit 1; }
+# Offloaded, parameters too: the page says what each rank keeps on disk.
+"$zerodp" train --size tiny --data synthetic --steps 2 --ranks 2 --stage 3 \
+  --offload optimizer,params --offload-dir "$tmp" --offload-piece 2048 --report d.json \
+  >train_d.log 2>&1 || { cat train_d.log; exit 1; }
 # A metrics log whose last line is still being written (no newline yet): left out.
 cp b.jsonl live.jsonl
 printf '{"step":6,"lo' >>live.jsonl
@@ -299,7 +303,8 @@ sed 's|</body>|<script>document.body.setAttribute("data-widths", [document.docum
 "$zerodp" report a.json c.json --out nodes.html --quiet || bad "report a.json c.json failed"
 "$zerodp" report mid.json --out mid.html --quiet || bad "report mid.json failed"
 "$zerodp" report old.json --out old.html --quiet || bad "report old.json failed"
-for page in extreme.html above.html long-measured.html nodes.html mid.html old.html; do
+"$zerodp" report d.json a.json --out disk.html --quiet || bad "report d.json a.json failed"
+for page in extreme.html above.html long-measured.html nodes.html mid.html old.html disk.html; do
   render "$page"
 done
 
@@ -407,6 +412,26 @@ dom, svg, head, groups = comm("old.html")
 check(head.get("data-cross-drawn") == "0" and not of(groups.get("old.json", []), "line", "cross") and
       len(of(groups.get("old.json", []), "rect", "bar")) > 0,
       "old: a report without cross_node_bytes draws its comm bars alone")
+
+# The offloaded run's file, per rank in the estimate table and the largest under its bars;
+# the run without offload says nothing of a disk.
+def fmt_bytes(b):  # as the page writes bytes
+    units, i, v = ["B", "KiB", "MiB", "GiB", "TiB"], 0, float(b)
+    while abs(v) >= 1024 and i < 4:
+        v /= 1024; i += 1
+    return f"{v:.0f} B" if i == 0 else f"{v:.2f} {units[i]}"
+dom = open("disk.html.dom", encoding="utf-8").read()
+d = json.load(open("d.json"))
+rows = re.findall(r"<tr>(.*?)</tr>", re.search(r'<table id="estimate".*?</table>', dom, re.S).group(0), re.S)
+cells = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in rows]
+disk = [c[7] for c in cells if c and c[0].find("d.json") >= 0]
+plain = [c[7] for c in cells if c and c[0].find("a.json") >= 0]
+want = [fmt_bytes(k["nvme_bytes"]) for k in d["ranks"]]
+check(disk == want and all(k["nvme_bytes"] > 0 for k in d["ranks"]), f"disk: the estimate table's on-disk bytes per rank ({disk} vs {want})")
+check(plain == ["—"] * len(plain) and len(plain) == 2, f"disk: a run without offload has none ({plain})")
+memory = re.search(r'<svg[^>]*id="memory".*?</svg>', dom, re.S).group(0)
+most = fmt_bytes(max(k["nvme_bytes"] for k in d["ranks"]))
+check(f"{most} on disk" in memory and memory.count("on disk") == 1, f"disk: the memory chart labels the offloaded run with {most} on disk")
 sys.exit(1 if fail else 0)
 EOF
 

@@ -47,6 +47,7 @@ TrainResult made_result() {
   r.config = testing::tiny_config(2, 3, Precision::kFP16);
   r.config.launch.comm.node_ranks = 1;
   r.config.steps = 5;
+  r.config.offload = Offload::kParams;  // the ranks' nvme_bytes are written
   r.unit_names = {"wte", "block.0", "lm_head"};
   r.unit_numel = {1000, 333, 77};
   r.params = 1410;
@@ -74,6 +75,7 @@ TrainResult made_result() {
       s.peak[k] = 1000 * (rank + 1) + k;
     }
     s.peak_total = 50000 + rank;
+    s.nvme_bytes = 7000000 + 4096u * rank;
     for (int k = 0; k < kNumCommKinds; ++k) {
       // Part of each kind's bytes crossed nodes, a different part per kind and rank.
       s.comm_train[k] = {static_cast<uint64_t>(k + 1), 4096u * (k + 1) + rank,
@@ -149,6 +151,7 @@ void expect_same(const TrainResult& want, const RunReport& got) {
       EXPECT_EQ(g.peak[k], state ? 0 : w.peak[k]) << k;
     }
     EXPECT_EQ(g.peak_total, w.peak_total);
+    EXPECT_EQ(g.nvme_bytes, w.nvme_bytes);
     ASSERT_EQ(g.comm_bytes.size(), static_cast<size_t>(kNumCommKinds));
     for (int k = 0; k < kNumCommKinds; ++k) {
       const std::string kind(comm_kind_name(static_cast<CommKind>(k)));
@@ -164,7 +167,7 @@ void expect_same(const TrainResult& want, const RunReport& got) {
   for (int rank = 0; rank < want.world_size; ++rank) {
     SCOPED_TRACE(fmt::format("plan rank {}", rank));
     const StateBytes s = model_state_bytes(want.unit_numel, want.world_size, c.stage, c.precision,
-                                           rank, fp32_accumulator(c));
+                                           rank, fp32_accumulator(c), c.offload);
     const ReportPlanRank& p = (*got.plan)[rank];
     EXPECT_EQ(p.model_state.params, s.params);
     EXPECT_EQ(p.model_state.grads, s.grads);
