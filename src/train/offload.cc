@@ -40,7 +40,12 @@ OffloadTier::OffloadTier(ShardedState& state, Offload offload, const std::filesy
       params_(offload == Offload::kParams),
       regions_(regions_for(state.fp32(), params_)),
       piece_(piece),
-      block_(offload_block_elements(offload, state.fp32() ? Precision::kFP32 : Precision::kBF16)),
+      // Elements per block of the narrowest region: every piece is whole blocks in each.
+      block_(kOffloadAlign / std::min_element(regions_.begin(), regions_.end(),
+                                              [](const Region& a, const Region& b) {
+                                                return a.element_bytes < b.element_bytes;
+                                              })
+                                 ->element_bytes),
       slot_bytes_(0),
       unit_base_([&] {
         std::vector<uint64_t> base{0};
@@ -90,20 +95,13 @@ void OffloadTier::initialize(uint64_t seed) {
   // with them offloaded, else into memory (ShardedState left the optimizer range to this).
   std::vector<Job> jobs;
   for (size_t i = 0; i < state_.units().size(); ++i) {
-    jobs.push_back(
-        {i, {0, state_.units()[i].opt_range.count()}, kMaster | (params_ && !fp32 ? kParams : 0u)});
+    jobs.push_back({i, {0, state_.units()[i].opt_range.count()}, kMaster | kParams});
   }
   stream(jobs, Access::kWrite, [&](Piece& p) {
     const UnitState& u = state_.units()[p.unit];
     const size_t b = u.opt_range.begin + p.begin;
     initialize_range(seed, *u.unit, b, b + p.size(), p.master);
-    if (fp32) return;
-    if (p.params != nullptr) {
-      narrow(p.master, p.params, state_.dtype(), 0);
-    } else {
-      UnitState& mine = state_.units()[p.unit];
-      narrow(p.master, mine.params.data(), state_.dtype(), mine.params_opt + p.begin);
-    }
+    if (!fp32) narrow(p.master, p.params, state_.dtype(), 0);
   });
 }
 
@@ -147,9 +145,6 @@ void OffloadTier::stream(std::span<const Job> jobs, Access access,
       throw std::logic_error(
           fmt::format("offload: job [{}, {}) of unit {} is outside its {} elements",
                       job.range.begin, job.range.end, job.unit, n));
-    }
-    if ((job.arrays & kParams) && !params_) {
-      throw std::logic_error("offload: the parameters are not in the file");
     }
     for (size_t a = job.range.begin / block_ * block_; a < job.range.end; a += piece_) {
       const Window w{.job = j,
@@ -245,11 +240,13 @@ void OffloadTier::stream(std::span<const Job> jobs, Access access,
       if (asked & kAdamV) p.v = view;
       if (asked & kParams) p.params = at;
     }
+    // What the file does not hold lives in the params' memory (at fp32 they are the master).
+    UnitState& u = state_.units()[job.unit];
     if ((job.arrays & kMaster) && p.master.empty()) {
-      // fp32 with the parameters in memory: they are the master.
-      UnitState& u = state_.units()[job.unit];
       p.master = {static_cast<float*>(u.params.data()) + u.params_opt + w.use_begin, len};
     }
+    if ((job.arrays & kParams) && p.params == nullptr)
+      p.params = u.params.at(u.params_opt + w.use_begin);
     f(p);
     if (writing) writes[s] = issue(k, true);
   }

@@ -32,8 +32,9 @@ namespace zerodp {
 
 class OffloadTier {
  public:
-  // Which arrays a job streams (a bit set). kParams: the parameters in their dtype (at fp32
-  // the same region as kMaster); only when the tier holds them.
+  // Which arrays a job streams (a bit set). kParams: the parameters in their dtype, wherever
+  // they are: the file's region (at fp32 the same as kMaster's) when the tier holds them, else
+  // their own memory, which moves no bytes.
   enum Arrays : unsigned { kMaster = 1, kAdamM = 2, kAdamV = 4, kAll = 7, kParams = 8 };
   enum class Access {
     kRead,       // pieces are read in; what the callback changes is dropped
@@ -56,8 +57,9 @@ class OffloadTier {
     bool first = false;  // the job's first piece
     bool last = false;   // the job's last piece
     size_t count = 0;
-    // The arrays the job asked for, [begin, begin + count) of each; empty otherwise. At fp32
-    // without kParams in the file, master is the params' own memory.
+    // The arrays the job asked for, [begin, begin + count) of each; empty otherwise. Arrays the
+    // file does not hold (kParams in memory; kMaster at fp32, which is the params) point into
+    // the params' own memory.
     std::span<float> master, m, v;
     void* params = nullptr;  // count elements of the state's dtype
     size_t size() const { return count; }

@@ -122,11 +122,12 @@ void OptimizerStep::update(double lr, double coef) {
 void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<float> chunk,
                                   bool gathers) {
   std::vector<UnitState>& units = state_.units();
-  // Parameters the file holds are rounded from the master, never read.
-  const unsigned params = offload_->holds_params() && !state_.fp32() ? OffloadTier::kParams : 0u;
+  // 16-bit parameters are rounded from the master, never read (at fp32 they are the master).
+  const unsigned unread = state_.fp32() ? 0u : OffloadTier::kParams;
   std::vector<OffloadTier::Job> jobs;
   for (size_t i = 0; i < units.size(); ++i) {
-    jobs.push_back({i, {0, units[i].opt_range.count()}, OffloadTier::kAll | params, params});
+    jobs.push_back(
+        {i, {0, units[i].opt_range.count()}, OffloadTier::kAll | OffloadTier::kParams, unread});
   }
   size_t done = 0;  // units whose update (and gather) is finished
   const auto finished = [&](size_t upto) {
@@ -140,13 +141,7 @@ void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<f
   const auto t0 = std::chrono::steady_clock::now();
   const OffloadTier::Counters before = offload_->counters();
   offload_->stream(jobs, OffloadTier::Access::kReadWrite, [&](OffloadTier::Piece& p) {
-    UnitState& u = units[p.unit];
-    if (p.params != nullptr) {
-      update_range(u, p.begin, p.master, p.m, p.v, p.params, 0, ac, coef, chunk);
-    } else {
-      update_range(u, p.begin, p.master, p.m, p.v, u.params.data(), u.params_opt + p.begin, ac,
-                   coef, chunk);
-    }
+    update_range(units[p.unit], p.begin, p.master, p.m, p.v, p.params, 0, ac, coef, chunk);
     if (p.last) finished(p.unit + 1);
   });
   finished(units.size());
