@@ -1,5 +1,6 @@
 // zerodp: data-parallel training with ZeRO stages 0-3, and the tools around it.
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <map>
@@ -14,6 +15,10 @@
 
 int main(int argc, char** argv) {
   using namespace zerodp;
+  // A write past `ulimit -f` would kill the process by SIGXFSZ (exit 153, nothing said);
+  // ignored, the write fails with EFBIG and goes the way of a full disk: a message naming
+  // the file, the checkpoint left uncommitted, the report written.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"zerodp " + std::string(zerodp_version()) +
                    ": data-parallel training with ZeRO stages 0-3, measured.\n"
                    "Every stage's memory and communication is counted per rank and reported.",

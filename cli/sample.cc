@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "core/units.h"
 #include "models/generate.h"
 #include "models/gpt.h"
 #include "tensor/gemm.h"
@@ -38,8 +39,9 @@ struct Flags {
   std::string model;
   std::string prompt;
   GenerateOptions options;
-  int heads = 0;    // only for a file without zerodp's metadata
-  int threads = 0;  // 0 = every core
+  std::string seed = "1337";  // parse_seed's, as train's is
+  int heads = 0;              // only for a file without zerodp's metadata
+  int threads = 0;            // 0 = every core
 };
 
 struct LoadedGpt {
@@ -235,7 +237,8 @@ LoadedGpt load_checkpoint_directory(const fs::path& dir) {
   return g;
 }
 
-int run_sample(const Flags& f) {
+int run_sample(Flags& f) {
+  f.options.seed = parse_seed(f.seed, "--seed");
   const fs::path path(f.model);
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
@@ -313,7 +316,7 @@ Runner add_sample(CLI::App& app) {
   app.add_option("--top-k", f->options.top_k,
                  "Draw only from the K most likely bytes; 0 = all of them")
       ->capture_default_str();
-  app.add_option("--seed", f->options.seed, "Random seed; the same seed gives the same text")
+  app.add_option("--seed", f->seed, "Random seed (0..2^64-1); the same seed gives the same text")
       ->capture_default_str();
   app.add_option("--heads", f->heads,
                  "Attention heads, only for a file without zerodp's metadata (from elsewhere)");

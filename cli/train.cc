@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <set>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -91,10 +92,6 @@ uint64_t parse_whole(const std::string& text, std::string_view flag, std::string
   return v;
 }
 
-uint64_t parse_seed(const std::string& text) {
-  return parse_whole(text, "--seed", "use a whole number from 0 to 18446744073709551615");
-}
-
 class Progress {
  public:
   explicit Progress(bool enabled)
@@ -152,7 +149,7 @@ class Progress {
 // 128 + the signal for a run a signal stopped (also one that arrived after the last step:
 // the caller asked to stop and should learn that it did), 1 for --max-skips, else 0.
 int exit_code(const TrainResult& r) {
-  if (r.stopped && r.stopped->reason == EarlyStop::Reason::kMaxSkips) return kExitFailure;
+  if (r.stopped && r.stopped->reason != EarlyStop::Reason::kSignal) return kExitFailure;
   if (r.stopped) return 128 + r.stopped->signal;
   if (const int signal = stop_requested()) return 128 + signal;
   return 0;
@@ -162,6 +159,11 @@ int exit_code(const TrainResult& r) {
 std::string stop_note(const TrainResult& r) {
   const EarlyStop& stop = *r.stopped;
   if (stop.reason == EarlyStop::Reason::kMaxSkips) return stop.message;
+  if (stop.reason == EarlyStop::Reason::kCheckpointFailed) {
+    std::string note = fmt::format("stopped: {}", stop.message);
+    if (!r.config.report_path.empty()) note += fmt::format("; report: {}", r.config.report_path);
+    return note;
+  }
   std::string note = fmt::format("interrupted by {} after step {} of {}", signal_name(stop.signal),
                                  stop.after_step, r.config.steps);
   const std::string& saved = r.steps.empty() ? std::string() : r.steps.back().checkpoint;
@@ -173,6 +175,11 @@ std::string stop_note(const TrainResult& r) {
   if (!r.config.report_path.empty()) note += fmt::format("; report: {}", r.config.report_path);
   return note;
 }
+
+// The simulated link's bounds (estimate takes the same): 1 KB/s to 10 TB/s, latency to 1 s.
+constexpr double kMinLinkRate = 1e3;
+constexpr double kMaxLinkRate = 1e13;
+constexpr double kMaxLatency = 1;
 
 int run_train(Flags& f, Launch args) {
   TrainConfig& c = f.cfg;
@@ -196,7 +203,8 @@ int run_train(Flags& f, Launch args) {
   c.offload_piece = parse_whole(f.offload_piece, "--offload-piece",
                                 "use a multiple of 1024 elements, e.g. 1048576, or 0 for the "
                                 "default");
-  c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout");
+  // Past a day no collective is still coming, and a wait that long overflows some clocks.
+  c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout", 0, 86400);
   if (!(c.launch.comm.timeout_seconds > 0)) {
     throw InvalidArgument(fmt::format(
         "--collective-timeout '{}' is invalid; use a positive duration, e.g. 300 or 30s",
@@ -205,18 +213,22 @@ int run_train(Flags& f, Launch args) {
   if (!f.memory_per_rank.empty()) {
     c.memory_per_rank = parse_bytes(f.memory_per_rank, "--memory-per-rank");
   }
+  // A simulated link slower than these studies no network anyone runs, and its waits would
+  // outlast any collective timeout.
   if (!f.link_bandwidth.empty()) {
-    c.launch.comm.link_bandwidth = parse_bandwidth(f.link_bandwidth, "--link-bandwidth");
+    c.launch.comm.link_bandwidth =
+        parse_bandwidth(f.link_bandwidth, "--link-bandwidth", kMinLinkRate, kMaxLinkRate);
   }
   if (!f.link_latency.empty()) {
-    c.launch.comm.link_latency = parse_seconds(f.link_latency, "--link-latency");
+    c.launch.comm.link_latency = parse_seconds(f.link_latency, "--link-latency", 0, kMaxLatency);
   }
   if (!f.inter_node_bandwidth.empty()) {
-    c.launch.comm.inter_node_bandwidth =
-        parse_bandwidth(f.inter_node_bandwidth, "--inter-node-bandwidth");
+    c.launch.comm.inter_node_bandwidth = parse_bandwidth(
+        f.inter_node_bandwidth, "--inter-node-bandwidth", kMinLinkRate, kMaxLinkRate);
   }
   if (!f.inter_node_latency.empty()) {
-    c.launch.comm.inter_node_latency = parse_seconds(f.inter_node_latency, "--inter-node-latency");
+    c.launch.comm.inter_node_latency =
+        parse_seconds(f.inter_node_latency, "--inter-node-latency", 0, kMaxLatency);
   }
   c.progress = !f.no_progress;
   for (const std::string& text : f.inject) c.inject.push_back(parse_injection(text));
@@ -230,7 +242,7 @@ int run_train(Flags& f, Launch args) {
           "{} {} is invalid; use 1 or more (omit it for the --size preset's)", flag, v));
     }
   }
-  c.seed = parse_seed(f.seed);
+  c.seed = parse_seed(f.seed, "--seed");
   c.lr = static_cast<float>(
       parse_number(f.lr, "--lr", 0, true, "use a positive number, e.g. 1e-3 or 3e-4"));
   c.clip = static_cast<float>(
@@ -324,6 +336,10 @@ int run_train(Flags& f, Launch args) {
 }
 
 }  // namespace
+
+// Elements per quantization scale (--qwz-block, --qgz-block): past 2^24 one fp32 scale spans
+// more than a 64 MiB block, far beyond what either mode's error bound was measured at.
+const CLI::Range kBlockRange(1, 1 << 24);
 
 Runner add_train(CLI::App& app) {
   auto f = std::make_shared<Flags>();
@@ -421,6 +437,7 @@ Runner add_train(CLI::App& app) {
                 "from the owner's fp32 master (ZeRO++'s qwZ): about half the gathers' bytes, "
                 "and the passes see quantized weights");
   par->add_option("--qwz-block", c.qwz_block, "Elements per quantization scale (--qwz)")
+      ->check(kBlockRange)
       ->capture_default_str();
   par->add_option("--offload", f->offload,
                   "optimizer: keep the fp32 master weights and Adam moments in a scratch file "
@@ -451,7 +468,9 @@ Runner add_train(CLI::App& app) {
                   "inside each node then across nodes (ZeRO++'s qgZ), summed in fp32 at the "
                   "owner; off, int8 or int4")
       ->capture_default_str();
+  // Checked as text: the unsigned count would take -1 as 2^64 - 1.
   par->add_option("--qgz-block", c.launch.comm.qgz_block, "Elements per quantization scale (--qgz)")
+      ->check(kBlockRange)
       ->capture_default_str();
   par->add_option("--collectives", f->collectives,
                   "flat: every rank exchanges with every rank; two-level (with --node-ranks): "
@@ -479,11 +498,11 @@ Runner add_train(CLI::App& app) {
   ck->add_option("--checkpoint-dir", c.checkpoint_dir,
                  "Save sharded checkpoints here (DIR/step_NNNNNNNN/, DIR/latest); also at the "
                  "last step");
+  // Ranges are checked with the others (validate()), in words: CLI11's NonNegativeNumber
+  // printed the largest double in 300 digits.
   ck->add_option("--checkpoint-every", c.checkpoint_every, "Save every K steps (0 = last only)")
-      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   ck->add_option("--keep", c.keep, "Committed checkpoints to keep, newest first (0 = all)")
-      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   ck->add_option("--resume", c.resume,
                  "Continue from a checkpoint: a step directory, a checkpoint dir, or 'latest' "
@@ -522,8 +541,27 @@ Runner add_train(CLI::App& app) {
                   "Write a Chrome trace (chrome://tracing, Perfetto) of every rank's compute "
                   "and collectives here; under MPI one file per rank, FILE.rankR.json");
   out->add_flag("--no-progress", f->no_progress, "No progress output");
-  return [f, ranks](Launch args) {
+  return [f, ranks, &app](Launch args) {
     f->ranks_given = ranks->count() > 0;
+    // What the user set, by the keys config_json and the idle-option rules use (a --config
+    // file's keys arrive here as flags; a report's nulls never do).
+    std::set<std::string> given;
+    const auto collect = [&given](const CLI::App& from) {
+      for (const CLI::Option* o : from.get_options()) {
+        if (o->count() == 0) continue;
+        for (std::string name : o->get_lnames()) {
+          for (char& ch : name) ch = ch == '-' ? '_' : ch;
+          given.insert(name);
+        }
+      }
+    };
+    collect(app);
+    // Option groups are nameless subcommands holding their own options.
+    for (const CLI::App* group :
+         app.get_subcommands([](const CLI::App* a) { return a->get_name().empty(); })) {
+      collect(*group);
+    }
+    f->cfg.given = std::move(given);
     return run_train(*f, args);
   };
 }

@@ -76,6 +76,9 @@ ExportSummary export_fp32(const std::filesystem::path& dir, const std::filesyste
   const files::Named inputs[] = {{"checkpoint", step}};
   const files::Named outputs[] = {{"--out", out}};
   files::check_distinct(inputs, outputs);
+  // Given the checkpoint root, --out must not take a name its checkpoints live by either
+  // (an export over `latest` loses every later resume).
+  check_not_store_owned("--out", out, "checkpoint", dir);
   check_before_open(step, layout);
   const Checkpoint ckpt(step);
   const Meta& m = ckpt.meta();

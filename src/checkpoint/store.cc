@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/sha256.h"
 
 namespace zerodp::checkpoint {
@@ -93,6 +94,27 @@ fs::path temp_dir(const fs::path& root, uint64_t step) {
 }
 
 fs::path step_dir(const fs::path& root, uint64_t step) { return root / step_dir_name(step); }
+
+bool owned_by_store(std::string_view name) {
+  return name == kLatest || name == std::string(kLatest) + ".tmp" || name == ".lock" ||
+         name.starts_with(kStepPrefix) || name.starts_with(kTempPrefix);
+}
+
+void check_not_store_owned(std::string_view what, const fs::path& out, std::string_view root_what,
+                           const fs::path& root) {
+  const fs::path dir = files::final_target(root);
+  // A dangling link still names where the output would land.
+  const fs::path target = files::final_target(out);
+  const fs::path rel = target.lexically_relative(dir);
+  if (rel.empty() || *rel.begin() == ".." || *rel.begin() == ".") return;
+  const std::string first = rel.begin()->string();
+  if (!owned_by_store(first)) return;
+  throw InvalidArgument(fmt::format(
+      "{} '{}' would overwrite {} in {} '{}', which its checkpoints own (latest, .lock, "
+      "step_* and .tmp.* are theirs); give the output another name there, or write it "
+      "elsewhere",
+      what, out.string(), first, root_what, root.string()));
+}
 
 int clean_leftovers(const fs::path& root) {
   std::error_code ec;

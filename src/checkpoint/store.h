@@ -44,6 +44,15 @@ void write_file_atomically(const fs::path& path, std::string_view text);
 
 fs::path temp_dir(const fs::path& root, uint64_t step);  // root/.tmp.step_...
 fs::path step_dir(const fs::path& root, uint64_t step);  // root/step_...
+// Whether `name`, directly under a checkpoint root, is one the store writes, renames or
+// removes: latest and its temporary, step_* directories, .tmp.* temporaries, and the run's
+// .lock. A user's file under such a name would be replaced, pruned or swept away.
+bool owned_by_store(std::string_view name);
+// Refuses (InvalidArgument) an output `out` (named by `what`) that is, or lies inside, a
+// name the store owns under `root` (named by `root_what`): symlinks are followed, so a
+// link into the directory counts as what it points at.
+void check_not_store_owned(std::string_view what, const fs::path& out, std::string_view root_what,
+                           const fs::path& root);
 // Removes temporaries (".tmp.*", "latest.tmp") a crashed run left in root.
 // Returns how many it removed.
 int clean_leftovers(const fs::path& root);

@@ -38,22 +38,6 @@ std::optional<struct stat> stat_of(const fs::path& path) {
       fmt::format("{}: cannot {} '{}': {}", what, doing, path.string(), std::strerror(errno)));
 }
 
-// The file a path finally names: every symlink followed, also a dangling one (whose
-// target is where a new file will be created), and the result absolute.
-fs::path final_target(const fs::path& path) {
-  std::error_code ec;
-  fs::path p = fs::absolute(path, ec);
-  if (ec) p = path;
-  for (int hops = 0; hops < 40; ++hops) {
-    if (!fs::is_symlink(p, ec)) break;
-    const fs::path to = fs::read_symlink(p, ec);
-    if (ec) break;
-    p = to.is_absolute() ? to : p.parent_path() / to;
-  }
-  const fs::path resolved = fs::weakly_canonical(p, ec);
-  return ec ? p.lexically_normal() : resolved;
-}
-
 fs::path parent_of(const fs::path& target) {
   return target.has_parent_path() ? target.parent_path() : fs::path(".");
 }
@@ -87,6 +71,20 @@ std::string temp_name(const fs::path& target) {
 }
 
 }  // namespace
+
+fs::path final_target(const fs::path& path) {
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec);
+  if (ec) p = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    if (!fs::is_symlink(p, ec)) break;
+    const fs::path to = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  const fs::path resolved = fs::weakly_canonical(p, ec);
+  return ec ? p.lexically_normal() : resolved;
+}
 
 std::optional<std::string_view> non_regular_kind(const fs::path& path) {
   const auto st = stat_of(path);

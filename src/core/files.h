@@ -27,6 +27,10 @@ uint64_t require_regular_input(std::string_view what, const fs::path& path);
 // directory", "a FIFO", "a character device", ...; nullopt for a regular file or nothing.
 std::optional<std::string_view> non_regular_kind(const fs::path& path);
 
+// The file a path finally names: every symlink followed, also a dangling one (whose target
+// is where a new file will be created), and the result absolute.
+fs::path final_target(const fs::path& path);
+
 // One path the user named, and the flag or role it was named by.
 struct Named {
   std::string what;

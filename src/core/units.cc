@@ -113,6 +113,58 @@ double parse_seconds(std::string_view text, std::string_view what) {
   return s.number * scale;
 }
 
+double parse_bandwidth(std::string_view text, std::string_view what, double lo, double hi) {
+  const double v = parse_bandwidth(text, what);
+  if (v < lo || v > hi) {
+    throw InvalidArgument(fmt::format("{} {} is out of range; use {} to {}", what, text,
+                                      format_bandwidth(lo), format_bandwidth(hi)));
+  }
+  return v;
+}
+
+double parse_seconds(std::string_view text, std::string_view what, double lo, double hi) {
+  const double v = parse_seconds(text, what);
+  if (v < lo || v > hi) {
+    throw InvalidArgument(fmt::format("{} {} is out of range; use {} to {}", what, text,
+                                      format_seconds(lo), format_seconds(hi)));
+  }
+  return v;
+}
+
+uint64_t parse_seed(std::string_view text, std::string_view what) {
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || ptr != end || text.empty()) {
+    throw InvalidArgument(fmt::format(
+        "{} {} is invalid; use a whole number from 0 to 18446744073709551615", what, text));
+  }
+  return v;
+}
+
+std::string format_seconds(double seconds) {
+  if (seconds == 0) return "0 s";
+  if (seconds >= 86400)
+    return fmt::format("{:g} {}", seconds / 86400, seconds == 86400 ? "day" : "days");
+  if (seconds >= 3600) return fmt::format("{:g} h", seconds / 3600);
+  if (seconds >= 60) return fmt::format("{:g} min", seconds / 60);
+  if (seconds >= 1) return fmt::format("{:g} s", seconds);
+  if (seconds >= 1e-3) return fmt::format("{:g} ms", seconds * 1e3);
+  if (seconds >= 1e-6) return fmt::format("{:g} us", seconds * 1e6);
+  return fmt::format("{:g} ns", seconds * 1e9);
+}
+
+std::string format_bandwidth(double bytes_per_second) {
+  static constexpr const char* kNames[] = {"B/s", "KB/s", "MB/s", "GB/s", "TB/s", "PB/s"};
+  int i = 0;
+  double v = bytes_per_second;
+  while (v >= 1000.0 && i < 5) {
+    v /= 1000.0;
+    ++i;
+  }
+  return fmt::format("{:g} {}", v, kNames[i]);
+}
+
 std::string format_bytes(double bytes) {
   static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int i = 0;

@@ -60,7 +60,9 @@ StateFile::StateFile(const std::filesystem::path& dir, const std::string& name, 
       throw IoError(
           fmt::format("offload: cannot reserve {} for {}: {}{}",
                       format_bytes(static_cast<double>(bytes)), path_.string(), std::strerror(err),
-                      err == ENOSPC ? "; free space there or use another --offload-dir" : ""));
+                      err == ENOSPC  ? "; free space there or use another --offload-dir"
+                      : err == EFBIG ? "; the file size limit (ulimit -f) is below it: raise it"
+                                     : ""));
     }
   }
   worker_ = std::thread([this] { run(); });

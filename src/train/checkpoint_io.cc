@@ -280,8 +280,10 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
     }
   }
   if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
-    if (rank == 0) throw IoError(fmt::format("checkpoint at step {}: {}", step, error));
-    throw IoError(
+    if (rank == 0) {
+      throw CheckpointNotCommitted(fmt::format("checkpoint at step {}: {}", step, error));
+    }
+    throw CheckpointNotCommitted(
         fmt::format("checkpoint at step {}: rank 0 could not create {}", step, temp.string()));
   }
   std::string sha;
@@ -323,7 +325,13 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
   }
   if (rank == 0) meta.files.push_back(history_file);  // rank 0 alone commits
   if (!failed.empty()) {
-    throw IoError(
+    // Every rank has finished with the temporary: what it holds can never be committed, and
+    // on a full disk its space is what the user needs back.
+    if (rank == 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(temp, ec);
+    }
+    throw CheckpointNotCommitted(
         fmt::format("checkpoint at step {} not committed: rank(s) {} could not write "
                     "their shard{}{}",
                     step, fmt::join(failed, ", "), error.empty() ? "" : ": ", error));
@@ -336,8 +344,8 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
     }
   }
   if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
-    throw IoError(fmt::format("checkpoint at step {} not committed: {}", step,
-                              rank == 0 ? error : "rank 0 failed to commit it"));
+    throw CheckpointNotCommitted(fmt::format("checkpoint at step {} not committed: {}", step,
+                                             rank == 0 ? error : "rank 0 failed to commit it"));
   }
 }
 

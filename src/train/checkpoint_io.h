@@ -11,6 +11,7 @@
 
 #include "checkpoint/format.h"
 #include "checkpoint/store.h"
+#include "core/error.h"
 #include "train/rank_trainer.h"
 #include "train/result.h"
 
@@ -27,6 +28,13 @@ void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& 
 // Replaces every state, the optimizer's counters and the data cursor with the checkpoint's.
 // The caller verified the checkpoint.
 void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
+
+// A save that every rank agreed was not committed: each rank throws it, at the same point,
+// so the run can stop cleanly on all of them (EarlyStop::Reason::kCheckpointFailed).
+class CheckpointNotCommitted : public IoError {
+ public:
+  using IoError::IoError;
+};
 
 // One checkpoint after `step`, every rank taking part. Nothing is committed unless every
 // rank's shard is durable; a failure on any rank fails all of them with the same verdict,

@@ -438,6 +438,7 @@ void resolve_config(TrainConfig& c) {
         "{}",
         t, c.launch.ranks, c.launch.ranks));
   }
+  check_idle_options(c);
 }
 
 bool canonical_order(const TrainConfig& c) {
@@ -447,6 +448,94 @@ bool canonical_order(const TrainConfig& c) {
 }
 
 bool fp32_accumulator(const TrainConfig& c) { return canonical_order(c) && c.grad_accum > 1; }
+
+namespace {
+
+// An option that acts only in some combinations. `idle` says when it has nothing to do,
+// `needs` what would give it something (it completes "...; NEEDS, or leave --FLAG out").
+struct IdleRule {
+  std::string_view key;  // config_json's
+  bool (*idle)(const TrainConfig& c);
+  std::string_view needs;
+  std::string (*value)(const TrainConfig& c);
+};
+
+std::string on_off(bool v) { return v ? "on" : "off"; }
+bool not_gpt(const TrainConfig& c) { return c.model != "gpt"; }
+bool not_mlp(const TrainConfig& c) { return c.model != "mlp"; }
+bool no_offload(const TrainConfig& c) { return c.offload == Offload::kNone; }
+
+// The one table of these rules: check_idle_options refuses what the user gave of them, and
+// config_json writes null for each idle one.
+const IdleRule kIdleRules[] = {
+    {"qwz_block", [](const TrainConfig& c) { return !c.qwz; },
+     "it sizes --qwz's blocks, and --qwz is off; add --qwz",
+     [](const TrainConfig& c) { return std::to_string(c.qwz_block); }},
+    {"qgz_block", [](const TrainConfig& c) { return c.launch.comm.qgz_bits == 0; },
+     "it sizes --qgz's blocks, and --qgz is off; add --qgz int8 (or int4)",
+     [](const TrainConfig& c) { return std::to_string(c.launch.comm.qgz_block); }},
+    {"offload_dir", no_offload,
+     "it holds --offload's scratch files, and --offload is none; add "
+     "--offload optimizer",
+     [](const TrainConfig& c) { return c.offload_dir; }},
+    {"offload_piece", no_offload,
+     "it sizes --offload's staged pieces, and --offload is none; add "
+     "--offload optimizer",
+     [](const TrainConfig& c) { return std::to_string(c.offload_piece); }},
+    {"offload_overlap", no_offload,
+     "it overlaps --offload's update, and --offload is none; add "
+     "--offload optimizer",
+     [](const TrainConfig& c) { return on_off(c.offload_overlap); }},
+    {"offload_overlap", [](const TrainConfig& c) { return c.stage == 1 || c.stage == 2; },
+     "stages 1 and 2 gather the updated shards after the whole update, so no forward can start "
+     "on a unit already updated; use --stage 0 or 3",
+     [](const TrainConfig& c) { return on_off(c.offload_overlap); }},
+    {"prefetch", [](const TrainConfig& c) { return c.stage != 3; },
+     "it sets how many units stage 3 gathers ahead, and stages 0-2 gather none; use --stage 3",
+     [](const TrainConfig& c) { return std::to_string(c.prefetch); }},
+    {"initial_loss_scale", [](const TrainConfig& c) { return c.precision != Precision::kFP16; },
+     "only fp16 scales its loss; use --precision fp16",
+     [](const TrainConfig& c) { return fmt::format("{:g}", c.initial_loss_scale); }},
+    {"size", not_gpt, "it picks a gpt preset; use --model gpt",
+     [](const TrainConfig& c) { return c.size; }},
+    {"layers", not_gpt, "it shapes a gpt; use --model gpt",
+     [](const TrainConfig& c) { return std::to_string(c.layers); }},
+    {"heads", not_gpt, "it shapes a gpt; use --model gpt",
+     [](const TrainConfig& c) { return std::to_string(c.heads); }},
+    {"embd", not_gpt, "it shapes a gpt; use --model gpt",
+     [](const TrainConfig& c) { return std::to_string(c.embd); }},
+    {"seq_len", not_gpt, "it shapes a gpt; use --model gpt",
+     [](const TrainConfig& c) { return std::to_string(c.seq_len); }},
+    {"mlp_hidden", not_mlp, "it shapes an mlp; use --model mlp",
+     [](const TrainConfig& c) { return std::to_string(c.mlp_hidden); }},
+    {"mlp_layers", not_mlp, "it shapes an mlp; use --model mlp",
+     [](const TrainConfig& c) { return std::to_string(c.mlp_layers); }},
+};
+
+std::string flag_of(std::string_view key) {
+  std::string flag = "--" + std::string(key);
+  for (char& ch : flag) ch = ch == '_' ? '-' : ch;
+  return flag;
+}
+
+}  // namespace
+
+void check_idle_options(const TrainConfig& c) {
+  if (!c.given) return;
+  for (const IdleRule& rule : kIdleRules) {
+    if (c.given->count(std::string(rule.key)) == 0 || !rule.idle(c)) continue;
+    const std::string flag = flag_of(rule.key);
+    throw InvalidArgument(fmt::format("{} {} does nothing here: {}, or leave {} out", flag,
+                                      rule.value(c), rule.needs, flag));
+  }
+  // 0 would mean "one node", which leaving the flag out already says; -2 is refused in
+  // resolve_config.
+  if (c.given->count("node_ranks") != 0 && c.launch.comm.node_ranks == 0) {
+    throw InvalidArgument(
+        "--node-ranks 0 is invalid; use the ranks per node (1 or more), or leave it out for one "
+        "node");
+  }
+}
 
 nlohmann::json config_json(const TrainConfig& c) {
   nlohmann::json j;
@@ -505,6 +594,10 @@ nlohmann::json config_json(const TrainConfig& c) {
   j["trace"] = c.trace_path;
   j["max_skips"] = c.max_skips;
   j["max_restarts"] = c.max_restarts;
+  for (const IdleRule& rule : kIdleRules) {
+    const std::string key(rule.key);
+    if (j.contains(key) && rule.idle(c)) j[key] = nullptr;
+  }
   return j;
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -179,7 +180,19 @@ struct TrainConfig {
   float initial_loss_scale = 65536.0f;
   // Return the consolidated fp32 weights in TrainResult (tools and tests; costs 4Φ on rank 0).
   bool keep_final_weights = false;
+  // The options the user set, as config_json's keys (from the command line or a --config
+  // file); nullopt for a configuration built in code. It decides two rules: an option given
+  // where its combination leaves it nothing to do is refused (check_idle_options), and a
+  // resume takes the model's fields the user left out from the checkpoint (a configuration
+  // built in code means every field as it stands).
+  std::optional<std::set<std::string>> given;
 };
+
+// One rule for every option that acts only in some combinations (--qwz-block without --qwz,
+// --offload-piece without --offload, ...): given explicitly, it is refused naming the option,
+// its value and what it needs; config_json records it as null, so a report fed back through
+// --config runs. Called by resolve_config.
+void check_idle_options(const TrainConfig& c);
 
 // --offload's value: "none", "optimizer" or "optimizer,params". Throws InvalidArgument naming
 // the text and what is accepted.

@@ -364,9 +364,17 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
       if (reporter) run.carried.push_back(history_of(rec));
       const bool due = cfg.checkpoint_every > 0 && s % cfg.checkpoint_every == 0;
       if (!cfg.checkpoint_dir.empty() && (due || s == last || interrupted)) {
-        save_checkpoint(trainer, s, run.carried);
-        rec.checkpoint =
-            checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(s)).string();
+        try {
+          save_checkpoint(trainer, s, run.carried);
+          rec.checkpoint =
+              checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(s)).string();
+        } catch (const CheckpointNotCommitted& e) {
+          // Every rank caught the same verdict here: they stop together, and the report
+          // says what was trained and why the run ended.
+          run.stopped = EarlyStop{.reason = EarlyStop::Reason::kCheckpointFailed,
+                                  .after_step = s,
+                                  .message = fmt::format("step {}: {}", s, e.what())};
+        }
       }
     } catch (...) {
       if (plan.failures != nullptr) {

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/store.h"
 #include "core/error.h"
 
 namespace zerodp {
@@ -32,8 +33,27 @@ void check_outputs(const TrainConfig& cfg, std::span<const files::Named> extra_i
   if (!cfg.metrics_path.empty()) outputs.push_back({"--metrics", cfg.metrics_path});
   if (!cfg.trace_path.empty()) outputs.push_back({"--trace", cfg.trace_path});
   files::check_distinct(inputs, outputs);
-  for (const files::Named& out : outputs) files::probe_output(out.what, out.path);
+  if (!cfg.checkpoint_dir.empty()) {
+    for (const files::Named& out : outputs) {
+      checkpoint::check_not_store_owned(out.what, out.path, "--checkpoint-dir", cfg.checkpoint_dir);
+    }
+  }
+  // The offload scratch lives in --offload-dir under names nobody sees (unlinked at once);
+  // the directory itself is what no output may be.
+  if (cfg.offload != Offload::kNone) {
+    for (const files::Named& out : outputs) {
+      std::error_code ec;
+      if (std::filesystem::equivalent(out.path, cfg.offload_dir, ec)) {
+        throw InvalidArgument(fmt::format(
+            "{} '{}' is --offload-dir, where the offload scratch lives; write the output to a "
+            "file, e.g. {}/report.json",
+            out.what, out.path.string(), cfg.offload_dir));
+      }
+    }
+  }
+  // The directory first: it is created if missing, and outputs may be named inside it.
   if (!cfg.checkpoint_dir.empty()) files::probe_directory("--checkpoint-dir", cfg.checkpoint_dir);
+  for (const files::Named& out : outputs) files::probe_output(out.what, out.path);
 }
 
 CheckpointDirLock::CheckpointDirLock(const std::filesystem::path& dir) {

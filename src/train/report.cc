@@ -87,7 +87,9 @@ nlohmann::json report_json(const TrainResult& r) {
   if (r.stopped) {
     const bool signal = r.stopped->reason == EarlyStop::Reason::kSignal;
     j[key::kStopped] = {
-        {key::kReason, signal ? "signal" : "max_skips"},
+        {key::kReason, signal                                              ? "signal"
+                       : r.stopped->reason == EarlyStop::Reason::kMaxSkips ? "max_skips"
+                                                                           : "checkpoint_failed"},
         {key::kSignal, signal ? nlohmann::json(signal_name(r.stopped->signal)) : nlohmann::json()},
         {key::kAfterStep, r.stopped->after_step},
         {key::kMessage, r.stopped->message}};

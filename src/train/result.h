@@ -38,7 +38,10 @@ struct StepRecord {
 
 // Why a run ended before its last step, with everything it had done saved and reported.
 struct EarlyStop {
-  enum class Reason { kSignal, kMaxSkips };
+  // kCheckpointFailed: a save every rank agreed was not committed (a full disk, a file size
+  // limit): the run stops there rather than train on without the saves it was asked for,
+  // and still reports what it trained.
+  enum class Reason { kSignal, kMaxSkips, kCheckpointFailed };
   Reason reason = Reason::kSignal;
   int signal = 0;          // kSignal: SIGINT or SIGTERM
   int64_t after_step = 0;  // the last step taken

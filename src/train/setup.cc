@@ -208,15 +208,18 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
 // compute garbage. The first collective compares a digest of each resolved option, so a
 // mismatch names the option, not just that there is one.
 void check_same_config(const TrainConfig& cfg, Communicator& comm) {
+  check_same_options(config_json(cfg), comm);
+}
+
+void check_same_options(const nlohmann::json& options, Communicator& comm) {
   CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
-  const nlohmann::json j = config_json(cfg);
-  // A fixed count, so ranks whose option sets differ (another --model) still meet in the
-  // same collective and learn which option differs.
-  constexpr size_t kSlots = 64;
+  // Ranks whose option sets differ (another --model) must still meet in collectives of one
+  // size to learn which option differs: they agree on the largest count first, so the
+  // exchange grows with the options rather than failing past a fixed number of them.
+  const auto slots = static_cast<size_t>(comm.max_control(static_cast<double>(options.size())));
   std::vector<std::string> keys;
-  std::vector<double> mine(kSlots, 0.0);
-  for (const auto& [key, value] : j.items()) {
-    if (keys.size() == kSlots) throw Error("check_same_config: more options than slots");
+  std::vector<double> mine(slots, 0.0);
+  for (const auto& [key, value] : options.items()) {
     // 48 bits of each option's digest: exact in a double.
     mine[keys.size()] = static_cast<double>(
         std::stoull(sha256_hex(key + "=" + value.dump()).substr(0, 12), nullptr, 16));
@@ -226,23 +229,29 @@ void check_same_config(const TrainConfig& cfg, Communicator& comm) {
   std::vector<int> differ;
   std::string first_key;
   for (int r = 1; r < comm.size(); ++r) {
-    for (size_t k = 0; k < keys.size(); ++k) {
-      if (all[static_cast<size_t>(r) * kSlots + k] != all[k]) {
-        if (first_key.empty()) first_key = keys[k];
+    for (size_t k = 0; k < slots; ++k) {
+      if (all[static_cast<size_t>(r) * slots + k] != all[k]) {
+        // A slot past this rank's options: another rank has more of them than it.
+        if (first_key.empty()) first_key = k < keys.size() ? keys[k] : std::string();
         if (differ.empty() || differ.back() != r) differ.push_back(r);
       }
     }
   }
-  if (!differ.empty()) {
-    std::string flag = first_key;
-    for (char& ch : flag) ch = ch == '_' ? '-' : ch;
+  if (differ.empty()) return;
+  if (first_key.empty()) {
     throw InvalidArgument(fmt::format(
-        "rank(s) {} run another configuration than rank 0: --{} differs (this rank has {}); "
-        "give every rank the same flags and --config file",
-        fmt::join(differ, ", "), flag,
-        j[first_key].is_number_float() ? fmt::format("{:g}", j[first_key].get<double>())
-                                       : j[first_key].dump()));
+        "rank(s) {} run another configuration than rank 0: they have more options (another "
+        "--model?); give every rank the same flags and --config file",
+        fmt::join(differ, ", ")));
   }
+  std::string flag = first_key;
+  for (char& ch : flag) ch = ch == '_' ? '-' : ch;
+  const nlohmann::json& v = options[first_key];
+  throw InvalidArgument(fmt::format(
+      "rank(s) {} run another configuration than rank 0: --{} differs (this rank has {}); "
+      "give every rank the same flags and --config file",
+      fmt::join(differ, ", "), flag,
+      v.is_number_float() ? fmt::format("{:g}", v.get<double>()) : v.dump()));
 }
 
 }  // namespace zerodp

@@ -52,5 +52,7 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
 // The first collective of a run: each resolved option's digest, compared across ranks.
 // Throws InvalidArgument naming the first option that differs.
 void check_same_config(const TrainConfig& cfg, Communicator& comm);
+// The same over any JSON object of options (config_json's, or a test's): as many as it holds.
+void check_same_options(const nlohmann::json& options, Communicator& comm);
 
 }  // namespace zerodp

@@ -36,6 +36,25 @@ TEST(Units, ParsesBandwidthAndDurations) {
   EXPECT_THROW((void)parse_seconds("5 parsecs"), InvalidArgument);
 }
 
+TEST(Units, BoundedParsesNameTheRangeInHumanUnits) {
+  EXPECT_DOUBLE_EQ(parse_seconds("20us", "--link-latency", 0, 1), 20e-6);
+  EXPECT_DOUBLE_EQ(parse_bandwidth("1GB/s", "--disk-bandwidth", 1e3, 1e13), 1e9);
+  try {
+    (void)parse_seconds("1e6", "--link-latency", 0, 1);
+    ADD_FAILURE() << "accepted 1e6 s";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "--link-latency 1e6 is out of range; use 0 s to 1 s");
+  }
+  try {
+    (void)parse_bandwidth("1e20", "--disk-bandwidth", 1e3, 1e13);
+    ADD_FAILURE() << "accepted 1e20 B/s";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "--disk-bandwidth 1e20 is out of range; use 1 KB/s to 10 TB/s");
+  }
+  EXPECT_EQ(format_seconds(300), "5 min");
+  EXPECT_EQ(format_seconds(2e-5), "20 us");
+}
+
 TEST(Units, FormatsBytesInBinaryUnits) {
   EXPECT_EQ(format_bytes(17), "17 B");
   EXPECT_EQ(format_bytes(1536), "1.50 KiB");

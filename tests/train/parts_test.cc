@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "comm/launch.h"
+#include "comm/local.h"
 #include "core/error.h"
 #include "data/source.h"
 #include "models/gpt.h"
@@ -19,6 +20,7 @@
 #include "train/flat.h"
 #include "train/plan.h"
 #include "train/rank_trainer.h"
+#include "train/setup.h"
 #include "train/stage_plan.h"
 #include "train_testing.h"
 
@@ -213,6 +215,44 @@ TEST(Errors, RethrowWithContextKeepsTheTypeAndLeadsWithThePlace) {
     EXPECT_EQ(e.failed_rank(), 2);
     EXPECT_STREQ(e.what(), "step 9: late");
   }
+}
+
+// The options compared across ranks are as many as a configuration holds: a fixed number of
+// slots once failed every MPI run as soon as options outgrew it.
+TEST(SameConfig, ComparesAnyNumberOfOptionsAndNamesTheOneThatDiffers) {
+  const TrainConfig cfg;
+  nlohmann::json base = config_json(cfg);
+  for (int i = 0; base.size() < 300; ++i) base[fmt::format("extra_option_{:03}", i)] = i;
+  run_local(3, {}, [&](Communicator& comm) { check_same_options(base, comm); });
+  std::string error;
+  std::mutex mu;
+  run_local(3, {}, [&](Communicator& comm) {
+    nlohmann::json mine = base;
+    if (comm.rank() == 2) mine["extra_option_100"] = -1;
+    try {
+      check_same_options(mine, comm);
+    } catch (const InvalidArgument& e) {
+      const std::lock_guard lock(mu);
+      if (comm.rank() == 0) error = e.what();
+    }
+  });
+  EXPECT_NE(error.find("rank(s) 2 run another configuration than rank 0: --extra-option-100 "
+                       "differs"),
+            std::string::npos)
+      << error;
+  // One rank with more options than the others still meets them and is named.
+  error.clear();
+  run_local(2, {}, [&](Communicator& comm) {
+    nlohmann::json mine = base;
+    if (comm.rank() == 1) mine["zz_only_on_rank_1"] = 1;
+    try {
+      check_same_options(mine, comm);
+    } catch (const InvalidArgument& e) {
+      const std::lock_guard lock(mu);
+      if (comm.rank() == 0) error = e.what();
+    }
+  });
+  EXPECT_NE(error.find("rank(s) 1 run another configuration"), std::string::npos) << error;
 }
 
 }  // namespace

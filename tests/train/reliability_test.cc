@@ -218,18 +218,27 @@ TEST(NonFinite, SkipsApartDoNotAddUp) {
   EXPECT_TRUE(r.steps[1].skipped && r.steps[3].skipped);
 }
 
-TEST(Faults, AFailedCheckpointWriteCommitsNothingAndNamesTheRank) {
+// Every rank agrees the save failed, so they stop together there, like a stop request: the
+// run's result (and its report) says what was trained and why it ended, and the temporary
+// is gone (on a full disk its space is what the user needs back).
+TEST(Faults, AFailedCheckpointWriteCommitsNothingStopsTheRunAndNamesTheRank) {
   TempDir tmp;
   TrainConfig c = tiny_config(3, 3);
-  c.steps = 4;
+  c.steps = 6;
   c.checkpoint_dir = tmp.path().string();
   c.checkpoint_every = 2;
   c.inject = {parse_injection("io@4:1")};
-  const auto [what, seconds] = fails<IoError>(c);
-  EXPECT_NE(what.find("step 4"), std::string::npos) << what;
-  EXPECT_NE(what.find("rank(s) 1 could not write"), std::string::npos) << what;
+  const TrainResult r = run(c);
+  ASSERT_TRUE(r.stopped.has_value());
+  EXPECT_EQ(r.stopped->reason, EarlyStop::Reason::kCheckpointFailed);
+  EXPECT_EQ(r.stopped->after_step, 4);
+  EXPECT_EQ(r.steps.size(), 4u);
+  EXPECT_NE(r.stopped->message.find("step 4"), std::string::npos) << r.stopped->message;
+  EXPECT_NE(r.stopped->message.find("rank(s) 1 could not write"), std::string::npos)
+      << r.stopped->message;
   EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000002");
   EXPECT_FALSE(fs::exists(tmp.path() / "step_00000004"));
+  EXPECT_FALSE(fs::exists(tmp.path() / ".tmp.step_00000004"));
 }
 
 TEST(Preflight, ARunPastTheMachinesMemoryIsRefusedBeforeAllocating) {

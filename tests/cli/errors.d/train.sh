@@ -162,3 +162,116 @@ else
 fi
 rm -rf "$scratch"
 expect "--offload-piece -1 is invalid" train "${tiny[@]}" --offload optimizer --offload-piece -1
+
+# Nothing lost, round three.
+# Outputs may not take a name the checkpoints own (latest, .lock, step_*, .tmp.*), also
+# through a link and before the directory or the step exists.
+ck3=$(mktemp -d)
+expect "--report '$ck3/c/latest' would overwrite latest in --checkpoint-dir '$ck3/c'" \
+  train "${tiny[@]}" --checkpoint-dir "$ck3/c" --report "$ck3/c/latest"
+expect "--metrics '$ck3/c/.lock' would overwrite .lock" \
+  train "${tiny[@]}" --checkpoint-dir "$ck3/c" --metrics "$ck3/c/.lock"
+expect "--trace '$ck3/c/step_00000002' would overwrite step_00000002" \
+  train "${tiny[@]}" --checkpoint-dir "$ck3/c" --trace "$ck3/c/step_00000002"
+ln -s c/latest "$ck3/link"
+expect "--report '$ck3/link' would overwrite latest" \
+  train "${tiny[@]}" --checkpoint-dir "$ck3/c" --report "$ck3/link"
+# Another name inside the directory is the user's to take, created with it.
+rm -rf "$ck3/c"
+if "$zerodp" train "${tiny[@]}" --checkpoint-dir "$ck3/c" --report "$ck3/c/report.json" \
+     >/dev/null 2>&1 && [[ -f $ck3/c/report.json && -f $ck3/c/latest ]]; then
+  echo "ok: a report of its own name inside --checkpoint-dir"
+else
+  echo "FAIL: --report inside --checkpoint-dir under a name of its own"; fail=1
+fi
+expect "--out '$ck3/c/latest' would overwrite latest in checkpoint '$ck3/c'" \
+  export "$ck3/c" --out "$ck3/c/latest"
+expect "--out '$ck3/c/.lock' would overwrite .lock" export "$ck3/c" --out "$ck3/c/.lock"
+expect "--out '$ck3/link' would overwrite latest" export "$ck3/c" --out "$ck3/link"
+[[ $(cat "$ck3/c/latest") == step_00000002 ]] || { echo "FAIL: latest was changed"; fail=1; }
+expect "is --offload-dir, where the offload scratch lives" \
+  train "${tiny[@]}" --offload optimizer --offload-dir "$ck3" --trace "$ck3"
+
+# Simulated links within human bounds (a latency of 1e6 s hung for 22 minutes).
+expect "--inter-node-latency 1e6 is out of range; use 0 s to 1 s" \
+  train "${tiny[@]}" --ranks 4 --node-ranks 2 --inter-node-latency 1e6
+expect "--link-latency 1e10 is out of range; use 0 s to 1 s" train "${tiny[@]}" --link-latency 1e10
+expect "--link-latency 1e308s is out of range" train "${tiny[@]}" --link-latency 1e308s
+expect "--link-bandwidth 1 is out of range; use 1 KB/s to 10 TB/s" \
+  train "${tiny[@]}" --link-bandwidth 1
+expect "--collective-timeout 1e308 is out of range; use 0 s to 1 day" \
+  train "${tiny[@]}" --collective-timeout 1e308
+# Block sizes as text: -1 would wrap to 2^64-1, 2^32+1 to 1.
+for v in -1 -18446744073709551615 4294967297 0; do
+  expect "--qgz-block: Value $v not in range 1 to 16777216" \
+    train "${tiny[@]}" --qgz int8 --qgz-block "$v"
+  expect "--qwz-block: Value $v not in range 1 to 16777216" \
+    train "${tiny[@]}" --stage 3 --qwz --qwz-block "$v"
+done
+# One parser for seeds.
+expect "--seed -1 is invalid; use a whole number from 0 to 18446744073709551615" \
+  sample /nonexistent --seed -1
+expect "--seed 1.5 is invalid" sample /nonexistent --seed 1.5
+# A range in words, not the largest double in 300 digits.
+for flag in --keep --checkpoint-every; do
+  err=$("$zerodp" train "${tiny[@]}" --checkpoint-dir "$ck3/k" "$flag" -1 2>&1 >/dev/null)
+  if [[ ${#err} -gt 200 || "$err" != *"$flag -1 is invalid; use 0"* ]]; then
+    echo "FAIL: $flag -1: $err"; fail=1
+  else
+    echo "ok: $flag -1 -> $err"
+  fi
+done
+# Options with nothing to do in their combination: refused when given, null in the report.
+expect "--qwz-block 64 does nothing here: it sizes --qwz's blocks, and --qwz is off" \
+  train "${tiny[@]}" --qwz-block 64
+expect "--qgz-block 64 does nothing here" train "${tiny[@]}" --qgz-block 64
+expect "--offload-piece 2048 does nothing here" train "${tiny[@]}" --offload-piece 2048
+expect "--offload-overlap off does nothing here" train "${tiny[@]}" --offload-overlap off
+expect "--offload-dir $ck3 does nothing here" train "${tiny[@]}" --offload-dir "$ck3"
+expect "--offload-overlap on does nothing here: stages 1 and 2" \
+  train "${tiny[@]}" --stage 1 --offload optimizer --offload-dir "$ck3" --offload-overlap on
+expect "--prefetch 2 does nothing here" train "${tiny[@]}" --stage 2 --prefetch 2
+expect "--initial-loss-scale 1024 does nothing here" \
+  train "${tiny[@]}" --initial-loss-scale 1024
+expect "--layers 3 does nothing here" train --model mlp --layers 3 --data synthetic --steps 1
+expect "--mlp-hidden 64 does nothing here" train "${tiny[@]}" --mlp-hidden 64
+expect "--node-ranks 0 is invalid; use the ranks per node (1 or more), or leave it out" \
+  train "${tiny[@]}" --node-ranks 0
+echo '{"qwz_block": 64}' >"$ck3/idle.json"
+expect "--qwz-block 64 does nothing here" train "${tiny[@]}" --config "$ck3/idle.json"
+# A report's config fed back runs: what was idle is null there, so never given.
+for extra in "" "--stage 3 --offload optimizer --offload-dir $ck3" "--stage 1 --qgz int4"; do
+  rm -f "$ck3/r.json" "$ck3/again.json"
+  # shellcheck disable=SC2086
+  if "$zerodp" train "${tiny[@]}" --ranks 2 $extra --report "$ck3/r.json" >/dev/null 2>&1 &&
+     "$zerodp" train --config "$ck3/r.json" --no-progress --report "$ck3/again.json" \
+       >/dev/null 2>"$ck3/err" &&
+     [[ $(/usr/bin/python3 -c 'import json,sys; a,b=(json.load(open(p))["final"]["weights_sha256"] for p in sys.argv[1:]); print(a==b)' "$ck3/r.json" "$ck3/again.json") == True ]]; then
+    echo "ok: a report's config runs again to the same weights (${extra:-defaults})"
+  else
+    echo "FAIL: a report's config fed back (${extra:-defaults}): $(cat "$ck3/err")"; fail=1
+  fi
+done
+# A file size limit (no trap: zerodp ignores SIGXFSZ itself) fails a checkpoint like a full
+# disk: the run stops there, says so, leaves no temporary, and writes its report.
+rm -rf "$ck3/x" "$ck3/x.json"
+err=$(bash -c 'ulimit -f 100; exec "$@"' _ "$zerodp" train "${tiny[@]}" --steps 3 \
+  --checkpoint-dir "$ck3/x" --report "$ck3/x.json" 2>&1 >/dev/null)
+code=$?
+if [[ $code -ne 1 || "$err" != *"not committed"*"File too large"* || ! -f $ck3/x.json ||
+      -n $(ls -A "$ck3/x" | grep -v '^.lock$') ]] ||
+   ! grep -q '"checkpoint_failed"' "$ck3/x.json"; then
+  echo "FAIL: a checkpoint past ulimit -f: exit $code, $err, left: $(ls -A "$ck3/x")"; fail=1
+else
+  echo "ok: a checkpoint past ulimit -f -> exit 1, report written: $err"
+fi
+scratch=$(mktemp -d)
+err=$(bash -c 'ulimit -f 100; exec "$@"' _ "$zerodp" train "${tiny[@]}" \
+  --offload optimizer --offload-dir "$scratch" 2>&1 >/dev/null)
+code=$?
+if [[ $code -ne 1 || "$err" != *"File too large"*"ulimit -f"* ]]; then
+  echo "FAIL: offload past ulimit -f without a trap: exit $code, $err"; fail=1
+else
+  echo "ok: offload past ulimit -f without a trap -> exit 1: $err"
+fi
+rm -rf "$scratch" "$ck3"
