@@ -41,12 +41,6 @@ using Runner = std::function<int(Launch)>;
 // InvalidArgument naming the file and the key.
 std::vector<std::string> expand_config_file(int argc, char** argv, const CLI::App& app);
 
-// The gpt and mlp layouts a checkpoint's meta.json is checked against before export or
-// sample reads it (cli/export.cc): the units such a model has, from the meta's own shape
-// fields. Throws CorruptData naming `what` and the field; nullopt for another model kind.
-std::optional<std::vector<checkpoint::UnitMeta>> checkpoint_model_layout(const checkpoint::Meta& m,
-                                                                         const std::string& what);
-
 Runner add_bench_comm(CLI::App& app);
 Runner add_bench_io(CLI::App& app);
 Runner add_train(CLI::App& app);

@@ -13,15 +13,6 @@
 
 namespace zerodp::cli {
 
-std::optional<std::vector<checkpoint::UnitMeta>> checkpoint_model_layout(const checkpoint::Meta& m,
-                                                                         const std::string& what) {
-  const ModelKind* kind = find_model_kind(m.model_kind);
-  // A model the caller built itself (tests): checked against itself only.
-  if (kind == nullptr || kind->build_from_shape == nullptr) return std::nullopt;
-  return checkpoint::describe_units(
-      build_from_checkpoint(*kind, m.model_shape, what, m.units.size()));
-}
-
 namespace {
 
 struct Flags {

@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include "checkpoint/consolidate.h"
 #include "checkpoint/safetensors.h"
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -107,6 +108,91 @@ std::string write_shard(const ShardedState& state, OffloadTier* offload,
     w.write_values(u.adam_v.span().subspan(u.opt_own, n));
   }
   return w.finish();
+}
+
+namespace {
+
+// A model field a checkpoint's meta.json holds ("model": {...}) and the option that sets it.
+struct ModelField {
+  std::string_view kind;
+  std::string_view shape_key;
+  std::string_view option;  // config_json's key
+  int TrainConfig::*member;
+};
+
+constexpr ModelField kModelFields[] = {
+    {"gpt", "layers", "layers", &TrainConfig::layers},
+    {"gpt", "heads", "heads", &TrainConfig::heads},
+    {"gpt", "embd", "embd", &TrainConfig::embd},
+    {"gpt", "seq_len", "seq_len", &TrainConfig::seq_len},
+    {"mlp", "hidden", "mlp_hidden", &TrainConfig::mlp_hidden},
+    {"mlp", "hidden_layers", "mlp_layers", &TrainConfig::mlp_layers},
+};
+
+std::string flag_name(std::string_view key) {
+  std::string flag = "--" + std::string(key);
+  for (char& ch : flag) ch = ch == '_' ? '-' : ch;
+  return flag;
+}
+
+}  // namespace
+
+void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from) {
+  const checkpoint::Meta m = checkpoint::read_meta(from);
+  const std::string what = (from / "meta.json").string();
+  if (const auto layout = checkpoint_model_layout(m, what)) {
+    checkpoint::check_model(m, *layout, what);
+  }
+  if (!cfg.given) return;
+  const ModelKind* kind = find_model_kind(m.model_kind);
+  if (kind == nullptr || kind->build_from_shape == nullptr) return;
+  const auto given = [&](std::string_view key) { return cfg.given->count(std::string(key)) > 0; };
+  if (m.model_kind != cfg.model) {
+    if (given("model")) {
+      throw InvalidArgument(fmt::format(
+          "--model {} differs from the checkpoint's model, {} ({}); leave --model out to "
+          "continue it",
+          cfg.model, m.model_kind, what));
+    }
+    // A flag that shapes the model the user did not name: it cannot shape this checkpoint's.
+    const auto shapes_run_kind = [&](std::string_view key) {
+      if (key == "size") return cfg.model == kGptKind;
+      for (const ModelField& f : kModelFields) {
+        if (f.option == key) return f.kind == cfg.model;
+      }
+      return false;
+    };
+    for (const std::string& key : *cfg.given) {
+      if (!shapes_run_kind(key)) continue;
+      throw InvalidArgument(fmt::format(
+          "--resume: the checkpoint's model is {} ({}), but {} shapes a model of kind {}; leave "
+          "it out to continue the checkpoint",
+          m.model_kind, what, flag_name(key), cfg.model));
+    }
+    cfg.model = m.model_kind;
+  }
+  // The preset decides the defaults that are not the model's (the micro-batch).
+  if (const auto saved = m.config.find("size"); kind->sized && saved != m.config.end()) {
+    if (given("size") && saved->second != cfg.size) {
+      throw InvalidArgument(fmt::format(
+          "--size {} differs from the checkpoint's size, {} ({}); leave --size out to continue "
+          "it",
+          cfg.size, saved->second, what));
+    }
+    cfg.size = saved->second;
+  }
+  for (const ModelField& f : kModelFields) {
+    if (f.kind != m.model_kind) continue;
+    const auto saved = m.model_shape.find(std::string(f.shape_key));
+    if (saved == m.model_shape.end()) continue;  // checked above: the layout needs it
+    const int value = static_cast<int>(saved->second);
+    if (given(f.option) && cfg.*f.member != value) {
+      throw InvalidArgument(fmt::format(
+          "{} {} differs from the checkpoint's model.{}, {} ({}); leave {} out to continue it",
+          flag_name(f.option), cfg.*f.member, f.shape_key, value, what, flag_name(f.option)));
+    }
+    cfg.*f.member = value;
+  }
 }
 
 void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {

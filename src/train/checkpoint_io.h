@@ -29,6 +29,14 @@ void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& 
 // The caller verified the checkpoint.
 void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
 
+// A resume continues the model the checkpoint in `from` holds. Its meta.json is validated
+// as export validates it (CorruptData: the model its shape fields describe must have the
+// units it lists); then each model field the user left out (cfg.given) is taken from it, and
+// one the user gave that differs is refused (InvalidArgument naming the flag, both values
+// and the file). A configuration built in code (no cfg.given) is left as it stands: its
+// model is compared unit by unit when the checkpoint loads.
+void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from);
+
 // A save that every rank agreed was not committed: each rank throws it, at the same point,
 // so the run can stop cleanly on all of them (EarlyStop::Reason::kCheckpointFailed).
 class CheckpointNotCommitted : public IoError {

@@ -556,6 +556,16 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   TrainConfig cfg = config;
   const bool default_policy = cfg.accumulate_default;
   bool derive_batch = cfg.grad_accum == 0;
+  if (!cfg.resume.empty() && !make_model) {
+    // A checkpoint that is not there yet is named once the directory's lock is held (another
+    // run may be writing it), by the same resume_point below.
+    std::filesystem::path from;
+    try {
+      from = resume_point(cfg);
+    } catch (const InvalidArgument&) {
+    }
+    if (!from.empty()) adopt_checkpoint_model(cfg, from);
+  }
   resolve_config(cfg);
   check_launch_environment(cfg.launch);
   check_outputs(cfg);

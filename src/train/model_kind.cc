@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include "checkpoint/consolidate.h"
 #include "core/error.h"
 #include "models/mlp.h"
 #include "train/plan.h"
@@ -38,6 +39,14 @@ void ShapeReader::expect_units(const char* key, int layers, uint64_t units,
         "{} {}",
         what_, key, layers, units_, kind_, layers, key, units, which));
   }
+}
+
+std::optional<std::vector<checkpoint::UnitMeta>> checkpoint_model_layout(const checkpoint::Meta& m,
+                                                                         const std::string& what) {
+  const ModelKind* kind = find_model_kind(m.model_kind);
+  if (kind == nullptr || kind->build_from_shape == nullptr) return std::nullopt;
+  return checkpoint::describe_units(
+      build_from_checkpoint(*kind, m.model_shape, what, m.units.size()));
 }
 
 GptConfig gpt_config_from_shape(const ShapeReader& r) {

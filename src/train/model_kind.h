@@ -14,12 +14,15 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/format.h"
 #include "data/dataset.h"
 #include "models/gpt.h"
 #include "models/model.h"
@@ -89,6 +92,12 @@ std::string model_label(std::string_view kind, std::string_view size);
 // kind without shape fields.
 Model build_from_checkpoint(const ModelKind& kind, const ShapeFields& fields,
                             const std::string& what, uint64_t units);
+// The layout a checkpoint's meta.json is checked against before anything reads it (export,
+// sample, a resume): the units the model of its own shape fields has. Throws CorruptData
+// naming `what` and the field; nullopt for a kind built elsewhere (checked against itself).
+std::optional<std::vector<checkpoint::UnitMeta>> checkpoint_model_layout(const checkpoint::Meta& m,
+                                                                         const std::string& what);
+
 // A gpt's configuration from its shape fields, checked as build_from_checkpoint checks
 // them (for code that needs the GptConfig itself, such as sampling).
 GptConfig gpt_config_from_shape(const ShapeReader& r);

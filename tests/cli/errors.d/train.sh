@@ -92,11 +92,39 @@ kill -TERM "$holder"
 wait "$holder"
 rm -rf "$tt"
 
-# A checkpoint of another model is named as such, the mlp without a dangling size.
+# A resume continues the checkpoint's model: a flag that shapes another is refused naming it,
+# and without model flags the model is the checkpoint's.
 tm=$(mktemp -d)
 "$zerodp" train --model mlp --data synthetic --steps 1 --checkpoint-dir "$tm/ck" --no-progress \
   >/dev/null 2>&1
-expect_code 3 "units there (mlp), " train --size tiny --data synthetic --steps 2 --resume "$tm/ck"
+expect "the checkpoint's model is mlp ($tm/ck/step_00000001/meta.json), but --size shapes a model of kind gpt" \
+  train --size tiny --data synthetic --steps 2 --resume "$tm/ck"
+expect "--model gpt differs from the checkpoint's model, mlp" \
+  train --model gpt --data synthetic --steps 2 --resume "$tm/ck"
+"$zerodp" train --size tiny --data synthetic --steps 2 --checkpoint-dir "$tm/gpt" --no-progress \
+  >/dev/null 2>&1
+expect "--layers 3 differs from the checkpoint's model.layers, 2" \
+  train --layers 3 --data synthetic --steps 3 --checkpoint-dir "$tm/gpt" --resume latest
+expect "--size small differs from the checkpoint's size, tiny" \
+  train --size small --data synthetic --steps 3 --checkpoint-dir "$tm/gpt" --resume latest
+out=$("$zerodp" train --data synthetic --steps 3 --checkpoint-dir "$tm/gpt" --resume latest \
+  --no-progress 2>&1)
+if [[ "$out" == *"trained 42880 parameters for 1 steps"*"continued from"* ]]; then
+  echo "ok: a resume without model flags continues the checkpoint's gpt tiny"
+else
+  echo "FAIL: a resume without model flags: $out"; fail=1
+fi
+# The meta.json export refuses, a resume refuses the same way (exit 3, naming the field).
+/usr/bin/python3 - "$tm/gpt/step_00000003/meta.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["model"]["layers"] = 1000000
+m["model"]["embd"] = 1000000
+json.dump(m, open(sys.argv[1], "w"))
+PY
+expect_code 3 'field "model.layers" is 1000000' \
+  train --data synthetic --steps 5 --checkpoint-dir "$tm/gpt" --resume latest
+expect_code 3 'field "model.layers" is 1000000' export "$tm/gpt" --out "$tm/o.safetensors"
 # A time slice ending before the checkpoint it continues from would train nothing.
 "$zerodp" train --size tiny --data synthetic --steps 3 --checkpoint-dir "$tm/ck3" --no-progress \
   >/dev/null 2>&1
