@@ -47,7 +47,7 @@ example: build
 
 asan: deps
 	@cmake --preset asan-ubsan >/dev/null
-	@cmake --build --preset asan-ubsan -j $(JOBS)
+	@cmake --build --preset asan-ubsan -j $(JOBS) --target zerodp_fast_tests
 	ctest --preset asan-ubsan -j $(JOBS)
 
 tsan: deps
