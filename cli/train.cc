@@ -176,11 +176,6 @@ std::string stop_note(const TrainResult& r) {
   return note;
 }
 
-// The simulated link's bounds (estimate takes the same): 1 KB/s to 10 TB/s, latency to 1 s.
-constexpr double kMinLinkRate = 1e3;
-constexpr double kMaxLinkRate = 1e13;
-constexpr double kMaxLatency = 1;
-
 int run_train(Flags& f, Launch args) {
   TrainConfig& c = f.cfg;
   const Backend backend = parse_backend_flag(f.backend);
@@ -203,8 +198,8 @@ int run_train(Flags& f, Launch args) {
   c.offload_piece = parse_whole(f.offload_piece, "--offload-piece",
                                 "use a multiple of 1024 elements, e.g. 1048576, or 0 for the "
                                 "default");
-  // Past a day no collective is still coming, and a wait that long overflows some clocks.
-  c.launch.comm.timeout_seconds = parse_seconds(f.timeout, "--collective-timeout", 0, 86400);
+  c.launch.comm.timeout_seconds =
+      parse_seconds(f.timeout, "--collective-timeout", 0, kCollectiveTimeoutMax);
   if (!(c.launch.comm.timeout_seconds > 0)) {
     throw InvalidArgument(fmt::format(
         "--collective-timeout '{}' is invalid; use a positive duration, e.g. 300 or 30s",
@@ -213,22 +208,22 @@ int run_train(Flags& f, Launch args) {
   if (!f.memory_per_rank.empty()) {
     c.memory_per_rank = parse_bytes(f.memory_per_rank, "--memory-per-rank");
   }
-  // A simulated link slower than these studies no network anyone runs, and its waits would
-  // outlast any collective timeout.
   if (!f.link_bandwidth.empty()) {
-    c.launch.comm.link_bandwidth =
-        parse_bandwidth(f.link_bandwidth, "--link-bandwidth", kMinLinkRate, kMaxLinkRate);
+    c.launch.comm.link_bandwidth = parse_bandwidth(
+        f.link_bandwidth, "--link-bandwidth", kLinkBandwidthRange.min, kLinkBandwidthRange.max);
   }
   if (!f.link_latency.empty()) {
-    c.launch.comm.link_latency = parse_seconds(f.link_latency, "--link-latency", 0, kMaxLatency);
+    c.launch.comm.link_latency = parse_seconds(f.link_latency, "--link-latency",
+                                               kLinkLatencyRange.min, kLinkLatencyRange.max);
   }
   if (!f.inter_node_bandwidth.empty()) {
-    c.launch.comm.inter_node_bandwidth = parse_bandwidth(
-        f.inter_node_bandwidth, "--inter-node-bandwidth", kMinLinkRate, kMaxLinkRate);
+    c.launch.comm.inter_node_bandwidth =
+        parse_bandwidth(f.inter_node_bandwidth, "--inter-node-bandwidth", kLinkBandwidthRange.min,
+                        kLinkBandwidthRange.max);
   }
   if (!f.inter_node_latency.empty()) {
-    c.launch.comm.inter_node_latency =
-        parse_seconds(f.inter_node_latency, "--inter-node-latency", 0, kMaxLatency);
+    c.launch.comm.inter_node_latency = parse_seconds(f.inter_node_latency, "--inter-node-latency",
+                                                     kLinkLatencyRange.min, kLinkLatencyRange.max);
   }
   c.progress = !f.no_progress;
   for (const std::string& text : f.inject) c.inject.push_back(parse_injection(text));

@@ -461,8 +461,9 @@ struct IdleRule {
 };
 
 std::string on_off(bool v) { return v ? "on" : "off"; }
-bool not_gpt(const TrainConfig& c) { return c.model != "gpt"; }
-bool not_mlp(const TrainConfig& c) { return c.model != "mlp"; }
+// The two kinds the command line builds; a caller's kinds keep the fields they record.
+bool not_gpt(const TrainConfig& c) { return c.model == "mlp"; }
+bool not_mlp(const TrainConfig& c) { return c.model == "gpt"; }
 bool no_offload(const TrainConfig& c) { return c.offload == Offload::kNone; }
 
 // The one table of these rules: check_idle_options refuses what the user gave of them, and

@@ -188,6 +188,19 @@ struct TrainConfig {
   std::optional<std::set<std::string>> given;
 };
 
+// The ranges of the numeric options train and estimate share (core/units.h's bounded
+// parsers print them in words). A simulated link slower than 1 KB/s, or with more than a
+// second per ring step, studies no network anyone runs, and its waits would outlast any
+// collective timeout; past a day no collective is still coming.
+struct OptionRange {
+  double min;
+  double max;
+};
+inline constexpr OptionRange kLinkBandwidthRange{1e3, 1e13};  // bytes per second
+inline constexpr OptionRange kLinkLatencyRange{0, 1};         // seconds per ring step
+inline constexpr OptionRange kDiskBandwidthRange{1e6, 1e12};  // bytes per second
+inline constexpr double kCollectiveTimeoutMax = 86400;        // seconds
+
 // One rule for every option that acts only in some combinations (--qwz-block without --qwz,
 // --offload-piece without --offload, ...): given explicitly, it is refused naming the option,
 // its value and what it needs; config_json records it as null, so a report fed back through
