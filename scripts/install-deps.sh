@@ -15,6 +15,7 @@ packages=(
   bible-kjv dataset-fashion-mnist
   python3
   chromium
+  iproute2 util-linux
 )
 # cli.report_script parses the report page's script with node: any node on PATH will do.
 if ! command -v node >/dev/null; then packages+=(nodejs); fi

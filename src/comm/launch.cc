@@ -84,8 +84,12 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
   }
   std::vector<std::unique_ptr<Communicator>> comms =
       session.make_communicators(options.comm, per_process);
+  // Processes on several hosts: a failure names the host it happened on (mpirun's own lines
+  // name the launcher's view of it, an address), and peers repeat it with the reason.
+  const std::string host = host_name();
+  const auto reason = [&](const char* what) { return fmt::format("on {}: {}", host, what); };
   auto fail = [&](int rank, const std::exception& e) {
-    fmt::print(stderr, "zerodp: rank {} of {}: {}\n", rank, world, e.what());
+    fmt::print(stderr, "zerodp: rank {} of {} on {}: {}\n", rank, world, host, e.what());
     std::fflush(stderr);
     // A failure another rank caused (not a timeout, which this rank diagnosed itself) lets
     // that rank's abort set the job's exit status.
@@ -100,7 +104,7 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
       fn(*comms[0]);
     } catch (const std::exception& e) {
       // Peers learn the reason at once; MPI_Abort then ends every process.
-      comms[0]->abort(e.what());
+      comms[0]->abort(reason(e.what()));
       fail(comms[0]->rank(), e);
     }
     comms.clear();
@@ -124,10 +128,10 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
         fn(comm);
       } catch (const std::exception& e) {
         errors[l] = std::current_exception();
-        comm.abort(e.what());
+        comm.abort(reason(e.what()));
       } catch (...) {
         errors[l] = std::current_exception();
-        comm.abort("unknown exception");
+        comm.abort(reason("unknown exception"));
       }
     });
   }

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include <sched.h>
+#include <unistd.h>
 
 namespace zerodp {
 
@@ -25,6 +26,12 @@ int usable_cores() {
   CPU_ZERO(&set);
   if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "unknown host";
+  return name;
 }
 
 }  // namespace zerodp

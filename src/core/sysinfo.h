@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace zerodp {
 
@@ -14,5 +15,9 @@ std::optional<uint64_t> available_memory();
 // one core by default when it starts two or fewer, to a socket beyond), else the
 // machine's. At least 1.
 int usable_cores();
+
+// This host's name (gethostname; its UTS namespace's under a container or scripts/vcluster),
+// "unknown host" when it has none.
+std::string host_name();
 
 }  // namespace zerodp

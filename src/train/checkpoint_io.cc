@@ -1,6 +1,9 @@
 // checkpoint_io.h is the contract.
 #include "train/checkpoint_io.h"
 
+#include <charconv>
+#include <system_error>
+
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
@@ -180,6 +183,17 @@ void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from)
           cfg.size, saved->second, what));
     }
     cfg.size = saved->second;
+  }
+  // The run goes on with the micro-batch it had, unless told otherwise (the batch per step
+  // is kept either way: keep_global_batch).
+  if (const auto saved = m.config.find("micro_batch");
+      !given("micro_batch") && saved != m.config.end()) {
+    int v = 0;
+    const auto [end, ec] =
+        std::from_chars(saved->second.data(), saved->second.data() + saved->second.size(), v);
+    if (ec == std::errc() && end == saved->second.data() + saved->second.size() && v >= 1) {
+      cfg.micro_batch = v;
+    }
   }
   for (const ModelField& f : kModelFields) {
     if (f.kind != m.model_kind) continue;
