@@ -1,8 +1,9 @@
 // zerodp report: run reports (docs/report.md) and --metrics logs as one self-contained HTML
-// page: loss curves, per-rank memory by category, comm per step by collective (and, for a
-// run over nodes, the part crossing them), and model states measured against the ZeRO
-// formula. The page loads nothing (inline CSS, an inline script drawing SVG), so it can be
-// attached to an issue or kept as a CI artifact and still open years later without network.
+// page: how each run ended (an early stop, elastic restarts) in its table and on the loss
+// curves, per-rank memory by category, comm per step by collective (and, for a run over
+// nodes, the part crossing them), and model states measured against the ZeRO formula. The
+// page loads nothing (inline CSS, an inline script drawing SVG), so it can be attached to an
+// issue or kept as a CI artifact and still open years later without network.
 // The inputs are read by train/report_reader.h, which checks everything the script needs, so
 // a bad input is refused with a message naming the file and key instead of a half-drawn
 // page; this file only reshapes what it read into the page's data (what page.js reads) and
@@ -109,6 +110,27 @@ json run_data(const RunReport& r, const std::string& file) {
   for (const ReportStep& s : r.history) run["steps"].push_back(point(s));
   for (const ReportStep& s : r.steps) run["steps"].push_back(point(s));
   run["step_count"] = r.steps.size();
+  // How the run ended, for the runs table and the loss chart's markers: an early stop, or a
+  // --stop-after slice short of --steps (which the report does not count as a stop).
+  if (r.stopped) {
+    run["stopped"] = {{"reason", r.stopped->reason},
+                      {"signal", r.stopped->signal ? json(*r.stopped->signal) : json()},
+                      {"after_step", r.stopped->after_step},
+                      {"message", r.stopped->message}};
+  } else {
+    run["stopped"] = json();
+  }
+  run["planned_steps"] = r.planned_steps ? json(*r.planned_steps) : json();
+  run["stop_after"] = r.stop_after && *r.stop_after > 0 ? json(*r.stop_after) : json();
+  run["restarts"] = json::array();
+  for (const ReportRestart& x : r.restarts) {
+    run["restarts"].push_back({{"failed_step", x.failed_step},
+                               {"failed_rank", x.failed_rank ? json(*x.failed_rank) : json()},
+                               {"cause", x.cause},
+                               {"ranks_before", x.ranks_before},
+                               {"ranks_after", x.ranks_after},
+                               {"resumed_step", x.resumed_step}});
+  }
   // Only a run over nodes has bytes crossing them to draw: on one node they are all 0.
   const bool nodes = r.node_ranks.has_value();
   run["node_ranks"] = nodes ? json(*r.node_ranks) : json();

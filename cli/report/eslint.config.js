@@ -7,8 +7,9 @@ module.exports = [
     languageOptions: {
       ecmaVersion: 2020,
       sourceType: 'script',
-      // The page runs in a browser and reaches it only through the document.
-      globals: {document: 'readonly'},
+      // The page runs in a browser and reaches it through the document, and the window for
+      // its width (the charts are drawn again when it changes).
+      globals: {document: 'readonly', window: 'readonly'},
     },
     linterOptions: {reportUnusedDisableDirectives: 'error'},
     rules: {

@@ -101,10 +101,28 @@
     svgEl(g, 'text', {'class': 'title', 'text-anchor': 'middle',
                       transform: 'translate(14,' + (f.t + f.b) / 2 + ') rotate(-90)'}, label);
   }
-  function legend(svg, x, y, items) {
+  // Charts take their figure's width, so none is wider than the page at any window width
+  // (laid out at a fixed width, one with four runs spilled past a 1400 px window). Below
+  // MIN_WIDTH a chart keeps that layout and the stylesheet scales it down to fit.
+  var MIN_WIDTH = 560, LEGEND_W = 250, LEGEND_ROW = 18, LEGEND_TEXT = LEGEND_W - 14 - 28 - 4;
+  function chartWidth(svg) {
+    var w = svg.parentNode ? Math.floor(svg.parentNode.clientWidth) : 0;
+    return w > 0 ? Math.max(MIN_WIDTH, w) : 960;  // 0: not laid out (a hidden figure)
+  }
+  // Where a legend of n items goes: a column right of the plot while the plot keeps plotMin
+  // beside it, else rows under the plot, as many columns a row as fit, wrapping like text.
+  function legendPlace(n, w, left, plotMin) {
+    if (w - left - LEGEND_W >= plotMin) return {right: true, cols: 1, rows: n};
+    var cols = Math.max(1, Math.floor((w - left) / LEGEND_W));
+    return {right: false, cols: cols, rows: Math.ceil(n / cols)};
+  }
+
+  function legend(svg, x0, y, items, cols) {
     var g = svgEl(svg, 'g', {'class': 'legend'});
+    cols = cols || 1;
     items.forEach(function (it, i) {
-      var yy = y + i * 18;
+      var yy = y + Math.floor(i / cols) * LEGEND_ROW;
+      var x = x0 + (i % cols) * LEGEND_W;
       if (it.kind === 'line') {
         svgEl(g, 'line', {'class': 'swatch', x1: x, x2: x + 22, y1: yy, y2: yy,
                           stroke: it.color, 'stroke-width': 2.5,
@@ -112,6 +130,9 @@
       } else if (it.kind === 'dot') {
         svgEl(g, 'circle', {'class': 'swatch', cx: x + 11, cy: yy, r: 3.5,
                             fill: it.fill || '#fff', stroke: it.color, 'stroke-width': 1.5});
+      } else if (it.kind === 'event') {
+        svgEl(g, 'line', {'class': 'swatch', x1: x + 11, x2: x + 11, y1: yy - 7, y2: yy + 7,
+                          stroke: '#555', 'stroke-width': 2, 'stroke-dasharray': it.dash});
       } else if (it.kind === 'tick') {
         svgEl(g, 'line', {'class': 'swatch', x1: x + 2, x2: x + 20, y1: yy, y2: yy,
                           stroke: '#111', 'stroke-width': it.dash ? 2 : 2.5,
@@ -126,9 +147,14 @@
                           fill: it.color, 'fill-opacity': it.opacity,
                           stroke: it.color});
       }
-      // About 200 px of legend: 36 characters at 11 px.
+      // About 200 px of legend: 36 characters at 11 px. A font that draws them wider than
+      // the column has them squeezed in rather than cut at the chart's edge.
       var t = svgEl(g, 'text', {x: x + 28, y: yy + 4}, clip(it.label, 36));
       if (it.label.length > 36) tip(t, it.label);
+      if (t.getComputedTextLength() > LEGEND_TEXT) {
+        t.setAttribute('textLength', LEGEND_TEXT);
+        t.setAttribute('lengthAdjust', 'spacingAndGlyphs');
+      }
     });
   }
   function empty(svg, f, text) {
@@ -164,12 +190,51 @@
     };
   }
 
-  // A chart is a fixed width, so a long name is cut in the middle; the tooltip has it whole.
+  // A chart's room for a name is fixed, so a long one is cut in the middle; the tooltip has
+  // it whole.
   function clip(s, n) {
     s = String(s);
     if (s.length <= n) return s;
     var head = Math.ceil((n - 1) / 2);
     return s.slice(0, head) + '\u2026' + s.slice(s.length - (n - 1 - head));
+  }
+
+  // How a run ended, for its row and its marker on the loss chart: text (the row's),
+  // short (the marker's label), step (where the marker goes; null: it ran to --steps) and
+  // title (the report's own words). A --stop-after slice short of --steps is no stop to the
+  // report (stopped is null), yet the run did not reach its last step either.
+  var STOP_WHY = {max_skips: 'too many skipped steps (--max-skips)',
+                  checkpoint_failed: 'a checkpoint could not be committed'};
+  function runEnd(r) {
+    var s = r.stopped;
+    if (s) {
+      var sig = s.reason === 'signal';
+      var why = sig ? (s.signal || 'a signal') : STOP_WHY[s.reason] || s.reason;
+      return {kind: 'stopped', step: s.after_step, title: s.message,
+              text: sig ? 'stopped by ' + why + ' after step ' + s.after_step
+                        : 'stopped after step ' + s.after_step + ': ' + why,
+              short: 'stopped: ' + (sig ? why : s.reason)};
+    }
+    if (finite(r.stop_after) && finite(r.planned_steps) && r.stop_after < r.planned_steps) {
+      return {kind: 'slice', step: r.stop_after,
+              title: 'a time slice (--stop-after): the run goes on with --resume',
+              text: 'paused after step ' + r.stop_after + ' of ' + r.planned_steps +
+                    ' (--stop-after)',
+              short: '--stop-after ' + r.stop_after};
+    }
+    return {kind: 'completed', step: null, title: '',
+            text: 'completed' + (finite(r.planned_steps) ? ' (' + r.planned_steps + ' steps)' : '')};
+  }
+  function restartText(x) {
+    var who = x.failed_rank === null ? 'a rank' : 'rank ' + x.failed_rank;
+    return {
+      text: 'step ' + x.failed_step + ': ' + who + ' failed; ' + x.ranks_before + ' \u2192 ' +
+            x.ranks_after + ' ranks from step ' + x.resumed_step,
+      short: who + ' failed: ' + x.ranks_before + '\u2192' + x.ranks_after + ' ranks',
+      title: who + ' failed at step ' + x.failed_step + ' (' + x.cause + '); the run went on with ' +
+             x.ranks_after + ' of ' + x.ranks_before + ' ranks from the checkpoint of step ' +
+             x.resumed_step
+    };
   }
 
   function drawLoss() {
@@ -223,17 +288,68 @@
     if (badLoss > 0) notes.push(badLoss + (badLoss === 1 ? ' step' : ' steps') +
                                 ' with a non-finite loss');
     if (badVal > 0) notes.push(badVal + ' non-finite val_loss' + (badVal === 1 ? '' : 'es'));
-    var f = frame(svg, 960, 380 + Math.max(0, series.length - 14) * 18 + (notes.length ? 18 : 0),
-                  {l: 66, r: 250, t: 14, b: 46 + (notes.length ? 18 : 0)});
+    // Stages and rank counts promise the same losses, so curves often coincide: earlier
+    // series are drawn wider, and the legend says which ones are identical.
+    var key = function (s) {
+      return JSON.stringify(s.steps.map(function (p) { return [p[0], p[1]]; }));
+    };
+    var items = [], anyFinal = false;
+    series.forEach(function (s, si) {
+      var same = null;
+      for (var j = 0; j < si && s.pts.length > 0; ++j) {
+        if (key(series[j]) === key(s)) { same = series[j].label; break; }
+      }
+      items.push({kind: 'line', color: s.color, dash: s.dash,
+                  label: s.label + (s.pts.length === 0 ? ' (no steps)'
+                                    : same ? ' (= ' + same + ')' : '')});
+      s.vals.forEach(function (v) { if (v.final) anyFinal = true; });
+    });
+    items.push({kind: 'dot', color: '#555', label: 'val_loss'});
+    if (anyFinal) items.push({kind: 'dot', color: '#555', fill: '#555', label: 'final val_loss'});
+    // Where a run stopped early and where a rank failed and the run went on with fewer.
+    var events = [];
+    data.runs.forEach(function (r, i) {
+      var end = runEnd(r);
+      if (end.step !== null) {
+        events.push({kind: 'stop', step: end.step, run: r.label, color: runColor(i),
+                     label: end.short, title: r.label + ': ' + end.text + ' (' + end.title + ')'});
+      }
+      r.restarts.forEach(function (x) {
+        var t = restartText(x);
+        events.push({kind: 'restart', step: x.failed_step, run: r.label, color: runColor(i),
+                     label: t.short, title: r.label + ': ' + t.title});
+      });
+    });
+    var EVENT_DASH = {stop: '6 3', restart: '2 3'};
+    if (events.some(function (e) { return e.kind === 'stop'; })) {
+      items.push({kind: 'event', dash: EVENT_DASH.stop, label: 'stopped before --steps'});
+    }
+    if (events.some(function (e) { return e.kind === 'restart'; })) {
+      items.push({kind: 'event', dash: EVENT_DASH.restart, label: 'a rank failed (restart)'});
+    }
+
+    var w = chartWidth(svg), noteH = notes.length ? 18 : 0;
+    var place = legendPlace(items.length, w, 66, 420);
+    var f = place.right
+      ? frame(svg, w, 380 + Math.max(0, items.length - 16) * LEGEND_ROW + noteH,
+              {l: 66, r: LEGEND_W, t: 14, b: 46 + noteH})
+      : frame(svg, w, 380 + place.rows * LEGEND_ROW + 8 + noteH,
+              {l: 66, r: 24, t: 14, b: 46 + noteH + place.rows * LEGEND_ROW + 8});
     svg.setAttribute('data-plot', [f.l, f.t, f.r, f.b].join(' '));
+    svg.setAttribute('data-events-drawn', 0);
     if (notes.length) {
       svgEl(svg, 'text', {'class': 'note', x: f.l, y: f.b + 56, fill: '#b42318'},
             notes.join(' and ') + ': not drawn; red ticks on the top edge mark the steps');
     }
+    var drawLegend = function () {
+      if (place.right) legend(svg, f.r + 14, f.t + 8, items);
+      else legend(svg, f.l, f.b + 46 + noteH + 14, items, place.cols);
+    };
     var drawn = 0;
     if (!(x1 >= x0) || !(hi >= lo)) {
       empty(svg, f, 'no finite losses to draw');
       svg.setAttribute('data-drawn', 0);
+      drawLegend();
       return;
     }
     if (x1 === x0) { x0 -= 1; x1 += 1; }
@@ -249,19 +365,9 @@
     });
     svgEl(gx, 'text', {'class': 'title', x: (f.l + f.r) / 2, y: f.b + 36,
                        'text-anchor': 'middle'}, 'optimizer step');
-    // Stages and rank counts promise the same losses, so curves often coincide: earlier
-    // series are drawn wider, and the legend says which ones are identical.
-    var key = function (s) {
-      return JSON.stringify(s.steps.map(function (p) { return [p[0], p[1]]; }));
-    };
-    var items = [], anyFinal = false;
     series.forEach(function (s, si) {
       var pts = s.pts;
       var g = svgEl(svg, 'g', {'class': 'run'});
-      var same = null;
-      for (var j = 0; j < si && pts.length > 0; ++j) {
-        if (key(series[j]) === key(s)) { same = series[j].label; break; }
-      }
       if (pts.length > 0) {
         var line = svgEl(g, 'polyline', {
           'class': 'series', fill: 'none', stroke: s.color,
@@ -283,21 +389,41 @@
                                     stroke: s.color, 'stroke-width': 1.5});
         tip(c, s.label + ': ' + (v.final ? 'final val_loss ' : 'val_loss ') +
                v.loss.toFixed(4) + (v.final ? ', after step ' : ' at step ') + v.step);
-        if (v.final) anyFinal = true;
       });
       s.bad.forEach(function (b) {
         var m = svgEl(g, 'line', {'class': 'nonfinite', x1: x(b.step), x2: x(b.step), y1: f.t,
                                   y2: f.t + 8, stroke: '#b42318', 'stroke-width': 2});
         tip(m, s.label + ': ' + b.what + ' at step ' + b.step + ' is not finite');
       });
-      items.push({kind: 'line', color: s.color, dash: s.dash,
-                  label: s.label + (pts.length === 0 ? ' (no steps)'
-                                    : same ? ' (= ' + same + ')' : '')});
     });
-    items.push({kind: 'dot', color: '#555', label: 'val_loss'});
-    if (anyFinal) items.push({kind: 'dot', color: '#555', fill: '#555',
-                              label: 'final val_loss'});
-    legend(svg, f.r + 18, f.t + 8, items);
+    // A vertical line across the plot at each event's step, its label at the top: on the
+    // first row where it overlaps no earlier label (about 6 px a character), turned to the
+    // line's left where it would pass the plot's right edge.
+    var eg = svgEl(svg, 'g', {'class': 'events'}), rows = [], shown = 0;
+    events.filter(function (e) { return finite(e.step) && e.step >= x0 && e.step <= x1; })
+      .sort(function (a, b) { return a.step - b.step; })
+      .forEach(function (e) {
+        var xx = x(e.step), tw = 6 * e.label.length;
+        var right = xx + 4 + tw <= f.r;
+        var span = right ? [xx, xx + 4 + tw] : [xx - 4 - tw, xx];
+        var row = 0;
+        while (rows[row] !== undefined && rows[row] > span[0] - 6) ++row;
+        rows[row] = span[1];
+        var ln = svgEl(eg, 'line', {'class': 'event ' + e.kind, 'data-run': e.run,
+                                    'data-step': e.step, x1: xx, x2: xx, y1: f.t, y2: f.b,
+                                    stroke: e.color, 'stroke-width': 1.8,
+                                    'stroke-dasharray': EVENT_DASH[e.kind]});
+        tip(ln, e.title);
+        var t = svgEl(eg, 'text', {'class': 'event-label ' + e.kind, 'data-run': e.run,
+                                   x: right ? xx + 4 : xx - 4, y: f.t + 20 + row * 14,
+                                   'text-anchor': right ? 'start' : 'end',
+                                   style: 'fill: ' + e.color},
+                      e.label);
+        tip(t, e.title);
+        ++shown;
+      });
+    svg.setAttribute('data-events-drawn', shown);
+    drawLegend();
     svg.setAttribute('data-drawn', drawn);
   }
 
@@ -325,20 +451,58 @@
         });
       });
     });
-    var gap = 30, inner = 4, avail = 660;
-    var bw = Math.max(5, Math.min(38, (avail - groups.length * gap) / Math.max(1, weight) - inner));
-    var tw = Math.max(3, Math.round(bw * TWIN));
-    // A group is as wide as its bars or its labels (about 6.5 px a character), bars centred.
-    var plotW = 0;
+    var used = {};
     groups.forEach(function (g) {
-      g.slot = bw + (g.twins ? tw + 1 : 0) + inner;
-      g.barsW = g.bars.length * g.slot - inner;
-      g.shown = clip(g.label, 40);
-      g.width = Math.max(g.barsW, 6.5 * Math.max(g.shown.length, g.sub.length));
-      plotW += g.width + gap;
+      g.bars.forEach(function (b) {
+        b.segs.forEach(function (s) { if (s.value > 0) used[s.cat] = s.pale ? 'pale' : 'solid'; });
+      });
     });
-    var f = frame(svg, Math.max(960, 76 + plotW + 250), opts.height,
-                  {l: 76, r: Math.max(250, 960 - 76 - plotW), t: 14, b: 64});
+    var anyCross = groups.some(function (g) {
+      return g.bars.some(function (b) {
+        return !!b.twin && b.twin.segs.some(function (s) { return s.value > 0; });
+      });
+    });
+    var items = [];
+    cats.forEach(function (c, i) {
+      if (!used[c]) return;
+      items.push({kind: 'rect', color: catColor(c, i), opacity: used[c] === 'pale' ? 0.45 : 1,
+                  label: c + (opts.suffix ? opts.suffix(c) : '')});
+    });
+    opts.marks.forEach(function (m) { items.push({kind: 'tick', label: m}); });
+    var hatch = svg.id + '-hatch';
+    if (anyCross) items.push({kind: 'hatch', color: '#777', pattern: hatch, label: opts.twin.label});
+    if (opts.twin && opts.twin.mark) items.push({kind: 'tick', dash: '3 2', label: opts.twin.mark});
+
+    // A group is as wide as its bars or its labels (about 6.5 px a character), bars centred.
+    // The legend stays right of the bars while they fit beside it, else it goes under them;
+    // where they still do not fit, the labels are cut shorter, then the bars drawn narrower.
+    var gap = 30, inner = 4, left = 76, w = chartWidth(svg), plotW = 0, bw = 0, tw = 0;
+    var layout = function (avail, chars) {
+      bw = Math.max(5, Math.min(38, (Math.min(660, avail) - groups.length * gap) /
+                                        Math.max(1, weight) - inner));
+      tw = Math.max(3, Math.round(bw * TWIN));
+      plotW = 0;
+      groups.forEach(function (g) {
+        g.slot = bw + (g.twins ? tw + 1 : 0) + inner;
+        g.barsW = g.bars.length * g.slot - inner;
+        g.shown = clip(g.label, Math.min(40, chars));
+        g.subShown = clip(g.sub, chars);
+        g.width = Math.max(g.barsW, 6.5 * Math.max(g.shown.length, g.subShown.length));
+        plotW += g.width + gap;
+      });
+      return plotW <= avail;
+    };
+    var place = legendPlace(items.length, w, left, 0);
+    if (!layout(w - left - LEGEND_W, 60)) {
+      place = legendPlace(items.length, w, left, Infinity);  // under the bars
+      var chars = 60;
+      while (!layout(w - left - 16, chars) && chars > 12) chars -= 4;
+    }
+    // Wider than the figure only where even that could not fit: the stylesheet scales it.
+    w = Math.max(w, left + plotW + (place.right ? LEGEND_W : 16));
+    var below = place.right ? 0 : place.rows * LEGEND_ROW + 8;
+    var f = frame(svg, w, opts.height + below,
+                  {l: left, r: place.right ? LEGEND_W : 16, t: 14, b: 64 + below});
     svg.setAttribute('data-cross-drawn', 0);
     if (nbars === 0 || !(max > 0)) {
       empty(svg, f, opts.empty);
@@ -346,7 +510,6 @@
       return;
     }
     var anyTwin = groups.some(function (g) { return g.twins; });
-    var hatch = svg.id + '-hatch';
     if (anyTwin) {
       // Diagonal strokes over the twin's pale colours: a fragment of this page, nothing loaded.
       var pat = svgEl(svgEl(svg, 'defs', {}), 'pattern', {
@@ -427,27 +590,12 @@
       var gt = svgEl(gx, 'text', {'class': 'title', x: mid, y: f.b + 32,
                                   'text-anchor': 'middle', fill: g.color}, g.shown);
       if (g.shown !== g.label) tip(gt, g.label);
-      svgEl(gx, 'text', {x: mid, y: f.b + 47, 'text-anchor': 'middle'}, g.sub);
+      var st = svgEl(gx, 'text', {x: mid, y: f.b + 47, 'text-anchor': 'middle'}, g.subShown);
+      if (g.subShown !== g.sub) tip(st, g.sub);
       gstart += g.width + gap;
     });
-    var used = {};
-    groups.forEach(function (g) {
-      g.bars.forEach(function (b) {
-        b.segs.forEach(function (s) { if (s.value > 0) used[s.cat] = s.pale ? 'pale' : 'solid'; });
-      });
-    });
-    var items = [];
-    cats.forEach(function (c, i) {
-      if (!used[c]) return;
-      items.push({kind: 'rect', color: catColor(c, i), opacity: used[c] === 'pale' ? 0.45 : 1,
-                  label: c + (opts.suffix ? opts.suffix(c) : '')});
-    });
-    opts.marks.forEach(function (m) { items.push({kind: 'tick', label: m}); });
-    if (crossDrawn > 0) {
-      items.push({kind: 'hatch', color: '#777', pattern: hatch, label: opts.twin.label});
-    }
-    if (opts.twin && opts.twin.mark) items.push({kind: 'tick', dash: '3 2', label: opts.twin.mark});
-    legend(svg, f.r + 18, f.t + 8, items);
+    if (place.right) legend(svg, f.r + 14, f.t + 8, items);
+    else legend(svg, f.l, f.b + 64 + 14, items, place.cols);
     svg.setAttribute('data-drawn', drawn);
     svg.setAttribute('data-cross-drawn', crossDrawn);
   }
@@ -526,7 +674,7 @@
   }
 
   function keyCell(tr, label, color) {
-    var td = htmlEl(tr, 'td', null, 'l');
+    var td = htmlEl(tr, 'td', null, 'l run');
     var k = htmlEl(td, 'span', null, 'key');
     k.style.background = color;
     td.appendChild(document.createTextNode(label));
@@ -543,6 +691,14 @@
       htmlEl(tr, 'td', r.precision);
       htmlEl(tr, 'td', fmtNum(r.params, 0));
       htmlEl(tr, 'td', String(r.step_count) + (r.resumed_from ? ' (resumed)' : ''));
+      // How the run ended, then a line per restart on its way there.
+      var end = runEnd(r), td = htmlEl(tr, 'td', null, 'l ended');
+      var how = htmlEl(td, 'div', end.text, 'end ' + end.kind);
+      if (end.title) how.title = end.title;
+      r.restarts.forEach(function (x) {
+        var t = restartText(x);
+        htmlEl(td, 'div', 'restart at ' + t.text, 'restart').title = t.title;
+      });
       htmlEl(tr, 'td', fmtNum(r.tokens_per_second, 0));
       htmlEl(tr, 'td', finite(r.mfu) ? (100 * r.mfu).toFixed(1) + ' %' : '—');
       htmlEl(tr, 'td', finite(r.final_loss) ? r.final_loss.toFixed(4) : '—');
@@ -591,9 +747,18 @@
   var src = data.runs.map(function (r) { return r.label; })
     .concat(data.metrics.map(function (m) { return m.label; }));
   document.getElementById('sources').textContent = src.join(', ');
-  [['runs table', drawRuns], ['loss chart', drawLoss], ['memory chart', drawMemory],
-   ['comm chart', drawComm], ['estimate table', drawEstimate]].forEach(function (d) {
+  var charts = [['loss chart', drawLoss], ['memory chart', drawMemory], ['comm chart', drawComm]];
+  var draw = function (d) {
     try { d[1](); } catch (e) { fail(d[0], e); }
-  });
+  };
+  [['runs table', drawRuns]].concat(charts, [['estimate table', drawEstimate]]).forEach(draw);
   document.body.setAttribute('data-rendered', errors.textContent ? 'with-errors' : 'ok');
+  // The charts follow the window: drawn again when their figures' width changes.
+  var drawnAt = chartWidth(document.getElementById('loss'));
+  window.addEventListener('resize', function () {
+    var now = chartWidth(document.getElementById('loss'));
+    if (now === drawnAt) return;
+    drawnAt = now;
+    charts.forEach(draw);
+  });
 })();

@@ -415,4 +415,27 @@ double training_flops_per_token(double params, int layers, int seq_len, int embd
   return 6 * params + 12.0 * layers * seq_len * static_cast<double>(embd);
 }
 
+TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world) {
+  const bool text = std::holds_alternative<TokenDataset>(data.train);
+  const auto* images = std::get_if<ImageDataset>(&data.train);
+  return TransientPlan{
+      .world = world,
+      .stage = cfg.stage,
+      .precision = cfg.precision,
+      .policy = cfg.accumulate,
+      .grad_accum = cfg.grad_accum,
+      .canonical = canonical_order(cfg),
+      .prefetch = cfg.prefetch,
+      .checkpoint_activations = cfg.checkpoint_activations,
+      .micro_batch = cfg.micro_batch,
+      .seq_len = text ? cfg.seq_len : 1,
+      .text = text,
+      .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0,
+      .hpz_node_ranks =
+          cfg.hpz ? (cfg.launch.comm.node_ranks > 0 ? cfg.launch.comm.node_ranks : world) : 0,
+      .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.qwz_block) : 0,
+      .offload = cfg.offload,
+      .offload_piece = cfg.offload_piece};
+}
+
 }  // namespace zerodp

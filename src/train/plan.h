@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "data/source.h"
 #include "models/unit.h"
 #include "train/config.h"
 
@@ -229,5 +230,9 @@ std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Preci
 // (the PaLM accounting; pass layers 0 for a model without attention). Recomputation under
 // activation checkpointing is not counted.
 double training_flops_per_token(double params, int layers = 0, int seq_len = 0, int embd = 0);
+
+// The transient buffers a rank of `cfg` allocates on data `data`: what the preflight plans
+// and the engine allocates, from one place.
+TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world);
 
 }  // namespace zerodp

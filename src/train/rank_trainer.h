@@ -47,10 +47,6 @@ namespace zerodp {
 // hosts, else the whole world.
 int ranks_on_this_host(const Communicator& comm, const LaunchOptions& launch);
 
-// The transient buffers a rank of `cfg` allocates on data `data`, for the planner and the
-// engine alike.
-TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world);
-
 class RankTrainer {
  public:
   // Builds the model (make_model, or the one cfg names), allocates and initializes this

@@ -18,8 +18,10 @@ using nlohmann::json;
 namespace key = report_key;
 
 constexpr int kLastStateCategory = static_cast<int>(MemCategory::kAdamV);
-// config_json's key for --node-ranks (train/config.h).
+// config_json's keys for --node-ranks, --steps and --stop-after (train/config.h).
 constexpr char kNodeRanks[] = "node_ranks";
+constexpr char kConfigSteps[] = "steps";
+constexpr char kConfigStopAfter[] = "stop_after";
 
 std::string category(int k) { return std::string(mem_category_name(static_cast<MemCategory>(k))); }
 
@@ -109,6 +111,15 @@ class Fields {
 std::optional<std::string> string_if_any(const json& obj, const char* k) {
   if (!obj.contains(k) || !obj.at(k).is_string()) return std::nullopt;
   return obj.at(k).get<std::string>();
+}
+
+// The same for counts: a number that is not a non-negative integer reads as nothing.
+std::optional<uint64_t> count_if_any(const json& obj, const char* k) {
+  if (!obj.contains(k)) return std::nullopt;
+  const json& v = obj.at(k);
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer() && v.get<int64_t>() >= 0) return v.get<uint64_t>();
+  return std::nullopt;
 }
 
 // `at` is the element's path ("steps[3]"); a --metrics line's is "[0]", which the caller's
@@ -215,6 +226,18 @@ ReportRestart read_restart(const Fields& F, const json& x, const std::string& wh
   return r;
 }
 
+// The page says how the run ended from these, so they are checked; `reason` may be one a
+// later writer adds.
+ReportStop read_stop(const Fields& F, const json& x) {
+  const std::string where = key::kStopped;
+  ReportStop s;
+  s.reason = F.string(x, where, key::kReason);
+  if (!F.at(x, where, key::kSignal).is_null()) s.signal = F.string(x, where, key::kSignal);
+  s.after_step = F.count(x, where, key::kAfterStep);
+  s.message = F.string(x, where, key::kMessage);
+  return s;
+}
+
 }  // namespace
 
 RunReport report_from_json(const json& root, const std::string& file) {
@@ -258,6 +281,8 @@ RunReport report_from_json(const json& root, const std::string& file) {
       }
       r.node_ranks = t.get<uint64_t>();
     }
+    r.planned_steps = count_if_any(c, kConfigSteps);
+    r.stop_after = count_if_any(c, kConfigStopAfter);
   }
 
   const json& final = F.object(root, "", key::kFinal);
@@ -273,6 +298,11 @@ RunReport report_from_json(const json& root, const std::string& file) {
     r.history = read_steps(F.array(root, "", key::kHistory), key::kHistory, F.refuse());
   }
   r.steps = read_steps(steps, key::kSteps, F.refuse());
+  // null: the run reached its last step; reports before early stops were recorded lack it.
+  if (root.contains(key::kStopped) && !root[key::kStopped].is_null()) {
+    if (!root[key::kStopped].is_object()) F.bad(key::kStopped, "is not an object or null");
+    r.stopped = read_stop(F, root[key::kStopped]);
+  }
   // Reports before elastic restarts have no `restarts`.
   if (root.contains(key::kRestarts)) {
     const json& restarts = F.array(root, "", key::kRestarts);

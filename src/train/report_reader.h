@@ -6,7 +6,7 @@
 // one line naming the file and the key's path in the report, e.g. "report 'r.json' is not a
 // zerodp train report: 'ranks[1].comm' is not an object" (InvalidArgument); a file that is
 // not JSON is CorruptData, one that cannot be read IoError. Keys it does not read may hold
-// anything, and reports of earlier versions (no `history`, `plan`, `restarts` or
+// anything, and reports of earlier versions (no `history`, `plan`, `stopped`, `restarts` or
 // `cross_node_bytes`) still read.
 #pragma once
 
@@ -76,6 +76,14 @@ struct ReportRestart {
   uint64_t resumed_step = 0;  // the checkpoint's step it went on from
 };
 
+// `stopped`, when not null: the run ended before its last step.
+struct ReportStop {
+  std::string reason;                 // "signal", "max_skips", "checkpoint_failed" (any string)
+  std::optional<std::string> signal;  // "SIGTERM"; nullopt when null
+  uint64_t after_step = 0;            // the last step taken
+  std::string message;
+};
+
 struct RunReport {
   std::string zerodp_version;
   uint64_t params = 0;  // Φ
@@ -95,7 +103,13 @@ struct RunReport {
   std::vector<ReportStep> steps;                    // this run's own
   std::vector<ReportRank> ranks;                    // world_size of them
   std::optional<std::vector<ReportPlanRank>> plan;  // world_size of them; nullopt when missing
+  std::optional<ReportStop> stopped;                // nullopt: null (it reached its last step)
+                                                    // or missing (earlier versions)
   std::vector<ReportRestart> restarts;              // empty when missing (earlier versions)
+  // `config.steps` and `config.stop_after` (--stop-after, a time slice the run ends at without
+  // a `stopped`), shown only: nullopt when missing or not a non-negative integer.
+  std::optional<uint64_t> planned_steps;
+  std::optional<uint64_t> stop_after;
   // `config.node_ranks` (--node-ranks T: ranks per node); nullopt when null or missing (one
   // node, or a report written before nodes existed) or when `config` is not an object.
   std::optional<uint64_t> node_ranks;

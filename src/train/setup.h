@@ -12,7 +12,6 @@
 #include "models/model.h"
 #include "tensor/gemm.h"
 #include "train/config.h"
-#include "train/engine.h"
 
 namespace zerodp {
 

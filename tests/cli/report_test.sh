@@ -3,7 +3,10 @@
 # headless Chromium renders; the dumped DOM must hold charts whose drawn elements match the
 # reports one for one (not just a file that exists), and the page must reference nothing
 # outside itself. A third, over nodes (--node-ranks), adds the bytes crossing them beside its
-# comm bars, which runs on one node do not get. Refusals (missing file, not a report, bad JSON) are checked first, so they
+# comm bars, which runs on one node do not get. Four runs that end differently (completed, a
+# --stop-after slice, SIGTERM, an elastic restart) are laid out in windows 1280 and 1400 px
+# wide: nothing wider than the window, and how each ended in the runs table and on the loss
+# chart. Refusals (missing file, not a report, bad JSON) are checked first, so they
 # run even where Chromium is not installed (then the test exits 77: skipped).
 set -uo pipefail
 zerodp=$(realpath "$1")
@@ -434,6 +437,186 @@ most = fmt_bytes(max(k["nvme_bytes"] for k in d["ranks"]))
 check(f"{most} on disk" in memory and memory.count("on disk") == 1, f"disk: the memory chart labels the offloaded run with {most} on disk")
 sys.exit(1 if fail else 0)
 EOF
+
+# Four runs as they end: one completed, a --stop-after slice, one stopped by SIGTERM (--inject
+# term, as a signal to one rank), and one that lost a rank at step 5 and went on with the other
+# from the checkpoint of step 4 (--max-restarts). Their labels are paths as long as real ones.
+# In windows 1280 and 1400 px wide, no chart, legend or table may pass the window's right
+# edge (the page lays its charts out at its own width), and the runs table and the loss chart
+# say how each run ended, the markers at the steps where the curves have them.
+runs=(runs/stage0-completed-six-steps.json runs/stage3-stop-after-three-steps.json
+      runs/stage1-sigterm-after-step-three.json runs/stage2-rank1-failed-at-step5.json)
+mkdir -p runs
+t0=$(date +%s%N)
+six=(train --size tiny --data synthetic --ranks 2 --steps 6 --no-progress)
+"$zerodp" "${six[@]}" --stage 0 --report "${runs[0]}" >train_e.log 2>&1 || bad "train ${runs[0]}"
+"$zerodp" "${six[@]}" --stage 3 --eval-every 2 --stop-after 3 --report "${runs[1]}" \
+  >train_f.log 2>&1 || bad "train ${runs[1]}"
+"$zerodp" "${six[@]}" --stage 1 --inject term@3 --report "${runs[2]}" >train_g.log 2>&1
+[[ $? == 143 ]] || bad "train ${runs[2]}: stopped by SIGTERM should exit 143: $(tail -2 train_g.log)"
+"$zerodp" "${six[@]}" --stage 2 --checkpoint-dir ck --checkpoint-every 2 --max-restarts 1 \
+  --inject throw@5:1 --report "${runs[3]}" >train_h.log 2>&1 || bad "train ${runs[3]}"
+"$zerodp" report "${runs[@]}" --out four.html --quiet || bad "report of the four runs failed"
+# Measured in the browser after the page drew: the page's width against the window's, and
+# each chart's box, its legend's, and how many of its drawn elements lie outside it.
+cat >probe.js <<'EOF'
+(function () {
+  var de = document.documentElement;
+  var box = function (e) {
+    var r = e.getBoundingClientRect();
+    return [r.left, r.top, r.right, r.bottom];
+  };
+  var charts = [].map.call(document.querySelectorAll('svg.chart'), function (svg) {
+    var b = box(svg), legend = svg.querySelector('g.legend'), outside = 0;
+    svg.querySelectorAll('text, rect, line, polyline, circle').forEach(function (e) {
+      var r = box(e);
+      if (r[2] - r[0] === 0 && r[3] - r[1] === 0) return;
+      if (r[0] < b[0] - 0.5 || r[2] > b[2] + 0.5 || r[1] < b[1] - 0.5 || r[3] > b[3] + 0.5) ++outside;
+    });
+    return {id: svg.id, box: b, legend: legend ? box(legend) : null, outside: outside};
+  });
+  var tables = [].map.call(document.querySelectorAll('table'), function (t) {
+    return {id: t.id, box: box(t)};
+  });
+  document.body.setAttribute('data-layout', JSON.stringify({
+    scrollWidth: de.scrollWidth, clientWidth: de.clientWidth, innerWidth: window.innerWidth,
+    charts: charts, tables: tables}));
+})();
+EOF
+python3 -c 'import sys; p = open("four.html").read(); open("four-probed.html", "w").write(p.replace("</body>", "<script>" + open("probe.js").read() + "</script></body>"))'
+for w in 1280 1400; do
+  timeout 120 "$chromium" --headless --no-sandbox --disable-gpu --no-first-run \
+    --user-data-dir="$tmp/profile" --window-size=$w,1000 --dump-dom "file://$tmp/four-probed.html" \
+    >four.$w.dom 2>>chromium.log || bad "chromium could not render four.html at $w px"
+done
+
+python3 - "${runs[@]}" <<'EOF' || fail=1
+import html, json, re, sys
+from html.parser import HTMLParser
+labels = sys.argv[1:5]
+reports = [json.load(open(p)) for p in labels]
+fail = []
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what)
+    if not ok:
+        fail.append(what)
+
+for w in (1280, 1400):
+    dom = open(f"four.{w}.dom", encoding="utf-8").read()
+    check('data-rendered="ok"' in dom, f"{w} px: rendered without errors")
+    m = re.search(r'data-layout="([^"]*)"', dom)
+    lay = json.loads(html.unescape(m.group(1))) if m else {}
+    vw = lay.get("clientWidth", 0)
+    check(lay.get("innerWidth") == w, f"{w} px: the window is {w} px wide ({lay.get('innerWidth')})")
+    check(0 < lay.get("scrollWidth", 1e9) <= vw <= lay.get("innerWidth", 0),
+          f"{w} px: no horizontal scroll, the page is no wider than the window "
+          f"(scrollWidth {lay.get('scrollWidth')}, clientWidth {vw}, innerWidth {lay.get('innerWidth')})")
+    charts = {c["id"]: c for c in lay.get("charts", [])}
+    check(sorted(charts) == ["comm", "loss", "memory"], f"{w} px: three charts measured ({sorted(charts)})")
+    for c in charts.values():
+        l, t, r, b = c["box"]
+        check(0 <= l and r <= vw + 0.5, f"{w} px: chart {c['id']} lies inside the window ({l:.1f}..{r:.1f} of {vw})")
+        lg = c["legend"]
+        check(lg is not None and l - 0.5 <= lg[0] and lg[2] <= r + 0.5 and t - 0.5 <= lg[1] and lg[3] <= b + 0.5,
+              f"{w} px: chart {c['id']}'s legend lies inside it, not cut ({lg} in {c['box']})")
+        check(c["outside"] == 0, f"{w} px: nothing of chart {c['id']} drawn outside it ({c['outside']} elements)")
+    for t in lay.get("tables", []):
+        check(t["box"][2] <= vw + 0.5, f"{w} px: table {t['id']} lies inside the window ({t['box'][2]:.1f} of {vw})")
+
+# What the page says of each run's end: the runs table's "ended" cell, and a marker on the
+# loss chart at the step, where the run's own curve has that step.
+class Page(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.where = []    # open elements that matter: ("runs", None), ("td", i), ("loss", None)...
+        self.rows = []     # runs table rows: [cell text]
+        self.loss = []     # (tag, attrs, text) in svg#loss
+        self.text = None
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table" and a.get("id") == "runs":
+            self.where.append("runs")
+        elif tag == "svg" and a.get("id") == "loss":
+            self.where.append("loss")
+            self.loss.append((tag, a, ""))
+        elif "runs" in self.where and tag == "tr":
+            self.rows.append([])
+        elif "runs" in self.where and tag in ("td", "th"):
+            self.text = ""
+        elif "loss" in self.where:
+            self.loss.append((tag, a, ""))
+        if "runs" in self.where and tag == "div" and self.text is not None:
+            self.text += "\n"
+    def handle_endtag(self, tag):
+        if tag in ("table", "svg") and self.where and self.where[-1] in ("runs", "loss"):
+            if (tag == "table") == (self.where[-1] == "runs"):
+                self.where.pop()
+        if tag in ("td", "th") and self.text is not None and self.rows:
+            self.rows[-1].append(self.text.strip())
+            self.text = None
+    def handle_data(self, d):
+        if self.text is not None:
+            self.text += d
+        elif "loss" in self.where and self.loss:
+            t, a, x = self.loss[-1]
+            self.loss[-1] = (t, a, x + d)
+
+p = Page()
+p.feed(open("four.1280.dom", encoding="utf-8").read())
+head = p.rows[0] if p.rows else []
+col = head.index("ended") if "ended" in head else -1
+check(col >= 0, f"runs table: an 'ended' column ({head})")
+rows = {r[0]: r for r in p.rows[1:] if r}
+check(sorted(rows) == sorted(labels), f"runs table: a row per run ({sorted(rows)})")
+ended = {k: r[col] if 0 <= col < len(r) else "" for k, r in rows.items()}
+done, slice_, stopped, restarted = reports
+check(all(r["stopped"] is None for r in (done, slice_, restarted)) and stopped["stopped"] is not None,
+      "the SIGTERM run alone has a stop in its report (--stop-after is a slice, not a stop)")
+check(len(restarted["restarts"]) == 1 and not any(r["restarts"] for r in (done, slice_, stopped)),
+      "the run with --max-restarts alone has a restart in its report")
+s, x = stopped["stopped"], restarted["restarts"][0] if restarted["restarts"] else {}
+check(ended.get(labels[0]) == "completed (6 steps)", f"runs table: {labels[0]} completed ({ended.get(labels[0])!r})")
+check(ended.get(labels[1]) == "paused after step 3 of 6 (--stop-after)",
+      f"runs table: {labels[1]} paused after its slice ({ended.get(labels[1])!r})")
+want = f"stopped by {s['signal']} after step {s['after_step']}"
+check(s["signal"] == "SIGTERM" and s["after_step"] == 3 and ended.get(labels[2]) == want,
+      f"runs table: {labels[2]} {want!r} ({ended.get(labels[2])!r})")
+want = (f"completed (6 steps)\nrestart at step {x.get('failed_step')}: rank {x.get('failed_rank')} failed; "
+        f"{x.get('ranks_before')} \u2192 {x.get('ranks_after')} ranks from step {x.get('resumed_step')}")
+check(x.get("failed_step") == 5 and x.get("ranks_after") == 1 and ended.get(labels[3]) == want,
+      f"runs table: {labels[3]} says its restart ({ended.get(labels[3])!r})")
+
+svg = p.loss[0][1] if p.loss else {}
+events = [(a, t) for t, a, _ in p.loss if t == "line" and "event" in a.get("class", "").split()]
+check(svg.get("data-events-drawn") == "3" and len(events) == 3,
+      f"loss: 3 markers, the slice's, the stop's and the restart's ({svg.get('data-events-drawn')}, {len(events)})")
+curves = {a.get("data-run"): a.get("points", "").split() for t, a, _ in p.loss if t == "polyline"}
+def step_x(run, step):  # where the run's curve has the step: its steps are history then steps
+    r = reports[labels.index(run)]
+    steps = [q["step"] for q in r["history"] + r["steps"]]
+    pts = curves.get(run, [])
+    return float(pts[steps.index(step)].split(",")[0]) if step in steps and len(pts) == len(steps) else None
+for run, kind, step, words in ((labels[1], "stop", 3, "--stop-after 3"),
+                               (labels[2], "stop", s["after_step"], f"stopped: {s['signal']}"),
+                               (labels[3], "restart", x.get("failed_step"),
+                                f"rank {x.get('failed_rank')} failed: {x.get('ranks_before')}\u2192{x.get('ranks_after')} ranks")):
+    mine = [a for a, _ in events if a.get("data-run") == run]
+    want_x = step_x(run, step)
+    check(len(mine) == 1 and kind in mine[0]["class"].split() and mine[0].get("data-step") == str(step)
+          and want_x is not None and abs(float(mine[0]["x1"]) - want_x) < 0.1
+          and mine[0]["x1"] == mine[0]["x2"] and float(mine[0]["y1"]) < float(mine[0]["y2"]),
+          f"loss: a vertical {kind} marker for {run} at step {step}, x={want_x} ({mine})")
+    said = [txt for t, a, txt in p.loss if t == "text" and a.get("data-run") == run and "event-label" in a.get("class", "")]
+    check(said == [words], f"loss: the marker of {run} is labelled {words!r} ({said})")
+titles = " ".join(txt for t, _, txt in p.loss if t == "title")
+check(s["message"] in titles and x.get("cause", "?") in titles,
+      "loss: the markers' tooltips hold the report's stop message and the restart's cause")
+legend = " ".join(txt for t, _, txt in p.loss if t == "text")
+check("stopped before --steps" in legend and "a rank failed (restart)" in legend,
+      "loss: the legend names both kinds of marker")
+sys.exit(1 if fail else 0)
+EOF
+echo "four runs: trained, drawn and measured at 2 widths in $((($(date +%s%N) - t0) / 1000000)) ms"
 
 if ((fail)); then
   echo "FAIL (page and DOM kept in $tmp)"

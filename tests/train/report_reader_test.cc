@@ -1,9 +1,10 @@
 // The run report read back (train/report_reader.h): what report_json writes, read_report
 // returns field for field, for a result built here (every optional both ways, a
-// continuation's history, non-finite losses) and for a real run; a missing or wrongly typed
-// key is refused with one line naming the file and the key's path; a --metrics log reads
-// the same step records.
+// continuation's history, non-finite losses, an early stop and a restart) and for a real
+// run; a missing or wrongly typed key is refused with one line naming the file and the key's
+// path; a --metrics log reads the same step records.
 #include <cmath>
+#include <csignal>
 #include <functional>
 #include <limits>
 #include <string>
@@ -18,6 +19,7 @@
 #include "train/plan.h"
 #include "train/report.h"
 #include "train/report_reader.h"
+#include "train/stop.h"
 #include "train_testing.h"
 
 namespace zerodp {
@@ -65,6 +67,10 @@ TrainResult made_result() {
   r.final_loss = 4.75;
   r.val_loss = 4.9;
   r.weights_sha256 = std::string(64, 'a');
+  r.stopped = EarlyStop{EarlyStop::Reason::kSignal, SIGTERM, 5, "step 5: interrupted by SIGTERM"};
+  // The launch described came after a rank of three failed at step 4.
+  r.restarts = {
+      Restart{4, 2, "injected failure (--inject throw@4:2)", 3, 2, 2, 3, 2, "ckpt/step-000002"}};
   r.tokens_per_second = 2048.5;
   r.mfu = 0.125;
   for (int rank = 0; rank < 2; ++rank) {
@@ -131,6 +137,35 @@ void expect_same(const TrainResult& want, const RunReport& got) {
   }
   EXPECT_EQ(got.tokens_per_second, std::optional<double>(want.tokens_per_second));
   EXPECT_EQ(got.mfu, std::optional<double>(want.mfu));
+  EXPECT_EQ(got.planned_steps, std::optional<uint64_t>(want.config.steps));
+  EXPECT_EQ(got.stop_after, std::optional<uint64_t>(want.config.stop_after));
+  ASSERT_EQ(got.stopped.has_value(), want.stopped.has_value());
+  if (want.stopped) {
+    EXPECT_EQ(got.stopped->reason, want.stopped->reason == EarlyStop::Reason::kSignal ? "signal"
+                                   : want.stopped->reason == EarlyStop::Reason::kMaxSkips
+                                       ? "max_skips"
+                                       : "checkpoint_failed");
+    const bool signal = want.stopped->reason == EarlyStop::Reason::kSignal;
+    EXPECT_EQ(
+        got.stopped->signal,
+        signal ? std::optional<std::string>(signal_name(want.stopped->signal)) : std::nullopt);
+    EXPECT_EQ(got.stopped->after_step, static_cast<uint64_t>(want.stopped->after_step));
+    EXPECT_EQ(got.stopped->message, want.stopped->message);
+  }
+  ASSERT_EQ(got.restarts.size(), want.restarts.size());
+  for (size_t i = 0; i < want.restarts.size(); ++i) {
+    SCOPED_TRACE(fmt::format("restart {}", i));
+    const Restart& w = want.restarts[i];
+    const ReportRestart& g = got.restarts[i];
+    EXPECT_EQ(g.failed_step, static_cast<uint64_t>(w.failed_step));
+    EXPECT_EQ(g.failed_rank, w.failed_rank >= 0
+                                 ? std::optional<uint64_t>(static_cast<uint64_t>(w.failed_rank))
+                                 : std::nullopt);
+    EXPECT_EQ(g.cause, w.cause);
+    EXPECT_EQ(g.ranks_before, static_cast<uint64_t>(w.ranks_before));
+    EXPECT_EQ(g.ranks_after, static_cast<uint64_t>(w.ranks_after));
+    EXPECT_EQ(g.resumed_step, static_cast<uint64_t>(w.resumed_step));
+  }
   ASSERT_EQ(got.history.size(), want.history.size());
   for (size_t i = 0; i < want.history.size(); ++i) {
     expect_same_step(want.history[i], got.history[i], want.history[i].val_loss.has_value());
@@ -196,7 +231,13 @@ TEST(ReportReader, ReadsBackAFreshRunWithNullsWhereTheWriterWritesThem) {
   r.val_loss.reset();
   r.config.precision = Precision::kBF16;
   r.final_loss = kNaN;
+  r.stopped.reset();  // it reached its last step: `stopped` is null
+  r.restarts.clear();
+  r.restarts.push_back({});  // and a restart whose failed rank was not known
+  r.restarts.back().cause = "rank thread gone";
   const RunReport got = round_trip(r);
+  EXPECT_FALSE(got.stopped.has_value());
+  EXPECT_FALSE(got.restarts.at(0).failed_rank.has_value());
   EXPECT_FALSE(got.resumed_from.has_value());
   EXPECT_TRUE(got.history.empty());
   EXPECT_FALSE(got.final_val_loss.has_value());
@@ -260,6 +301,33 @@ TEST(ReportReader, ReadsAReportWithoutTheKeysItDoesNotNeed) {
   EXPECT_FALSE(got.resumed_from.has_value());
   EXPECT_EQ(got.steps.size(), 3u);
   EXPECT_FALSE(got.node_ranks.has_value());
+  EXPECT_FALSE(got.planned_steps.has_value());
+  EXPECT_FALSE(got.stop_after.has_value());
+
+  // Before early stops and restarts were recorded; keys the page only shows, wrongly typed.
+  json older = report_json(made_result());
+  older.erase(report_key::kStopped);
+  older.erase(report_key::kRestarts);
+  older[report_key::kConfig]["steps"] = "5";
+  older[report_key::kConfig]["stop_after"] = -1;
+  const RunReport before = report_from_json(older, "older.json");
+  EXPECT_FALSE(before.stopped.has_value());
+  EXPECT_TRUE(before.restarts.empty());
+  EXPECT_FALSE(before.planned_steps.has_value());
+  EXPECT_FALSE(before.stop_after.has_value());
+}
+
+// A --stop-after slice ends short of --steps with no `stopped`: the page tells it from a
+// completed run by config.steps and config.stop_after.
+TEST(ReportReader, ReadsTheStepsPlannedAndTheSlice) {
+  TrainResult r = made_result();
+  r.stopped.reset();
+  r.config.steps = 9;
+  r.config.stop_after = 5;
+  const RunReport got = round_trip(r);
+  EXPECT_FALSE(got.stopped.has_value());
+  EXPECT_EQ(got.planned_steps, std::optional<uint64_t>(9));
+  EXPECT_EQ(got.stop_after, std::optional<uint64_t>(5));
 }
 
 // Reports written before the ledger counted the bytes crossing nodes (no cross_node_bytes,
@@ -372,6 +440,22 @@ TEST(ReportReader, RefusesAMissingOrWronglyTypedKeyNamingIt) {
       {"plan cross-node bytes negative",
        [](json& j) { j["plan"]["comm_bytes_per_step"][1]["cross_node_bytes"] = -5; },
        "'plan.comm_bytes_per_step[1].cross_node_bytes' is not a non-negative integer"},
+      {"stopped an array", [](json& j) { j["stopped"] = json::array(); },
+       "'stopped' is not an object or null"},
+      {"stopped without its reason", [](json& j) { j["stopped"].erase("reason"); },
+       "'stopped.reason' is missing"},
+      {"stopped after a step that is not one", [](json& j) { j["stopped"]["after_step"] = "5"; },
+       "'stopped.after_step' is not a non-negative integer"},
+      {"stopped by a signal that is a number", [](json& j) { j["stopped"]["signal"] = 15; },
+       "'stopped.signal' is not a string"},
+      {"stopped without its message", [](json& j) { j["stopped"].erase("message"); },
+       "'stopped.message' is missing"},
+      {"restarts an object", [](json& j) { j["restarts"] = json::object(); },
+       "'restarts' is not an array"},
+      {"a restart without its step", [](json& j) { j["restarts"][0].erase("failed_step"); },
+       "'restarts[0].failed_step' is missing"},
+      {"a restart's ranks negative", [](json& j) { j["restarts"][0]["ranks_after"] = -1; },
+       "'restarts[0].ranks_after' is not a non-negative integer"},
       {"plan comm total a string",
        [](json& j) { j["plan"]["comm_bytes_per_step"][0]["total"] = "1"; },
        "'plan.comm_bytes_per_step[0].total' is not a non-negative integer"},
