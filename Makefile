@@ -4,11 +4,12 @@
 #   make sanitize     ASan+UBSan over the fast tests, TSan over the comm tests
 #   make format-check clang-format over the sources, changing nothing
 #   make fuzz         libFuzzer over the safetensors header parser for 30 s
+#   make structure    layering, function and file lengths (scripts/check_structure.py)
 JOBS ?= $(shell nproc)
 RELEASE := build/release
 ZERODP := $(RELEASE)/cli/zerodp
 
-.PHONY: deps build demo test example sanitize asan tsan fuzz format format-check clean
+.PHONY: deps build demo test example sanitize asan tsan fuzz format format-check structure clean
 
 deps:
 	@scripts/install-deps.sh
@@ -90,3 +91,6 @@ format-check:
 
 clean:
 	rm -rf build
+
+structure:
+	python3 scripts/check_structure.py

@@ -184,6 +184,28 @@ Pass run_pass(const Scratch& f, std::byte* buf, uint64_t size, uint64_t block, b
   return p;
 }
 
+// `bytes` as a flag value: the largest binary unit that writes it whole ("12MiB", "4100").
+std::string flag_bytes(uint64_t bytes) {
+  static constexpr struct {
+    const char* name;
+    uint64_t scale;
+  } kUnits[] = {{"GiB", uint64_t{1} << 30}, {"MiB", uint64_t{1} << 20}, {"KiB", uint64_t{1} << 10}};
+  for (const auto& u : kUnits) {
+    if (bytes >= u.scale && bytes % u.scale == 0)
+      return fmt::format("{}{}", bytes / u.scale, u.name);
+  }
+  return fmt::format("{}", bytes);
+}
+
+// ", or --block B" with the largest valid block (a multiple of 4 KiB that divides `size`)
+// that gives `size` three blocks or more; empty when none does.
+std::string smaller_block_advice(uint64_t size) {
+  for (uint64_t b = size / 3 / kAlign * kAlign; b >= kAlign; b -= kAlign) {
+    if (size % b == 0) return fmt::format(", or --block {}", flag_bytes(b));
+  }
+  return "";
+}
+
 int run_bench_io(const Config& cfg) {
   namespace fs = std::filesystem;
   const fs::path dir(cfg.dir);
@@ -217,6 +239,16 @@ int run_bench_io(const Config& cfg) {
   if (cfg.direct != "auto" && cfg.direct != "on" && cfg.direct != "off") {
     throw InvalidArgument(
         fmt::format("--direct '{}' is invalid; use auto, on (O_DIRECT) or off", cfg.direct));
+  }
+  // The update pass moves whole blocks of three regions (the tier's master, adam_m and
+  // adam_v), so fewer than three blocks leave it nothing to move and its figure, the one
+  // estimate --disk-bandwidth takes, would read 0 MB/s.
+  if (size / block < 3) {
+    throw InvalidArgument(fmt::format(
+        "--size {} is {} of --block {}, but the update pass moves whole blocks of three "
+        "regions and needs 3 blocks or more; use --size {} or more{}",
+        cfg.size, size / block == 1 ? "1 block" : "2 blocks", cfg.block, flag_bytes(3 * block),
+        smaller_block_advice(size)));
   }
   struct statvfs vfs {};
   if (::statvfs(dir.c_str(), &vfs) == 0) {

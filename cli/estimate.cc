@@ -19,6 +19,7 @@
 #include "core/units.h"
 #include "models/gpt.h"
 #include "models/unit.h"
+#include "train/config.h"
 #include "train/plan.h"
 #include "train/stage_plan.h"
 
@@ -115,9 +116,12 @@ std::optional<double> parse_number(const std::string& text) {
 
 // --disk-bandwidth: one bandwidth for both directions, or read/write. A bandwidth may end in
 // "/s" itself, so the text splits at the one '/' whose two sides are both bandwidths
-// ("2.1GB/s/1.0GB/s", "2138e6/1031e6"); "2.1GB/s" alone is one figure.
+// ("2.1GB/s/1.0GB/s", "2138e6/1031e6"); "2.1GB/s" alone is one figure. Each figure must lie
+// in train's kDiskBandwidthRange: past it the io column rounds to nothing (1e20 B/s printed
+// as 0.00 KB/s) or describes no disk.
 struct DiskBandwidth {
   double read = 0, write = 0;
+  std::string read_text, write_text;  // as given, for the range check's message
 };
 
 DiskBandwidth parse_disk_bandwidth(const std::string& text) {
@@ -130,11 +134,12 @@ DiskBandwidth parse_disk_bandwidth(const std::string& text) {
     return std::nullopt;
   };
   std::vector<DiskBandwidth> readings;
-  if (const auto both = one(text)) readings.push_back({*both, *both});
+  if (const auto both = one(text)) readings.push_back({*both, *both, text, text});
   for (size_t at = text.find('/'); at != std::string::npos; at = text.find('/', at + 1)) {
-    const auto r = one(std::string_view(text).substr(0, at));
-    const auto w = one(std::string_view(text).substr(at + 1));
-    if (r && w) readings.push_back({*r, *w});
+    const std::string read_text = text.substr(0, at), write_text = text.substr(at + 1);
+    const auto r = one(read_text);
+    const auto w = one(write_text);
+    if (r && w) readings.push_back({*r, *w, read_text, write_text});
   }
   if (readings.size() != 1) {
     throw InvalidArgument(fmt::format(
@@ -143,7 +148,15 @@ DiskBandwidth parse_disk_bandwidth(const std::string& text) {
         "bench-io DIR measures them)",
         text));
   }
-  return readings[0];
+  const DiskBandwidth& d = readings[0];
+  const bool pair = d.read_text != text;
+  (void)parse_bandwidth(d.read_text, pair ? "--disk-bandwidth READ" : "--disk-bandwidth",
+                        kDiskBandwidthRange.min, kDiskBandwidthRange.max);
+  if (pair) {
+    (void)parse_bandwidth(d.write_text, "--disk-bandwidth WRITE", kDiskBandwidthRange.min,
+                          kDiskBandwidthRange.max);
+  }
+  return d;
 }
 
 // A way to run stage 3 over nodes: ZeRO++'s switches, as train takes them.
@@ -546,14 +559,21 @@ int run_estimate(const Flags& f) {
           f.flops));
     }
   }
-  if (!f.link_bandwidth.empty()) bandwidth = parse_bandwidth(f.link_bandwidth, "--link-bandwidth");
-  if (!f.link_latency.empty()) latency = parse_seconds(f.link_latency, "--link-latency");
+  // Train's ranges (train/config.h), so an estimate never prices a link train would refuse.
+  const auto link_bandwidth = [](const std::string& text, std::string_view what) {
+    return parse_bandwidth(text, what, kLinkBandwidthRange.min, kLinkBandwidthRange.max);
+  };
+  const auto link_latency = [](const std::string& text, std::string_view what) {
+    return parse_seconds(text, what, kLinkLatencyRange.min, kLinkLatencyRange.max);
+  };
+  if (!f.link_bandwidth.empty()) bandwidth = link_bandwidth(f.link_bandwidth, "--link-bandwidth");
+  if (!f.link_latency.empty()) latency = link_latency(f.link_latency, "--link-latency");
   std::optional<double> inter_bandwidth = bandwidth, inter_latency = latency;
   if (!f.inter_node_bandwidth.empty()) {
-    inter_bandwidth = parse_bandwidth(f.inter_node_bandwidth, "--inter-node-bandwidth");
+    inter_bandwidth = link_bandwidth(f.inter_node_bandwidth, "--inter-node-bandwidth");
   }
   if (!f.inter_node_latency.empty()) {
-    inter_latency = parse_seconds(f.inter_node_latency, "--inter-node-latency");
+    inter_latency = link_latency(f.inter_node_latency, "--inter-node-latency");
   }
   if (f.node_ranks == 0 && (!f.inter_node_bandwidth.empty() || !f.inter_node_latency.empty())) {
     throw InvalidArgument(fmt::format(
@@ -1073,13 +1093,17 @@ Runner add_estimate(CLI::App& app) {
                "gathers inside the node (needs --node-ranks)");
   app.add_flag("--qwz", f->qwz,
                "Stage 3: count the parameter gathers as int8 blocks with an fp32 scale each");
+  const CLI::Range block_range(static_cast<int>(kQuantBlockRange.min),
+                               static_cast<int>(kQuantBlockRange.max));
   app.add_option("--qwz-block", f->qwz_block, "Elements per quantization scale (--qwz)")
+      ->check(block_range)
       ->capture_default_str();
   app.add_option("--qgz", f->qgz,
                  "Count the gradients' reduce-scatter (stage 0: all-reduce's half) as off, int8 or "
                  "int4 blocks")
       ->capture_default_str();
   app.add_option("--qgz-block", f->qgz_block, "Elements per quantization scale (--qgz)")
+      ->check(block_range)
       ->capture_default_str();
   app.add_option("--collectives", f->collectives,
                  "flat or two-level (with --node-ranks): the collectives whose bytes and time "

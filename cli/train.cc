@@ -332,9 +332,10 @@ int run_train(Flags& f, Launch args) {
 
 }  // namespace
 
-// Elements per quantization scale (--qwz-block, --qgz-block): past 2^24 one fp32 scale spans
-// more than a 64 MiB block, far beyond what either mode's error bound was measured at.
-const CLI::Range kBlockRange(1, 1 << 24);
+// Checked as text (CLI11 validates before converting): an unsigned field would take -1 as
+// 2^64 - 1, an int 2^32 + 1 as 1.
+const CLI::Range kBlockRange(static_cast<int>(kQuantBlockRange.min),
+                             static_cast<int>(kQuantBlockRange.max));
 
 Runner add_train(CLI::App& app) {
   auto f = std::make_shared<Flags>();

@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -8,9 +9,12 @@
 #include <thread>
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include "comm/quantize.h"
 #include "core/error.h"
+#include "core/stop_flag.h"
+#include "core/units.h"
 
 namespace zerodp {
 
@@ -57,10 +61,11 @@ class Communicator::Worker {
   ~Worker() { stop(); }
 
   void push(std::function<void()> op, std::shared_ptr<Work::State> state, double min_seconds,
-            CommKind kind, uint64_t bytes) {
+            std::exception_ptr too_slow, CommKind kind, uint64_t bytes) {
     {
       std::lock_guard lock(mu_);
-      queue_.push_back({std::move(op), std::move(state), min_seconds, kind, bytes});
+      queue_.push_back(
+          {std::move(op), std::move(state), min_seconds, std::move(too_slow), kind, bytes});
     }
     cv_.notify_one();
   }
@@ -80,14 +85,42 @@ class Communicator::Worker {
     std::function<void()> op;
     std::shared_ptr<Work::State> state;
     double min_seconds = 0;  // simulated link: the collective lasts at least this long
+    // Set when min_seconds is past the collective timeout: the error the collective ends
+    // with once its data has moved, instead of the wait.
+    std::exception_ptr too_slow;
     CommKind kind = CommKind::kControl;
     uint64_t bytes = 0;
   };
 
  public:
+  // Both set before the first collective is pushed (which orders them before their reads).
   Communicator::TraceHook hook;
+  const std::atomic<bool>* abort_flag = nullptr;
 
  private:
+  // Waits until `seconds` after `start`, or less: a requested stop ends the wait (the run
+  // finishes its step at full speed, saves and exits instead of waiting out a slow link), as
+  // do a recorded failure (the next collective fails anyway) and stop(). The stop request is
+  // set by a signal handler, which may only store to a lock-free atomic and cannot notify a
+  // condition variable, and the abort record belongs to the backend, so both are polled:
+  // slices of kSlice bound how late a stop is seen, at a hundred wake-ups a second of a
+  // thread that has nothing else to do. stop() notifies cv_ and ends the wait at once. The
+  // time left is computed in double seconds and only a slice is ever converted to the
+  // clock's integer nanoseconds, so no duration, however long, overflows.
+  void simulate_link(std::chrono::steady_clock::time_point start, double seconds) {
+    constexpr double kSlice = 0.01;
+    std::unique_lock lock(mu_);
+    for (;;) {
+      if (stopping_ || stop_requested() != 0 || (abort_flag != nullptr && abort_flag->load())) {
+        return;
+      }
+      const double left =
+          seconds - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (!(left > 0)) return;
+      cv_.wait_for(lock, std::chrono::duration<double>(std::min(left, kSlice)));
+    }
+  }
+
   void loop() {
     std::exception_ptr poisoned;
     for (;;) {
@@ -106,13 +139,12 @@ class Communicator::Worker {
           item.op();
         } catch (...) {
           error = std::current_exception();
-          poisoned = error;
         }
-        if (!error && item.min_seconds > 0) {
-          std::this_thread::sleep_until(
-              start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                          std::chrono::duration<double>(item.min_seconds)));
-        }
+        // After the op, not instead of it: the peers are in this collective too and must
+        // not wait at its rendezvous for a rank that already gave up.
+        if (!error && item.too_slow) error = item.too_slow;
+        if (error) poisoned = error;
+        if (!error && item.min_seconds > 0) simulate_link(start, item.min_seconds);
         if (!error && hook) hook(item.kind, item.bytes, start, std::chrono::steady_clock::now());
       }
       {
@@ -226,10 +258,44 @@ void Communicator::stop_worker() {
 
 void Communicator::set_trace_hook(TraceHook hook) { worker_->hook = std::move(hook); }
 
+void Communicator::watch_abort_flag(const std::atomic<bool>* flag) { worker_->abort_flag = flag; }
+
+std::string Communicator::link_settings() const {
+  std::vector<std::string> parts;
+  if (options_.link_bandwidth > 0) {
+    parts.push_back(fmt::format("--link-bandwidth {}", format_bandwidth(options_.link_bandwidth)));
+  }
+  if (options_.link_latency > 0) {
+    parts.push_back(fmt::format("--link-latency {}", format_seconds(options_.link_latency)));
+  }
+  if (node_ranks() < size_ && options_.inter_node_bandwidth > 0) {
+    parts.push_back(
+        fmt::format("--inter-node-bandwidth {}", format_bandwidth(options_.inter_node_bandwidth)));
+  }
+  if (node_ranks() < size_ && options_.inter_node_latency > 0) {
+    parts.push_back(
+        fmt::format("--inter-node-latency {}", format_seconds(options_.inter_node_latency)));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
 Work Communicator::submit(std::function<void()> op, CommKind kind, uint64_t bytes,
                           double min_seconds) {
   auto state = std::make_shared<Work::State>();
-  worker_->push(std::move(op), state, min_seconds, kind, bytes);
+  // Decided here, where the options are, and thrown by the worker through Work::wait() like
+  // every other failure of a collective. `!(<=)` also takes an infinite time.
+  std::exception_ptr too_slow;
+  if (min_seconds > 0 && !(min_seconds <= options_.timeout_seconds)) {
+    too_slow = std::make_exception_ptr(CommTimeout(
+        fmt::format("{} on rank {}: the simulated link ({}) makes it last {} ({} received), "
+                    "longer than the collective timeout of {}; use a faster simulated link or a "
+                    "longer --collective-timeout",
+                    comm_kind_name(kind), rank_, link_settings(), format_seconds(min_seconds),
+                    format_bytes(static_cast<double>(bytes)),
+                    format_seconds(options_.timeout_seconds)),
+        -1));
+  }
+  worker_->push(std::move(op), state, min_seconds, std::move(too_slow), kind, bytes);
   return Work(state);
 }
 

@@ -16,9 +16,14 @@
 //
 // Failure: if any rank fails, every other rank's pending or next collective fails with a
 // CommError naming that rank and its reason; a collective that waits longer than the
-// timeout fails with CommTimeout naming the ranks that did not arrive.
+// timeout fails with CommTimeout naming the ranks that did not arrive, and one the simulated
+// link would make last longer than the timeout fails with CommTimeout naming the link.
+//
+// Stop: the simulated link's waits end early once a stop is requested (core/stop_flag.h) or
+// a failure is recorded, so a stopping run finishes its step at full speed.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -56,7 +61,9 @@ struct CommOptions {
   // Simulated interconnect (0 = off): each collective takes at least
   // bytes received / link_bandwidth + ring steps x link_latency on every rank, so a slow
   // network can be studied on one machine. Ring steps: N-1 for a reduce-scatter, all-gather
-  // or broadcast, 2(N-1) for an all-reduce.
+  // or broadcast, 2(N-1) for an all-reduce. A collective the link would make last longer
+  // than timeout_seconds fails with CommTimeout as soon as its data has moved, without
+  // waiting: no real collective that slow would complete either.
   double link_bandwidth = 0;  // bytes per second
   double link_latency = 0;    // seconds per step
   // Ranks per node: ranks node * T .. node * T + T - 1 share a node (docs/topology.md).
@@ -229,6 +236,12 @@ class Communicator {
   virtual void run_gather_control(std::span<const double> mine, std::span<double> all) = 0;
   // Must be called by the backend's destructor before its members go away.
   void stop_worker();
+  // The backend's abort record (a ThreadGroup's aborted_flag(): this rank's own abort, or
+  // a peer's it can see without communicating). Once it is set the simulated link's waits end
+  // early, since the next collective fails anyway. Call it from the backend's constructor,
+  // before the first collective; the flag must outlive stop_worker(). A flag, not a virtual
+  // call: the communication thread may read it while the backend's destructor runs.
+  void watch_abort_flag(const std::atomic<bool>* flag);
   // Ranks per node (the world when CommOptions::node_ranks is 0), and this rank's node's
   // first rank.
   int node_ranks() const { return options_.node_ranks > 0 ? options_.node_ranks : size_; }
@@ -244,6 +257,8 @@ class Communicator {
  private:
   class Worker;
   Work submit(std::function<void()> op, CommKind kind, uint64_t bytes, double min_seconds = 0);
+  // The simulated link's settings that apply to this world, for messages.
+  std::string link_settings() const;
   // The simulated link's time for `bytes` received over `steps` ring steps (0 when off).
   double link_seconds(uint64_t bytes, int steps) const;
   // What this rank receives in a reduce-scatter or an all-gather over `part` with `w` bytes

@@ -67,7 +67,9 @@ namespace {
 class LocalCommunicator final : public Communicator {
  public:
   LocalCommunicator(int rank, std::shared_ptr<LocalWorld::Shared> shared)
-      : Communicator(rank, shared->world, shared->options), shared_(std::move(shared)) {}
+      : Communicator(rank, shared->world, shared->options), shared_(std::move(shared)) {
+    watch_abort_flag(&shared_->group.aborted_flag());
+  }
   ~LocalCommunicator() override { stop_worker(); }
 
   std::string_view backend_name() const override { return "local"; }

@@ -342,6 +342,8 @@ class MpiCommunicator final : public Communicator {
         local_(rank % group_->threads),
         options_(options),
         chunk_bytes_(chunk_bytes) {
+    // Set by any failure this process sees: its ranks' aborts and the notices they received.
+    watch_abort_flag(&group_->failed);
     std::lock_guard lock(mpi_mutex());
     const int code = MPI_Irecv(notice_buffer_.data(), static_cast<int>(notice_buffer_.size()),
                                MPI_CHAR, MPI_ANY_SOURCE, notice_tag(rank), comm_, &notice_request_);

@@ -200,6 +200,9 @@ inline constexpr OptionRange kLinkBandwidthRange{1e3, 1e13};  // bytes per secon
 inline constexpr OptionRange kLinkLatencyRange{0, 1};         // seconds per ring step
 inline constexpr OptionRange kDiskBandwidthRange{1e6, 1e12};  // bytes per second
 inline constexpr double kCollectiveTimeoutMax = 86400;        // seconds
+// Elements per quantization scale (--qwz-block, --qgz-block): past 2^24 one fp32 scale spans
+// a 64 MiB block, far beyond what either mode's error bound was measured at.
+inline constexpr OptionRange kQuantBlockRange{1, 1 << 24};
 
 // One rule for every option that acts only in some combinations (--qwz-block without --qwz,
 // --offload-piece without --offload, ...): given explicitly, it is refused naming the option,

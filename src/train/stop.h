@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/stop_flag.h"
 
 namespace zerodp {
 
@@ -20,13 +21,8 @@ class Interrupted : public Error {
   int signal_;
 };
 
-// Async-signal-safe: one lock-free atomic store, so a handler may call it. The first
-// request wins; later ones do not overwrite it.
-void request_stop(int signal);
-// The signal of the pending request, 0 when none.
-int stop_requested();
-// Forgets a request (tests run several trainings in one process).
-void clear_stop_request();
+// request_stop, stop_requested and clear_stop_request: core/stop_flag.h, where the comm
+// layer's simulated link reads the request too.
 
 // SIGINT and SIGTERM request a stop; a second one ends the process at once with 128 +
 // signal, for a user who does not want to wait for the step. Restores the previous

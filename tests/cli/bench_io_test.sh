@@ -25,6 +25,16 @@ PY
   rm -f "$tmp/../bench-io.$$.json"
   if [[ -n $(ls -A "$tmp") ]]; then echo "FAIL: bench-io left $(ls -A "$tmp") behind"; fail=1; fi
 done
+# Three blocks, the fewest the update pass (three regions of whole blocks) can move, measure
+# it; fewer are refused (errors.d/estimate.sh).
+if "$zerodp" bench-io "$tmp" --size 12KiB --block 4KiB --repeats 1 --json >"$tmp/../bench-io.$$.json" &&
+  /usr/bin/env python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); assert j["update_bytes_per_second"] > 0, j' \
+    "$tmp/../bench-io.$$.json"; then
+  echo "ok: bench-io --size 12KiB --block 4KiB measures the update pass"
+else
+  echo "FAIL: bench-io --size 12KiB --block 4KiB: $(cat "$tmp/../bench-io.$$.json")"; fail=1
+fi
+rm -f "$tmp/../bench-io.$$.json"
 # A size past the free space is refused before anything is written (exit 1, named).
 err=$("$zerodp" bench-io "$tmp" --size 1000TiB 2>&1 >/dev/null) && rc=0 || rc=$?
 if [[ $rc != 1 || $err != *"does not fit in $tmp"* ]]; then

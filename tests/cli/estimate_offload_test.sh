@@ -144,8 +144,9 @@ fi
 # backward for the update; at stages 0 and 3 --offload-overlap on lets the forward overlap
 # it), and `bound` names the largest part.
 gpt=(--layers 2 --heads 2 --embd 64 --seq-len 32 --ranks 2 --flops 1e9 --link-bandwidth 1GB/s)
-# A disk of 1 kB/s bounds every row; one of 1 TB/s bounds none (compute does: 1 GFLOP/s).
-for case in "1e3 io" "1e12 compute"; do
+# A disk of 1 MB/s bounds every row; one of 1 TB/s bounds none (compute does: 1 GFLOP/s).
+# Both are the ends of the range --disk-bandwidth takes.
+for case in "1e6 io" "1e12 compute"; do
   read -r disk want_bound <<<"$case"
   "$zerodp" estimate "${gpt[@]}" --offload optimizer --disk-bandwidth "$disk" --json >"$tmp/g.json" &&
     "$zerodp" estimate "${gpt[@]}" --json >"$tmp/gp.json"
@@ -195,11 +196,11 @@ PY
 else
   bad "--offload-overlap on"
 fi
-out=$("$zerodp" estimate "${gpt[@]}" --offload optimizer --disk-bandwidth 1e3 2>&1)
+out=$("$zerodp" estimate "${gpt[@]}" --offload optimizer --disk-bandwidth 1e6 2>&1)
 if [[ $out == *" io s "*"bound"* && $out == *"nvme"* && $out == *" io"$'\n'* ]]; then
   ok "text table: nvme, io s and bound columns (a slow disk bounds the step)"
 else
-  bad "text table with --offload optimizer --disk-bandwidth 1e3: $out"
+  bad "text table with --offload optimizer --disk-bandwidth 1e6: $out"
 fi
 out=$("$zerodp" estimate --params $P --ranks 2 --stage 1 --offload optimizer --disk-bandwidth 1GB/s)
 if [[ $out == *"io s"* ]]; then ok "io s without --flops"; else bad "no io s without --flops: $out"; fi

@@ -51,3 +51,30 @@ expect "is not a directory" bench-io /etc/hostname
 expect "--block 1000 is invalid" bench-io /tmp --block 1000
 expect "--size 3MiB is invalid; use a whole number of --block" bench-io /tmp --size 3MiB --block 2MiB
 expect "--direct 'maybe' is invalid" bench-io /tmp --direct maybe --size 4MiB --block 4MiB
+# The update pass moves three regions of whole blocks: fewer than three blocks measured
+# nothing and printed "update 0.0 MB/s", the figure estimate --disk-bandwidth takes.
+expect "--size 4MiB is 1 block of --block 4MiB, but the update pass moves whole blocks of three regions and needs 3 blocks or more; use --size 12MiB or more, or --block 1MiB" \
+  bench-io /tmp --size 4MiB --block 4MiB
+expect "--size 8MiB is 2 blocks of --block 4MiB" bench-io /tmp --size 8MiB --block 4MiB
+expect "needs 3 blocks or more; use --size 12KiB or more" bench-io /tmp --size 8KiB --block 4KiB
+# Links and disks in the ranges train takes (train/config.h): past them an estimate prices
+# what no run can be (a disk of 1e20 B/s printed as 0.00 KB/s).
+off=(estimate --params 1e6 --ranks 4 --offload optimizer)
+expect "--disk-bandwidth 1e20 is out of range; use 1 MB/s to 1 TB/s" "${off[@]}" --disk-bandwidth 1e20
+expect "--disk-bandwidth 1e308 is out of range" "${off[@]}" --disk-bandwidth 1e308
+expect "--disk-bandwidth 10KB/s is out of range" "${off[@]}" --disk-bandwidth 10KB/s
+expect "--disk-bandwidth READ 1e20 is out of range" "${off[@]}" --disk-bandwidth 1e20/1e9
+expect "--disk-bandwidth WRITE 1e3 is out of range" "${off[@]}" --disk-bandwidth 2GB/s/1e3
+expect "--link-latency 2s is out of range; use 0 s to 1 s" estimate --params 1e6 --link-latency 2s
+expect "--link-bandwidth 1e20 is out of range; use 1 KB/s to 10 TB/s" estimate --params 1e6 \
+  --link-bandwidth 1e20
+expect "--link-bandwidth 10 is out of range" estimate --params 1e6 --link-bandwidth 10
+expect "--inter-node-latency 1e6 is out of range; use 0 s to 1 s" estimate --params 1e6 --ranks 4 \
+  --node-ranks 2 --inter-node-latency 1e6
+expect "--inter-node-bandwidth 1e14 is out of range; use 1 KB/s to 10 TB/s" estimate --params 1e6 \
+  --ranks 4 --node-ranks 2 --inter-node-bandwidth 1e14
+# Block sizes as text, as train checks them: -1 would wrap to 2^64 - 1.
+expect "--qgz-block: Value -1 not in range 1 to 16777216" \
+  estimate --params 1e9 --ranks 8 --qgz int8 --qgz-block -1
+expect "--qwz-block: Value 4294967297 not in range 1 to 16777216" \
+  estimate --params 1e9 --ranks 8 --stage 3 --qwz --qwz-block 4294967297
