@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -10,6 +11,7 @@
 
 #include "comm/local.h"
 #include "comm/mpi.h"
+#include "comm/process_watch.h"
 #include "core/error.h"
 #include "core/sysinfo.h"
 
@@ -82,6 +84,8 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
                           "--ranks-per-process {} = {} ranks; omit --ranks under mpirun",
                           options.ranks, session.size(), per_process, world));
   }
+  std::optional<ProcessWatch> watch;
+  if (session.size() > 1) watch.emplace(session, per_process);
   std::vector<std::unique_ptr<Communicator>> comms =
       session.make_communicators(options.comm, per_process);
   // Processes on several hosts: a failure names the host it happened on (mpirun's own lines
@@ -89,6 +93,8 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
   const std::string host = host_name();
   const auto reason = [&](const char* what) { return fmt::format("on {}: {}", host, what); };
   auto fail = [&](int rank, const std::exception& e) {
+    // This process names its own failure; its peers must not report it lost as well.
+    if (watch) watch->goodbye();
     fmt::print(stderr, "zerodp: rank {} of {} on {}: {}\n", rank, world, host, e.what());
     std::fflush(stderr);
     // A failure another rank caused (not a timeout, which this rank diagnosed itself) lets

@@ -1375,6 +1375,21 @@ MpiSession::~MpiSession() {
   if (!finalized) MPI_Finalize();
 }
 
+std::vector<std::string> MpiSession::allgather_text(const std::string& mine) {
+  constexpr size_t kSlot = 256;
+  std::vector<char> out(kSlot, '\0');
+  std::copy_n(mine.data(), std::min(mine.size(), kSlot - 1), out.begin());
+  std::vector<char> all(kSlot * static_cast<size_t>(size_), '\0');
+  {
+    std::lock_guard lock(mpi_mutex());
+    MPI_Allgather(out.data(), static_cast<int>(kSlot), MPI_CHAR, all.data(),
+                  static_cast<int>(kSlot), MPI_CHAR, MPI_COMM_WORLD);
+  }
+  std::vector<std::string> texts;
+  for (int p = 0; p < size_; ++p) texts.emplace_back(all.data() + static_cast<size_t>(p) * kSlot);
+  return texts;
+}
+
 std::unique_ptr<Communicator> MpiSession::make_communicator(const CommOptions& options) {
   return std::move(make_communicators(options, 1).front());
 }

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -59,6 +60,9 @@ class MpiSession {
   // session.
   std::vector<std::unique_ptr<Communicator>> make_communicators(const CommOptions& options,
                                                                 int ranks_per_process);
+  // Every process's `mine` (its first 255 bytes), in process order, over MPI_COMM_WORLD:
+  // start-up facts (hosts, addresses) exchanged before any communicator exists. Collective.
+  std::vector<std::string> allgather_text(const std::string& mine);
   // Ends every process of the job with `code` (MPI_Abort). The caller prints the reason,
   // naming its rank, first. `consequence`: this process failed because a peer did, whose
   // own MPI_Abort (and exit code: the job's status names the root cause) should come first,

@@ -20,6 +20,10 @@ MpiSession::MpiSession(int& /*argc*/, char**& /*argv*/) { throw InvalidArgument(
 MpiSession::~MpiSession() = default;
 
 // No session can exist in this build, so these are unreachable; they throw all the same.
+std::vector<std::string> MpiSession::allgather_text(const std::string& /*mine*/) {
+  throw InvalidArgument(kUnavailable);
+}
+
 std::unique_ptr<Communicator> MpiSession::make_communicator(const CommOptions& /*options*/) {
   throw InvalidArgument(kUnavailable);
 }

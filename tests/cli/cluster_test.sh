@@ -63,6 +63,21 @@ else
   fail=1
 fi
 
+# A process killed on host 2 is named by zerodp, with its ranks and host, within seconds
+# (mpirun alone names "rank 1 ... on node 10.231.77.2").
+start=$(date +%s%N)
+"$vcluster" mpirun -np 2 timeout 60 "$zerodp" train --backend mpi "${common[@]}" --steps 6 \
+  --ranks-per-process 2 --node-ranks 2 --inject kill@3:2 >"$tmp/kill" 2>&1
+code=$?
+took_ms=$((($(date +%s%N) - start) / 1000000))
+if [[ $code -ne 0 ]] && grep -q "zerodp: lost process 1 (ranks 2..3) on host ${ZERODP_VCLUSTER_PREFIX}-h2" "$tmp/kill" &&
+   ((took_ms < 20000)); then
+  echo "ok: a killed process on host 2 is named with its ranks and host; the job ended in ${took_ms} ms"
+else
+  echo "FAIL: a killed process on host 2 (exit $code, ${took_ms} ms): $(grep -v '^\[' "$tmp/kill" | head -5)"
+  fail=1
+fi
+
 # A checkpoint written across two hosts resumes on another host count (shared /tmp here:
 # the namespaces share the filesystem), to the bits of a run that never stopped.
 ck=$tmp/ck
