@@ -1,0 +1,42 @@
+// The MPI backend's plumbing, shared by its communicator (mpi.cc) and its session: one
+// mutex that serializes every MPI call of the process (MPI_THREAD_SERIALIZED), errors
+// turned into CommError, and the polled wait every collective uses. Internal to src/comm:
+// it includes <mpi.h>, which only the backend's .cc files see.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zerodp::mpi_detail {
+
+using Clock = std::chrono::steady_clock;
+
+// Serializes every MPI call of the process.
+std::mutex& mpi_mutex();
+std::string mpi_error_string(int code);
+// Throws CommError naming `what` when an MPI call failed. Called with the mutex held.
+void check_mpi(int code, std::string_view what, std::string_view call);
+std::string_view thread_level_name(int level);
+// A count handed to MPI (a piece of at most the chunk size, or a rank number) as its int.
+int to_int(size_t n);
+
+enum class PollResult { kDone, kTimedOut, kNotice, kAborted };
+
+// Polls `requests` until all completed, `deadline` passed, `notice` (when not null)
+// completed, or `*aborted` (when not null) became true. Completed requests become
+// MPI_REQUEST_NULL.
+PollResult poll(std::vector<MPI_Request>& requests, MPI_Request* notice, MPI_Status* notice_status,
+                const std::atomic<bool>* aborted, Clock::time_point deadline,
+                std::string_view what);
+Clock::time_point deadline_after(double seconds);
+// Cancels or frees the point-to-point requests a failed collective left pending.
+void release_pending(std::vector<MPI_Request>& requests);
+
+}  // namespace zerodp::mpi_detail
