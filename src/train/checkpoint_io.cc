@@ -449,4 +449,37 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
   }
 }
 
+// A continuation keeps the checkpoint's samples per optimizer step, K = N b A, unless
+// --grad-accum was given: A' = K / (N' b') on N' ranks of micro-batch b'. A rank count that
+// cannot split K evenly is refused, naming the counts that can. `default_policy`: the
+// accumulation policy is the default, chosen again for A'.
+void keep_global_batch(TrainConfig& cfg, const std::filesystem::path& from,
+                       const checkpoint::Meta& m, int world, bool default_policy) {
+  const uint64_t k = m.samples_per_step;
+  const uint64_t b = static_cast<uint64_t>(cfg.micro_batch);
+  const uint64_t n = static_cast<uint64_t>(world);
+  if (k == 0 || k % (n * b) != 0) {
+    // A damaged checkpoint is the graver news (exit 3): verify before refusing the batch.
+    (void)checkpoint::Checkpoint(from);
+    std::vector<uint64_t> fits;
+    for (uint64_t r = 1; r <= k / b; ++r) {
+      if (k % (r * b) == 0) fits.push_back(r);
+    }
+    const auto saved = [&](const char* key) {
+      return m.config.count(key) ? m.config.at(key) : std::string("?");
+    };
+    throw InvalidArgument(fmt::format(
+        "--resume {}: the checkpoint's steps take {} samples ({} ranks x --micro-batch {} x "
+        "--grad-accum {}), which {} ranks of --micro-batch {} cannot split evenly; {}, or pass "
+        "--grad-accum to change the batch",
+        from.string(), k, m.world_size, saved("micro_batch"), saved("grad_accum"), world, b,
+        fits.empty() ? std::string("no rank count can at this micro-batch")
+                     : fmt::format("use --ranks {}", fmt::join(fits, ", "))));
+  }
+  cfg.grad_accum = static_cast<int>(k / (n * b));
+  if (default_policy) {
+    cfg.accumulate = default_accumulate(cfg.stage, cfg.grad_accum, cfg.invariant);
+  }
+}
+
 }  // namespace zerodp

@@ -56,4 +56,11 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
 checkpoint::StepHistory history_of(const StepRecord& r);
 StepRecord record_of(const checkpoint::StepHistory& h);
 
+// A continuation keeps the checkpoint's samples per optimizer step, K = N b A, unless
+// --grad-accum was given: A' = K / (N' b') on N' ranks of micro-batch b'. A rank count that
+// cannot split K evenly is refused, naming the counts that can. `default_policy`: the
+// accumulation policy is the default, chosen again for A'.
+void keep_global_batch(TrainConfig& cfg, const std::filesystem::path& from,
+                       const checkpoint::Meta& m, int world, bool default_policy);
+
 }  // namespace zerodp

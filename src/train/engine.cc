@@ -27,6 +27,7 @@
 #include "data/source.h"
 #include "models/model.h"
 #include "train/checkpoint_io.h"
+#include "train/elastic.h"
 #include "train/model_kind.h"
 #include "train/outputs.h"
 #include "train/plan.h"
@@ -130,39 +131,6 @@ std::filesystem::path resume_point(const TrainConfig& cfg) {
   return *latest;
 }
 
-// A continuation keeps the checkpoint's samples per optimizer step, K = N b A, unless
-// --grad-accum was given: A' = K / (N' b') on N' ranks of micro-batch b'. A rank count that
-// cannot split K evenly is refused, naming the counts that can. `default_policy`: the
-// accumulation policy is the default, chosen again for A'.
-void keep_global_batch(TrainConfig& cfg, const std::filesystem::path& from,
-                       const checkpoint::Meta& m, int world, bool default_policy) {
-  const uint64_t k = m.samples_per_step;
-  const uint64_t b = static_cast<uint64_t>(cfg.micro_batch);
-  const uint64_t n = static_cast<uint64_t>(world);
-  if (k == 0 || k % (n * b) != 0) {
-    // A damaged checkpoint is the graver news (exit 3): verify before refusing the batch.
-    (void)checkpoint::Checkpoint(from);
-    std::vector<uint64_t> fits;
-    for (uint64_t r = 1; r <= k / b; ++r) {
-      if (k % (r * b) == 0) fits.push_back(r);
-    }
-    const auto saved = [&](const char* key) {
-      return m.config.count(key) ? m.config.at(key) : std::string("?");
-    };
-    throw InvalidArgument(fmt::format(
-        "--resume {}: the checkpoint's steps take {} samples ({} ranks x --micro-batch {} x "
-        "--grad-accum {}), which {} ranks of --micro-batch {} cannot split evenly; {}, or pass "
-        "--grad-accum to change the batch",
-        from.string(), k, m.world_size, saved("micro_batch"), saved("grad_accum"), world, b,
-        fits.empty() ? std::string("no rank count can at this micro-batch")
-                     : fmt::format("use --ranks {}", fmt::join(fits, ", "))));
-  }
-  cfg.grad_accum = static_cast<int>(k / (n * b));
-  if (default_policy) {
-    cfg.accumulate = default_accumulate(cfg.stage, cfg.grad_accum, cfg.invariant);
-  }
-}
-
 DataSplits open_training_data(const TrainConfig& cfg) {
   DataOptions dopt;
   dopt.source = cfg.data;
@@ -230,45 +198,6 @@ class SkipStreak {
   int64_t streak_ = 0;
   StepRecord start_;
 };
-
-// A local rank's failure inside its step loop, recorded by its own thread and read once
-// every thread has ended: the evidence a restart is decided on (--max-restarts).
-struct RankFailure {
-  bool failed = false;
-  int64_t step = 0;
-  // Its own failure, not a collective failing because a peer did (CommError).
-  bool own = false;
-  // A failure of this rank that the survivors, restarted from a checkpoint, can get past:
-  // zerodp::Error itself, the type for what no other type describes (the injected throw, a
-  // library's exception the step wrapped). Not the typed errors: InvalidArgument, CorruptData
-  // (the same input fails again), OutOfMemory (on fewer ranks each holds more), IoError (the
-  // disk stays full), Interrupted (the user asked to stop); nor std::bad_alloc (the same),
-  // nor any other std::exception (a defect the same step meets again).
-  bool restartable = false;
-  std::string message;  // as thrown, before the rank and step are put in front
-};
-
-RankFailure failure_of(const std::exception_ptr& error, int64_t step) {
-  RankFailure f;
-  f.failed = true;
-  f.step = step;
-  try {
-    std::rethrow_exception(error);
-  } catch (const CommError& e) {
-    f.message = e.what();
-  } catch (const Error& e) {
-    f.own = true;
-    f.restartable = typeid(e) == typeid(Error);
-    f.message = e.what();
-  } catch (const std::exception& e) {
-    f.own = true;
-    f.message = e.what();
-  } catch (...) {
-    f.own = true;
-    f.message = "unknown exception";
-  }
-  return f;
-}
 
 // What every rank's run needs, decided before any rank starts.
 struct RunPlan {
@@ -449,104 +378,6 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
   if (getrusage(RUSAGE_SELF, &usage) == 0) {
     result.process_peak_rss_bytes = static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // KiB
   }
-}
-
-// After a local launch ended with `error`: the restart the survivors make, with cfg set
-// for their launch; or `error` rethrown: unchanged when it is not a rank's failure a
-// restart gets past, with the reason appended when it is but no restart can be made.
-Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
-                     const std::vector<RankFailure>& failures, std::span<const Restart> done,
-                     bool default_policy) {
-  // The root cause run_local rethrew: a timeout names the rank that stopped arriving; any
-  // other collective failure (a mismatch) is a defect, not a lost rank; else the root is
-  // the first rank in rank order whose own failure was recorded.
-  std::string message;
-  bool timeout = false;
-  bool comm_error = false;
-  bool untyped = false;  // zerodp::Error itself: a typed root is never restarted
-  int failed_rank = -1;
-  try {
-    std::rethrow_exception(error);
-  } catch (const CommTimeout& e) {
-    timeout = true;
-    failed_rank = e.failed_rank();
-    message = e.what();
-  } catch (const CommError& e) {
-    comm_error = true;
-    message = e.what();
-  } catch (const std::exception& e) {
-    untyped = typeid(e) == typeid(Error);
-    message = e.what();
-  } catch (...) {
-  }
-  const RankFailure* root = nullptr;
-  for (size_t r = 0; r < failures.size() && !comm_error; ++r) {
-    const RankFailure& f = failures[r];
-    if (!f.failed || !(timeout || f.own)) continue;
-    root = &f;
-    if (!timeout) failed_rank = static_cast<int>(r);
-    break;
-  }
-  // A failure outside the step loop (start-up, loading, the final evaluation) is not
-  // restarted either: a restart would meet it again.
-  if (root == nullptr || !(timeout || (untyped && root->restartable))) {
-    std::rethrow_exception(error);
-  }
-
-  const auto refuse = [&](const std::string& why) {
-    const std::string what =
-        fmt::format("{}; not restarted (--max-restarts {}): {}", message, cfg.max_restarts, why);
-    if (timeout) throw CommTimeout(what, failed_rank);
-    throw Error(what);
-  };
-  if (done.size() >= static_cast<size_t>(cfg.max_restarts)) {
-    std::vector<std::string> earlier;
-    for (const Restart& r : done) {
-      earlier.push_back(
-          fmt::format("step {} on {} ranks -> {}", r.failed_step, r.ranks_before, r.ranks_after));
-    }
-    refuse(fmt::format("all {} used ({}); pass a larger --max-restarts to go on", done.size(),
-                       fmt::join(earlier, ", ")));
-  }
-  const int ranks = cfg.launch.ranks;
-  if (ranks < 2) refuse("the run had 1 rank, so none is left to continue");
-  const std::optional<std::filesystem::path> latest = checkpoint::find_latest(cfg.checkpoint_dir);
-  if (!latest) {
-    refuse(fmt::format(
-        "no checkpoint was committed in {} before the failure (the first was due at step {}), "
-        "and a restart continues from one, never from scratch",
-        cfg.checkpoint_dir, cfg.checkpoint_every));
-  }
-  // The step's micro-batches M = N x A stay; the survivors are N - 1, and the largest of
-  // them that divides M trains on, each rank taking M / N' of them. Over nodes of T ranks
-  // the world stays whole nodes (N' = P' x T: a node is lost, not one rank of it); when no
-  // such N' is left, the survivors are one node of N' ranks.
-  const int micro_batches = ranks * cfg.grad_accum;
-  const int per_node = cfg.launch.comm.node_ranks;
-  int survivors = ranks - 1;
-  if (per_node > 0) {
-    while (survivors >= per_node && (micro_batches % survivors != 0 || survivors % per_node != 0))
-      --survivors;
-    if (survivors < per_node) survivors = ranks - 1;
-  }
-  while (micro_batches % survivors != 0) --survivors;
-  if (per_node > 0 && survivors % per_node != 0) cfg.launch.comm.node_ranks = survivors;
-  const checkpoint::Meta meta = checkpoint::read_meta(*latest);
-  Restart restart{.failed_step = root->step,
-                  .failed_rank = failed_rank,
-                  .cause = timeout ? message : root->message,
-                  .ranks_before = ranks,
-                  .ranks_after = survivors,
-                  .grad_accum_before = cfg.grad_accum,
-                  .resumed_step = static_cast<int64_t>(meta.step),
-                  .checkpoint = latest->string()};
-  keep_global_batch(cfg, *latest, meta, survivors, default_policy);
-  restart.grad_accum_after = cfg.grad_accum;
-  cfg.launch.ranks = survivors;
-  cfg.resume = "latest";
-  // Injections are one-shot per process: the failed step's, and those before it, fired.
-  std::erase_if(cfg.inject, [&](const Injection& i) { return i.step <= root->step; });
-  return restart;
 }
 
 }  // namespace
