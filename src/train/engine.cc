@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <thread>
+#include <type_traits>
 #include <typeinfo>
 #include <variant>
 #include <vector>
@@ -50,28 +51,49 @@ struct MemorySnapshot {
   bool offload_direct = false;
 };
 
-std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
-                                 const std::string& samples) {
-  std::vector<double> v;
-  for (uint64_t x : mem.current) v.push_back(static_cast<double>(x));
-  for (uint64_t x : mem.peak) v.push_back(static_cast<double>(x));
-  v.push_back(static_cast<double>(mem.peak_total));
-  v.push_back(static_cast<double>(mem.gemm_bf16_copies));
-  v.push_back(static_cast<double>(mem.nvme));
-  v.push_back(static_cast<double>(mem.offload.bytes_read));
-  v.push_back(static_cast<double>(mem.offload.bytes_written));
-  v.push_back(mem.offload.wait_seconds);
-  v.push_back(static_cast<double>(mem.offload.update_bytes));
-  v.push_back(mem.offload.update_seconds);
-  v.push_back(mem.offload_direct ? 1 : 0);
-  for (auto phase : {CommPhase::kTrain, CommPhase::kOther}) {
-    for (const auto& c : comm.ledger().table(phase)) {
-      v.push_back(static_cast<double>(c.calls));
-      v.push_back(static_cast<double>(c.bytes));
-      v.push_back(static_cast<double>(c.cross_node_bytes));
+// Each field of a rank's summary in the one order its doubles travel in (the samples digest
+// follows as 32 bytes): packing and unpacking are this walk in the two directions, so they
+// cannot disagree.
+template <typename F>
+void each_field(RankSummary& s, F&& f) {
+  for (auto& x : s.model_state) f(x);
+  for (auto& x : s.peak) f(x);
+  f(s.peak_total);
+  f(s.gemm_bf16_copy_bytes);
+  f(s.nvme_bytes);
+  f(s.offload_bytes_read);
+  f(s.offload_bytes_written);
+  f(s.offload_wait_seconds);
+  f(s.offload_update_bytes);
+  f(s.offload_update_seconds);
+  f(s.offload_direct);
+  for (auto* table : {&s.comm_train, &s.comm_other}) {
+    for (auto& c : *table) {
+      f(c.calls);
+      f(c.bytes);
+      f(c.cross_node_bytes);
     }
   }
-  // The samples digest as 32 bytes.
+}
+
+std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
+                                 const std::string& samples) {
+  RankSummary s;
+  s.model_state = mem.current;
+  s.peak = mem.peak;
+  s.peak_total = mem.peak_total;
+  s.gemm_bf16_copy_bytes = mem.gemm_bf16_copies;
+  s.nvme_bytes = mem.nvme;
+  s.offload_bytes_read = mem.offload.bytes_read;
+  s.offload_bytes_written = mem.offload.bytes_written;
+  s.offload_wait_seconds = mem.offload.wait_seconds;
+  s.offload_update_bytes = mem.offload.update_bytes;
+  s.offload_update_seconds = mem.offload.update_seconds;
+  s.offload_direct = mem.offload_direct;
+  s.comm_train = comm.ledger().table(CommPhase::kTrain);
+  s.comm_other = comm.ledger().table(CommPhase::kOther);
+  std::vector<double> v;
+  each_field(s, [&](const auto& x) { v.push_back(static_cast<double>(x)); });
   for (size_t i = 0; i < 64; i += 2) v.push_back(std::stoi(samples.substr(i, 2), nullptr, 16));
   return v;
 }
@@ -80,24 +102,7 @@ RankSummary unpack_summary(std::span<const double> v, int rank) {
   RankSummary s;
   s.rank = rank;
   size_t k = 0;
-  for (auto& x : s.model_state) x = static_cast<uint64_t>(v[k++]);
-  for (auto& x : s.peak) x = static_cast<uint64_t>(v[k++]);
-  s.peak_total = static_cast<uint64_t>(v[k++]);
-  s.gemm_bf16_copy_bytes = static_cast<uint64_t>(v[k++]);
-  s.nvme_bytes = static_cast<uint64_t>(v[k++]);
-  s.offload_bytes_read = static_cast<uint64_t>(v[k++]);
-  s.offload_bytes_written = static_cast<uint64_t>(v[k++]);
-  s.offload_wait_seconds = v[k++];
-  s.offload_update_bytes = static_cast<uint64_t>(v[k++]);
-  s.offload_update_seconds = v[k++];
-  s.offload_direct = v[k++] != 0;
-  for (auto* table : {&s.comm_train, &s.comm_other}) {
-    for (auto& c : *table) {
-      c.calls = static_cast<uint64_t>(v[k++]);
-      c.bytes = static_cast<uint64_t>(v[k++]);
-      c.cross_node_bytes = static_cast<uint64_t>(v[k++]);
-    }
-  }
+  each_field(s, [&](auto& x) { x = static_cast<std::remove_reference_t<decltype(x)>>(v[k++]); });
   std::string hex;
   for (int i = 0; i < 32; ++i) hex += fmt::format("{:02x}", static_cast<int>(v[k++]));
   s.samples_sha256 = hex;
