@@ -13,7 +13,6 @@
 #include <span>
 #include <thread>
 #include <type_traits>
-#include <typeinfo>
 #include <variant>
 #include <vector>
 
