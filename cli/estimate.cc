@@ -13,6 +13,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/link_model.h"
 #include "comm/quantize.h"
 #include "commands.h"
 #include "core/error.h"
@@ -313,12 +314,12 @@ std::vector<ModeRow> node_mode_rows(std::span<const uint64_t> units, int n, int 
     if (bandwidth || inter_bandwidth) {
       const double cross = static_cast<double>(r.comm.cross_total());
       const double intra = static_cast<double>(r.comm.total()) - cross;
-      const double inter = inter_bandwidth.value_or(bandwidth.value_or(0));
-      const double inside = bandwidth.value_or(0);
-      // A flat exchange over nodes runs at the link between them, a two-level one at each.
+      // The communicator's own model of the link (comm/link_model.h), bandwidth only here.
+      const LinkModel link{.bandwidth = bandwidth.value_or(0),
+                           .inter_bandwidth = inter_bandwidth.value_or(0)};
       r.seconds = m.modes.two_level || hsdp
-                      ? (inside > 0 ? intra / inside : 0) + (inter > 0 ? cross / inter : 0)
-                      : (inter > 0 ? static_cast<double>(r.comm.total()) / inter : 0);
+                      ? link.two_level_seconds(intra, 0, cross, 0)
+                      : link.flat_seconds(static_cast<double>(r.comm.total()), 0, true);
     }
     r.mode = std::move(m);
     rows.push_back(std::move(r));
@@ -805,12 +806,11 @@ int run_estimate(const Flags& f) {
         const int per_node = f.node_ranks > 0 ? f.node_ranks : n;
         const bool spans = per_node < n;
         const bool levels = (two_level || hsdp) && spans && per_node > 1;
-        const auto at = [](const std::optional<double>& rate, double bytes) {
-          return rate ? bytes / *rate : 0.0;
-        };
-        const auto wait = [](const std::optional<double>& step, double steps) {
-          return step ? steps * *step : 0.0;
-        };
+        // What the communicator waits on a simulated link is what is forecast.
+        const LinkModel link{.bandwidth = bandwidth.value_or(0),
+                             .latency = latency.value_or(0),
+                             .inter_bandwidth = inter_bandwidth.value_or(0),
+                             .inter_latency = inter_latency.value_or(0)};
         // `bytes` of which `cross` between nodes, over `calls` collectives of `phases` ring
         // passes each (2 for an all-reduce).
         // qgZ's reduce-scatter runs in two levels whatever --collectives says.
@@ -819,13 +819,11 @@ int run_estimate(const Flags& f) {
           const double total = static_cast<double>(bytes);
           if (two_levels) {
             const double p = static_cast<double>(n / per_node);
-            return at(bandwidth, total - static_cast<double>(cross)) +
-                   wait(latency, calls * phases * (per_node - 1)) +
-                   at(inter_bandwidth, static_cast<double>(cross)) +
-                   wait(inter_latency, calls * phases * (p - 1));
+            return link.two_level_seconds(total - static_cast<double>(cross),
+                                          calls * phases * (per_node - 1),
+                                          static_cast<double>(cross), calls * phases * (p - 1));
           }
-          return spans ? at(inter_bandwidth, total) + wait(inter_latency, calls * phases * (n - 1))
-                       : at(bandwidth, total) + wait(latency, calls * phases * (n - 1));
+          return link.flat_seconds(total, calls * phases * (n - 1), spans);
         };
         const StagePlan::Reduce kind = during_backward ? sp.micro_batch_reduce : sp.boundary_reduce;
         const double reduce = kind == StagePlan::Reduce::kAllReduce

@@ -191,19 +191,17 @@ size_t Communicator::column_count(const Partition& part) const {
   return n;
 }
 
+LinkModel Communicator::link_model() const {
+  return LinkModel{.bandwidth = options_.link_bandwidth,
+                   .latency = options_.link_latency,
+                   .inter_bandwidth = options_.inter_node_bandwidth,
+                   .inter_latency = options_.inter_node_latency};
+}
+
 double Communicator::two_level_seconds(uint64_t intra, uint64_t cross) const {
-  const double inter_bandwidth =
-      options_.inter_node_bandwidth > 0 ? options_.inter_node_bandwidth : options_.link_bandwidth;
-  const double inter_latency =
-      options_.inter_node_latency > 0 ? options_.inter_node_latency : options_.link_latency;
   const int t = node_ranks();
-  const int p = size_ / t;
-  double s = 0;
-  if (options_.link_bandwidth > 0) s += static_cast<double>(intra) / options_.link_bandwidth;
-  if (options_.link_latency > 0) s += (t - 1) * options_.link_latency;
-  if (inter_bandwidth > 0) s += static_cast<double>(cross) / inter_bandwidth;
-  if (inter_latency > 0) s += (p - 1) * inter_latency;
-  return s;
+  return link_model().two_level_seconds(static_cast<double>(intra), t - 1,
+                                        static_cast<double>(cross), size_ / t - 1);
 }
 
 Communicator::Traffic Communicator::reduce_scatter_traffic(const Partition& part, size_t w) const {
@@ -237,17 +235,7 @@ Communicator::Traffic Communicator::all_gather_traffic(const Partition& part, si
 }
 
 double Communicator::link_seconds(uint64_t bytes, int steps) const {
-  const bool spans_nodes = node_ranks() < size_;
-  const double bandwidth = spans_nodes && options_.inter_node_bandwidth > 0
-                               ? options_.inter_node_bandwidth
-                               : options_.link_bandwidth;
-  const double latency = spans_nodes && options_.inter_node_latency > 0
-                             ? options_.inter_node_latency
-                             : options_.link_latency;
-  double t = 0;
-  if (bandwidth > 0) t += static_cast<double>(bytes) / bandwidth;
-  if (latency > 0) t += steps * latency;
-  return t;
+  return link_model().flat_seconds(static_cast<double>(bytes), steps, node_ranks() < size_);
 }
 
 Communicator::~Communicator() { stop_worker(); }
@@ -433,9 +421,7 @@ Work Communicator::node_all_gather_async(ConstBuffer shard, MutableBuffer out,
   }
   const uint64_t bytes = (node_part.length() - mine) * w;
   ledger_.record(CommKind::kAllGather, bytes, 0);
-  double seconds = 0;
-  if (options_.link_bandwidth > 0) seconds += static_cast<double>(bytes) / options_.link_bandwidth;
-  if (options_.link_latency > 0) seconds += (t - 1) * options_.link_latency;
+  const double seconds = link_model().inside_seconds(static_cast<double>(bytes), t - 1);
   return submit([=, this] { run_node_all_gather(shard, out, node_part); }, CommKind::kAllGather,
                 bytes, seconds);
 }

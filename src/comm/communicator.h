@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "comm/ledger.h"
+#include "comm/link_model.h"
 #include "core/partition.h"
 #include "tensor/dtype.h"
 
@@ -261,6 +262,8 @@ class Communicator {
   std::string link_settings() const;
   // The simulated link's time for `bytes` received over `steps` ring steps (0 when off).
   double link_seconds(uint64_t bytes, int steps) const;
+  // The options' simulated link as the one model estimate forecasts with (link_model.h).
+  LinkModel link_model() const;
   // What this rank receives in a reduce-scatter or an all-gather over `part` with `w` bytes
   // per element: in all, and from peers on other nodes (ledger.h), for the flat or the
   // two-level algorithm as the options say; and how long the simulated link makes it last.
