@@ -316,10 +316,11 @@ std::vector<ModeRow> node_mode_rows(std::span<const uint64_t> units, int n, int 
       const double intra = static_cast<double>(r.comm.total()) - cross;
       // The communicator's own model of the link (comm/link_model.h), bandwidth only here.
       const LinkModel link{.bandwidth = bandwidth.value_or(0),
-                           .inter_bandwidth = inter_bandwidth.value_or(0)};
+                           .inter_bandwidth = inter_bandwidth.value_or(0),
+                           .nic_ranks = static_cast<double>(per_node)};
       r.seconds = m.modes.two_level || hsdp
                       ? link.two_level_seconds(intra, 0, cross, 0)
-                      : link.flat_seconds(static_cast<double>(r.comm.total()), 0, true);
+                      : link.flat_seconds(static_cast<double>(r.comm.total()), cross, 0, true);
     }
     r.mode = std::move(m);
     rows.push_back(std::move(r));
@@ -810,7 +811,8 @@ int run_estimate(const Flags& f) {
         const LinkModel link{.bandwidth = bandwidth.value_or(0),
                              .latency = latency.value_or(0),
                              .inter_bandwidth = inter_bandwidth.value_or(0),
-                             .inter_latency = inter_latency.value_or(0)};
+                             .inter_latency = inter_latency.value_or(0),
+                             .nic_ranks = static_cast<double>(per_node)};
         // `bytes` of which `cross` between nodes, over `calls` collectives of `phases` ring
         // passes each (2 for an all-reduce).
         // qgZ's reduce-scatter runs in two levels whatever --collectives says.
@@ -823,7 +825,8 @@ int run_estimate(const Flags& f) {
                                           calls * phases * (per_node - 1),
                                           static_cast<double>(cross), calls * phases * (p - 1));
           }
-          return link.flat_seconds(total, calls * phases * (n - 1), spans);
+          return link.flat_seconds(total, static_cast<double>(cross), calls * phases * (n - 1),
+                                   spans);
         };
         const StagePlan::Reduce kind = during_backward ? sp.micro_batch_reduce : sp.boundary_reduce;
         const double reduce = kind == StagePlan::Reduce::kAllReduce

@@ -195,7 +195,8 @@ LinkModel Communicator::link_model() const {
   return LinkModel{.bandwidth = options_.link_bandwidth,
                    .latency = options_.link_latency,
                    .inter_bandwidth = options_.inter_node_bandwidth,
-                   .inter_latency = options_.inter_node_latency};
+                   .inter_latency = options_.inter_node_latency,
+                   .nic_ranks = static_cast<double>(node_ranks())};
 }
 
 double Communicator::two_level_seconds(uint64_t intra, uint64_t cross) const {
@@ -221,8 +222,8 @@ Communicator::Traffic Communicator::reduce_scatter_traffic(const Partition& part
     return {intra + cross, cross, two_level_seconds(intra, cross)};
   }
   const uint64_t bytes = static_cast<uint64_t>(size_ - 1) * mine * w;
-  return {bytes, static_cast<uint64_t>(size_ - node_ranks()) * mine * w,
-          link_seconds(bytes, size_ - 1)};
+  const uint64_t cross = static_cast<uint64_t>(size_ - node_ranks()) * mine * w;
+  return {bytes, cross, link_seconds(bytes, cross, size_ - 1)};
 }
 
 Communicator::Traffic Communicator::all_gather_traffic(const Partition& part, size_t w) const {
@@ -231,11 +232,13 @@ Communicator::Traffic Communicator::all_gather_traffic(const Partition& part, si
     const uint64_t cross = (column_count(part) - part.count(rank_)) * w;
     return {bytes, cross, two_level_seconds(bytes - cross, cross)};
   }
-  return {bytes, (part.length() - node_count(part)) * w, link_seconds(bytes, size_ - 1)};
+  const uint64_t cross = (part.length() - node_count(part)) * w;
+  return {bytes, cross, link_seconds(bytes, cross, size_ - 1)};
 }
 
-double Communicator::link_seconds(uint64_t bytes, int steps) const {
-  return link_model().flat_seconds(static_cast<double>(bytes), steps, node_ranks() < size_);
+double Communicator::link_seconds(uint64_t bytes, uint64_t cross, int steps) const {
+  return link_model().flat_seconds(static_cast<double>(bytes), static_cast<double>(cross), steps,
+                                   node_ranks() < size_);
 }
 
 Communicator::~Communicator() { stop_worker(); }
@@ -500,8 +503,9 @@ Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
         run_all_gather(shard, buf, part);
       },
       CommKind::kAllReduce, bytes,
-      two_level() || quantized_reduce_scatter() ? rs.seconds + ag.seconds
-                                                : link_seconds(bytes, 2 * (size_ - 1)));
+      two_level() || quantized_reduce_scatter()
+          ? rs.seconds + ag.seconds
+          : link_seconds(bytes, rs.cross + ag.cross, 2 * (size_ - 1)));
 }
 
 Work Communicator::broadcast_async(MutableBuffer buf, int root) {
@@ -511,10 +515,10 @@ Work Communicator::broadcast_async(MutableBuffer buf, int root) {
   }
   // Every rank waits for the whole transfer, the root included.
   const bool root_elsewhere = root < node_first() || root >= node_first() + node_ranks();
-  ledger_.record(CommKind::kBroadcast, rank_ == root ? 0 : buf.bytes(),
-                 root_elsewhere ? buf.bytes() : 0);
+  const uint64_t cross = root_elsewhere ? buf.bytes() : 0;
+  ledger_.record(CommKind::kBroadcast, rank_ == root ? 0 : buf.bytes(), cross);
   return submit([=, this] { run_broadcast(buf, root); }, CommKind::kBroadcast,
-                rank_ == root ? 0 : buf.bytes(), link_seconds(buf.bytes(), size_ - 1));
+                rank_ == root ? 0 : buf.bytes(), link_seconds(buf.bytes(), cross, size_ - 1));
 }
 
 std::vector<double> Communicator::gather_control(std::span<const double> mine) {

@@ -261,7 +261,7 @@ class Communicator {
   // The simulated link's settings that apply to this world, for messages.
   std::string link_settings() const;
   // The simulated link's time for `bytes` received over `steps` ring steps (0 when off).
-  double link_seconds(uint64_t bytes, int steps) const;
+  double link_seconds(uint64_t bytes, uint64_t cross, int steps) const;
   // The options' simulated link as the one model estimate forecasts with (link_model.h).
   LinkModel link_model() const;
   // What this rank receives in a reduce-scatter or an all-gather over `part` with `w` bytes
