@@ -807,7 +807,6 @@ int run_estimate(const Flags& f) {
         const int per_node = f.node_ranks > 0 ? f.node_ranks : n;
         const bool spans = per_node < n;
         const bool levels = (two_level || hsdp) && spans && per_node > 1;
-        // What the communicator waits on a simulated link is what is forecast.
         const LinkModel link{.bandwidth = bandwidth.value_or(0),
                              .latency = latency.value_or(0),
                              .inter_bandwidth = inter_bandwidth.value_or(0),
