@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "core/units.h"
+#include "estimate_inputs.h"
 #include "models/gpt.h"
 #include "models/unit.h"
 #include "train/config.h"
@@ -50,9 +51,10 @@ struct Flags {
   int micro_batch = 1;
   int prefetch = 1;
   bool checkpoint_activations = false;
-  std::string flops;           // sustained FLOP/s per rank, e.g. 365e9
-  std::string link_bandwidth;  // e.g. 10GB/s
-  std::string link_latency;    // e.g. 20us
+  std::string flops;            // sustained FLOP/s per rank, e.g. 365e9
+  std::string compute_seconds;  // or a step's measured compute, e.g. 0.219
+  std::string link_bandwidth;   // e.g. 10GB/s
+  std::string link_latency;     // e.g. 20us
   std::string inter_node_bandwidth;
   std::string inter_node_latency;
   // --offload optimizer[,params]: the optimizer's states (and stage 3's parameter shards) in
@@ -99,65 +101,6 @@ std::string gb(uint64_t bytes) {
   if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
   if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
   return fmt::format("{:.2f} KB", b / 1e3);
-}
-
-// `text` whole as a finite number (7.5e9, 124000000, 0.5); nullopt for anything else,
-// trailing characters included.
-std::optional<double> parse_number(const std::string& text) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  if (used != text.size() || !std::isfinite(v)) return std::nullopt;
-  return v;
-}
-
-// --disk-bandwidth: one bandwidth for both directions, or read/write. A bandwidth may end in
-// "/s" itself, so the text splits at the one '/' whose two sides are both bandwidths
-// ("2.1GB/s/1.0GB/s", "2138e6/1031e6"); "2.1GB/s" alone is one figure. Each figure must lie
-// in train's kDiskBandwidthRange: past it the io column rounds to nothing (1e20 B/s printed
-// as 0.00 KB/s) or describes no disk.
-struct DiskBandwidth {
-  double read = 0, write = 0;
-  std::string read_text, write_text;  // as given, for the range check's message
-};
-
-DiskBandwidth parse_disk_bandwidth(const std::string& text) {
-  const auto one = [](std::string_view part) -> std::optional<double> {
-    try {
-      const double v = parse_bandwidth(part, "--disk-bandwidth");
-      if (std::isfinite(v)) return v;
-    } catch (const InvalidArgument&) {
-    }
-    return std::nullopt;
-  };
-  std::vector<DiskBandwidth> readings;
-  if (const auto both = one(text)) readings.push_back({*both, *both, text, text});
-  for (size_t at = text.find('/'); at != std::string::npos; at = text.find('/', at + 1)) {
-    const std::string read_text = text.substr(0, at), write_text = text.substr(at + 1);
-    const auto r = one(read_text);
-    const auto w = one(write_text);
-    if (r && w) readings.push_back({*r, *w, read_text, write_text});
-  }
-  if (readings.size() != 1) {
-    throw InvalidArgument(fmt::format(
-        "--disk-bandwidth '{}' is not a disk's bandwidth; give bytes per second for reads and "
-        "writes alike or as READ/WRITE, e.g. 2GB/s, 2.1GB/s/1.0GB/s or 2138e6/1031e6 (zerodp "
-        "bench-io DIR measures them)",
-        text));
-  }
-  const DiskBandwidth& d = readings[0];
-  const bool pair = d.read_text != text;
-  (void)parse_bandwidth(d.read_text, pair ? "--disk-bandwidth READ" : "--disk-bandwidth",
-                        kDiskBandwidthRange.min, kDiskBandwidthRange.max);
-  if (pair) {
-    (void)parse_bandwidth(d.write_text, "--disk-bandwidth WRITE", kDiskBandwidthRange.min,
-                          kDiskBandwidthRange.max);
-  }
-  return d;
 }
 
 // A way to run stage 3 over nodes: ZeRO++'s switches, as train takes them.
@@ -551,37 +494,15 @@ int run_estimate(const Flags& f) {
   if (f.prefetch < 0 || f.prefetch > 8) {
     throw InvalidArgument(fmt::format("--prefetch {} is invalid; use 0..8", f.prefetch));
   }
-  std::optional<double> flops, bandwidth, latency;
-  if (!f.flops.empty()) {
-    flops = parse_number(f.flops);
-    if (!flops || !(*flops > 0)) {
-      throw InvalidArgument(fmt::format(
-          "--flops '{}' is not a rate; give a positive, finite FLOP/s per rank, e.g. 365e9 "
-          "(zerodp bench-gemm)",
-          f.flops));
-    }
-  }
-  // Train's ranges (train/config.h), so an estimate never prices a link train would refuse.
-  const auto link_bandwidth = [](const std::string& text, std::string_view what) {
-    return parse_bandwidth(text, what, kLinkBandwidthRange.min, kLinkBandwidthRange.max);
-  };
-  const auto link_latency = [](const std::string& text, std::string_view what) {
-    return parse_seconds(text, what, kLinkLatencyRange.min, kLinkLatencyRange.max);
-  };
-  if (!f.link_bandwidth.empty()) bandwidth = link_bandwidth(f.link_bandwidth, "--link-bandwidth");
-  if (!f.link_latency.empty()) latency = link_latency(f.link_latency, "--link-latency");
-  std::optional<double> inter_bandwidth = bandwidth, inter_latency = latency;
-  if (!f.inter_node_bandwidth.empty()) {
-    inter_bandwidth = link_bandwidth(f.inter_node_bandwidth, "--inter-node-bandwidth");
-  }
-  if (!f.inter_node_latency.empty()) {
-    inter_latency = link_latency(f.inter_node_latency, "--inter-node-latency");
-  }
-  if (f.node_ranks == 0 && (!f.inter_node_bandwidth.empty() || !f.inter_node_latency.empty())) {
-    throw InvalidArgument(fmt::format(
-        "{} needs --node-ranks T to say which ranks share a node",
-        f.inter_node_bandwidth.empty() ? "--inter-node-latency" : "--inter-node-bandwidth"));
-  }
+  const auto [flops, compute_seconds, bandwidth, latency, inter_bandwidth, inter_latency] =
+      parse_forecast({.flops = f.flops,
+                      .compute_seconds = f.compute_seconds,
+                      .link_bandwidth = f.link_bandwidth,
+                      .link_latency = f.link_latency,
+                      .inter_node_bandwidth = f.inter_node_bandwidth,
+                      .inter_node_latency = f.inter_node_latency,
+                      .node_ranks = f.node_ranks});
+  const bool timed = (flops || compute_seconds) && gpt;
   const Offload offload_flag = parse_offload(f.offload);
   const bool offload = offload_flag != Offload::kNone;
   check_offload_modes(offload_flag, f.qwz, 3, f.offload_overlap);
@@ -728,7 +649,7 @@ int run_estimate(const Flags& f) {
             "its full copy)\n");
       }
     }
-    if (flops && gpt) {
+    if (timed) {
       fmt::print(
           "step s = max(compute, comm issued during compute) + comm at the boundary "
           "(--accumulate local reductions, stages 1-2's parameter gather){}\n",
@@ -746,7 +667,7 @@ int run_estimate(const Flags& f) {
               ? "; offloaded parameters are read for every gather (2 per micro-batch, 1 with "
                 "hpZ) and written once, not read, by the update"
               : "",
-          flops && gpt ? "; bound: the largest of compute s, comm s and io s" : "");
+          timed ? "; bound: the largest of compute s, comm s and io s" : "");
     }
     fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11}", "ranks", "stage", "params",
                "grads", "master", "adam m+v", "per rank");
@@ -754,10 +675,10 @@ int run_estimate(const Flags& f) {
     fmt::print(" {:>13} {:>13} {:>5}", "all ranks", "comm/step", "fits");
     if (f.node_ranks > 0) fmt::print(" {:>11}", "cross-node");
     if (gpt) fmt::print(" {:>11} {:>11}", "activations", "peak/rank");
-    if (flops && gpt && disk) {
+    if (timed && disk) {
       fmt::print(" {:>9} {:>9} {:>9} {:>9} {:>7}", "compute s", "comm s", "io s", "step s",
                  "bound");
-    } else if (flops && gpt) {
+    } else if (timed) {
       fmt::print(" {:>9} {:>9} {:>9}", "compute s", "comm s", "step s");
     } else if (disk) {
       fmt::print(" {:>9}", "io s");
@@ -796,9 +717,9 @@ int run_estimate(const Flags& f) {
                                               canonical, 0, modes);
       const double io = disk ? io_seconds(s, n, stage, shards, rp.accumulator, row_offload) : 0.0;
       std::optional<StepTime> time;
-      if (flops && gpt) {
+      if (timed) {
         StepTime st;
-        st.compute = flops_per_step(n) / *flops;
+        st.compute = compute_seconds ? *compute_seconds : flops_per_step(n) / *flops;
         const double U = static_cast<double>(units.size());
         const double A = f.grad_accum;
         const StagePlan sp = StagePlan::make(stage, policy, canonical && f.grad_accum > 1);
@@ -1121,6 +1042,9 @@ Runner add_estimate(CLI::App& app) {
                "Keep only unit inputs; recompute in backward");
   app.add_option("--flops", f->flops,
                  "Sustained FLOP/s per rank for the step-time estimate, e.g. 365e9");
+  app.add_option("--compute-seconds", f->compute_seconds,
+                 "Or a step's compute per rank as measured, e.g. 0.219 (a run's step time "
+                 "without a simulated link)");
   app.add_option("--link-bandwidth", f->link_bandwidth, "Per-rank link bandwidth, e.g. 10GB/s");
   app.add_option("--link-latency", f->link_latency, "Per ring step latency, e.g. 20us");
   app.add_option("--inter-node-bandwidth", f->inter_node_bandwidth,

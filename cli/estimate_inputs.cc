@@ -1,0 +1,114 @@
+// estimate_inputs.h is the contract.
+#include "estimate_inputs.h"
+
+#include <cmath>
+#include <string_view>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "train/config.h"
+
+namespace zerodp::cli {
+
+// `text` whole as a finite number (7.5e9, 124000000, 0.5); nullopt for anything else,
+// trailing characters included.
+std::optional<double> parse_number(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// --disk-bandwidth: one bandwidth for both directions, or read/write. A bandwidth may end in
+// "/s" itself, so the text splits at the one '/' whose two sides are both bandwidths
+// ("2.1GB/s/1.0GB/s", "2138e6/1031e6"); "2.1GB/s" alone is one figure. Each figure must lie
+// in train's kDiskBandwidthRange: past it the io column rounds to nothing (1e20 B/s printed
+// as 0.00 KB/s) or describes no disk.
+DiskBandwidth parse_disk_bandwidth(const std::string& text) {
+  const auto one = [](std::string_view part) -> std::optional<double> {
+    try {
+      const double v = parse_bandwidth(part, "--disk-bandwidth");
+      if (std::isfinite(v)) return v;
+    } catch (const InvalidArgument&) {
+    }
+    return std::nullopt;
+  };
+  std::vector<DiskBandwidth> readings;
+  if (const auto both = one(text)) readings.push_back({*both, *both, text, text});
+  for (size_t at = text.find('/'); at != std::string::npos; at = text.find('/', at + 1)) {
+    const std::string read_text = text.substr(0, at), write_text = text.substr(at + 1);
+    const auto r = one(read_text);
+    const auto w = one(write_text);
+    if (r && w) readings.push_back({*r, *w, read_text, write_text});
+  }
+  if (readings.size() != 1) {
+    throw InvalidArgument(fmt::format(
+        "--disk-bandwidth '{}' is not a disk's bandwidth; give bytes per second for reads and "
+        "writes alike or as READ/WRITE, e.g. 2GB/s, 2.1GB/s/1.0GB/s or 2138e6/1031e6 (zerodp "
+        "bench-io DIR measures them)",
+        text));
+  }
+  const DiskBandwidth& d = readings[0];
+  const bool pair = d.read_text != text;
+  (void)parse_bandwidth(d.read_text, pair ? "--disk-bandwidth READ" : "--disk-bandwidth",
+                        kDiskBandwidthRange.min, kDiskBandwidthRange.max);
+  if (pair) {
+    (void)parse_bandwidth(d.write_text, "--disk-bandwidth WRITE", kDiskBandwidthRange.min,
+                          kDiskBandwidthRange.max);
+  }
+  return d;
+}
+
+Forecast parse_forecast(const ForecastText& f) {
+  Forecast fc;
+  auto& [flops, compute_seconds, bandwidth, latency, inter_bandwidth, inter_latency] = fc;
+  if (!f.flops.empty()) {
+    flops = parse_number(f.flops);
+    if (!flops || !(*flops > 0)) {
+      throw InvalidArgument(fmt::format(
+          "--flops '{}' is not a rate; give a positive, finite FLOP/s per rank, e.g. 365e9 "
+          "(zerodp bench-gemm)",
+          f.flops));
+    }
+  }
+  if (!f.compute_seconds.empty()) {
+    if (flops) {
+      throw InvalidArgument(
+          "--flops and --compute-seconds both give the compute of a step; give one of them");
+    }
+    compute_seconds = parse_seconds(f.compute_seconds, "--compute-seconds", 1e-6, 86400);
+  }
+  // Train's ranges (train/config.h), so an estimate never prices a link train would refuse.
+  const auto link_bandwidth = [](const std::string& text, std::string_view what) {
+    return parse_bandwidth(text, what, kLinkBandwidthRange.min, kLinkBandwidthRange.max);
+  };
+  const auto link_latency = [](const std::string& text, std::string_view what) {
+    return parse_seconds(text, what, kLinkLatencyRange.min, kLinkLatencyRange.max);
+  };
+  if (!f.link_bandwidth.empty()) bandwidth = link_bandwidth(f.link_bandwidth, "--link-bandwidth");
+  if (!f.link_latency.empty()) latency = link_latency(f.link_latency, "--link-latency");
+  inter_bandwidth = bandwidth;
+  inter_latency = latency;
+  if (!f.inter_node_bandwidth.empty()) {
+    inter_bandwidth = link_bandwidth(f.inter_node_bandwidth, "--inter-node-bandwidth");
+  }
+  if (!f.inter_node_latency.empty()) {
+    inter_latency = link_latency(f.inter_node_latency, "--inter-node-latency");
+  }
+  if (f.node_ranks == 0 && (!f.inter_node_bandwidth.empty() || !f.inter_node_latency.empty())) {
+    throw InvalidArgument(fmt::format(
+        "{} needs --node-ranks T to say which ranks share a node",
+        f.inter_node_bandwidth.empty() ? "--inter-node-latency" : "--inter-node-bandwidth"));
+  }
+  return fc;
+}
+
+}  // namespace zerodp::cli
