@@ -78,3 +78,16 @@ expect "--qgz-block: Value -1 not in range 1 to 16777216" \
   estimate --params 1e9 --ranks 8 --qgz int8 --qgz-block -1
 expect "--qwz-block: Value 4294967297 not in range 1 to 16777216" \
   estimate --params 1e9 --ranks 8 --stage 3 --qwz --qwz-block 4294967297
+expect "--flops and --compute-seconds both give the compute of a step" \
+  estimate --params 1e9 --ranks 2 --flops 1e12 --compute-seconds 0.2
+expect "--compute-seconds: '-1' is not a duration" \
+  estimate --params 1e9 --ranks 2 --compute-seconds -1
+# A measured compute is the step's compute as given.
+cs=$("$zerodp" estimate --layers 2 --heads 2 --embd 32 --seq-len 32 --vocab 256 --ranks 4 \
+  --node-ranks 2 --stage 3 --inter-node-bandwidth 1MB/s --compute-seconds 0.25 --json 2>&1 |
+  /usr/bin/python3 -c 'import json,sys; r=[x for x in json.load(sys.stdin) if x["stage"]==3][0]; print(r["step_seconds"]["compute"])')
+if [[ $cs == 0.25 ]]; then
+  echo "ok: estimate --compute-seconds 0.25 prices a step's compute at 0.25 s"
+else
+  echo "FAIL: estimate --compute-seconds 0.25 gave compute $cs"; fail=1
+fi
