@@ -113,22 +113,26 @@ double parse_seconds(std::string_view text, std::string_view what) {
   return s.number * scale;
 }
 
-double parse_bandwidth(std::string_view text, std::string_view what, double lo, double hi) {
-  const double v = parse_bandwidth(text, what);
+namespace {
+
+// `v`, parsed from `text`, or InvalidArgument naming the range in `format`'s words.
+double in_range(double v, std::string_view text, std::string_view what, double lo, double hi,
+                std::string (*format)(double)) {
   if (v < lo || v > hi) {
-    throw InvalidArgument(fmt::format("{} {} is out of range; use {} to {}", what, text,
-                                      format_bandwidth(lo), format_bandwidth(hi)));
+    throw InvalidArgument(
+        fmt::format("{} {} is out of range; use {} to {}", what, text, format(lo), format(hi)));
   }
   return v;
 }
 
+}  // namespace
+
+double parse_bandwidth(std::string_view text, std::string_view what, double lo, double hi) {
+  return in_range(parse_bandwidth(text, what), text, what, lo, hi, format_bandwidth);
+}
+
 double parse_seconds(std::string_view text, std::string_view what, double lo, double hi) {
-  const double v = parse_seconds(text, what);
-  if (v < lo || v > hi) {
-    throw InvalidArgument(fmt::format("{} {} is out of range; use {} to {}", what, text,
-                                      format_seconds(lo), format_seconds(hi)));
-  }
-  return v;
+  return in_range(parse_seconds(text, what), text, what, lo, hi, format_seconds);
 }
 
 uint64_t parse_seed(std::string_view text, std::string_view what) {

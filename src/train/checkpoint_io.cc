@@ -132,12 +132,6 @@ constexpr ModelField kModelFields[] = {
     {"mlp", "hidden_layers", "mlp_layers", &TrainConfig::mlp_layers},
 };
 
-std::string flag_name(std::string_view key) {
-  std::string flag = "--" + std::string(key);
-  for (char& ch : flag) ch = ch == '_' ? '-' : ch;
-  return flag;
-}
-
 }  // namespace
 
 void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from) {
@@ -170,7 +164,7 @@ void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from)
       throw InvalidArgument(fmt::format(
           "--resume: the checkpoint's model is {} ({}), but {} shapes a model of kind {}; leave "
           "it out to continue the checkpoint",
-          m.model_kind, what, flag_name(key), cfg.model));
+          m.model_kind, what, flag_of(key), cfg.model));
     }
     cfg.model = m.model_kind;
   }
@@ -203,7 +197,7 @@ void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from)
     if (given(f.option) && cfg.*f.member != value) {
       throw InvalidArgument(fmt::format(
           "{} {} differs from the checkpoint's model.{}, {} ({}); leave {} out to continue it",
-          flag_name(f.option), cfg.*f.member, f.shape_key, value, what, flag_name(f.option)));
+          flag_of(f.option), cfg.*f.member, f.shape_key, value, what, flag_of(f.option)));
     }
     cfg.*f.member = value;
   }

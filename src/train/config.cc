@@ -513,13 +513,13 @@ const IdleRule kIdleRules[] = {
      [](const TrainConfig& c) { return std::to_string(c.mlp_layers); }},
 };
 
+}  // namespace
+
 std::string flag_of(std::string_view key) {
   std::string flag = "--" + std::string(key);
   for (char& ch : flag) ch = ch == '_' ? '-' : ch;
   return flag;
 }
-
-}  // namespace
 
 void check_idle_options(const TrainConfig& c) {
   if (!c.given) return;

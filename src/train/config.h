@@ -204,6 +204,9 @@ inline constexpr double kCollectiveTimeoutMax = 86400;        // seconds
 // a 64 MiB block, far beyond what either mode's error bound was measured at.
 inline constexpr OptionRange kQuantBlockRange{1, 1 << 24};
 
+// The flag a config_json key names: "qwz_block" -> "--qwz-block".
+std::string flag_of(std::string_view key);
+
 // One rule for every option that acts only in some combinations (--qwz-block without --qwz,
 // --offload-piece without --offload, ...): given explicitly, it is refused naming the option,
 // its value and what it needs; config_json records it as null, so a report fed back through

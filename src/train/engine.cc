@@ -40,15 +40,26 @@
 namespace zerodp {
 namespace {
 
-struct MemorySnapshot {
-  MemoryLedger::Table current{};
-  MemoryLedger::Table peak{};
-  uint64_t peak_total = 0;
-  uint64_t gemm_bf16_copies = 0;
-  uint64_t nvme = 0;
-  OffloadTier::Counters offload;
-  bool offload_direct = false;
-};
+// A rank's memory as training left it, in its summary's fields (the comm tables and the
+// samples digest are filled in when it is packed).
+RankSummary memory_summary(RankTrainer& trainer) {
+  RankSummary s;
+  s.model_state = trainer.ledger().current_table();
+  s.peak = trainer.ledger().peak_table();
+  s.peak_total = trainer.ledger().peak_total();
+  s.gemm_bf16_copy_bytes = gemm_bf16_copy_bytes();
+  s.nvme_bytes = trainer.ledger().disk();
+  if (OffloadTier* tier = trainer.offload()) {
+    const OffloadTier::Counters c = tier->counters();
+    s.offload_bytes_read = c.bytes_read;
+    s.offload_bytes_written = c.bytes_written;
+    s.offload_wait_seconds = c.wait_seconds;
+    s.offload_update_bytes = c.update_bytes;
+    s.offload_update_seconds = c.update_seconds;
+    s.offload_direct = tier->file().direct();
+  }
+  return s;
+}
 
 // Each field of a rank's summary in the one order its doubles travel in (the samples digest
 // follows as 32 bytes): packing and unpacking are this walk in the two directions, so they
@@ -75,20 +86,7 @@ void each_field(RankSummary& s, F&& f) {
   }
 }
 
-std::vector<double> pack_summary(const MemorySnapshot& mem, Communicator& comm,
-                                 const std::string& samples) {
-  RankSummary s;
-  s.model_state = mem.current;
-  s.peak = mem.peak;
-  s.peak_total = mem.peak_total;
-  s.gemm_bf16_copy_bytes = mem.gemm_bf16_copies;
-  s.nvme_bytes = mem.nvme;
-  s.offload_bytes_read = mem.offload.bytes_read;
-  s.offload_bytes_written = mem.offload.bytes_written;
-  s.offload_wait_seconds = mem.offload.wait_seconds;
-  s.offload_update_bytes = mem.offload.update_bytes;
-  s.offload_update_seconds = mem.offload.update_seconds;
-  s.offload_direct = mem.offload_direct;
+std::vector<double> pack_summary(RankSummary s, Communicator& comm, const std::string& samples) {
   s.comm_train = comm.ledger().table(CommPhase::kTrain);
   s.comm_other = comm.ledger().table(CommPhase::kOther);
   std::vector<double> v;
@@ -493,14 +491,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       trainer.settle();  // the last step's update may still be streaming
       const bool reporter = comm.rank() == 0;
       // Memory as training left it; the evaluation and hash below are not training.
-      const MemorySnapshot mem{
-          trainer.ledger().current_table(),
-          trainer.ledger().peak_table(),
-          trainer.ledger().peak_total(),
-          gemm_bf16_copy_bytes(),
-          trainer.ledger().disk(),
-          trainer.offload() ? trainer.offload()->counters() : OffloadTier::Counters{},
-          trainer.offload() != nullptr && trainer.offload()->file().direct()};
+      const RankSummary mem = memory_summary(trainer);
       CommPhaseScope other(comm.ledger(), CommPhase::kOther);
       // An interrupted run ends as soon as it can: mpirun, for one, kills its processes
       // shortly after forwarding the signal.

@@ -244,13 +244,11 @@ void check_same_options(const nlohmann::json& options, Communicator& comm) {
         "--model?); give every rank the same flags and --config file",
         fmt::join(differ, ", ")));
   }
-  std::string flag = first_key;
-  for (char& ch : flag) ch = ch == '_' ? '-' : ch;
   const nlohmann::json& v = options[first_key];
   throw InvalidArgument(fmt::format(
-      "rank(s) {} run another configuration than rank 0: --{} differs (this rank has {}); "
+      "rank(s) {} run another configuration than rank 0: {} differs (this rank has {}); "
       "give every rank the same flags and --config file",
-      fmt::join(differ, ", "), flag,
+      fmt::join(differ, ", "), flag_of(first_key),
       v.is_number_float() ? fmt::format("{:g}", v.get<double>()) : v.dump()));
 }
 
