@@ -41,7 +41,11 @@ DiskBandwidth parse_disk_bandwidth(const std::string& text) {
     }
     return std::nullopt;
   };
-  std::vector<DiskBandwidth> readings;
+  struct Reading {
+    double read = 0, write = 0;
+    std::string read_text, write_text;  // as given, for the range check's message
+  };
+  std::vector<Reading> readings;
   if (const auto both = one(text)) readings.push_back({*both, *both, text, text});
   for (size_t at = text.find('/'); at != std::string::npos; at = text.find('/', at + 1)) {
     const std::string read_text = text.substr(0, at), write_text = text.substr(at + 1);
@@ -56,7 +60,7 @@ DiskBandwidth parse_disk_bandwidth(const std::string& text) {
         "bench-io DIR measures them)",
         text));
   }
-  const DiskBandwidth& d = readings[0];
+  const Reading& d = readings[0];
   const bool pair = d.read_text != text;
   (void)parse_bandwidth(d.read_text, pair ? "--disk-bandwidth READ" : "--disk-bandwidth",
                         kDiskBandwidthRange.min, kDiskBandwidthRange.max);
@@ -64,12 +68,13 @@ DiskBandwidth parse_disk_bandwidth(const std::string& text) {
     (void)parse_bandwidth(d.write_text, "--disk-bandwidth WRITE", kDiskBandwidthRange.min,
                           kDiskBandwidthRange.max);
   }
-  return d;
+  return {.read = d.read, .write = d.write};
 }
 
-Forecast parse_forecast(const ForecastText& f) {
-  Forecast fc;
-  auto& [flops, compute_seconds, bandwidth, latency, inter_bandwidth, inter_latency] = fc;
+StepInputs parse_forecast(const ForecastText& f) {
+  StepInputs fc;
+  auto& [flops, compute_seconds, bandwidth, latency, inter_bandwidth, inter_latency, disk,
+         ranks_per_disk] = fc;
   if (!f.flops.empty()) {
     flops = parse_number(f.flops);
     if (!flops || !(*flops > 0)) {

@@ -6,15 +6,13 @@
 #include <optional>
 #include <string>
 
+#include "train/forecast.h"
+
 namespace zerodp::cli {
 
 // A finite number as the whole text, or nullopt.
 std::optional<double> parse_number(const std::string& text);
 
-struct DiskBandwidth {
-  double read = 0, write = 0;
-  std::string read_text, write_text;  // as given, for the range check's message
-};
 // --disk-bandwidth: R for both directions, or R/W.
 DiskBandwidth parse_disk_bandwidth(const std::string& text);
 
@@ -24,11 +22,8 @@ struct ForecastText {
       inter_node_latency;
   int node_ranks = 0;
 };
-// --flops or --compute-seconds, and the simulated link, as the step time forecasts them.
-struct Forecast {
-  std::optional<double> flops, compute_seconds, bandwidth, latency, inter_bandwidth, inter_latency;
-};
-
-Forecast parse_forecast(const ForecastText& f);
+// --flops or --compute-seconds, and the simulated link, as the step time forecasts them (the
+// disk is the caller's).
+StepInputs parse_forecast(const ForecastText& f);
 
 }  // namespace zerodp::cli

@@ -287,13 +287,9 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
     l.gathered_slots = 1 + p.prefetch;
     l.gathered = max_numel;
     if (p.qwz_block > 0) {
-      const BlockQuant q{.bits = QuantBits::kInt8, .block = p.qwz_block};
-      for (const auto& u : model) {
-        uint64_t bytes = 0;
-        for (int k = 0; k < p.world; ++k)
-          bytes += quantized_bytes(own_count(u->numel(), p.world, k), q);
-        l.qwz_staging = std::max(l.qwz_staging, bytes);
-      }
+      std::vector<uint64_t> numel;
+      for (const auto& u : model) numel.push_back(u->numel());
+      l.qwz_staging = qwz_staging_bytes(numel, p.world, p.qwz_block);
     }
   }
   if (p.offload != Offload::kNone) {
@@ -415,9 +411,31 @@ double training_flops_per_token(double params, int layers, int seq_len, int embd
   return 6 * params + 12.0 * layers * seq_len * static_cast<double>(embd);
 }
 
+uint64_t hpz_copy_bytes(std::span<const uint64_t> unit_numel, int node_ranks, int rank,
+                        Precision precision) {
+  uint64_t elements = 0;
+  for (uint64_t n : unit_numel) elements += own_count(n, node_ranks, rank % node_ranks);
+  return elements * (precision == Precision::kFP32 ? 4 : 2);
+}
+
+uint64_t qwz_staging_bytes(std::span<const uint64_t> unit_numel, int world, size_t block) {
+  const BlockQuant q{.bits = QuantBits::kInt8, .block = block};
+  uint64_t staging = 0;
+  for (uint64_t n : unit_numel) {
+    uint64_t bytes = 0;
+    for (int k = 0; k < world; ++k) bytes += quantized_bytes(own_count(n, world, k), q);
+    staging = std::max(staging, bytes);
+  }
+  return staging;
+}
+
 TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world) {
-  const bool text = std::holds_alternative<TokenDataset>(data.train);
   const auto* images = std::get_if<ImageDataset>(&data.train);
+  return transient_plan(cfg, world, images ? static_cast<uint64_t>(images->pixels_per_image()) : 0);
+}
+
+TransientPlan transient_plan(const TrainConfig& cfg, int world, uint64_t features_per_sample) {
+  const bool text = features_per_sample == 0;
   return TransientPlan{
       .world = world,
       .stage = cfg.stage,
@@ -430,7 +448,7 @@ TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int
       .micro_batch = cfg.micro_batch,
       .seq_len = text ? cfg.seq_len : 1,
       .text = text,
-      .features_per_sample = images ? static_cast<uint64_t>(images->pixels_per_image()) : 0,
+      .features_per_sample = features_per_sample,
       .hpz_node_ranks =
           cfg.hpz ? (cfg.launch.comm.node_ranks > 0 ? cfg.launch.comm.node_ranks : world) : 0,
       .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.qwz_block) : 0,

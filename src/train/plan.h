@@ -231,8 +231,19 @@ std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Preci
 // activation checkpointing is not counted.
 double training_flops_per_token(double params, int layers = 0, int seq_len = 0, int embd = 0);
 
-// The transient buffers a rank of `cfg` allocates on data `data`: what the preflight plans
-// and the engine allocates, from one place.
+// The transient buffers a rank of `cfg` allocates on data `data`: what the preflight plans,
+// the engine allocates and the forecast counts, from one place.
 TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world);
+// The same for samples described without the data: `features_per_sample` 0 for text
+// (cfg.seq_len tokens each), else an image of that many floats.
+TransientPlan transient_plan(const TrainConfig& cfg, int world, uint64_t features_per_sample = 0);
+
+// The buffers stage 3's modes over nodes add, from the units' sizes alone (a model known only
+// by its parameter count has no layers to lay out; transient_layout counts the same): hpZ's
+// node copy of rank `rank` over nodes of `node_ranks`, and qwZ's staging of every rank's int8
+// payload for one gather slot, sized for the largest unit.
+uint64_t hpz_copy_bytes(std::span<const uint64_t> unit_numel, int node_ranks, int rank,
+                        Precision precision);
+uint64_t qwz_staging_bytes(std::span<const uint64_t> unit_numel, int world, size_t block);
 
 }  // namespace zerodp
