@@ -18,6 +18,7 @@
 #include "estimate_inputs.h"
 #include "models/gpt.h"
 #include "models/unit.h"
+#include "options.h"
 #include "train/config.h"
 #include "train/forecast.h"
 #include "train/plan.h"
@@ -25,41 +26,16 @@
 namespace zerodp::cli {
 namespace {
 
+// estimate's own flags; the options it shares with train are the table's (train/options.h).
 struct Flags {
+  OptionTexts texts;
   std::string params;  // e.g. 7.5e9
-  int layers = 0, heads = 0, embd = 0, vocab = 256, seq_len = 0;
-  std::vector<int> ranks = {1, 2, 4, 8};
-  std::string stage = "all";
-  std::string precision = "bf16";
-  int grad_accum = 1;
-  std::string accumulate;  // empty = the stage's default
-  std::string invariant = "auto";
-  int node_ranks = 0;  // 0: one node
-  std::string collectives = "flat";
-  bool hpz = false;
-  bool shard_within_node = false;
-  bool qwz = false;
-  std::string qgz = "off";
-  size_t qgz_block = 256;
-  int qwz_block = 4096;
-  std::string memory_per_rank;
-  bool json = false;
-  // Activations and step time (GPT shapes only).
-  int micro_batch = 1;
-  int prefetch = 1;
-  bool checkpoint_activations = false;
+  int vocab = 256;
   std::string flops;            // sustained FLOP/s per rank, e.g. 365e9
   std::string compute_seconds;  // or a step's measured compute, e.g. 0.219
-  std::string link_bandwidth;   // e.g. 10GB/s
-  std::string link_latency;     // e.g. 20us
-  std::string inter_node_bandwidth;
-  std::string inter_node_latency;
-  // --offload optimizer[,params]: the optimizer's states (and stage 3's parameter shards) in
-  // a file per rank, priced at the disk.
-  std::string offload = "none";
-  std::string disk_bandwidth;    // R or R/W, e.g. 2.1GB/s/1.0GB/s
-  bool offload_overlap = false;  // train's --offload-overlap
-  std::string ranks_per_disk;    // empty: the ranks of a node (or of the row, on one node)
+  std::string disk_bandwidth;   // R or R/W, e.g. 2.1GB/s/1.0GB/s
+  std::string ranks_per_disk;   // empty: the ranks of a node (or of the row, on one node)
+  bool json = false;
 };
 
 // Decimal units, as hardware is sold and as the ZeRO paper's tables are written.
@@ -199,8 +175,9 @@ struct Estimate {
 };
 
 void read_model(const Flags& f, Estimate& e) {
+  TrainConfig& c = e.asked;
   if (!f.params.empty()) {
-    if (f.layers != 0 || f.heads != 0 || f.embd != 0 || f.seq_len != 0) {
+    if (c.layers != 0 || c.heads != 0 || c.embd != 0 || c.seq_len != 0) {
       throw InvalidArgument(
           "give either --params or a GPT shape (--layers --heads --embd --seq-len), not both");
     }
@@ -218,7 +195,7 @@ void read_model(const Flags& f, Estimate& e) {
     return;
   }
   const GptConfig g{
-      .layers = f.layers, .heads = f.heads, .embd = f.embd, .seq_len = f.seq_len, .vocab = f.vocab};
+      .layers = c.layers, .heads = c.heads, .embd = c.embd, .seq_len = c.seq_len, .vocab = f.vocab};
   if (g.layers == 0) {
     throw InvalidArgument(
         "give --params N or a GPT shape: --layers L --heads H --embd C --seq-len T [--vocab V]");
@@ -229,10 +206,6 @@ void read_model(const Flags& f, Estimate& e) {
   e.planned.layers = g.layers;
   e.planned.seq_len = g.seq_len;
   e.planned.embd = g.embd;
-  e.asked.layers = g.layers;
-  e.asked.heads = g.heads;
-  e.asked.embd = g.embd;
-  e.asked.seq_len = g.seq_len;
   uint64_t phi = 0;
   for (uint64_t n : e.planned.units) phi += n;
   e.model =
@@ -242,103 +215,69 @@ void read_model(const Flags& f, Estimate& e) {
 
 // Every rank count of the sweep, with what it must agree with.
 void read_ranks(const Flags& f, Estimate& e) {
+  const TrainConfig& c = e.asked;
+  const int node_ranks = c.launch.comm.node_ranks;
   double elements = 0;
   for (uint64_t u : e.planned.units) elements += static_cast<double>(u);
-  for (int n : f.ranks) {
-    if (n < 1) throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", n));
-    if (f.node_ranks < 0 || (f.node_ranks > 0 && n % f.node_ranks != 0)) {
+  const std::string* list = f.texts.given("ranks");
+  sweep_values(option_spec("ranks"), list ? *list : "1,2,4,8", c, [&](const TrainConfig& row) {
+    const int n = row.launch.ranks;
+    if (node_ranks > 0 && n % node_ranks != 0) {
       throw InvalidArgument(fmt::format(
           "--node-ranks {} does not divide --ranks {}: a world is whole nodes; use rank counts "
           "that are multiples of it",
-          f.node_ranks, n));
+          node_ranks, n));
     }
     // Every byte count below is under 16 bytes per element per rank (all ranks' states) or
     // per micro-batch (a step's traffic, where a unit smaller than the world still moves
     // one element per peer); past 2^64 they would wrap silently.
     const double bound =
-        16.0 * std::max<double>(n, f.grad_accum) *
+        16.0 * std::max<double>(n, c.grad_accum) *
         (elements + static_cast<double>(n) * static_cast<double>(e.planned.units.size()));
     if (bound >= 1.8e19) {
       throw InvalidArgument(fmt::format(
           "--ranks {} with --grad-accum {} and {} parameters puts byte counts past 2^64; use "
           "fewer ranks, micro-batches or parameters",
-          n, f.grad_accum, static_cast<uint64_t>(elements)));
+          n, c.grad_accum, static_cast<uint64_t>(elements)));
     }
-  }
-  e.ranks = f.ranks;
+    e.ranks.push_back(n);
+  });
 }
 
 // The run as train would take it: the same parsers and the same refusals.
 void read_run(const Flags& f, Estimate& e) {
   TrainConfig& c = e.asked;
-  c.precision = parse_precision_flag(f.precision);
-  if (f.stage == "all") {
+  check_option_values(c, kEstimateCommand);
+  const std::string* stages = f.texts.given("stage");
+  if (!stages || *stages == "all") {
     e.stages = {0, 1, 2, 3};
-  } else if (f.stage.size() == 1 && f.stage[0] >= '0' && f.stage[0] <= '3') {
-    e.stages = {f.stage[0] - '0'};
   } else {
-    throw InvalidArgument(
-        fmt::format("--stage '{}' is not a ZeRO stage; use 0, 1, 2, 3 or all", f.stage));
+    sweep_values(option_spec("stage"), *stages, c,
+                 [&](const TrainConfig& row) { e.stages.push_back(row.stage); });
   }
-  if (!f.memory_per_rank.empty()) {
-    e.budget = parse_bytes(f.memory_per_rank, "--memory-per-rank");
-    if (*e.budget == 0) {
-      throw InvalidArgument(fmt::format(
-          "--memory-per-rank {} is invalid; use a positive size, e.g. 80GB", f.memory_per_rank));
-    }
-  }
-  if (f.grad_accum < 1) {
-    throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", f.grad_accum));
-  }
-  c.grad_accum = f.grad_accum;
+  e.budget = c.memory_per_rank;
   read_ranks(f, e);
-  c.accumulate_default = f.accumulate.empty();
-  if (!f.accumulate.empty()) c.accumulate = parse_accumulate_flag(f.accumulate);
-  c.invariant = parse_invariant_flag(f.invariant);
+  const CommOptions& comm = c.launch.comm;
   if (!c.accumulate_default) check_invariant_policy(c.invariant, c.accumulate);
-  CommOptions& comm = c.launch.comm;
-  comm.node_ranks = f.node_ranks;
-  comm.two_level = parse_collectives_flag(f.collectives);
-  comm.qgz_bits = parse_qgz_flag(f.qgz);
-  comm.qgz_block = f.qgz_block;
-  c.hpz = f.hpz;
-  c.qwz = f.qwz;
-  c.qwz_block = f.qwz_block;
-  c.shard_within_node = f.shard_within_node;
   check_invariant_collectives(c.invariant, comm);
-  check_node_modes(f.node_ranks, comm.two_level, f.hpz, comm.qgz_bits, f.qgz_block, f.qwz_block);
-  if (f.shard_within_node) {
+  check_node_modes(comm.node_ranks, comm.two_level, c.hpz, comm.qgz_bits, comm.qgz_block,
+                   c.qwz_block);
+  if (c.shard_within_node) {
     // Rows of stage 0 stay plain ZeRO; the check wants a stage that shards, if any is asked.
-    check_shard_within_node(*std::max_element(e.stages.begin(), e.stages.end()), f.node_ranks,
-                            c.invariant, comm.two_level, f.hpz, f.qwz, comm.qgz_bits);
+    check_shard_within_node(*std::max_element(e.stages.begin(), e.stages.end()), comm.node_ranks,
+                            c.invariant, comm.two_level, c.hpz, c.qwz, comm.qgz_bits);
   }
-  if (f.micro_batch < 1) {
-    throw InvalidArgument(
-        fmt::format("--micro-batch {} is invalid; use 1 or more sequences", f.micro_batch));
-  }
-  // The bound train enforces, so an estimate never describes a run train would refuse.
-  if (f.prefetch < 0 || f.prefetch > 8) {
-    throw InvalidArgument(fmt::format("--prefetch {} is invalid; use 0..8", f.prefetch));
-  }
-  c.micro_batch = f.micro_batch;
-  c.prefetch = f.prefetch;
-  c.checkpoint_activations = f.checkpoint_activations;
-  c.offload_overlap = f.offload_overlap;
-  c.memory_per_rank = e.budget;
+  check_inter_node_link(comm);
 }
 
 // What prices the step: compute, the links, the disk.
 void read_costs(const Flags& f, Estimate& e) {
-  e.in = parse_forecast({.flops = f.flops,
-                         .compute_seconds = f.compute_seconds,
-                         .link_bandwidth = f.link_bandwidth,
-                         .link_latency = f.link_latency,
-                         .inter_node_bandwidth = f.inter_node_bandwidth,
-                         .inter_node_latency = f.inter_node_latency,
-                         .node_ranks = f.node_ranks});
+  const TrainConfig& c = e.asked;
+  e.in = parse_forecast({.flops = f.flops, .compute_seconds = f.compute_seconds}, c.launch.comm);
   e.timed = (e.in.flops || e.in.compute_seconds) && e.built;
-  e.offload = parse_offload(f.offload);
-  check_offload_modes(e.offload, f.qwz, 3, f.offload_overlap);
+  // Rows set the offload per stage (row_config): parameters go to disk at stage 3 only.
+  e.offload = c.offload;
+  check_offload_modes(e.offload, c.qwz, 3, c.offload_overlap);
   if (!f.disk_bandwidth.empty()) {
     if (e.offload == Offload::kNone) {
       throw InvalidArgument(fmt::format(
@@ -600,6 +539,11 @@ std::string no_fit_advice(const Estimate& e, int n) {
 
 int run_estimate(const Flags& f) {
   Estimate e;
+  // estimate's defaults where train derives them: one sequence, one micro-batch per step.
+  e.asked.micro_batch = 1;
+  e.asked.grad_accum = 1;
+  e.asked.accumulate_default = true;
+  (void)read_table_options(f.texts, e.asked, kEstimateCommand);
   read_model(f, e);
   read_run(f, e);
   read_costs(f, e);
@@ -666,85 +610,21 @@ int run_estimate(const Flags& f) {
 
 Runner add_estimate(CLI::App& app) {
   auto f = std::make_shared<Flags>();
-  app.add_option("--params", f->params, "Trainable parameters Φ, e.g. 7.5e9");
-  app.add_option("--layers", f->layers, "GPT blocks (instead of --params)");
-  app.add_option("--heads", f->heads, "GPT attention heads");
-  app.add_option("--embd", f->embd, "GPT embedding width");
-  app.add_option("--seq-len", f->seq_len, "GPT context length");
+  app.add_option("--params", f->params, "Trainable parameters Φ, e.g. 7.5e9 (or a GPT shape)");
   app.add_option("--vocab", f->vocab, "GPT vocabulary")->capture_default_str();
-  app.add_option("--ranks", f->ranks, "Rank counts, e.g. 1,8,64")
-      ->delimiter(',')
-      ->capture_default_str();
-  app.add_option("--stage", f->stage, "0..3 or all")->capture_default_str();
-  app.add_option("--precision", f->precision, "bf16, fp16 or fp32")->capture_default_str();
-  app.add_option("--grad-accum", f->grad_accum, "Micro-batches per step")->capture_default_str();
-  app.add_option("--accumulate", f->accumulate, "local or reduce (default: the stage's)");
-  app.add_option("--node-ranks", f->node_ranks,
-                 "Ranks per node: also show the comm bytes per step that cross nodes "
-                 "(docs/topology.md)");
-  app.add_flag("--shard-within-node", f->shard_within_node,
-               "Stages 1-3: shard the states over each node's ranks, one replica per node "
-               "(HSDP; needs --node-ranks)");
-  app.add_flag("--hpz", f->hpz,
-               "Stage 3: count hpZ's secondary copy (params / T per rank) and its backward "
-               "gathers inside the node (needs --node-ranks)");
-  app.add_flag("--qwz", f->qwz,
-               "Stage 3: count the parameter gathers as int8 blocks with an fp32 scale each");
-  const CLI::Range block_range(static_cast<int>(kQuantBlockRange.min),
-                               static_cast<int>(kQuantBlockRange.max));
-  app.add_option("--qwz-block", f->qwz_block, "Elements per quantization scale (--qwz)")
-      ->check(block_range)
-      ->capture_default_str();
-  app.add_option("--qgz", f->qgz,
-                 "Count the gradients' reduce-scatter (stage 0: all-reduce's half) as off, int8 or "
-                 "int4 blocks")
-      ->capture_default_str();
-  app.add_option("--qgz-block", f->qgz_block, "Elements per quantization scale (--qgz)")
-      ->check(block_range)
-      ->capture_default_str();
-  app.add_option("--collectives", f->collectives,
-                 "flat or two-level (with --node-ranks): the collectives whose bytes and time "
-                 "to count")
-      ->capture_default_str();
-  app.add_option("--invariant", f->invariant,
-                 "on, off or auto (on under reduce): the canonical gradient order, whose fp32 "
-                 "accumulator and stage-0 traffic the estimate then counts")
-      ->capture_default_str();
-  app.add_option("--memory-per-rank", f->memory_per_rank, "Budget per rank, e.g. 80GB");
-  app.add_option("--micro-batch", f->micro_batch, "GPT: sequences per rank per micro-batch")
-      ->capture_default_str();
-  app.add_option("--prefetch", f->prefetch, "Stage 3: units gathered ahead")->capture_default_str();
-  app.add_flag("--checkpoint-activations", f->checkpoint_activations,
-               "Keep only unit inputs; recompute in backward");
+  add_table_options(app, kEstimateCommand, f->texts, /*sections=*/false);
+  app.get_option("--ranks")->default_str("1,2,4,8");
+  app.get_option("--stage")->default_str("all");
   app.add_option("--flops", f->flops,
                  "Sustained FLOP/s per rank for the step-time estimate, e.g. 365e9");
   app.add_option("--compute-seconds", f->compute_seconds,
                  "Or a step's compute per rank as measured, e.g. 0.219 (a run's step time "
                  "without a simulated link)");
-  app.add_option("--link-bandwidth", f->link_bandwidth, "Per-rank link bandwidth, e.g. 10GB/s");
-  app.add_option("--link-latency", f->link_latency, "Per ring step latency, e.g. 20us");
-  app.add_option("--inter-node-bandwidth", f->inter_node_bandwidth,
-                 "The link between nodes (with --node-ranks; default: --link-bandwidth), e.g. "
-                 "1GB/s");
-  app.add_option("--inter-node-latency", f->inter_node_latency,
-                 "Per step latency between nodes (with --node-ranks), e.g. 50us");
-  app.add_option("--offload", f->offload,
-                 "none or optimizer: count train --offload optimizer, whose fp32 master weights "
-                 "(16-bit runs) and Adam moments live in a file per rank: memory keeps params, "
-                 "grads and two staging slots, and the nvme column gives the file's bytes per "
-                 "rank (12 B per optimizer element at bf16/fp16, 8 at fp32, in 4 KiB blocks); "
-                 "optimizer,params: at stage 3 the parameter shards too (2 B more per element, "
-                 "4 at fp32), read for every gather")
-      ->capture_default_str();
   app.add_option("--disk-bandwidth", f->disk_bandwidth,
                  "With --offload optimizer: the disk's bytes per second, one figure for reads and "
                  "writes or READ/WRITE, e.g. 2GB/s, 2.1GB/s/1.0GB/s or 2138e6/1031e6 (zerodp "
                  "bench-io DIR measures them); adds io s = nvme/READ + nvme/WRITE per step, "
                  "times the ranks sharing the disk, to the step time");
-  app.add_option("--offload-overlap", f->offload_overlap,
-                 "As train's: at stages 0 and 3 the next forward runs beside the update's I/O, "
-                 "hiding up to a third of the compute (on/off)")
-      ->capture_default_str();
   app.add_option("--ranks-per-disk", f->ranks_per_disk,
                  "With --disk-bandwidth: ranks whose files share one disk's bandwidth, e.g. 8 "
                  "(default: --node-ranks, else every rank of the row: one machine)");

@@ -71,13 +71,11 @@ DiskBandwidth parse_disk_bandwidth(const std::string& text) {
   return {.read = d.read, .write = d.write};
 }
 
-StepInputs parse_forecast(const ForecastText& f) {
-  StepInputs fc;
-  auto& [flops, compute_seconds, bandwidth, latency, inter_bandwidth, inter_latency, disk,
-         ranks_per_disk] = fc;
+StepInputs parse_forecast(const ForecastText& f, const CommOptions& comm) {
+  StepInputs in;
   if (!f.flops.empty()) {
-    flops = parse_number(f.flops);
-    if (!flops || !(*flops > 0)) {
+    in.flops = parse_number(f.flops);
+    if (!in.flops || !(*in.flops > 0)) {
       throw InvalidArgument(fmt::format(
           "--flops '{}' is not a rate; give a positive, finite FLOP/s per rank, e.g. 365e9 "
           "(zerodp bench-gemm)",
@@ -85,35 +83,19 @@ StepInputs parse_forecast(const ForecastText& f) {
     }
   }
   if (!f.compute_seconds.empty()) {
-    if (flops) {
+    if (in.flops) {
       throw InvalidArgument(
           "--flops and --compute-seconds both give the compute of a step; give one of them");
     }
-    compute_seconds = parse_seconds(f.compute_seconds, "--compute-seconds", 1e-6, 86400);
+    in.compute_seconds = parse_seconds(f.compute_seconds, "--compute-seconds", 1e-6, 86400);
   }
-  // Train's ranges (train/config.h), so an estimate never prices a link train would refuse.
-  const auto link_bandwidth = [](const std::string& text, std::string_view what) {
-    return parse_bandwidth(text, what, kLinkBandwidthRange.min, kLinkBandwidthRange.max);
-  };
-  const auto link_latency = [](const std::string& text, std::string_view what) {
-    return parse_seconds(text, what, kLinkLatencyRange.min, kLinkLatencyRange.max);
-  };
-  if (!f.link_bandwidth.empty()) bandwidth = link_bandwidth(f.link_bandwidth, "--link-bandwidth");
-  if (!f.link_latency.empty()) latency = link_latency(f.link_latency, "--link-latency");
-  inter_bandwidth = bandwidth;
-  inter_latency = latency;
-  if (!f.inter_node_bandwidth.empty()) {
-    inter_bandwidth = link_bandwidth(f.inter_node_bandwidth, "--inter-node-bandwidth");
-  }
-  if (!f.inter_node_latency.empty()) {
-    inter_latency = link_latency(f.inter_node_latency, "--inter-node-latency");
-  }
-  if (f.node_ranks == 0 && (!f.inter_node_bandwidth.empty() || !f.inter_node_latency.empty())) {
-    throw InvalidArgument(fmt::format(
-        "{} needs --node-ranks T to say which ranks share a node",
-        f.inter_node_bandwidth.empty() ? "--inter-node-latency" : "--inter-node-bandwidth"));
-  }
-  return fc;
+  const auto given = [](double v) { return v > 0 ? std::optional<double>(v) : std::nullopt; };
+  in.bandwidth = given(comm.link_bandwidth);
+  in.latency = given(comm.link_latency);
+  in.inter_bandwidth =
+      comm.inter_node_bandwidth > 0 ? given(comm.inter_node_bandwidth) : in.bandwidth;
+  in.inter_latency = comm.inter_node_latency > 0 ? given(comm.inter_node_latency) : in.latency;
+  return in;
 }
 
 }  // namespace zerodp::cli

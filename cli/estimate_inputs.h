@@ -1,6 +1,6 @@
-// What `zerodp estimate` reads from its flags before it plans: the compute of a step, the
-// simulated link (train's ranges, so an estimate never prices a link train would refuse) and
-// the disk. Each throws InvalidArgument naming the flag, the value and what would work.
+// What `zerodp estimate` reads from its own flags before it plans: the compute of a step and
+// the disk (the options it shares with train are the table's, train/options.h). Each throws
+// InvalidArgument naming the flag, the value and what would work.
 #pragma once
 
 #include <optional>
@@ -16,14 +16,13 @@ std::optional<double> parse_number(const std::string& text);
 // --disk-bandwidth: R for both directions, or R/W.
 DiskBandwidth parse_disk_bandwidth(const std::string& text);
 
-// The flags as given (empty: not given).
+// --flops and --compute-seconds as given (empty: not given).
 struct ForecastText {
-  std::string flops, compute_seconds, link_bandwidth, link_latency, inter_node_bandwidth,
-      inter_node_latency;
-  int node_ranks = 0;
+  std::string flops, compute_seconds;
 };
-// --flops or --compute-seconds, and the simulated link, as the step time forecasts them (the
-// disk is the caller's).
-StepInputs parse_forecast(const ForecastText& f);
+// The compute of a step and the links of `comm` (train's --link-* and --inter-node-* options,
+// 0 where not given; between nodes the link inside one unless given), as the step time
+// forecasts them (the disk is the caller's).
+StepInputs parse_forecast(const ForecastText& f, const CommOptions& comm);
 
 }  // namespace zerodp::cli

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/units.h"
+#include "options.h"
 #include "train/engine.h"
 #include "train/report.h"
 #include "train/stop.h"
@@ -28,35 +29,8 @@ namespace {
 
 struct Flags {
   TrainConfig cfg;
-  std::string backend = "local";
-  std::string precision = "bf16";
-  std::string accumulate;  // empty = the stage's default
-  std::string invariant = "auto";
-  std::string memory_per_rank;
-  std::string timeout = "300";
-  std::string link_bandwidth;
-  std::string inter_node_bandwidth;
-  std::string inter_node_latency;
-  std::string collectives = "flat";
-  std::string qgz = "off";
-  std::string offload = "none";
-  std::string offload_piece = "0";
-  std::string link_latency;
-  std::string config_file;
-  // Parsed here rather than by CLI11, to refuse what it would wrap, clamp or round to inf
-  // and to quote the value as the user wrote it.
-  std::string seed = "1337";
-  std::string lr = "1e-3";
-  std::string clip = "1";
-  std::string weight_decay = "0.1";
-  std::string warmup = "auto";
-  bool no_progress = false;
-  std::vector<std::string> inject;
-  bool ranks_given = false;
-  const CLI::Option* grad_accum_option = nullptr;
-  // Shape overrides the user gave: 0 in TrainConfig means "the preset's", so a given 0 must
-  // be told apart from none.
-  std::vector<std::pair<std::string, const CLI::Option*>> shape_options;
+  OptionTexts texts;
+  std::string config_file;  // main() has expanded it; kept for --help and CLI11's check
 };
 
 // The --config file named on the command line, if any (main() has already expanded it).
@@ -67,29 +41,6 @@ std::string config_file_of(const Launch& args) {
     if (a.starts_with("--config=")) return std::string(a.substr(9));
   }
   return {};
-}
-
-// A finite number in [min, max] (max of fp32 by default: the engine holds these as float).
-double parse_number(const std::string& text, std::string_view flag, double min, bool min_open,
-                    std::string_view advice, double max = std::numeric_limits<float>::max()) {
-  double v = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  const bool ok = ec == std::errc() && ptr == end && std::isfinite(v) &&
-                  (min_open ? v > min : v >= min) && v <= max;
-  if (!ok) throw InvalidArgument(fmt::format("{} {} is invalid; {}", flag, text, advice));
-  return v;
-}
-
-// A whole number as the user wrote it: CLI11 would wrap -1 into 2^64 - 1.
-uint64_t parse_whole(const std::string& text, std::string_view flag, std::string_view advice) {
-  uint64_t v = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (ec != std::errc() || ptr != end || text.empty()) {
-    throw InvalidArgument(fmt::format("{} {} is invalid; {}", flag, text, advice));
-  }
-  return v;
 }
 
 class Progress {
@@ -178,83 +129,13 @@ std::string stop_note(const TrainResult& r) {
 
 int run_train(Flags& f, Launch args) {
   TrainConfig& c = f.cfg;
-  const Backend backend = parse_backend_flag(f.backend);
-  c.launch.backend = backend;
+  // A command line's policy is the stage's unless given, once the micro-batches per step are
+  // known (a resume may derive them).
+  c.accumulate_default = true;
+  c.given = read_table_options(f.texts, c, kTrainCommand);
   c.launch.mpi_exit_code = exit_code_for;
   // Under mpirun the job's size is the world, unless --ranks was given to check it.
-  if (backend == Backend::kMpi && !f.ranks_given) c.launch.ranks = 0;
-  c.precision = parse_precision_flag(f.precision);
-  (void)Sharding::for_stage(c.stage);
-  if (f.grad_accum_option->count() > 0 && c.grad_accum < 1) {
-    throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", c.grad_accum));
-  }
-  // Both defaults wait for the micro-batches per step, which a resume may derive.
-  c.accumulate_default = f.accumulate.empty();
-  if (!f.accumulate.empty()) c.accumulate = parse_accumulate_flag(f.accumulate);
-  c.invariant = parse_invariant_flag(f.invariant);
-  c.launch.comm.two_level = parse_collectives_flag(f.collectives);
-  c.launch.comm.qgz_bits = parse_qgz_flag(f.qgz);
-  c.offload = parse_offload(f.offload);
-  c.offload_piece = parse_whole(f.offload_piece, "--offload-piece",
-                                "use a multiple of 1024 elements, e.g. 1048576, or 0 for the "
-                                "default");
-  c.launch.comm.timeout_seconds =
-      parse_seconds(f.timeout, "--collective-timeout", 0, kCollectiveTimeoutMax);
-  if (!(c.launch.comm.timeout_seconds > 0)) {
-    throw InvalidArgument(fmt::format(
-        "--collective-timeout '{}' is invalid; use a positive duration, e.g. 300 or 30s",
-        f.timeout));
-  }
-  if (!f.memory_per_rank.empty()) {
-    c.memory_per_rank = parse_bytes(f.memory_per_rank, "--memory-per-rank");
-  }
-  if (!f.link_bandwidth.empty()) {
-    c.launch.comm.link_bandwidth = parse_bandwidth(
-        f.link_bandwidth, "--link-bandwidth", kLinkBandwidthRange.min, kLinkBandwidthRange.max);
-  }
-  if (!f.link_latency.empty()) {
-    c.launch.comm.link_latency = parse_seconds(f.link_latency, "--link-latency",
-                                               kLinkLatencyRange.min, kLinkLatencyRange.max);
-  }
-  if (!f.inter_node_bandwidth.empty()) {
-    c.launch.comm.inter_node_bandwidth =
-        parse_bandwidth(f.inter_node_bandwidth, "--inter-node-bandwidth", kLinkBandwidthRange.min,
-                        kLinkBandwidthRange.max);
-  }
-  if (!f.inter_node_latency.empty()) {
-    c.launch.comm.inter_node_latency = parse_seconds(f.inter_node_latency, "--inter-node-latency",
-                                                     kLinkLatencyRange.min, kLinkLatencyRange.max);
-  }
-  c.progress = !f.no_progress;
-  for (const std::string& text : f.inject) c.inject.push_back(parse_injection(text));
-  for (const auto& [flag, option] : f.shape_options) {
-    const int v = flag == "--layers"  ? c.layers
-                  : flag == "--heads" ? c.heads
-                  : flag == "--embd"  ? c.embd
-                                      : c.seq_len;
-    if (option->count() > 0 && v < 1) {
-      throw InvalidArgument(fmt::format(
-          "{} {} is invalid; use 1 or more (omit it for the --size preset's)", flag, v));
-    }
-  }
-  c.seed = parse_seed(f.seed, "--seed");
-  c.lr = static_cast<float>(
-      parse_number(f.lr, "--lr", 0, true, "use a positive number, e.g. 1e-3 or 3e-4"));
-  c.clip = static_cast<float>(
-      parse_number(f.clip, "--clip", 0, false, "use 0 (off) or a positive norm, e.g. 1.0"));
-  c.weight_decay = static_cast<float>(parse_number(f.weight_decay, "--weight-decay", 0, false,
-                                                   "use 0 (none) or a positive number, e.g. 0.1"));
-  if (f.warmup == "auto") {
-    c.warmup = -1;
-  } else {
-    c.warmup = static_cast<int64_t>(parse_number(
-        f.warmup, "--warmup", 0, false,
-        "use auto (5% of --steps with cosine) or a whole number of steps, e.g. 100", 1e15));
-    if (std::to_string(c.warmup) != f.warmup) {
-      throw InvalidArgument(fmt::format(
-          "--warmup {} is invalid; use auto or a whole number of steps, e.g. 100", f.warmup));
-    }
-  }
+  if (c.launch.backend == Backend::kMpi && c.given->count("ranks") == 0) c.launch.ranks = 0;
   c.config_file = config_file_of(args);
 
   // A log, appended line by line as steps end, so it is written in place (through a link to
@@ -332,234 +213,13 @@ int run_train(Flags& f, Launch args) {
 
 }  // namespace
 
-// Checked as text (CLI11 validates before converting): an unsigned field would take -1 as
-// 2^64 - 1, an int 2^32 + 1 as 1.
-const CLI::Range kBlockRange(static_cast<int>(kQuantBlockRange.min),
-                             static_cast<int>(kQuantBlockRange.max));
-
 Runner add_train(CLI::App& app) {
   auto f = std::make_shared<Flags>();
-  TrainConfig& c = f->cfg;
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--config", f->config_file,
                  "JSON file of options (keys are flag names without --); flags given on the "
                  "command line win");
-  auto* model = app.add_option_group("Model");
-  model->add_option("--model", c.model, "gpt (byte-level language model) or mlp (Fashion-MNIST)")
-      ->capture_default_str();
-  model->add_option("--size", c.size, "GPT preset: tiny, small, medium, large")
-      ->capture_default_str();
-  f->shape_options = {
-      {"--layers", model->add_option("--layers", c.layers, "GPT blocks (overrides the preset)")},
-      {"--heads",
-       model->add_option("--heads", c.heads, "GPT attention heads (overrides the preset)")},
-      {"--embd", model->add_option("--embd", c.embd, "GPT embedding width (overrides the preset)")},
-      {"--seq-len",
-       model->add_option("--seq-len", c.seq_len, "GPT context length (overrides the preset)")}};
-  model->add_option("--mlp-hidden", c.mlp_hidden, "MLP hidden width")->capture_default_str();
-  model->add_option("--mlp-layers", c.mlp_layers, "MLP hidden layers")->capture_default_str();
-  auto* data = app.add_option_group("Data");
-  data->add_option("--data", c.data, "kjv, fashion-mnist, synthetic or a text file PATH")
-      ->capture_default_str();
-  data->add_option("--cache-dir", c.cache_dir,
-                   "Where prepared data is cached (default ~/.cache/zerodp)");
-  auto* par = app.add_option_group("Parallelism");
-  CLI::Option* ranks =
-      par->add_option("--ranks", c.launch.ranks, "Data-parallel ranks (local backend)")
-          ->capture_default_str();
-  par->add_option("--backend", f->backend, "local (threads) or mpi (under mpirun)")
-      ->capture_default_str();
-  par->add_option("--ranks-per-process", c.launch.ranks_per_process,
-                  "mpi: ranks each process runs as threads, reading each other's buffers in "
-                  "place; the world is mpirun's -np x this. Set it to --node-ranks to run one "
-                  "process per node (docs/topology.md)")
-      ->capture_default_str();
-  par->add_option("--stage", c.stage, "ZeRO stage 0..3")->capture_default_str();
-  par->add_option("--precision", f->precision, "bf16, fp16 (dynamic loss scaling) or fp32")
-      ->capture_default_str();
-  par->add_option("--micro-batch", c.micro_batch,
-                  "Sequences per rank per micro-batch (default: the size preset's)")
-      ->check(CLI::Range(1, 1 << 20));
-  f->grad_accum_option = par->add_option(
-      "--grad-accum", c.grad_accum,
-      "Micro-batches per rank per optimizer step (default 1; on a resume, the checkpoint's "
-      "micro-batches per step over --ranks, so the batch is kept)");
-  par->add_option("--accumulate", f->accumulate,
-                  "local (sum, reduce at the boundary) or reduce (every micro-batch, overlapping "
-                  "backward); default reduce at stages 2-3 or with --grad-accum 1, else local");
-  par->add_option("--invariant", f->invariant,
-                  "on: sum gradients in the one order that gives the same bits for every rank "
-                  "count dividing the micro-batches per step (needs --accumulate reduce; an "
-                  "fp32 accumulator of 4 bytes per owned element when --grad-accum > 1); off; "
-                  "auto: on under --accumulate reduce (docs/determinism.md)")
-      ->capture_default_str();
-  par->add_option("--initial-loss-scale", c.initial_loss_scale,
-                  "fp16: the dynamic loss scale to start from (a power of two)")
-      ->capture_default_str();
-  par->add_flag("--checkpoint-activations", c.checkpoint_activations,
-                "Keep only each unit's input in forward and recompute the unit in backward");
-  par->add_option("--prefetch", c.prefetch, "Stage 3: units gathered ahead")->capture_default_str();
-  par->add_option("--memory-per-rank", f->memory_per_rank, "Per-rank memory budget, e.g. 2GiB");
-  par->add_option("--collective-timeout", f->timeout,
-                  "A collective waiting longer fails, e.g. 300 or 30s")
-      ->capture_default_str();
-  par->add_option("--check-collectives", c.launch.comm.check_collectives,
-                  "MPI: compare every collective's fingerprint across ranks first, so a "
-                  "mismatch fails naming both ranks (on/off; the local backend always checks)")
-      ->capture_default_str();
-  par->add_option("--link-bandwidth", f->link_bandwidth,
-                  "Simulate a network: each collective takes at least bytes / this, e.g. 1GB/s");
-  par->add_option("--link-latency", f->link_latency,
-                  "Simulated per-step latency of each collective's ring, e.g. 20us");
-  par->add_option("--inter-node-bandwidth", f->inter_node_bandwidth,
-                  "Simulate a slower link between nodes (needs --node-ranks): a flat "
-                  "collective over several nodes runs at this rate, e.g. 1GB/s");
-  par->add_option("--inter-node-latency", f->inter_node_latency,
-                  "Simulated per-step latency between nodes (needs --node-ranks), e.g. 50us");
-  par->add_option("--node-ranks", c.launch.comm.node_ranks,
-                  "Ranks per node: consecutive ranks share a node, and the comm ledger counts "
-                  "the bytes that cross nodes apart (docs/topology.md); default: one node");
-  par->add_flag("--shard-within-node", c.shard_within_node,
-                "Stages 1-3 with --node-ranks T: shard the states over the T ranks of each node "
-                "and keep a replica per node (HSDP): gathers stay inside the node, gradients "
-                "cross nodes once per reduction as an all-reduce of the shard; states cost "
-                "1/T, not 1/N, per rank (docs/topology.md)");
-  par->add_flag("--hpz", c.hpz,
-                "Stage 3 with --node-ranks: keep each node's copy of a unit's parameters "
-                "sharded over its ranks after the forward's gather, so the backward's gather "
-                "stays inside the node (ZeRO++'s hpZ; costs the params' bytes / T per rank)");
-  par->add_flag("--qwz", c.qwz,
-                "Stage 3: gather parameters as int8 blocks with one fp32 scale each, quantized "
-                "from the owner's fp32 master (ZeRO++'s qwZ): about half the gathers' bytes, "
-                "and the passes see quantized weights");
-  par->add_option("--qwz-block", c.qwz_block, "Elements per quantization scale (--qwz)")
-      ->check(kBlockRange)
-      ->capture_default_str();
-  par->add_option("--offload", f->offload,
-                  "optimizer: keep the fp32 master weights and Adam moments in a scratch file "
-                  "per rank under --offload-dir, streamed through the update in 4 MiB pieces "
-                  "(ZeRO-Infinity's NVMe tier): memory holds params and grads only; the "
-                  "step pays reading and writing them (zerodp bench-io DIR measures the disk; "
-                  "docs/offload.md). optimizer,params (stage 3): each rank's parameter shard "
-                  "too, read from disk before each gather, so memory holds the gradients and "
-                  "the gathered units. none, optimizer or optimizer,params")
-      ->capture_default_str();
-  par->add_option("--offload-dir", c.offload_dir,
-                  "Directory for --offload's scratch files (unlinked at once: nothing is left "
-                  "behind); use a disk, not tmpfs")
-      ->capture_default_str();
-  par->add_option("--offload-piece", f->offload_piece,
-                  "Elements per staged piece of --offload (a multiple of 1024, of 2048 with "
-                  "params; 0 = 1048576, 4 MiB per array): larger pieces, longer sequential I/O, "
-                  "more staging memory")
-      ->capture_default_str();
-  par->add_option("--offload-overlap", c.offload_overlap,
-                  "Stages 0 and 3 with --offload: run the update on its own thread while the "
-                  "next step's forward starts on the units already updated (on/off; the same "
-                  "bits either way; pays with a spare core per rank, docs/offload.md)")
-      ->capture_default_str();
-  par->add_option("--qgz", f->qgz,
-                  "Reduce gradients as int8 or int4 blocks with an fp32 scale each (at stage 0 "
-                  "the all-reduce's reduce-scatter half), "
-                  "inside each node then across nodes (ZeRO++'s qgZ), summed in fp32 at the "
-                  "owner; off, int8 or int4")
-      ->capture_default_str();
-  // Checked as text: the unsigned count would take -1 as 2^64 - 1.
-  par->add_option("--qgz-block", c.launch.comm.qgz_block, "Elements per quantization scale (--qgz)")
-      ->check(kBlockRange)
-      ->capture_default_str();
-  par->add_option("--collectives", f->collectives,
-                  "flat: every rank exchanges with every rank; two-level (with --node-ranks): "
-                  "inside each node, then across nodes with one rank per node and local "
-                  "index, T times fewer bytes between nodes, in an order that depends on T "
-                  "(so not --invariant on; docs/topology.md)")
-      ->capture_default_str();
-  auto* opt = app.add_option_group("Optimization");
-  opt->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
-  opt->add_option("--seed", f->seed, "Seed for init and data order (0..2^64-1)")
-      ->capture_default_str();
-  opt->add_option("--lr", f->lr, "Peak learning rate")->capture_default_str();
-  opt->add_option("--schedule", c.schedule, "constant or cosine (with linear warmup)")
-      ->capture_default_str();
-  opt->add_option("--warmup", f->warmup,
-                  "Warmup steps, or auto: 5% of --steps with cosine, none with constant")
-      ->capture_default_str();
-  opt->add_option("--clip", f->clip, "Clip the global gradient norm to this (0 = off)")
-      ->capture_default_str();
-  opt->add_option("--weight-decay", f->weight_decay, "AdamW decoupled weight decay")
-      ->capture_default_str();
-  opt->add_flag("--decay-all", c.decay_all,
-                "Decay norms and biases too (as the PyTorch peer does)");
-  auto* ck = app.add_option_group("Checkpoints");
-  ck->add_option("--checkpoint-dir", c.checkpoint_dir,
-                 "Save sharded checkpoints here (DIR/step_NNNNNNNN/, DIR/latest); also at the "
-                 "last step");
-  // Ranges are checked with the others (validate()), in words: CLI11's NonNegativeNumber
-  // printed the largest double in 300 digits.
-  ck->add_option("--checkpoint-every", c.checkpoint_every, "Save every K steps (0 = last only)")
-      ->capture_default_str();
-  ck->add_option("--keep", c.keep, "Committed checkpoints to keep, newest first (0 = all)")
-      ->capture_default_str();
-  ck->add_option("--resume", c.resume,
-                 "Continue from a checkpoint: a step directory, a checkpoint dir, or 'latest' "
-                 "(the newest in --checkpoint-dir); --steps stays the total. Any --ranks and "
-                 "--stage may load it");
-  ck->add_option("--stop-after", c.stop_after,
-                 "Stop after this step, the schedule still planned for --steps (a time slice; "
-                 "continue with --resume)");
-  auto* rel = app.add_option_group("Reliability");
-  rel->add_option("--max-skips", c.max_skips,
-                  "Stop after this many consecutive skipped (non-finite) steps, naming the unit "
-                  "and rank (0 = never)")
-      ->capture_default_str();
-  rel->add_option("--inject", f->inject,
-                  "Inject a fault, for tests and demos: KIND@STEP[:RANK], KIND one of throw, "
-                  "hang, kill, nan, io, oom, term (a stop request, as SIGTERM on that rank alone) "
-                  "(repeatable)")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  rel->add_option("--max-restarts", c.max_restarts,
-                  "Local backend: when a rank fails, reload the latest checkpoint and go on with "
-                  "the ranks left (the largest count below that divides the step's "
-                  "micro-batches, the batch kept), at most this many times (0 = a failure ends "
-                  "the run). Needs --checkpoint-dir and --checkpoint-every; under MPI relaunch "
-                  "with mpirun -np N' ... --resume latest")
-      ->capture_default_str();
-  auto* out = app.add_option_group("Output");
-  out->add_option("--eval-every", c.eval_every,
-                  "Validation loss every K steps (0 = at the end only)")
-      ->capture_default_str();
-  out->add_option("--eval-batches", c.eval_batches,
-                  "Validation micro-batches in all, shared among the ranks")
-      ->capture_default_str();
-  out->add_option("--metrics", c.metrics_path, "Write one JSON line per step here");
-  out->add_option("--report", c.report_path, "Write the run's report (docs/report.md) here");
-  out->add_option("--trace", c.trace_path,
-                  "Write a Chrome trace (chrome://tracing, Perfetto) of every rank's compute "
-                  "and collectives here; under MPI one file per rank, FILE.rankR.json");
-  out->add_flag("--no-progress", f->no_progress, "No progress output");
-  return [f, ranks, &app](Launch args) {
-    f->ranks_given = ranks->count() > 0;
-    // What the user set, by the keys config_json and the idle-option rules use (a --config
-    // file's keys arrive here as flags; a report's nulls never do).
-    std::set<std::string> given;
-    const auto collect = [&given](const CLI::App& from) {
-      for (const CLI::Option* o : from.get_options()) {
-        if (o->count() == 0) continue;
-        for (std::string name : o->get_lnames()) {
-          for (char& ch : name) ch = ch == '-' ? '_' : ch;
-          given.insert(name);
-        }
-      }
-    };
-    collect(app);
-    // Option groups are nameless subcommands holding their own options.
-    for (const CLI::App* group :
-         app.get_subcommands([](const CLI::App* a) { return a->get_name().empty(); })) {
-      collect(*group);
-    }
-    f->cfg.given = std::move(given);
-    return run_train(*f, args);
-  };
+  add_table_options(app, kTrainCommand, f->texts, /*sections=*/true);
+  return [f](Launch args) { return run_train(*f, args); };
 }
 
 }  // namespace zerodp::cli

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "train/model_kind.h"
+#include "train/options.h"
 
 namespace zerodp {
 
@@ -126,6 +127,14 @@ void check_node_modes(int node_ranks, bool two_level, bool hpz, int qgz_bits, si
   if (two_level && node_ranks == 0) {
     throw InvalidArgument(
         "--collectives two-level needs --node-ranks T to say which ranks share a node");
+  }
+}
+
+void check_inter_node_link(const CommOptions& comm) {
+  if (comm.node_ranks == 0 && (comm.inter_node_bandwidth > 0 || comm.inter_node_latency > 0)) {
+    throw InvalidArgument(fmt::format(
+        "{} needs --node-ranks T to say which ranks share a node",
+        comm.inter_node_bandwidth > 0 ? "--inter-node-bandwidth" : "--inter-node-latency"));
   }
 }
 
@@ -264,14 +273,9 @@ void check_offload_modes(Offload offload, bool qwz, int stage, bool overlap) {
 
 void resolve_config(TrainConfig& c) {
   model_kind(c.model).resolve(c);
-  (void)Sharding::for_stage(c.stage);
-  if (c.micro_batch < 1) {
-    throw InvalidArgument(fmt::format("--micro-batch {} is invalid; use 1 or more", c.micro_batch));
-  }
   if (c.grad_accum == 0) c.grad_accum = 1;
-  if (c.grad_accum < 1) {
-    throw InvalidArgument(fmt::format("--grad-accum {} is invalid; use 1 or more", c.grad_accum));
-  }
+  // Each option's own rule (options.cc); the rules between options follow.
+  check_option_values(c);
   if (c.accumulate_default) {
     c.accumulate = default_accumulate(c.stage, c.grad_accum, c.invariant);
     c.accumulate_default = false;
@@ -283,12 +287,6 @@ void resolve_config(TrainConfig& c) {
                             c.hpz, c.qwz, c.launch.comm.qgz_bits);
   }
   check_offload_modes(c.offload, c.qwz, c.stage, c.offload_overlap);
-  if (c.offload_piece % 1024 != 0) {
-    throw InvalidArgument(fmt::format(
-        "--offload-piece {} is not a multiple of 1024 elements (4 KiB, O_DIRECT's block); use "
-        "e.g. 1048576, or 0 for the default",
-        c.offload_piece));
-  }
   if (c.offload == Offload::kParams && c.precision != Precision::kFP32 &&
       c.offload_piece % 2048 != 0) {
     throw InvalidArgument(fmt::format(
@@ -302,42 +300,10 @@ void resolve_config(TrainConfig& c) {
         "--offload-dir is empty; give a directory on a disk with room for the states, e.g. "
         "/var/tmp");
   }
-  if (c.steps < 1)
-    throw InvalidArgument(fmt::format("--steps {} is invalid; use 1 or more", c.steps));
-  if (c.prefetch < 0 || c.prefetch > 8) {
-    throw InvalidArgument(fmt::format("--prefetch {} is invalid; use 0..8", c.prefetch));
-  }
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
-    throw InvalidArgument(
-        fmt::format("--lr {} is invalid; use a positive number, e.g. 1e-3", c.lr));
-  }
-  if (!(c.clip >= 0) || !std::isfinite(c.clip))
-    throw InvalidArgument(fmt::format("--clip {} is invalid; use 0 (off) or more", c.clip));
-  if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay)) {
-    throw InvalidArgument(
-        fmt::format("--weight-decay {} is invalid; use 0 (none) or a positive number, e.g. 0.1",
-                    c.weight_decay));
-  }
-  if (c.eval_every < 0) {
-    throw InvalidArgument(fmt::format(
-        "--eval-every {} is invalid; use 0 (at the end only) or a number of steps", c.eval_every));
-  }
-  if (c.eval_batches < 0) {
-    throw InvalidArgument(
-        fmt::format("--eval-batches {} is invalid; use 0 (none) or more", c.eval_batches));
-  }
   if (c.checkpoint_dir.empty() && (c.checkpoint_every > 0 || c.keep > 0)) {
     throw InvalidArgument(fmt::format("{} {} needs --checkpoint-dir DIR to save into",
                                       c.checkpoint_every > 0 ? "--checkpoint-every" : "--keep",
                                       c.checkpoint_every > 0 ? c.checkpoint_every : c.keep));
-  }
-  if (c.schedule != "constant" && c.schedule != "cosine") {
-    throw InvalidArgument(
-        fmt::format("--schedule '{}' is unknown; use constant or cosine", c.schedule));
-  }
-  if (c.warmup < -1) {
-    throw InvalidArgument(fmt::format(
-        "--warmup {} is invalid; use auto or a whole number of steps, e.g. 100", c.warmup));
   }
   if (c.warmup == -1) c.warmup = c.schedule == "cosine" ? c.steps / 20 : 0;
   if (c.schedule == "cosine" && c.warmup >= c.steps) {
@@ -345,27 +311,11 @@ void resolve_config(TrainConfig& c) {
         "--warmup {} leaves no steps for the cosine decay of --steps {}; use fewer warmup steps",
         c.warmup, c.steps));
   }
-  if (c.stop_after < 0) {
-    throw InvalidArgument(
-        fmt::format("--stop-after {} is invalid; use 0 (run to --steps) or a step", c.stop_after));
-  }
-  if (c.checkpoint_every < 0) {
-    throw InvalidArgument(
-        fmt::format("--checkpoint-every {} is invalid; use 0 or more steps", c.checkpoint_every));
-  }
-  if (c.max_skips < 0) {
-    throw InvalidArgument(
-        fmt::format("--max-skips {} is invalid; use 0 (never stop) or more", c.max_skips));
-  }
   for (const Injection& i : c.inject) {
     if (c.launch.backend == Backend::kLocal && i.rank >= c.launch.ranks) {
       throw InvalidArgument(
           fmt::format("--inject at rank {}: the run has ranks 0..{}", i.rank, c.launch.ranks - 1));
     }
-  }
-  if (c.max_restarts < 0) {
-    throw InvalidArgument(fmt::format(
-        "--max-restarts {} is invalid; use 0 (a failure ends the run) or more", c.max_restarts));
   }
   if (c.max_restarts > 0 && c.launch.backend != Backend::kLocal) {
     throw InvalidArgument(fmt::format(
@@ -383,14 +333,6 @@ void resolve_config(TrainConfig& c) {
         c.checkpoint_dir.empty() ? "--checkpoint-dir DIR and --checkpoint-every K"
                                  : "--checkpoint-every K (a restart repeats at most K steps)"));
   }
-  if (c.keep < 0) {
-    throw InvalidArgument(fmt::format("--keep {} is invalid; use 0 (keep all) or more", c.keep));
-  }
-  if (c.launch.ranks_per_process < 1) {
-    throw InvalidArgument(
-        fmt::format("--ranks-per-process {} is invalid; use 1 or more rank threads per MPI process",
-                    c.launch.ranks_per_process));
-  }
   if (c.launch.ranks_per_process > 1 && c.launch.backend == Backend::kLocal) {
     throw InvalidArgument(fmt::format(
         "--ranks-per-process {} is for --backend mpi; the local backend already runs every "
@@ -404,20 +346,8 @@ void resolve_config(TrainConfig& c) {
         "a node; use a divisor of {}",
         c.launch.ranks_per_process, c.launch.comm.node_ranks, c.launch.comm.node_ranks));
   }
-  if (c.launch.backend == Backend::kLocal && c.launch.ranks < 1) {
-    throw InvalidArgument(fmt::format("--ranks {} is invalid; use 1 or more", c.launch.ranks));
-  }
   const int t = c.launch.comm.node_ranks;
-  if (t == 0 && (c.launch.comm.inter_node_bandwidth > 0 || c.launch.comm.inter_node_latency > 0)) {
-    throw InvalidArgument(fmt::format("{} needs --node-ranks T to say which ranks share a node",
-                                      c.launch.comm.inter_node_bandwidth > 0
-                                          ? "--inter-node-bandwidth"
-                                          : "--inter-node-latency"));
-  }
-  if (t < 0) {
-    throw InvalidArgument(fmt::format(
-        "--node-ranks {} is invalid; use the ranks per node (1 or more), or leave it out", t));
-  }
+  check_inter_node_link(c.launch.comm);
   if (c.hpz && c.stage != 3) {
     throw InvalidArgument(fmt::format(
         "--hpz keeps a node's copy of stage 3's gathered parameters; --stage {} gathers none. "
@@ -540,61 +470,12 @@ void check_idle_options(const TrainConfig& c) {
 
 nlohmann::json config_json(const TrainConfig& c) {
   nlohmann::json j;
-  j["model"] = c.model;
   model_kind(c.model).config_fields(c, j);
-  j["data"] = c.data;
-  j["ranks"] = c.launch.ranks;
-  j["backend"] = std::string(backend_name(c.launch.backend));
-  j["stage"] = c.stage;
-  j["precision"] = std::string(precision_name(c.precision));
-  j["micro_batch"] = c.micro_batch;
-  j["grad_accum"] = c.grad_accum;
-  j["accumulate"] = std::string(accumulate_name(c.accumulate));
-  j["invariant"] = canonical_order(c) ? "on" : "off";
-  j["prefetch"] = c.prefetch;
-  j["checkpoint_activations"] = c.checkpoint_activations;
-  j["steps"] = c.steps;
-  j["seed"] = c.seed;
-  j["lr"] = c.lr;
-  j["schedule"] = c.schedule;
-  j["warmup"] = c.warmup;
+  for (const OptionSpec& o : option_table()) {
+    if (o.record != nullptr) j[std::string(o.key)] = o.record(c);
+  }
+  // The engine's fixed choice, recorded with the options it completes.
   j["min_lr_ratio"] = c.min_lr_ratio;
-  j["clip"] = c.clip;
-  j["weight_decay"] = c.weight_decay;
-  j["decay_all"] = c.decay_all;
-  j["eval_every"] = c.eval_every;
-  j["eval_batches"] = c.eval_batches;
-  j["collective_timeout"] = c.launch.comm.timeout_seconds;
-  j["check_collectives"] = c.launch.comm.check_collectives;
-  // null when no network is simulated: the flags take no zero, and a report is a --config.
-  const auto set = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(); };
-  j["link_bandwidth"] = set(c.launch.comm.link_bandwidth);
-  j["link_latency"] = set(c.launch.comm.link_latency);
-  j["node_ranks"] =
-      c.launch.comm.node_ranks > 0 ? nlohmann::json(c.launch.comm.node_ranks) : nlohmann::json();
-  j["ranks_per_process"] = c.launch.ranks_per_process;
-  j["inter_node_bandwidth"] = set(c.launch.comm.inter_node_bandwidth);
-  j["inter_node_latency"] = set(c.launch.comm.inter_node_latency);
-  j["collectives"] = std::string(collectives_name(c.launch.comm.two_level));
-  j["hpz"] = c.hpz;
-  j["qwz"] = c.qwz;
-  j["qwz_block"] = c.qwz_block;
-  j["shard_within_node"] = c.shard_within_node;
-  j["qgz"] = std::string(qgz_name(c.launch.comm.qgz_bits));
-  j["qgz_block"] = c.launch.comm.qgz_block;
-  j["offload"] = std::string(offload_name(c.offload));
-  j["offload_dir"] = c.offload_dir;
-  j["offload_piece"] = c.offload_piece;
-  j["offload_overlap"] = c.offload_overlap;
-  j["memory_per_rank"] = c.memory_per_rank ? nlohmann::json(*c.memory_per_rank) : nlohmann::json();
-  j["checkpoint_dir"] = c.checkpoint_dir;
-  j["checkpoint_every"] = c.checkpoint_every;
-  j["keep"] = c.keep;
-  j["resume"] = c.resume;
-  j["stop_after"] = c.stop_after;
-  j["trace"] = c.trace_path;
-  j["max_skips"] = c.max_skips;
-  j["max_restarts"] = c.max_restarts;
   for (const IdleRule& rule : kIdleRules) {
     const std::string key(rule.key);
     if (j.contains(key) && rule.idle(c)) j[key] = nullptr;

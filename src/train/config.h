@@ -64,6 +64,9 @@ std::string_view collectives_name(bool two_level);
 // and --hpz and --collectives two-level only with --node-ranks (node_ranks 0 = not given).
 void check_node_modes(int node_ranks, bool two_level, bool hpz, int qgz_bits, size_t qgz_block,
                       int qwz_block);
+// InvalidArgument when a link between nodes is given without --node-ranks to say where nodes
+// begin.
+void check_inter_node_link(const CommOptions& comm);
 // InvalidArgument when --invariant on meets --collectives two-level or --qgz, whose node
 // partials (and quantization) make the sum depend on the ranks per node.
 void check_invariant_collectives(std::optional<bool> invariant, const CommOptions& comm);

@@ -29,7 +29,7 @@ expect_code() {  # expect_code CODE NEEDLE ARGS...: exit CODE, stderr's last lin
     echo "ok: zerodp $* -> exit $code: $(printf '%s\n' "$err" | tail -n 1)"
   fi
 }
-expect "--stage 7" train --stage 7 --data synthetic
+expect "--stage '7' is not a ZeRO stage" train --stage 7 --data synthetic
 expect "--ranks 0" train --ranks 0 --data synthetic
 expect "--precision 'fp8'" train --precision fp8
 expect "--size 'huge'" train --size huge
@@ -38,10 +38,10 @@ expect "--accumulate 'sometimes'" train --accumulate sometimes
 expect "--memory-per-rank" train --memory-per-rank 12XB
 expect "--collective-timeout" train --collective-timeout soon
 expect "--schedule 'linear'" train --schedule linear --data synthetic
-expect "--micro-batch: Value 0" train --micro-batch 0 --data synthetic
+expect "--micro-batch 0 is invalid" train --micro-batch 0 --data synthetic
 expect "--model 'cnn'" train --model cnn
 expect "no-such-file" train --data ./no-such-file
-expect "--steps = abc" train --steps abc
+expect "--steps abc is invalid" train --steps abc
 expect "--config" train --config /nonexistent.json
 expect "--max-bytes" bench-comm --max-bytes lots
 expect "--backend 'tcp'" bench-comm --backend tcp

@@ -74,9 +74,9 @@ expect "--inter-node-latency 1e6 is out of range; use 0 s to 1 s" estimate --par
 expect "--inter-node-bandwidth 1e14 is out of range; use 1 KB/s to 10 TB/s" estimate --params 1e6 \
   --ranks 4 --node-ranks 2 --inter-node-bandwidth 1e14
 # Block sizes as text, as train checks them: -1 would wrap to 2^64 - 1.
-expect "--qgz-block: Value -1 not in range 1 to 16777216" \
+expect "--qgz-block -1 is invalid; use the elements per scale, 1 to 16777216" \
   estimate --params 1e9 --ranks 8 --qgz int8 --qgz-block -1
-expect "--qwz-block: Value 4294967297 not in range 1 to 16777216" \
+expect "--qwz-block 4294967297 is invalid; use the elements per scale, 1 to 16777216" \
   estimate --params 1e9 --ranks 8 --stage 3 --qwz --qwz-block 4294967297
 expect "--flops and --compute-seconds both give the compute of a step" \
   estimate --params 1e9 --ranks 2 --flops 1e12 --compute-seconds 0.2
@@ -91,3 +91,14 @@ if [[ $cs == 0.25 ]]; then
 else
   echo "FAIL: estimate --compute-seconds 0.25 gave compute $cs"; fail=1
 fi
+
+# The options estimate shares with train are declared once (train/options.h): the same help.
+for flag in --node-ranks --qgz --offload --micro-batch --link-bandwidth --hpz; do
+  t=$("$zerodp" train --help | grep -F -- "    $flag " | head -1 | sed 's/^ *//')
+  e=$("$zerodp" estimate --help | grep -F -- "  $flag " | head -1 | sed 's/^ *//')
+  if [[ -n "$t" && "$t" == "$e" ]]; then
+    echo "ok: $flag: one declaration for train and estimate"
+  else
+    echo "FAIL: $flag differs: train '$t' estimate '$e'"; fail=1
+  fi
+done

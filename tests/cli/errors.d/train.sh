@@ -231,9 +231,9 @@ expect "--collective-timeout 1e308 is out of range; use 0 s to 1 day" \
   train "${tiny[@]}" --collective-timeout 1e308
 # Block sizes as text: -1 would wrap to 2^64-1, 2^32+1 to 1.
 for v in -1 -18446744073709551615 4294967297 0; do
-  expect "--qgz-block: Value $v not in range 1 to 16777216" \
+  expect "--qgz-block $v is invalid; use the elements per scale, 1 to 16777216" \
     train "${tiny[@]}" --qgz int8 --qgz-block "$v"
-  expect "--qwz-block: Value $v not in range 1 to 16777216" \
+  expect "--qwz-block $v is invalid; use the elements per scale, 1 to 16777216" \
     train "${tiny[@]}" --stage 3 --qwz --qwz-block "$v"
 done
 # One parser for seeds.
