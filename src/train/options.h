@@ -3,8 +3,8 @@
 // is recorded. train's and estimate's flags (cli/options.h registers them), the keys of a
 // --config file, the report's "config" (config_json) and the comparison of the MPI ranks'
 // configurations (check_same_options digests config_json) are all derived from this table;
-// the rules between options live in resolve.cc (resolve_config, check_idle_options) and config.cc (the refusals train
-// and estimate share).
+// the rules between options live in resolve.cc (resolve_config, check_idle_options) and
+// config.cc (the refusals train and estimate share).
 #pragma once
 
 #include <cstdint>
