@@ -24,6 +24,7 @@
 #include "comm/local.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "core/sysinfo.h"
 #include "data/source.h"
 #include "models/model.h"
 #include "train/checkpoint_io.h"
@@ -163,9 +164,10 @@ ModelCost model_cost(const TrainConfig& cfg, const DataSplits& data,
 }
 
 // The cores this run's GEMMs occupy: on each host, its ranks' threads, at most the host's
-// cores (ranks past the cores share them and add nothing to the peak).
+// cores (ranks past the cores share them and add nothing to the peak): the cores its
+// affinity allows (a host pinned to a cpuset has those, not the machine's).
 double cores_in_peak(const Communicator& comm, const LaunchOptions& launch) {
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int cores = usable_cores();
   const int local_ranks = ranks_on_this_host(comm, launch);
   const double hosts = std::ceil(static_cast<double>(comm.size()) / local_ranks);
   return hosts *

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "core/sysinfo.h"
 #include "train/flat.h"
 #include "train/gather_queue.h"
 #include "train/setup.h"
@@ -105,9 +106,9 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       optimizer_(cfg, state_, group_, chunk_, offload()),
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
   if (offload_) offload_->initialize(cfg.seed);
-  // Rank threads that each ask for all cores oversubscribe them.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  set_gemm_threads(std::max(1, static_cast<int>(cores) / ranks_on_this_host(comm, cfg.launch)));
+  // Rank threads that each ask for all cores oversubscribe them; the cores are the ones the
+  // process may run on (a host pinned to a cpuset has those, not the machine's).
+  set_gemm_threads(std::max(1, usable_cores() / ranks_on_this_host(comm, cfg.launch)));
 }
 
 std::span<float> RankTrainer::saved_for(size_t ui) {
