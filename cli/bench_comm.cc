@@ -2,6 +2,10 @@
 // nccl-tests. Each row: the full buffer size S, time per call (the slowest rank's mean),
 // algbw = S / time, busbw = algbw x (2(n-1)/n for all_reduce, (n-1)/n for reduce_scatter and
 // all_gather, 1 for broadcast), and #wrong: elements that differ from the exact result.
+// With --node-ranks T (consecutive ranks share a host), host_MB/s: the bytes that entered a
+// host from the other hosts per second (the comm ledger's cross-node bytes of its ranks), the
+// rate a host's NIC sustained: the figure to give train's and estimate's
+// --inter-node-bandwidth.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -43,6 +47,7 @@ struct Config {
   int ranks = 2;
   bool ranks_given = false;
   int ranks_per_process = 1;
+  int node_ranks = 0;  // 0: every rank on one host
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
   std::vector<std::string> dtypes = {"f32", "bf16", "f16"};
   std::string min_bytes = "1KiB";
@@ -103,6 +108,7 @@ struct Row {
   double time_us;
   double algbw;
   double busbw;
+  double host_rate;  // bytes per second into a host from the others; 0 without --node-ranks
   uint64_t wrong;
   int iters;
 };
@@ -155,10 +161,13 @@ class Bench {
     const int iters = static_cast<int>(std::clamp(cfg_.seconds_per_row / std::max(slowest, 1e-7),
                                                   1.0, static_cast<double>(cfg_.max_iters)));
     comm_.barrier();
+    const double cross_before = cross_bytes();
     t0 = Clock::now();
     for (int i = 0; i < iters; ++i) call();
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
     const double time_s = comm_.max_control(elapsed) / iters;
+    // Every host's ranks together, per host: the collectives are symmetric over hosts.
+    const double cross = comm_.sum_control(cross_bytes() - cross_before);
     const double total_wrong = comm_.sum_control(static_cast<double>(wrong));
 
     Row row;
@@ -168,12 +177,22 @@ class Bench {
     row.time_us = time_s * 1e6;
     row.algbw = static_cast<double>(row.bytes) / time_s / 1e9;
     row.busbw = row.algbw * bus_factor(info.op, n);
+    const int hosts = cfg_.node_ranks > 0 ? n / cfg_.node_ranks : 1;
+    row.host_rate = cfg_.node_ranks > 0 ? cross / hosts / iters / time_s : 0;
     row.wrong = static_cast<uint64_t>(total_wrong);
     row.iters = iters;
     return row;
   }
 
  private:
+  // This rank's cross-host bytes so far, every collective kind.
+  double cross_bytes() const {
+    uint64_t b = 0;
+    for (const CommCounter& c : comm_.ledger().table(CommPhase::kTrain)) b += c.cross_node_bytes;
+    for (const CommCounter& c : comm_.ledger().table(CommPhase::kOther)) b += c.cross_node_bytes;
+    return static_cast<double>(b);
+  }
+
   uint64_t count_wrong(Op op, DType t, size_t count, const Partition& part) const {
     const int n = comm_.size();
     const int me = comm_.rank();
@@ -323,6 +342,14 @@ int run_bench(const Config& cfg, Launch args) {
   }
   opts.ranks_per_process = cfg.ranks_per_process;
   opts.comm.timeout_seconds = cfg.timeout;
+  if (cfg.node_ranks < 0 ||
+      (cfg.node_ranks > 0 && backend == Backend::kLocal && cfg.ranks % cfg.node_ranks != 0)) {
+    throw InvalidArgument(fmt::format(
+        "--node-ranks {} is invalid; use the ranks per host, a divisor of the ranks (e.g. 2 "
+        "for 2 hosts of 2), or leave it out",
+        cfg.node_ranks));
+  }
+  opts.comm.node_ranks = cfg.node_ranks;
 
   uint64_t total_wrong = 0;
   launch(opts, args.argc, args.argv, [&](Communicator& comm) {
@@ -333,8 +360,9 @@ int run_bench(const Config& cfg, Launch args) {
       fmt::print("# zerodp bench-comm: backend {}, {} ranks\n", comm.backend_name(), comm.size());
       fmt::print("# memcpy reference: {:.1f} GB/s on 1 thread, {:.1f} GB/s on 2 threads\n",
                  m1 / 1e9, m2 / 1e9);
-      fmt::print("# {:>14} {:>5} {:>12} {:>10} {:>8} {:>8} {:>7} {:>6}\n", "op", "dtype", "bytes",
-                 "time_us", "algbw", "busbw", "#wrong", "iters");
+      fmt::print("# {:>14} {:>5} {:>12} {:>10} {:>8} {:>8} {:>7} {:>6}{}\n", "op", "dtype", "bytes",
+                 "time_us", "algbw", "busbw", "#wrong", "iters",
+                 cfg.node_ranks > 0 ? fmt::format(" {:>11}", "host_MB/s") : "");
       std::fflush(stdout);
     }
     for (const auto& info : ops) {
@@ -356,11 +384,13 @@ int run_bench(const Config& cfg, Launch args) {
                                 {"ranks", comm.size()},
                                 {"backend", std::string(comm.backend_name())},
                                 {"iters", row.iters}};
+            if (cfg.node_ranks > 0) j["host_bytes_per_s"] = row.host_rate;
             fmt::print("{}\n", j.dump());
           } else {
-            fmt::print("  {:>14} {:>5} {:>12} {:>10.1f} {:>8.2f} {:>8.2f} {:>7} {:>6}\n", row.op,
+            fmt::print("  {:>14} {:>5} {:>12} {:>10.1f} {:>8.2f} {:>8.2f} {:>7} {:>6}{}\n", row.op,
                        dtype_name(t), row.bytes, row.time_us, row.algbw, row.busbw, row.wrong,
-                       row.iters);
+                       row.iters,
+                       cfg.node_ranks > 0 ? fmt::format(" {:>11.3f}", row.host_rate / 1e6) : "");
           }
           std::fflush(stdout);
         }
@@ -385,6 +415,10 @@ Runner add_bench_comm(CLI::App& app) {
       ->capture_default_str();
   CLI::Option* ranks = app.add_option("--ranks", cfg->ranks, "Number of ranks (local backend)")
                            ->capture_default_str();
+  app.add_option("--node-ranks", cfg->node_ranks,
+                 "Ranks per host (consecutive ranks share one): adds host_MB/s, the bytes that "
+                 "entered a host from the others per second, a host NIC's sustained rate (the "
+                 "figure --inter-node-bandwidth takes; docs/cluster.md)");
   app.add_option("--ops", cfg->ops, "Collectives to time")->delimiter(',')->capture_default_str();
   app.add_option("--dtypes", cfg->dtypes, "Element types: f32, bf16, f16")
       ->delimiter(',')

@@ -91,6 +91,7 @@ void price_comm(const TrainConfig& c, const CommBytes& bytes, double units, cons
           : cost(bytes.reduce_scatter, bytes.cross_reduce_scatter, units * a_red, 1,
                  levels || c.launch.comm.qgz_bits != 0);
   (during_backward ? st.comm_overlap : st.comm_serial) += reduce;
+  if (during_backward) st.backward_reduce += reduce;
   if (sp.gather_before_compute) {
     st.comm_overlap += cost(bytes.all_gather, bytes.cross_all_gather, units * 2 * A, 1, levels);
   } else if (sp.gather_after_update || sp.gather_grads) {
@@ -148,6 +149,9 @@ Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs&
   if (m.model && (in.flops || in.compute_seconds)) {
     StepTime st;
     st.compute = in.compute_seconds ? *in.compute_seconds : flops_per_step(c, m) / *in.flops;
+    // Forward is 2 of the 6 FLOPs per parameter and token; recomputing it under
+    // --checkpoint-activations puts 2 more in backward.
+    st.forward = st.compute * (c.checkpoint_activations ? 0.25 : 1.0 / 3.0);
     price_comm(c, f.comm, static_cast<double>(m.units.size()), in, st);
     f.time = st;
   }

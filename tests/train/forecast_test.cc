@@ -1,5 +1,7 @@
 // The forecast estimate prints is the planner a run allocates by: a row is the TrainConfig
 // train would run, and a mode over nodes costs what a run with that mode's switches holds.
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "models/gpt.h"
@@ -136,6 +138,19 @@ TEST(Forecast, PricesTheStep) {
   EXPECT_EQ(step_bound(*fc.time, fc.io), fc.io > fc.time->compute && fc.io > fc.time->comm() ? "io"
                                          : fc.time->comm() > fc.time->compute ? "comm"
                                                                               : "compute");
+  // The reductions issued during backward start once the forward ends: on a slow link HSDP,
+  // whose cross-node traffic is all reductions, takes at least forward + reductions.
+  TrainConfig hsdp = asked_gpt(g);
+  hsdp.launch.comm.node_ranks = 2;
+  hsdp.shard_within_node = true;
+  const StepInputs slow{.compute_seconds = 0.3, .inter_bandwidth = 1e4};
+  const Forecast h = forecast(row_config(hsdp, 4, 3, Offload::kNone), m, slow);
+  ASSERT_TRUE(h.time.has_value());
+  EXPECT_DOUBLE_EQ(h.time->forward, 0.1);
+  EXPECT_GT(h.time->backward_reduce, 0);
+  EXPECT_DOUBLE_EQ(h.time->overlapped(),
+                   std::max({0.3, h.time->comm_overlap, 0.1 + h.time->backward_reduce}));
+  EXPECT_GT(h.time->overlapped(), std::max(0.3, h.time->comm_overlap));
   // Without a model there is nothing to time or lay out.
   const Forecast flat = forecast(c, PlannedModel{.units = m.units}, in);
   EXPECT_FALSE(flat.time.has_value());
