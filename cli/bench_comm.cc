@@ -277,6 +277,28 @@ double memcpy_bandwidth(int threads) {
   return total;
 }
 
+// One row, as a table line or a JSON object.
+void print_row(const Row& row, const Config& cfg, const Communicator& comm) {
+  if (cfg.json) {
+    nlohmann::json j = {{"op", row.op},
+                        {"dtype", std::string(dtype_name(row.dtype))},
+                        {"bytes", row.bytes},
+                        {"time_us", row.time_us},
+                        {"algbw", row.algbw},
+                        {"busbw", row.busbw},
+                        {"wrong", row.wrong},
+                        {"ranks", comm.size()},
+                        {"backend", std::string(comm.backend_name())},
+                        {"iters", row.iters}};
+    if (cfg.node_ranks > 0) j["host_bytes_per_s"] = row.host_rate;
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("  {:>14} {:>5} {:>12} {:>10.1f} {:>8.2f} {:>8.2f} {:>7} {:>6}{}\n", row.op,
+               dtype_name(row.dtype), row.bytes, row.time_us, row.algbw, row.busbw, row.wrong,
+               row.iters, cfg.node_ranks > 0 ? fmt::format(" {:>11.3f}", row.host_rate / 1e6) : "");
+  }
+}
+
 int run_bench(const Config& cfg, Launch args) {
   const Backend backend = parse_backend_flag(cfg.backend);
   std::vector<OpInfo> ops;
@@ -373,25 +395,7 @@ int run_bench(const Config& cfg, Launch args) {
           const Row row = bench.run(info, t, count);
           if (!printer) continue;
           total_wrong += row.wrong;
-          if (cfg.json) {
-            nlohmann::json j = {{"op", row.op},
-                                {"dtype", std::string(dtype_name(t))},
-                                {"bytes", row.bytes},
-                                {"time_us", row.time_us},
-                                {"algbw", row.algbw},
-                                {"busbw", row.busbw},
-                                {"wrong", row.wrong},
-                                {"ranks", comm.size()},
-                                {"backend", std::string(comm.backend_name())},
-                                {"iters", row.iters}};
-            if (cfg.node_ranks > 0) j["host_bytes_per_s"] = row.host_rate;
-            fmt::print("{}\n", j.dump());
-          } else {
-            fmt::print("  {:>14} {:>5} {:>12} {:>10.1f} {:>8.2f} {:>8.2f} {:>7} {:>6}{}\n", row.op,
-                       dtype_name(t), row.bytes, row.time_us, row.algbw, row.busbw, row.wrong,
-                       row.iters,
-                       cfg.node_ranks > 0 ? fmt::format(" {:>11.3f}", row.host_rate / 1e6) : "");
-          }
+          print_row(row, cfg, comm);
           std::fflush(stdout);
         }
       }

@@ -142,6 +142,107 @@ class Fields {
   std::string what_;
 };
 
+// meta.json's files: one per rank, named as the writer names them, then the history.
+void parse_files(const Fields& f, const Json& j, Meta& m) {
+  const Json& files = f.array(j, "", "files");
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string p = fmt::format("files[{}]", i);
+    FileMeta file;
+    file.name = f.get<std::string>(files[i], p, "name");
+    // Names come from the writer; anything that could leave the directory is not ours.
+    if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
+      f.fail(p + ".name", fmt::format("is \"{}\", not a file name", file.name));
+    }
+    file.bytes = f.get<uint64_t>(files[i], p, "bytes");
+    file.sha256 = f.get<std::string>(files[i], p, "sha256");
+    if (file.sha256.size() != 64) f.fail(p + ".sha256", "is not 64 hex digits");
+    m.files.push_back(std::move(file));
+  }
+  // The rank files, then the history (absent from checkpoints of earlier versions).
+  const auto ranks = static_cast<size_t>(m.world_size);
+  if (m.files.size() != ranks && m.files.size() != ranks + 1) {
+    f.fail("files", fmt::format("lists {} files for world_size {}", m.files.size(), m.world_size));
+  }
+  if (m.files.size() == ranks + 1 && m.files.back().name != kHistoryFile) {
+    f.fail(fmt::format("files[{}].name", ranks),
+           fmt::format("is \"{}\", expected \"{}\"", m.files.back().name, kHistoryFile));
+  }
+  for (int r = 0; r < m.world_size; ++r) {
+    if (m.files[static_cast<size_t>(r)].name != rank_file_name(r)) {
+      f.fail(fmt::format("files[{}].name", r),
+             fmt::format("is \"{}\", expected \"{}\"", m.files[static_cast<size_t>(r)].name,
+                         rank_file_name(r)));
+    }
+  }
+}
+
+// units[i] of meta.json: its partition over `world_size` ranks sums to the unit, and its
+// tensors lie back to back over exactly its elements.
+UnitMeta parse_unit(const Fields& f, const Json& unit, const std::string& p, int world_size) {
+  UnitMeta u;
+  u.name = f.get<std::string>(unit, p, "name");
+  u.numel = f.get<uint64_t>(unit, p, "numel");
+  const Json& part = f.array(unit, p, "partition");
+  if (part.size() != static_cast<size_t>(world_size)) {
+    f.fail(p + ".partition",
+           fmt::format("has {} ranks, world_size is {}", part.size(), world_size));
+  }
+  uint64_t sum = 0;
+  for (size_t r = 0; r < part.size(); ++r) {
+    if (!part[r].is_number_unsigned()) f.fail(p + ".partition", "holds a non-count");
+    u.counts.push_back(part[r].get<uint64_t>());
+    if (u.counts.back() > u.numel) f.fail(p + ".partition", "holds a count past the unit");
+    sum += u.counts.back();
+    if (sum > u.numel) f.fail(p + ".partition", "holds more elements than the unit");
+  }
+  if (sum != u.numel) {
+    f.fail(p + ".partition", fmt::format("sums to {}, the unit has {}", sum, u.numel));
+  }
+  const Json& ts = f.array(unit, p, "tensors");
+  for (size_t k = 0; k < ts.size(); ++k) {
+    const std::string tp = fmt::format("{}.tensors[{}]", p, k);
+    TensorMeta t;
+    t.name = f.get<std::string>(ts[k], tp, "name");
+    t.offset = f.get<uint64_t>(ts[k], tp, "offset");
+    t.numel = f.get<uint64_t>(ts[k], tp, "numel");
+    const Json& shape = f.array(ts[k], tp, "shape");
+    for (const Json& d : shape) {
+      if (!d.is_number_unsigned()) f.fail(tp + ".shape", "holds a non-dimension");
+      t.shape.push_back(d.get<int64_t>());
+    }
+    if (t.offset > u.numel || t.numel > u.numel - t.offset) {
+      f.fail(tp, fmt::format("covers [{}, {}) past the unit's {} elements", t.offset,
+                             t.offset + t.numel, u.numel));
+    }
+    // Readers size their buffers by shape and copy by numel: the two must agree, or an
+    // export declares one size and streams another.
+    uint64_t product = 1;
+    for (const int64_t d : t.shape) {
+      const auto ud = static_cast<uint64_t>(d);
+      product = ud != 0 && product > u.numel / ud ? u.numel + 1 : product * ud;
+    }
+    if (product != t.numel) {
+      f.fail(tp + ".numel",
+             fmt::format("is {}, but shape [{}] holds {}", t.numel, fmt::join(t.shape, ", "),
+                         product > u.numel ? "more than the unit" : std::to_string(product)));
+    }
+    const uint64_t expected_offset =
+        u.tensors.empty() ? 0 : u.tensors.back().offset + u.tensors.back().numel;
+    if (t.offset != expected_offset) {
+      f.fail(tp + ".offset",
+             fmt::format("is {}; the tensors before it end at {} (a unit's tensors lie back to "
+                         "back)",
+                         t.offset, expected_offset));
+    }
+    u.tensors.push_back(std::move(t));
+  }
+  const uint64_t covered = u.tensors.empty() ? 0 : u.tensors.back().offset + u.tensors.back().numel;
+  if (covered != u.numel) {
+    f.fail(p + ".tensors", fmt::format("cover {} elements, the unit has {}", covered, u.numel));
+  }
+  return u;
+}
+
 }  // namespace
 
 Meta parse_meta(std::string_view text, std::string_view what) {
@@ -179,70 +280,7 @@ Meta parse_meta(std::string_view text, std::string_view what) {
   }
   const Json& units = f.array(j, "", "units");
   for (size_t i = 0; i < units.size(); ++i) {
-    const std::string p = fmt::format("units[{}]", i);
-    UnitMeta u;
-    u.name = f.get<std::string>(units[i], p, "name");
-    u.numel = f.get<uint64_t>(units[i], p, "numel");
-    const Json& part = f.array(units[i], p, "partition");
-    if (part.size() != static_cast<size_t>(m.world_size)) {
-      f.fail(p + ".partition",
-             fmt::format("has {} ranks, world_size is {}", part.size(), m.world_size));
-    }
-    uint64_t sum = 0;
-    for (size_t r = 0; r < part.size(); ++r) {
-      if (!part[r].is_number_unsigned()) f.fail(p + ".partition", "holds a non-count");
-      u.counts.push_back(part[r].get<uint64_t>());
-      if (u.counts.back() > u.numel) f.fail(p + ".partition", "holds a count past the unit");
-      sum += u.counts.back();
-      if (sum > u.numel) f.fail(p + ".partition", "holds more elements than the unit");
-    }
-    if (sum != u.numel) {
-      f.fail(p + ".partition", fmt::format("sums to {}, the unit has {}", sum, u.numel));
-    }
-    const Json& ts = f.array(units[i], p, "tensors");
-    for (size_t k = 0; k < ts.size(); ++k) {
-      const std::string tp = fmt::format("{}.tensors[{}]", p, k);
-      TensorMeta t;
-      t.name = f.get<std::string>(ts[k], tp, "name");
-      t.offset = f.get<uint64_t>(ts[k], tp, "offset");
-      t.numel = f.get<uint64_t>(ts[k], tp, "numel");
-      const Json& shape = f.array(ts[k], tp, "shape");
-      for (const Json& d : shape) {
-        if (!d.is_number_unsigned()) f.fail(tp + ".shape", "holds a non-dimension");
-        t.shape.push_back(d.get<int64_t>());
-      }
-      if (t.offset > u.numel || t.numel > u.numel - t.offset) {
-        f.fail(tp, fmt::format("covers [{}, {}) past the unit's {} elements", t.offset,
-                               t.offset + t.numel, u.numel));
-      }
-      // Readers size their buffers by shape and copy by numel: the two must agree, or an
-      // export declares one size and streams another.
-      uint64_t product = 1;
-      for (const int64_t d : t.shape) {
-        const auto ud = static_cast<uint64_t>(d);
-        product = ud != 0 && product > u.numel / ud ? u.numel + 1 : product * ud;
-      }
-      if (product != t.numel) {
-        f.fail(tp + ".numel",
-               fmt::format("is {}, but shape [{}] holds {}", t.numel, fmt::join(t.shape, ", "),
-                           product > u.numel ? "more than the unit" : std::to_string(product)));
-      }
-      const uint64_t expected_offset =
-          u.tensors.empty() ? 0 : u.tensors.back().offset + u.tensors.back().numel;
-      if (t.offset != expected_offset) {
-        f.fail(tp + ".offset",
-               fmt::format("is {}; the tensors before it end at {} (a unit's tensors lie back to "
-                           "back)",
-                           t.offset, expected_offset));
-      }
-      u.tensors.push_back(std::move(t));
-    }
-    const uint64_t covered =
-        u.tensors.empty() ? 0 : u.tensors.back().offset + u.tensors.back().numel;
-    if (covered != u.numel) {
-      f.fail(p + ".tensors", fmt::format("cover {} elements, the unit has {}", covered, u.numel));
-    }
-    m.units.push_back(std::move(u));
+    m.units.push_back(parse_unit(f, units[i], fmt::format("units[{}]", i), m.world_size));
   }
   const Json& config = f.at(j, "", "config");
   if (!config.is_object()) f.fail("config", "is not an object");
@@ -274,36 +312,7 @@ Meta parse_meta(std::string_view text, std::string_view what) {
   for (size_t r = 0; r < rng.size(); ++r) {
     m.rank_seeds.push_back(f.get<uint64_t>(rng[r], fmt::format("rng[{}]", r), "seed"));
   }
-  const Json& files = f.array(j, "", "files");
-  for (size_t i = 0; i < files.size(); ++i) {
-    const std::string p = fmt::format("files[{}]", i);
-    FileMeta file;
-    file.name = f.get<std::string>(files[i], p, "name");
-    // Names come from the writer; anything that could leave the directory is not ours.
-    if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
-      f.fail(p + ".name", fmt::format("is \"{}\", not a file name", file.name));
-    }
-    file.bytes = f.get<uint64_t>(files[i], p, "bytes");
-    file.sha256 = f.get<std::string>(files[i], p, "sha256");
-    if (file.sha256.size() != 64) f.fail(p + ".sha256", "is not 64 hex digits");
-    m.files.push_back(std::move(file));
-  }
-  // The rank files, then the history (absent from checkpoints of earlier versions).
-  const auto ranks = static_cast<size_t>(m.world_size);
-  if (m.files.size() != ranks && m.files.size() != ranks + 1) {
-    f.fail("files", fmt::format("lists {} files for world_size {}", m.files.size(), m.world_size));
-  }
-  if (m.files.size() == ranks + 1 && m.files.back().name != kHistoryFile) {
-    f.fail(fmt::format("files[{}].name", ranks),
-           fmt::format("is \"{}\", expected \"{}\"", m.files.back().name, kHistoryFile));
-  }
-  for (int r = 0; r < m.world_size; ++r) {
-    if (m.files[static_cast<size_t>(r)].name != rank_file_name(r)) {
-      f.fail(fmt::format("files[{}].name", r),
-             fmt::format("is \"{}\", expected \"{}\"", m.files[static_cast<size_t>(r)].name,
-                         rank_file_name(r)));
-    }
-  }
+  parse_files(f, j, m);
   return m;
 }
 
