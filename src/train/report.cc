@@ -55,6 +55,63 @@ nlohmann::json comm_json(const CommLedger::Table& t) {
 std::string name(MemCategory c) { return std::string(mem_category_name(c)); }
 std::string name(CommKind k) { return std::string(comm_kind_name(k)); }
 
+// One rank's summary: its model states, peaks, traffic and samples' hash.
+nlohmann::json rank_json(const RankSummary& rank, const TrainConfig& c) {
+  nlohmann::json rj;
+  rj[key::kRank] = rank.rank;
+  nlohmann::json states, peak;
+  for (int k = 0; k < kNumMemCategories; ++k) {
+    const std::string cat = name(static_cast<MemCategory>(k));
+    if (k <= static_cast<int>(MemCategory::kAdamV)) states[cat] = rank.model_state[k];
+    peak[cat] = rank.peak[k];
+  }
+  peak[key::kTotal] = rank.peak_total;
+  rj[key::kModelStateBytes] = states;
+  rj[key::kPeakBytes] = peak;
+  rj[key::kOutsideLedgerBytes] = {{key::kGemmBf16Copies, rank.gemm_bf16_copy_bytes}};
+  if (c.offload != Offload::kNone) {
+    rj[key::kNvmeBytes] = rank.nvme_bytes;
+    rj["offload_io"] = {{"bytes_read", rank.offload_bytes_read},
+                        {"bytes_written", rank.offload_bytes_written},
+                        {"wait_seconds", rank.offload_wait_seconds},
+                        {"update_bytes", rank.offload_update_bytes},
+                        {"update_seconds", rank.offload_update_seconds},
+                        {"direct", rank.offload_direct}};
+  }
+  rj[key::kComm] = comm_json(rank.comm_train);
+  rj[key::kCommOther] = comm_json(rank.comm_other);
+  rj[key::kSamplesSha256] = rank.samples_sha256;
+  return rj;
+}
+
+// The planner's exact bytes beside the measured ones, so a reader of the report (zerodp
+// report) compares without re-deriving ragged partitions from the units.
+nlohmann::json plan_json(const TrainResult& r) {
+  const TrainConfig& c = r.config;
+  nlohmann::json plan_states = nlohmann::json::array(), plan_comm = nlohmann::json::array();
+  for (int rank = 0; rank < r.world_size; ++rank) {
+    const StateBytes s =
+        model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
+                          shard_index(c, rank), fp32_accumulator(c), c.offload);
+    plan_states.push_back({{name(MemCategory::kParams), s.params},
+                           {name(MemCategory::kGrads), s.grads},
+                           {name(MemCategory::kMaster), s.master},
+                           {name(MemCategory::kAdamM), s.adam_m},
+                           {name(MemCategory::kAdamV), s.adam_v},
+                           {key::kTotal, s.total()}});
+    if (c.offload != Offload::kNone) plan_states.back()["nvme"] = s.nvme;
+    const CommBytes cb =
+        comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
+                            c.accumulate, canonical_order(c), rank, comm_modes_of(c));
+    plan_comm.push_back({{name(CommKind::kAllReduce), cb.all_reduce},
+                         {name(CommKind::kReduceScatter), cb.reduce_scatter},
+                         {name(CommKind::kAllGather), cb.all_gather},
+                         {key::kTotal, cb.total()},
+                         {key::kCrossNodeBytes, cb.cross_total()}});
+  }
+  return {{key::kModelStateBytes, plan_states}, {key::kCommBytesPerStep, plan_comm}};
+}
+
 }  // namespace
 
 nlohmann::json report_json(const TrainResult& r) {
@@ -124,58 +181,8 @@ nlohmann::json report_json(const TrainResult& r) {
     j[key::kUnits].push_back({{key::kName, r.unit_names[i]}, {key::kParams, r.unit_numel[i]}});
   }
   j[key::kRanks] = nlohmann::json::array();
-  for (const auto& rank : r.ranks) {
-    nlohmann::json rj;
-    rj[key::kRank] = rank.rank;
-    nlohmann::json states, peak;
-    for (int k = 0; k < kNumMemCategories; ++k) {
-      const std::string cat = name(static_cast<MemCategory>(k));
-      if (k <= static_cast<int>(MemCategory::kAdamV)) states[cat] = rank.model_state[k];
-      peak[cat] = rank.peak[k];
-    }
-    peak[key::kTotal] = rank.peak_total;
-    rj[key::kModelStateBytes] = states;
-    rj[key::kPeakBytes] = peak;
-    rj[key::kOutsideLedgerBytes] = {{key::kGemmBf16Copies, rank.gemm_bf16_copy_bytes}};
-    if (r.config.offload != Offload::kNone) {
-      rj[key::kNvmeBytes] = rank.nvme_bytes;
-      rj["offload_io"] = {{"bytes_read", rank.offload_bytes_read},
-                          {"bytes_written", rank.offload_bytes_written},
-                          {"wait_seconds", rank.offload_wait_seconds},
-                          {"update_bytes", rank.offload_update_bytes},
-                          {"update_seconds", rank.offload_update_seconds},
-                          {"direct", rank.offload_direct}};
-    }
-    rj[key::kComm] = comm_json(rank.comm_train);
-    rj[key::kCommOther] = comm_json(rank.comm_other);
-    rj[key::kSamplesSha256] = rank.samples_sha256;
-    j[key::kRanks].push_back(rj);
-  }
-  // The planner's exact bytes beside the measured ones, so a reader of the report (zerodp
-  // report) compares without re-deriving ragged partitions from the units.
-  const TrainConfig& c = r.config;
-  nlohmann::json plan_states = nlohmann::json::array(), plan_comm = nlohmann::json::array();
-  for (int rank = 0; rank < r.world_size; ++rank) {
-    const StateBytes s =
-        model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
-                          shard_index(c, rank), fp32_accumulator(c), c.offload);
-    plan_states.push_back({{name(MemCategory::kParams), s.params},
-                           {name(MemCategory::kGrads), s.grads},
-                           {name(MemCategory::kMaster), s.master},
-                           {name(MemCategory::kAdamM), s.adam_m},
-                           {name(MemCategory::kAdamV), s.adam_v},
-                           {key::kTotal, s.total()}});
-    if (c.offload != Offload::kNone) plan_states.back()["nvme"] = s.nvme;
-    const CommBytes cb =
-        comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
-                            c.accumulate, canonical_order(c), rank, comm_modes_of(c));
-    plan_comm.push_back({{name(CommKind::kAllReduce), cb.all_reduce},
-                         {name(CommKind::kReduceScatter), cb.reduce_scatter},
-                         {name(CommKind::kAllGather), cb.all_gather},
-                         {key::kTotal, cb.total()},
-                         {key::kCrossNodeBytes, cb.cross_total()}});
-  }
-  j[key::kPlan] = {{key::kModelStateBytes, plan_states}, {key::kCommBytesPerStep, plan_comm}};
+  for (const auto& rank : r.ranks) j[key::kRanks].push_back(rank_json(rank, r.config));
+  j[key::kPlan] = plan_json(r);
   return j;
 }
 
