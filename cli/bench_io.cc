@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <fcntl.h>
 #include <sys/statvfs.h>
@@ -206,7 +207,8 @@ std::string smaller_block_advice(uint64_t size) {
   return "";
 }
 
-int run_bench_io(const Config& cfg) {
+// The directory and the sizes, checked before anything is written; returns {block, size}.
+std::pair<uint64_t, uint64_t> checked_sizes(const Config& cfg) {
   namespace fs = std::filesystem;
   const fs::path dir(cfg.dir);
   std::error_code ec;
@@ -250,6 +252,13 @@ int run_bench_io(const Config& cfg) {
         cfg.size, size / block == 1 ? "1 block" : "2 blocks", cfg.block, flag_bytes(3 * block),
         smaller_block_advice(size)));
   }
+  return {block, size};
+}
+
+int run_bench_io(const Config& cfg) {
+  namespace fs = std::filesystem;
+  const fs::path dir(cfg.dir);
+  const auto [block, size] = checked_sizes(cfg);
   struct statvfs vfs {};
   if (::statvfs(dir.c_str(), &vfs) == 0) {
     const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
