@@ -76,6 +76,7 @@ std::string to_json(const Meta& m) {
     files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
   }
   j["files"] = files;
+  if (!m.hosts.empty()) j["hosts"] = m.hosts;
   return j.dump(2) + "\n";
 }
 
@@ -313,6 +314,16 @@ Meta parse_meta(std::string_view text, std::string_view what) {
     m.rank_seeds.push_back(f.get<uint64_t>(rng[r], fmt::format("rng[{}]", r), "seed"));
   }
   parse_files(f, j, m);
+  if (j.contains("hosts")) {
+    const Json& hosts = f.array(j, "", "hosts");
+    if (hosts.size() != m.files.size()) {
+      f.fail("hosts", fmt::format("lists {} hosts for {} files", hosts.size(), m.files.size()));
+    }
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      if (!hosts[i].is_string()) f.fail(fmt::format("hosts[{}]", i), "is not a host name");
+      m.hosts.push_back(hosts[i].get<std::string>());
+    }
+  }
   return m;
 }
 

@@ -98,6 +98,10 @@ struct Meta {
   std::vector<uint64_t> rank_seeds;
   // The rank files in rank order, then kHistoryFile when the checkpoint has a history.
   std::vector<FileMeta> files;
+  // Node-local storage (train --checkpoint-storage node-local): the host that wrote each
+  // rank file (its only copy) and, last, the history; empty for a checkpoint on storage every
+  // host shares. A reader on another host can say where a shard it cannot see lives.
+  std::vector<std::string> hosts;
   bool has_history() const { return files.size() > static_cast<size_t>(world_size); }
 };
 

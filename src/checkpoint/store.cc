@@ -185,14 +185,17 @@ void commit(const fs::path& root, const fs::path& temp, const Meta& meta, int ke
   write_file_atomically(root / kLatest, step_dir_name(meta.step) + "\n");
   failpoint("latest-written", 0);
   if (replacing) fs::remove_all(aside);
-  if (keep > 0) {
-    std::vector<fs::path> all = list_checkpoints(root);
-    const size_t k = static_cast<size_t>(keep);
-    for (size_t i = 0; i + k < all.size(); ++i) {
-      if (all[i] != final_dir) fs::remove_all(all[i]);
-    }
-    fsync_path(root);
+  prune(root, keep, meta.step);
+}
+
+void prune(const fs::path& root, int keep, uint64_t newest) {
+  if (keep <= 0) return;
+  std::vector<fs::path> all = list_checkpoints(root);
+  const size_t k = static_cast<size_t>(keep);
+  for (size_t i = 0; i + k < all.size(); ++i) {
+    if (all[i] != step_dir(root, newest)) fs::remove_all(all[i]);
   }
+  fsync_path(root);
 }
 
 std::optional<fs::path> find_latest(const fs::path& root) {
@@ -257,12 +260,19 @@ Meta read_meta(const fs::path& dir) {
   return parse_meta(read_text(meta_path), meta_path.string());
 }
 
-Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
+Checkpoint::Checkpoint(const fs::path& dir, std::string_view this_host) : dir_(dir) {
   std::error_code ec;
   meta_ = read_meta(dir);
+  // A file another host wrote to its own disk is not here by design.
+  const auto elsewhere = [&](size_t i) {
+    return !meta_.hosts.empty() && meta_.hosts[i] != this_host &&
+           !fs::exists(dir / meta_.files[i].name, ec);
+  };
   // Checksums first: nothing is parsed from a file whose bytes are not the ones committed.
-  for (const FileMeta& f : meta_.files) {
+  for (size_t i = 0; i < meta_.files.size(); ++i) {
+    const FileMeta& f = meta_.files[i];
     const fs::path p = dir / f.name;
+    if (elsewhere(i)) continue;
     if (!fs::exists(p, ec)) {
       throw CorruptData(
           fmt::format("{}: missing (meta.json lists it, {} bytes)", p.string(), f.bytes));
@@ -281,7 +291,7 @@ Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
                       p.string(), sha, f.sha256));
     }
   }
-  if (meta_.has_history()) {
+  if (meta_.has_history() && !elsewhere(meta_.files.size() - 1)) {
     const fs::path p = dir / kHistoryFile;
     history_ = parse_history(read_text(p), p.string(), meta_.step);
   }
@@ -291,14 +301,20 @@ Checkpoint::Checkpoint(const fs::path& dir) : dir_(dir) {
   const auto ptype = *safetensors::parse_element_type(params_type);
   starts_.resize(meta_.units.size());
   for (int r = 0; r < meta_.world_size; ++r) {
-    files_.emplace_back(dir / meta_.files[static_cast<size_t>(r)].name);
-    const safetensors::Reader& file = files_.back();
+    for (size_t u = 0; u < meta_.units.size(); ++u) {
+      uint64_t start = 0;
+      for (int q = 0; q < r; ++q) start += meta_.units[u].counts[static_cast<size_t>(q)];
+      starts_[u].push_back(start);
+    }
+    if (elsewhere(static_cast<size_t>(r))) {
+      files_.emplace_back();
+      continue;
+    }
+    files_.emplace_back(std::in_place, dir / meta_.files[static_cast<size_t>(r)].name);
+    const safetensors::Reader& file = *files_.back();
     size_t expected_tensors = 0;
     for (size_t u = 0; u < meta_.units.size(); ++u) {
       const UnitMeta& unit = meta_.units[u];
-      uint64_t start = 0;
-      for (int q = 0; q < r; ++q) start += unit.counts[static_cast<size_t>(q)];
-      starts_[u].push_back(start);
       const int64_t count = static_cast<int64_t>(unit.counts[static_cast<size_t>(r)]);
       const std::vector<int64_t> shape{count};
       (void)file.expect(tensor_name(unit.name, "params"), ptype, shape);
@@ -333,9 +349,14 @@ void Checkpoint::read(size_t unit, std::string_view kind, uint64_t first,
                       std::span<std::byte> out) const {
   const UnitMeta& u = meta_.units.at(unit);
   const std::string name = tensor_name(u.name, kind);
-  const safetensors::TensorInfo* probe = files_.front().find(name);
+  const auto here =
+      std::find_if(files_.begin(), files_.end(), [](const auto& f) { return f.has_value(); });
+  if (here == files_.end()) {
+    throw CorruptData(fmt::format("{}: none of its shards is on this host", dir_.string()));
+  }
+  const safetensors::TensorInfo* probe = (*here)->find(name);
   if (probe == nullptr) {
-    throw CorruptData(fmt::format("{}: no tensor \"{}\"", files_.front().path().string(), name));
+    throw CorruptData(fmt::format("{}: no tensor \"{}\"", (*here)->path().string(), name));
   }
   const size_t esize = safetensors::element_size(probe->type);
   if (out.size() % esize != 0) {
@@ -355,8 +376,18 @@ void Checkpoint::read(size_t unit, std::string_view kind, uint64_t first,
     const uint64_t e = b + u.counts[r];
     const uint64_t lo = std::max(b, first), hi = std::min(e, end);
     if (lo >= hi) continue;
-    const safetensors::TensorInfo* t = files_[r].find(name);
-    files_[r].read(*t, lo - b, out.subspan((lo - first) * esize, (hi - lo) * esize));
+    if (!files_[r]) {
+      throw CorruptData(fmt::format(
+          "{}: {} is not on this host: host {} wrote it to its own disk (--checkpoint-storage "
+          "node-local), and rank {}'s range of {} is in it. A node-local checkpoint resumes on "
+          "the hosts that wrote it, with the same ranks on each; to resume elsewhere, copy "
+          "every host's {} into one directory first (e.g. rsync -a HOST:{}/ {}/) and "
+          "--resume from it",
+          dir_.string(), meta_.files[r].name, meta_.hosts[r], r, u.name, dir_.filename().string(),
+          dir_.string(), dir_.string()));
+    }
+    const safetensors::TensorInfo* t = files_[r]->find(name);
+    files_[r]->read(*t, lo - b, out.subspan((lo - first) * esize, (hi - lo) * esize));
   }
 }
 

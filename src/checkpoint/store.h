@@ -62,6 +62,10 @@ FileMeta write_history(const fs::path& temp, const std::vector<StepHistory>& ste
 // Step 4 above, for rank 0: meta.json into `temp`, then rename into place, `latest`, prune.
 // `keep` = 0 keeps every checkpoint.
 void commit(const fs::path& root, const fs::path& temp, const Meta& meta, int keep);
+// Deletes all but the `keep` newest committed checkpoints (never step `newest`); 0 keeps all.
+// On node-local storage each host prunes once every host has committed `newest`, so no host
+// deletes a step another still needs.
+void prune(const fs::path& root, int keep, uint64_t newest);
 // The step directory `latest` names, if `latest` exists and names a committed checkpoint;
 // throws CorruptData when `latest` names something that is not one.
 std::optional<fs::path> find_latest(const fs::path& root);
@@ -92,7 +96,10 @@ Meta read_meta(const fs::path& dir);
 // shape. Any failure is CorruptData naming the file, the tensor and expected vs actual.
 class Checkpoint {
  public:
-  explicit Checkpoint(const fs::path& dir);
+  // `this_host`: on node-local storage (Meta::hosts), the host reading it; the files other
+  // hosts wrote are not expected here, and reading a range from one of them fails naming
+  // the host that holds it and how to gather the shards.
+  explicit Checkpoint(const fs::path& dir, std::string_view this_host = {});
   ~Checkpoint();
   Checkpoint(Checkpoint&&) noexcept;
   Checkpoint& operator=(Checkpoint&&) noexcept;
@@ -118,7 +125,7 @@ class Checkpoint {
  private:
   fs::path dir_;
   Meta meta_;
-  std::vector<safetensors::Reader> files_;
+  std::vector<std::optional<safetensors::Reader>> files_;  // absent: another host's
   std::vector<StepHistory> history_;
   std::vector<std::vector<uint64_t>> starts_;  // [unit][rank]: first element rank r saved
 };

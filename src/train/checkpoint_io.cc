@@ -1,6 +1,7 @@
 // checkpoint_io.h is the contract.
 #include "train/checkpoint_io.h"
 
+#include <algorithm>
 #include <charconv>
 #include <system_error>
 
@@ -11,6 +12,7 @@
 #include "checkpoint/safetensors.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/sysinfo.h"
 #include "core/version.h"
 #include "train/flat.h"
 #include "train/model_kind.h"
@@ -353,6 +355,84 @@ StepRecord record_of(const checkpoint::StepHistory& h) {
   return r;
 }
 
+namespace {
+
+// 32 digest bytes received as doubles, as hex.
+std::string hex_of(const double* v) {
+  std::string hex;
+  for (int i = 0; i < 32; ++i) hex += fmt::format("{:02x}", static_cast<int>(v[i]));
+  return hex;
+}
+
+// Every rank's host name, in rank order (64 bytes each through the control channel).
+std::vector<std::string> rank_hosts(Communicator& comm) {
+  constexpr size_t kBytes = 64;
+  const std::string mine = host_name().substr(0, kBytes);
+  std::vector<double> bytes(kBytes, 0.0);
+  for (size_t i = 0; i < mine.size(); ++i) bytes[i] = static_cast<unsigned char>(mine[i]);
+  const std::vector<double> all = comm.gather_control(bytes);
+  std::vector<std::string> hosts(static_cast<size_t>(comm.size()));
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    for (size_t i = 0; i < kBytes && all[r * kBytes + i] != 0; ++i) {
+      hosts[r] += static_cast<char>(all[r * kBytes + i]);
+    }
+  }
+  return hosts;
+}
+
+// The ranks that create, commit and prune the checkpoint directory: rank 0 on shared
+// storage; on node-local storage the first rank of each host, each in its own directory.
+bool directory_owner(const TrainConfig& cfg, const std::vector<std::string>& hosts, int rank) {
+  if (!cfg.node_local_checkpoints) return rank == 0;
+  for (int q = 0; q < rank; ++q) {
+    if (hosts[static_cast<size_t>(q)] == hosts[static_cast<size_t>(rank)]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<checkpoint::Checkpoint> open_resume_point(Communicator& comm, const TrainConfig& cfg,
+                                                        const std::filesystem::path& local) {
+  namespace ck = checkpoint;
+  if (local.empty()) return std::nullopt;
+  if (!cfg.node_local_checkpoints) return ck::Checkpoint(local);
+  if (cfg.resume != "latest") return ck::Checkpoint(local, host_name());
+  CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
+  std::vector<uint64_t> mine;
+  for (const auto& dir : ck::list_checkpoints(cfg.checkpoint_dir)) {
+    mine.push_back(ck::read_meta(dir).step);
+  }
+  // This rank's newest step at or below `at` (-1: none).
+  const auto newest_upto = [&](double at) {
+    double best = -1;
+    for (uint64_t s : mine) {
+      if (const auto d = static_cast<double>(s); d <= at) best = std::max(best, d);
+    }
+    return best;
+  };
+  // The newest step every rank holds: each proposes its newest at or below the candidate and
+  // the least proposal is the next candidate, until all propose it (it only falls).
+  double step = newest_upto(1e300);
+  while (true) {
+    const double agreed = -comm.max_control(-step);
+    const double next = newest_upto(agreed);
+    if (comm.sum_control(next == agreed ? 0.0 : 1.0) == 0 || agreed < 0) {
+      step = agreed;
+      break;
+    }
+    step = next;
+  }
+  if (step < 0) {
+    throw InvalidArgument(fmt::format(
+        "--resume latest: the hosts of this run hold no checkpoint step in common under "
+        "{} (--checkpoint-storage node-local: each host reads its own disk); resume on the "
+        "hosts that wrote it",
+        cfg.checkpoint_dir));
+  }
+  return ck::Checkpoint(ck::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(step)), host_name());
+}
+
 void save_checkpoint(RankTrainer& trainer, int64_t step,
                      const std::vector<checkpoint::StepHistory>& history) {
   Communicator& comm = trainer.comm();
@@ -364,8 +444,11 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
   const std::filesystem::path root = cfg.checkpoint_dir;
   const std::filesystem::path temp = ck::temp_dir(root, static_cast<uint64_t>(step));
   const int rank = comm.rank();
+  const std::vector<std::string> hosts =
+      cfg.node_local_checkpoints ? rank_hosts(comm) : std::vector<std::string>();
+  const bool owner = directory_owner(cfg, hosts, rank);
   std::string error;
-  if (rank == 0) {
+  if (owner) {
     try {
       std::filesystem::remove_all(temp);
       std::filesystem::create_directories(temp);
@@ -374,11 +457,12 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
     }
   }
   if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
-    if (rank == 0) {
+    if (owner && !error.empty()) {
       throw CheckpointNotCommitted(fmt::format("checkpoint at step {}: {}", step, error));
     }
-    throw CheckpointNotCommitted(
-        fmt::format("checkpoint at step {}: rank 0 could not create {}", step, temp.string()));
+    throw CheckpointNotCommitted(fmt::format("checkpoint at step {}: {} could not create {}", step,
+                                             cfg.node_local_checkpoints ? "a host" : "rank 0",
+                                             temp.string()));
   }
   std::string sha;
   uint64_t bytes = 0;
@@ -397,12 +481,17 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
     error = e.what();
   }
   ck::failpoint("shard-written", rank);
-  // Agreement: every rank's verdict, size and digest.
+  // Agreement: every rank's verdict, size and digest, and rank 0's of the history (every
+  // host's meta.json lists it).
   std::vector<double> mine{error.empty() ? 1.0 : 0.0, static_cast<double>(bytes)};
-  for (size_t i = 0; i < 64 && !sha.empty(); i += 2) {
-    mine.push_back(std::stoi(sha.substr(i, 2), nullptr, 16));
-  }
-  mine.resize(2 + 32, 0.0);
+  const auto digest = [&mine](const std::string& hex) {
+    for (size_t i = 0; i < 64; i += 2) {
+      mine.push_back(hex.empty() ? 0.0 : std::stoi(hex.substr(i, 2), nullptr, 16));
+    }
+  };
+  digest(sha);
+  mine.push_back(static_cast<double>(history_file.bytes));
+  digest(history_file.sha256);
   const std::vector<double> all = comm.gather_control(mine);
   std::vector<int> failed;
   ck::Meta meta = describe_checkpoint(trainer, step);
@@ -413,15 +502,16 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
       continue;
     }
     if (r >= meta.world_size) continue;  // a replica's rank: no shard
-    std::string hex;
-    for (int i = 0; i < 32; ++i) hex += fmt::format("{:02x}", static_cast<int>(v[2 + i]));
-    meta.files.push_back({ck::rank_file_name(r), static_cast<uint64_t>(v[1]), hex});
+    meta.files.push_back({ck::rank_file_name(r), static_cast<uint64_t>(v[1]), hex_of(v + 2)});
+    if (cfg.node_local_checkpoints) meta.hosts.push_back(hosts[static_cast<size_t>(r)]);
   }
-  if (rank == 0) meta.files.push_back(history_file);  // rank 0 alone commits
+  meta.files.push_back(
+      {std::string(ck::kHistoryFile), static_cast<uint64_t>(all[2 + 32]), hex_of(all.data() + 35)});
+  if (cfg.node_local_checkpoints) meta.hosts.push_back(hosts[0]);
   if (!failed.empty()) {
     // Every rank has finished with the temporary: what it holds can never be committed, and
     // on a full disk its space is what the user needs back.
-    if (rank == 0) {
+    if (owner) {
       std::error_code ec;
       std::filesystem::remove_all(temp, ec);
     }
@@ -430,17 +520,22 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
                     "their shard{}{}",
                     step, fmt::join(failed, ", "), error.empty() ? "" : ": ", error));
   }
-  if (rank == 0) {
+  if (owner) {
     try {
-      ck::commit(root, temp, meta, cfg.keep);
+      // On node-local storage a host prunes only once every host has committed.
+      ck::commit(root, temp, meta, cfg.node_local_checkpoints ? 0 : cfg.keep);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
   if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
     throw CheckpointNotCommitted(fmt::format("checkpoint at step {} not committed: {}", step,
-                                             rank == 0 ? error : "rank 0 failed to commit it"));
+                                             owner && !error.empty() ? error
+                                             : cfg.node_local_checkpoints
+                                                 ? "a host failed to commit it"
+                                                 : "rank 0 failed to commit it"));
   }
+  if (owner && cfg.node_local_checkpoints) ck::prune(root, cfg.keep, static_cast<uint64_t>(step));
 }
 
 // A continuation keeps the checkpoint's samples per optimizer step, K = N b A, unless

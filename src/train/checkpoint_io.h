@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,15 @@ class CheckpointNotCommitted : public IoError {
 // rank's shard is durable; a failure on any rank fails all of them with the same verdict,
 // so no rank goes on while another thinks the save was lost. `history` (read on rank 0
 // only) holds the steps up to `step` that the checkpoint carries.
+// The checkpoint rank `comm.rank()` opens to continue from `local` (its own host's resume
+// point), opened for this host: on node-local storage with --resume latest, the newest step
+// every host committed (after a crash between hosts' commits they disagree on `latest`);
+// elsewhere `local` itself; nothing for a fresh start (`local` empty). Every rank calls it
+// (it agrees through control collectives) and verifies the whole checkpoint before any state
+// exists, so a corrupt one fails every rank the same way.
+std::optional<checkpoint::Checkpoint> open_resume_point(Communicator& comm, const TrainConfig& cfg,
+                                                        const std::filesystem::path& local);
+
 void save_checkpoint(RankTrainer& trainer, int64_t step,
                      const std::vector<checkpoint::StepHistory>& history);
 

@@ -168,6 +168,10 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;
   int keep = 0;        // committed checkpoints kept; 0 = all
   std::string resume;  // "" = a fresh start; "latest" = newest in checkpoint_dir; or a path
+  // checkpoint_dir is on each host's own disk, not one every host shares: each host's ranks
+  // write their shards there, every host commits the step, and `--resume latest` takes the
+  // newest step every host committed (docs/checkpoint_format.md, "Node-local storage").
+  bool node_local_checkpoints = false;
   // Stop after this step although the schedule runs to `steps` (0 = run to the end): a job
   // in time slices, continued later with resume.
   int64_t stop_after = 0;

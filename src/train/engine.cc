@@ -223,6 +223,9 @@ struct RankRun {
   std::vector<checkpoint::StepHistory> carried;  // rank 0: the checkpoint's, then this run's
   size_t earlier = 0;                            // how many of `carried` came with the checkpoint
   int64_t first = 1;
+  // The checkpoint it continued from: the plan's, or on node-local storage the newest step
+  // every host held (open_resume_point).
+  std::filesystem::path resumed_from;
   std::optional<EarlyStop> stopped;
   double peak = 0;
   double peak_cores = 0;
@@ -259,6 +262,7 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
     // run's, so a report after any number of resumes has them all.
     if (reporter) run.carried = from->history();
     run.first = saved + 1;
+    run.resumed_from = from->dir();
     from.reset();
   }
   if (reporter && !cfg.checkpoint_dir.empty()) {
@@ -347,7 +351,7 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
   result.steps = run.steps;
   for (size_t i = 0; i < run.earlier; ++i) result.history.push_back(record_of(run.carried[i]));
   result.final_loss = run.steps.empty() ? std::nan("") : run.steps.back().loss;
-  result.resumed_from = plan.resume_from.string();
+  result.resumed_from = run.resumed_from.string();
   result.first_step = run.first;
   result.restarts.assign(plan.restarts.begin(), plan.restarts.end());
   for (int r = 0; r < comm.size(); ++r) {
@@ -485,8 +489,8 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       check_same_config(rank_cfg, comm);
       // Every rank verifies the whole checkpoint before any state exists, so a corrupt one
       // fails every rank the same way.
-      std::optional<checkpoint::Checkpoint> from;
-      if (!rank_plan.resume_from.empty()) from.emplace(rank_plan.resume_from);
+      std::optional<checkpoint::Checkpoint> from =
+          open_resume_point(comm, rank_cfg, rank_plan.resume_from);
       RankTrainer trainer(rank_cfg, comm, data, make_model);
       trainer.set_tracer(tracer);
       RankRun run = run_steps(rank_plan, trainer, from, on_step);

@@ -601,6 +601,25 @@ const OptionSpec kOptions[] = {
              "load it",
      .read = [](TrainConfig& c, const std::string& t, const OptionSpec&) { c.resume = t; },
      .record = [](const TrainConfig& c) -> json { return c.resume; }},
+    {.key = "checkpoint_storage",
+     .section = kCheckpoints,
+     .help = "shared: --checkpoint-dir is one directory every host sees; node-local: each "
+             "host's own disk (as DeepSpeed's node-local storage): a host's ranks write their "
+             "shards there, every host commits the step, and --resume latest takes the newest "
+             "step every host committed; it resumes on the same hosts",
+     .read =
+         [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
+           if (t != "shared" && t != "node-local") {
+             throw InvalidArgument(fmt::format(
+                 "{} '{}' is unknown; use shared (one directory every host sees) or node-local "
+                 "(each host's own disk)",
+                 o.flag(), t));
+           }
+           c.node_local_checkpoints = t == "node-local";
+         },
+     .record = [](const TrainConfig& c) -> json {
+       return c.node_local_checkpoints ? "node-local" : "shared";
+     }},
     {.key = "stop_after",
      .section = kCheckpoints,
      .help = "Stop after this step, the schedule still planned for --steps (a time slice; "

@@ -136,6 +136,11 @@ const IdleRule kIdleRules[] = {
     {"qgz_block", [](const TrainConfig& c) { return c.launch.comm.qgz_bits == 0; },
      "it sizes --qgz's blocks, and --qgz is off; add --qgz int8 (or int4)",
      [](const TrainConfig& c) { return std::to_string(c.launch.comm.qgz_block); }},
+    {"checkpoint_storage", [](const TrainConfig& c) { return c.checkpoint_dir.empty(); },
+     "it says where --checkpoint-dir lives, and there is none; add --checkpoint-dir DIR",
+     [](const TrainConfig& c) {
+       return std::string(c.node_local_checkpoints ? "node-local" : "shared");
+     }},
     {"offload_dir", no_offload,
      "it holds --offload's scratch files, and --offload is none; add "
      "--offload optimizer",

@@ -16,7 +16,8 @@ case $? in
 esac
 command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
 tmp=$(mktemp -d)
-trap '"$vcluster" down; rm -rf "$tmp"' EXIT
+nl=/var/tmp/${ZERODP_VCLUSTER_PREFIX}-node  # each host's own disk, in the node-local section
+trap '"$vcluster" down; rm -rf "$tmp"; rmdir "$nl" 2>/dev/null' EXIT
 fail=0
 common=(--size tiny --data synthetic --steps 3 --no-progress --micro-batch 2)
 
@@ -108,5 +109,52 @@ else
   echo "FAIL: resume on another host count: $(weights "$tmp/resumed") vs $(weights "$tmp/whole")"
   tail -3 "$tmp/resumed"
   fail=1
+fi
+
+# Node-local checkpoints: $nl is each host's own directory (a mount namespace per host). Each
+# host keeps its ranks' shards, and both commit the step.
+"$vcluster" down
+"$vcluster" up --hosts 2 --node-local "$nl" || exit 1
+local_ck=(--checkpoint-dir "$nl/ck" --checkpoint-storage node-local)
+"$vcluster" mpirun -np 2 timeout 60 "$zerodp" train --backend mpi "${common[@]}" --steps 4 \
+  --ranks-per-process 2 --stage 3 "${local_ck[@]}" --stop-after 2 >"$tmp/nl1" 2>&1
+h1=$("$vcluster" exec 1 ls "$nl/ck/step_00000002" 2>&1 | tr '\n' ' ')
+h2=$("$vcluster" exec 2 ls "$nl/ck/step_00000002" 2>&1 | tr '\n' ' ')
+if [[ $h1 == *rank_00001* && $h1 != *rank_00002* && $h2 == *rank_00002* && $h2 == *meta.json* &&
+      $h2 != *rank_00000* ]]; then
+  echo "ok: node-local: host 1 holds ranks 0-1's shards, host 2 ranks 2-3's, each a meta.json"
+else
+  echo "FAIL: node-local shards: host 1 '$h1', host 2 '$h2'"; tail -3 "$tmp/nl1"; fail=1
+fi
+"$vcluster" mpirun -np 2 timeout 60 "$zerodp" train --backend mpi --data synthetic --steps 4 \
+  --no-progress --ranks-per-process 2 --stage 3 "${local_ck[@]}" --resume latest \
+  >"$tmp/nl2" 2>&1
+if [[ -n $(weights "$tmp/whole") && $(weights "$tmp/nl2") == $(weights "$tmp/whole") ]]; then
+  echo "ok: node-local: resumed on the same hosts, the uninterrupted weights"
+else
+  echo "FAIL: node-local resume: $(weights "$tmp/nl2") vs $(weights "$tmp/whole")"
+  tail -3 "$tmp/nl2"; fail=1
+fi
+# A crash between the hosts' commits: host 2 never committed step 4. --resume latest takes
+# the newest step both hold, 2.
+"$vcluster" exec 2 sh -c "rm -rf '$nl/ck/step_00000004' && echo step_00000002 >'$nl/ck/latest'"
+"$vcluster" mpirun -np 2 timeout 60 "$zerodp" train --backend mpi --data synthetic --steps 4 \
+  --no-progress --ranks-per-process 2 --stage 3 "${local_ck[@]}" --resume latest \
+  >"$tmp/nl3" 2>&1
+if grep -q "continued from .*step_00000002" "$tmp/nl3" &&
+  [[ $(weights "$tmp/nl3") == $(weights "$tmp/whole") ]]; then
+  echo "ok: node-local: hosts that disagree on latest resume from the newest step both hold"
+else
+  echo "FAIL: node-local disagreement: $(grep continued "$tmp/nl3"; tail -2 "$tmp/nl3")"; fail=1
+fi
+# On one host, ranks 2-3's shards are on host 2's disk: refused, naming it.
+"$vcluster" mpirun -np 1 timeout 60 "$zerodp" train --backend mpi --data synthetic --steps 6 \
+  --no-progress --ranks-per-process 4 --stage 3 "${local_ck[@]}" --resume latest \
+  >"$tmp/nl4" 2>&1
+if grep -q "rank_00002.safetensors is not on this host: host ${ZERODP_VCLUSTER_PREFIX}-h2 wrote it" \
+  "$tmp/nl4"; then
+  echo "ok: node-local: a shard on another host's disk is named with that host"
+else
+  echo "FAIL: node-local on one host: $(tail -3 "$tmp/nl4")"; fail=1
 fi
 exit $fail

@@ -303,3 +303,9 @@ else
   echo "ok: offload past ulimit -f without a trap -> exit 1: $err"
 fi
 rm -rf "$scratch" "$ck3"
+
+# --checkpoint-storage: a place for --checkpoint-dir, so nothing without one.
+expect "--checkpoint-storage node-local does nothing here: it says where --checkpoint-dir lives" \
+  train --size tiny --data synthetic --checkpoint-storage node-local
+expect "--checkpoint-storage 'nfs' is unknown; use shared" \
+  train --size tiny --data synthetic --checkpoint-storage nfs
