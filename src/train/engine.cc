@@ -388,6 +388,81 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
   }
 }
 
+// A resume without model flags builds the checkpoint's model (train/checkpoint_io.h). A
+// checkpoint that is not there yet is named once the directory's lock is held (another run
+// may be writing it), by the same resume_point.
+void adopt_resumed_model(TrainConfig& cfg) {
+  if (cfg.resume.empty()) return;
+  std::filesystem::path from;
+  try {
+    from = resume_point(cfg);
+  } catch (const InvalidArgument&) {
+  }
+  if (!from.empty()) adopt_checkpoint_model(cfg, from);
+}
+
+// A stop requested before the first launch's first step ends the run with nothing trained.
+void throw_if_stopped_before_training() {
+  if (const int signal = stop_requested()) {
+    throw Interrupted(fmt::format("interrupted by {} before the first step; nothing was trained",
+                                  signal_name(signal)),
+                      signal);
+  }
+}
+
+// --trace: a rank's tracer, in its slot, hooked to its communicator.
+Tracer* attach_tracer(std::unique_ptr<Tracer>& slot, Communicator& comm) {
+  slot = std::make_unique<Tracer>(comm.rank());
+  slot->attach(comm);
+  return slot.get();
+}
+
+// Local ranks share one trace file, written after they finish.
+void write_local_trace(const std::string& path, const std::vector<std::unique_ptr<Tracer>>& t) {
+  std::vector<const Tracer*> all;
+  for (const auto& one : t) all.push_back(one.get());
+  write_trace(path, all);
+}
+
+// A rank's end of the run, after its steps: what it reports and the summaries rank 0 gathers.
+struct RankEnd {
+  double val = 0;
+  std::vector<float> kept;
+  std::string weights;
+  std::vector<double> mine, all;
+};
+
+// Memory as training left it (the evaluation and hash are not training), the validation
+// loss, the weights hash, every rank's summary gathered, and (MPI) this rank's trace file.
+RankEnd finish_rank(RankTrainer& trainer, const RankRun& run, Tracer* tracer, bool local) {
+  Communicator& comm = trainer.comm();
+  const TrainConfig& cfg = trainer.config();
+  trainer.settle();  // the last step's update may still be streaming
+  const RankSummary mem = memory_summary(trainer);
+  CommPhaseScope other(comm.ledger(), CommPhase::kOther);
+  RankEnd end;
+  // An interrupted run ends as soon as it can: mpirun, for one, kills its processes shortly
+  // after forwarding the signal.
+  const bool interrupted = run.stopped && run.stopped->reason == EarlyStop::Reason::kSignal;
+  end.val = interrupted ? std::nan("") : trainer.evaluate();
+  const bool keep = cfg.keep_final_weights && comm.rank() == 0;
+  end.weights = trainer.weights_sha256(keep ? &end.kept : nullptr);
+  end.mine = pack_summary(mem, comm, trainer.samples_sha256());
+  // Snapshot taken: the gather below is the last collective and is not in the summary.
+  end.all = comm.gather_control(end.mine);
+  if (tracer != nullptr) {
+    comm.set_trace_hook(nullptr);
+    if (!local) {
+      std::filesystem::path p(cfg.trace_path);
+      p.replace_filename(
+          fmt::format("{}.rank{}{}", p.stem().string(), comm.rank(), p.extension().string()));
+      const Tracer* one[] = {tracer};
+      write_trace(p, one);
+    }
+  }
+  return end;
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& config, int& argc, char**& argv, const StepCallback& on_step,
@@ -395,16 +470,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   TrainConfig cfg = config;
   const bool default_policy = cfg.accumulate_default;
   bool derive_batch = cfg.grad_accum == 0;
-  if (!cfg.resume.empty() && !make_model) {
-    // A checkpoint that is not there yet is named once the directory's lock is held (another
-    // run may be writing it), by the same resume_point below.
-    std::filesystem::path from;
-    try {
-      from = resume_point(cfg);
-    } catch (const InvalidArgument&) {
-    }
-    if (!from.empty()) adopt_checkpoint_model(cfg, from);
-  }
+  if (!make_model) adopt_resumed_model(cfg);
   resolve_config(cfg);
   check_launch_environment(cfg.launch);
   check_outputs(cfg);
@@ -443,11 +509,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       gemm_peak = gemm_flops_per_core(compute);
       model_shapes_peak = gemm_flops_per_core(compute, cost->products);
     }
-    if (const int signal = stop_requested()) {
-      throw Interrupted(fmt::format("interrupted by {} before the first step; nothing was trained",
-                                    signal_name(signal)),
-                        signal);
-    }
+    throw_if_stopped_before_training();
 
     TrainResult result;
     std::mutex mu;
@@ -479,13 +541,9 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
                               .failures = failures};
       std::optional<CheckpointDirLock> rank0_lock;
       if (!local && comm.rank() == 0) rank0_lock.emplace(rank_cfg.checkpoint_dir);
-      Tracer* tracer = nullptr;
-      if (!rank_cfg.trace_path.empty()) {
-        auto& slot = tracers[static_cast<size_t>(comm.rank() % here)];
-        slot = std::make_unique<Tracer>(comm.rank());
-        tracer = slot.get();
-        tracer->attach(comm);
-      }
+      Tracer* tracer = rank_cfg.trace_path.empty()
+                           ? nullptr
+                           : attach_tracer(tracers[static_cast<size_t>(comm.rank() % here)], comm);
       check_same_config(rank_cfg, comm);
       // Every rank verifies the whole checkpoint before any state exists, so a corrupt one
       // fails every rank the same way.
@@ -494,49 +552,22 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       RankTrainer trainer(rank_cfg, comm, data, make_model);
       trainer.set_tracer(tracer);
       RankRun run = run_steps(rank_plan, trainer, from, on_step);
-      trainer.settle();  // the last step's update may still be streaming
+      RankEnd end = finish_rank(trainer, run, tracer, local);
       const bool reporter = comm.rank() == 0;
-      // Memory as training left it; the evaluation and hash below are not training.
-      const RankSummary mem = memory_summary(trainer);
-      CommPhaseScope other(comm.ledger(), CommPhase::kOther);
-      // An interrupted run ends as soon as it can: mpirun, for one, kills its processes
-      // shortly after forwarding the signal.
-      const bool interrupted = run.stopped && run.stopped->reason == EarlyStop::Reason::kSignal;
-      const double val = interrupted ? std::nan("") : trainer.evaluate();
-      std::vector<float> kept;
-      const std::string weights =
-          trainer.weights_sha256(rank_cfg.keep_final_weights && reporter ? &kept : nullptr);
-      const std::vector<double> mine = pack_summary(mem, comm, trainer.samples_sha256());
-      // Snapshot taken: the gather below is the last collective and is not in the summary.
-      const std::vector<double> all = comm.gather_control(mine);
-      if (tracer != nullptr) {
-        comm.set_trace_hook(nullptr);
-        if (!local) {
-          std::filesystem::path p(rank_cfg.trace_path);
-          p.replace_filename(
-              fmt::format("{}.rank{}{}", p.stem().string(), comm.rank(), p.extension().string()));
-          const Tracer* one[] = {tracer};
-          write_trace(p, one);
-        }
-      }
       std::lock_guard lock(mu);
       result.stopped = run.stopped;  // every rank's is the same, and every process needs it
       if (!reporter) return;
-      fill_result(result, rank_plan, trainer, run, all, mine.size());
-      if (std::isfinite(val)) result.val_loss = val;
-      result.weights_sha256 = weights;
-      result.final_weights = std::move(kept);
+      fill_result(result, rank_plan, trainer, run, end.all, end.mine.size());
+      if (std::isfinite(end.val)) result.val_loss = end.val;
+      result.weights_sha256 = end.weights;
+      result.final_weights = std::move(end.kept);
       // Written here, before MPI is finalized: under mpirun a job being stopped may not get
       // past the finalize before the launcher's SIGKILL, and the report must not be lost.
       if (!rank_cfg.report_path.empty()) {
         files::write_output("--report", rank_cfg.report_path, report_json(result).dump(2) + "\n");
       }
     });
-    if (!cfg.trace_path.empty() && local) {
-      std::vector<const Tracer*> all;
-      for (const auto& t : tracers) all.push_back(t.get());
-      write_trace(cfg.trace_path, all);
-    }
+    if (!cfg.trace_path.empty() && local) write_local_trace(cfg.trace_path, tracers);
     return result;
   };
 
