@@ -996,13 +996,12 @@ BatchedOperand normalize(const GemmOperand& x, bool bf16_path, bool round, size_
              : pack_dense(own32, x.f32().data(), rows, cols, ld, so, si, batch, dt::f32, copy_f32);
 }
 
-}  // namespace
-
-void gemm_batched(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, size_t N,
-                  size_t K, float alpha, GemmOperand a, size_t lda, GemmOperand b, size_t ldb,
-                  float beta, GemmResult c, size_t ldc, const GemmBatch& batch) {
-  const bool ta = trans_a == Transpose::kYes;
-  const bool tb = trans_b == Transpose::kYes;
+// gemm_batched's arguments: storage, one c per entry, every operand inside its buffer, no c
+// overlapping another c, a or b. Returns the elements a and b span.
+std::pair<size_t, size_t> check_batched(GemmCompute compute, bool ta, bool tb, size_t M, size_t N,
+                                        size_t K, GemmOperand a, size_t lda, GemmOperand b,
+                                        size_t ldb, float beta, GemmResult c, size_t ldc,
+                                        const GemmBatch& batch) {
   check_storage("gemm_batched", compute, a, b, c, beta);
   if ((batch.outer > 1 && batch.outer_c == 0) || (batch.inner > 1 && batch.inner_c == 0)) {
     throw InvalidArgument(fmt::format(
@@ -1026,29 +1025,49 @@ void gemm_batched(GemmCompute compute, Transpose trans_a, Transpose trans_b, siz
         "to a separate buffer",
         M, N, K, batch.outer, batch.inner));
   }
+  return {a_span, b_span};
+}
+
+// fp32: one gemm() per entry, in place: measured faster than the batched primitive for fp32
+// (gemm.h). gemm_batched records the call once, so the entries' calls are not recorded.
+void gemm_each_entry(Transpose trans_a, Transpose trans_b, size_t M, size_t N, size_t K,
+                     float alpha, GemmOperand a, size_t lda, GemmOperand b, size_t ldb, float beta,
+                     GemmResult c, size_t ldc, const GemmBatch& batch) {
+  std::vector<GemmShape>* const recording = t_recording;
+  t_recording = nullptr;
+  try {
+    for (size_t o = 0; o < batch.outer; ++o) {
+      for (size_t i = 0; i < batch.inner; ++i) {
+        gemm(GemmCompute::kFP32, trans_a, trans_b, M, N, K, alpha,
+             a.f32().subspan(o * batch.outer_a + i * batch.inner_a), lda,
+             b.f32().subspan(o * batch.outer_b + i * batch.inner_b), ldb, beta,
+             c.f32().subspan(o * batch.outer_c + i * batch.inner_c), ldc);
+      }
+    }
+  } catch (...) {
+    t_recording = recording;
+    throw;
+  }
+  t_recording = recording;
+}
+
+}  // namespace
+
+void gemm_batched(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, size_t N,
+                  size_t K, float alpha, GemmOperand a, size_t lda, GemmOperand b, size_t ldb,
+                  float beta, GemmResult c, size_t ldc, const GemmBatch& batch) {
+  const bool ta = trans_a == Transpose::kYes;
+  const bool tb = trans_b == Transpose::kYes;
+  const size_t a_rows = ta ? K : M, a_cols = ta ? M : K;
+  const size_t b_rows = tb ? N : K, b_cols = tb ? K : N;
+  const auto [a_span, b_span] =
+      check_batched(compute, ta, tb, M, N, K, a, lda, b, ldb, beta, c, ldc, batch);
   if (batch.count() == 0) return;
   if (t_recording != nullptr) t_recording->push_back({trans_a, trans_b, M, N, K});
   if (M == 0 || N == 0) return;
 
   if (compute == GemmCompute::kFP32) {
-    // One gemm() per entry, in place: measured faster than the batched primitive for fp32
-    // (gemm.h). The call is recorded once, above.
-    std::vector<GemmShape>* const recording = t_recording;
-    t_recording = nullptr;
-    try {
-      for (size_t o = 0; o < batch.outer; ++o) {
-        for (size_t i = 0; i < batch.inner; ++i) {
-          gemm(compute, trans_a, trans_b, M, N, K, alpha,
-               a.f32().subspan(o * batch.outer_a + i * batch.inner_a), lda,
-               b.f32().subspan(o * batch.outer_b + i * batch.inner_b), ldb, beta,
-               c.f32().subspan(o * batch.outer_c + i * batch.inner_c), ldc);
-        }
-      }
-    } catch (...) {
-      t_recording = recording;
-      throw;
-    }
-    t_recording = recording;
+    gemm_each_entry(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc, batch);
     return;
   }
 
