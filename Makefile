@@ -5,11 +5,12 @@
 #   make format-check clang-format over the sources, changing nothing
 #   make fuzz         libFuzzer over the safetensors header parser for 30 s
 #   make structure    layering, function and file lengths (scripts/check_structure.py)
+#   make thread-safety clang's -Wthread-safety over the users of core/mutex.h (syntax only)
 JOBS ?= $(shell nproc)
 RELEASE := build/release
 ZERODP := $(RELEASE)/cli/zerodp
 
-.PHONY: deps build demo test example sanitize asan tsan fuzz format format-check structure clean
+.PHONY: deps build demo test example sanitize asan tsan fuzz format format-check structure thread-safety clean
 
 deps:
 	@scripts/install-deps.sh
@@ -94,3 +95,8 @@ clean:
 
 structure:
 	python3 scripts/check_structure.py
+
+# Configures (for compile_commands.json) without building.
+thread-safety: deps
+	@cmake --preset release >/dev/null
+	python3 scripts/check_thread_safety.py

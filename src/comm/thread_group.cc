@@ -38,7 +38,7 @@ ThreadGroup::ThreadGroup(int members, int first_rank, double timeout_seconds)
 
 void ThreadGroup::abort(int rank, const std::string& reason) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (aborted_.load()) return;
     failed_rank_ = rank;
     failure_ = reason;
@@ -48,17 +48,17 @@ void ThreadGroup::abort(int rank, const std::string& reason) {
 }
 
 int ThreadGroup::failed_rank() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return failed_rank_;
 }
 
 std::string ThreadGroup::failure() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return failure_;
 }
 
 void ThreadGroup::throw_aborted() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   throw CommError(fmt::format("rank {} failed: {}", failed_rank_, failure_), failed_rank_);
 }
 
@@ -69,7 +69,7 @@ void ThreadGroup::arrive_and_wait(int member, const std::string& what) {
   if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == members_) {
     arrived_.store(0, std::memory_order_relaxed);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       generation_.store(gen + 1, std::memory_order_release);
     }
     cv_.notify_all();
@@ -82,27 +82,30 @@ void ThreadGroup::arrive_and_wait(int member, const std::string& what) {
   }
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(timeout_seconds_));
-  std::unique_lock lock(mu_);
-  while (generation_.load(std::memory_order_acquire) == gen) {
-    if (aborted_.load()) {
-      lock.unlock();
-      throw_aborted();
-    }
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
-        generation_.load(std::memory_order_acquire) == gen && !aborted_.load()) {
+  std::string reason;
+  int late = -1;
+  {
+    MutexLock lock(mu_);
+    const bool woken = cv_.wait_until(mu_, deadline, [&] {
+      return generation_.load(std::memory_order_acquire) != gen || aborted_.load();
+    });
+    if (generation_.load(std::memory_order_acquire) != gen) return;
+    if (woken) {
+      reason.clear();  // aborted: thrown below, outside the lock throw_aborted takes
+    } else {
       std::vector<int> missing;
       for (int m = 0; m < members_; ++m) {
         if (entered_[m].load(std::memory_order_relaxed) < my_entry)
           missing.push_back(first_rank_ + m);
       }
-      const std::string reason =
-          fmt::format("{} timed out after {:g} s on rank {} waiting for rank(s) {}", what,
-                      timeout_seconds_, first_rank_ + member, fmt::join(missing, ", "));
-      lock.unlock();
-      abort(missing.empty() ? -1 : missing.front(), reason);
-      throw CommTimeout(reason, missing.empty() ? -1 : missing.front());
+      reason = fmt::format("{} timed out after {:g} s on rank {} waiting for rank(s) {}", what,
+                           timeout_seconds_, first_rank_ + member, fmt::join(missing, ", "));
+      late = missing.empty() ? -1 : missing.front();
     }
   }
+  if (reason.empty()) throw_aborted();
+  abort(late, reason);
+  throw CommTimeout(reason, late);
 }
 
 }  // namespace zerodp

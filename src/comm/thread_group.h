@@ -5,11 +5,11 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "core/mutex.h"
 
 namespace zerodp {
 
@@ -28,15 +28,15 @@ class ThreadGroup {
 
   // Records the first failure: `rank` (of the world; -1 when unknown) and its reason. Later
   // calls change nothing.
-  void abort(int rank, const std::string& reason);
+  void abort(int rank, const std::string& reason) EXCLUDES(mu_);
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   // The flag itself, for waits that poll it (MPI requests).
   const std::atomic<bool>& aborted_flag() const { return aborted_; }
   // The abort record: the rank it names (-1 while none failed) and its reason.
-  int failed_rank() const;
-  std::string failure() const;
+  int failed_rank() const EXCLUDES(mu_);
+  std::string failure() const EXCLUDES(mu_);
   // Throws CommError "rank R failed: reason" from the abort record.
-  [[noreturn]] void throw_aborted() const;
+  [[noreturn]] void throw_aborted() const EXCLUDES(mu_);
 
  private:
   const int members_;
@@ -51,10 +51,10 @@ class ThreadGroup {
   std::vector<std::atomic<uint64_t>> entered_;  // barriers each member entered, for diagnosis
 
   std::atomic<bool> aborted_{false};
-  mutable std::mutex mu_;  // guards the fields below and the sleeping side of the barrier
-  std::condition_variable cv_;
-  int failed_rank_ = -1;
-  std::string failure_;
+  mutable Mutex mu_;  // guards the fields below and the sleeping side of the barrier
+  CondVar cv_;
+  int failed_rank_ GUARDED_BY(mu_) = -1;
+  std::string failure_ GUARDED_BY(mu_);
 };
 
 }  // namespace zerodp

@@ -1,12 +1,12 @@
 #include "data/sampler.h"
 
 #include <algorithm>
-#include <mutex>
 #include <numeric>
 
 #include <fmt/core.h>
 
 #include "core/error.h"
+#include "core/mutex.h"
 #include "data/random.h"
 
 namespace zerodp {
@@ -21,11 +21,22 @@ std::vector<uint64_t> epoch_order(uint64_t size, uint64_t seed, uint64_t epoch) 
   return order;
 }
 
+// The last epoch's order, shared by the rank threads that sample from one sampler.
 struct DistributedSampler::OrderCache {
-  std::mutex mutex;
-  bool valid = false;
-  uint64_t epoch = 0;
-  std::vector<uint64_t> order;
+  Mutex mutex;
+  bool valid GUARDED_BY(mutex) = false;
+  uint64_t epoch GUARDED_BY(mutex) = 0;
+  std::vector<uint64_t> order GUARDED_BY(mutex);
+
+  // Epoch `e`'s order of `size` samples under `seed`, computed once per epoch.
+  const std::vector<uint64_t>& of(uint64_t e, uint64_t size, uint64_t seed) REQUIRES(mutex) {
+    if (!valid || epoch != e) {
+      order = epoch_order(size, seed, e);
+      epoch = e;
+      valid = true;
+    }
+    return order;
+  }
 };
 
 DistributedSampler::DistributedSampler(const SamplerOptions& options)
@@ -67,15 +78,6 @@ uint64_t DistributedSampler::steps_per_epoch() const {
   return options_.dataset_size / samples_per_step();
 }
 
-const std::vector<uint64_t>& DistributedSampler::order_locked(uint64_t epoch) const {
-  if (!cache_->valid || cache_->epoch != epoch) {
-    cache_->order = epoch_order(options_.dataset_size, options_.seed, epoch);
-    cache_->epoch = epoch;
-    cache_->valid = true;
-  }
-  return cache_->order;
-}
-
 uint64_t DistributedSampler::first_position(SamplerPosition position, int64_t micro_step,
                                             int rank) const {
   if (position.step >= steps_per_epoch()) {
@@ -103,8 +105,9 @@ void DistributedSampler::rank_samples(SamplerPosition position, int64_t micro_st
     throw InvalidArgument(fmt::format("sampler: output holds {} indices, the micro-batch is {}",
                                       out.size(), options_.micro_batch));
   }
-  std::lock_guard lock(cache_->mutex);
-  const std::vector<uint64_t>& order = order_locked(position.epoch);
+  MutexLock lock(cache_->mutex);
+  const std::vector<uint64_t>& order =
+      cache_->of(position.epoch, options_.dataset_size, options_.seed);
   std::copy_n(order.begin() + static_cast<std::ptrdiff_t>(first), out.size(), out.begin());
 }
 
@@ -118,15 +121,17 @@ std::vector<uint64_t> DistributedSampler::rank_samples(SamplerPosition position,
 std::vector<uint64_t> DistributedSampler::global_samples(SamplerPosition position,
                                                          int64_t micro_step) const {
   const uint64_t first = first_position(position, micro_step, 0);
-  std::lock_guard lock(cache_->mutex);
-  const auto begin = order_locked(position.epoch).begin() + static_cast<std::ptrdiff_t>(first);
+  MutexLock lock(cache_->mutex);
+  const auto begin = cache_->of(position.epoch, options_.dataset_size, options_.seed).begin() +
+                     static_cast<std::ptrdiff_t>(first);
   return std::vector<uint64_t>(begin, begin + static_cast<std::ptrdiff_t>(global_batch()));
 }
 
 std::vector<uint64_t> DistributedSampler::step_samples(SamplerPosition position) const {
   const uint64_t first = first_position(position, 0, 0);
-  std::lock_guard lock(cache_->mutex);
-  const auto begin = order_locked(position.epoch).begin() + static_cast<std::ptrdiff_t>(first);
+  MutexLock lock(cache_->mutex);
+  const auto begin = cache_->of(position.epoch, options_.dataset_size, options_.seed).begin() +
+                     static_cast<std::ptrdiff_t>(first);
   return std::vector<uint64_t>(begin, begin + static_cast<std::ptrdiff_t>(samples_per_step()));
 }
 

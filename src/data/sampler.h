@@ -92,7 +92,6 @@ class DistributedSampler {
 
  private:
   struct OrderCache;
-  const std::vector<uint64_t>& order_locked(uint64_t epoch) const;  // caller holds the lock
   uint64_t first_position(SamplerPosition position, int64_t micro_step, int rank) const;
 
   SamplerOptions options_;

@@ -10,21 +10,22 @@
 #include <fmt/core.h>
 
 #include "core/error.h"
+#include "core/mutex.h"
 #include "core/units.h"
 
 namespace zerodp {
 
 struct IoWork::State {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  std::exception_ptr error;
+  Mutex mu;
+  CondVar cv;
+  bool done GUARDED_BY(mu) = false;
+  std::exception_ptr error GUARDED_BY(mu);
 };
 
 void IoWork::wait() {
   if (!state_) return;
-  std::unique_lock lock(state_->mu);
-  state_->cv.wait(lock, [&] { return state_->done; });
+  MutexLock lock(state_->mu);
+  while (!state_->done) state_->cv.wait(state_->mu);
   if (state_->error) std::rethrow_exception(state_->error);
 }
 
@@ -70,7 +71,7 @@ StateFile::StateFile(const std::filesystem::path& dir, const std::string& name, 
 
 StateFile::~StateFile() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -108,7 +109,7 @@ IoWork StateFile::submit(Job job) {
   job.state = std::make_shared<IoWork::State>();
   IoWork work(job.state);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     queue_.push_back(std::move(job));
   }
   cv_.notify_one();
@@ -135,8 +136,8 @@ void StateFile::run() {
   for (;;) {
     Job job;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && queue_.empty()) cv_.wait(mu_);
       if (queue_.empty()) return;  // stopping, and everything queued is done
       job = std::move(queue_.front());
       queue_.pop_front();
@@ -149,7 +150,7 @@ void StateFile::run() {
       error = std::current_exception();
     }
     {
-      std::lock_guard lock(job.state->mu);
+      MutexLock lock(job.state->mu);
       job.state->done = true;
       job.state->error = error;
     }

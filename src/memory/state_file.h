@@ -8,7 +8,6 @@
 // Every I/O error names the file, the byte offset and the system's reason.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -16,10 +15,11 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
+
+#include "core/mutex.h"
 
 namespace zerodp {
 
@@ -84,10 +84,10 @@ class StateFile {
   uint64_t size_ = 0;
   bool direct_ = false;
   int fd_ = -1;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Job> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread worker_;
 };
 

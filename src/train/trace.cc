@@ -20,7 +20,7 @@ int64_t micros(Tracer::Clock::time_point t) {
 
 void Tracer::record(std::string name, const char* category, Clock::time_point start,
                     Clock::time_point end, int row) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (events_.size() >= kMaxEvents) {
     ++dropped_;
     return;
@@ -37,12 +37,12 @@ void Tracer::attach(Communicator& comm) {
 }
 
 uint64_t Tracer::dropped() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return dropped_;
 }
 
 std::vector<std::string> Tracer::events() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::string> out;
   out.reserve(events_.size() + 3);
   const auto meta = [&](const char* what, int tid, const std::string& name) {

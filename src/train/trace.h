@@ -6,12 +6,13 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
+
+#include "core/mutex.h"
 
 namespace zerodp {
 
@@ -67,9 +68,9 @@ class Tracer {
     int row;
   };
   int rank_;
-  mutable std::mutex mu_;
-  std::vector<Event> events_;
-  uint64_t dropped_ = 0;
+  mutable Mutex mu_;
+  std::vector<Event> events_ GUARDED_BY(mu_);
+  uint64_t dropped_ GUARDED_BY(mu_) = 0;
 };
 
 // Writes one trace file holding every tracer's events (each rank is a process row).
