@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <thread>
@@ -24,6 +23,7 @@
 #include "comm/local.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "core/mutex.h"
 #include "core/sysinfo.h"
 #include "data/source.h"
 #include "models/model.h"
@@ -512,7 +512,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     throw_if_stopped_before_training();
 
     TrainResult result;
-    std::mutex mu;
+    Mutex mu;  // guards result: every rank thread of this process writes into it
     // Rank threads in this process: every rank (local), or --ranks-per-process (mpi).
     const int here = local ? cfg.launch.ranks : cfg.launch.ranks_per_process;
     // --trace: one tracer per rank. Local ranks share one file, written after they finish;
@@ -554,7 +554,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       RankRun run = run_steps(rank_plan, trainer, from, on_step);
       RankEnd end = finish_rank(trainer, run, tracer, local);
       const bool reporter = comm.rank() == 0;
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       result.stopped = run.stopped;  // every rank's is the same, and every process needs it
       if (!reporter) return;
       fill_result(result, rank_plan, trainer, run, end.all, end.mine.size());

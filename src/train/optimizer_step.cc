@@ -96,7 +96,7 @@ void OptimizerStep::update(double lr, double coef) {
     settle();
     updater_chunk_.resize(chunk_.size());
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       units_ready_ = 0;
       updating_ = true;
     }
@@ -107,7 +107,7 @@ void OptimizerStep::update(double lr, double coef) {
       } catch (...) {
         error = std::current_exception();
       }
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       update_error_ = error;
       updating_ = false;
       ready_cv_.notify_all();
@@ -134,7 +134,7 @@ void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<f
     for (; done < upto; ++done) {
       if (gathers) gather(units[done]);
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     units_ready_ = done;
     ready_cv_.notify_all();
   };
@@ -152,7 +152,7 @@ void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<f
 }
 
 bool OptimizerStep::unit_ready(size_t i) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return !updating_ || units_ready_ > i;
 }
 
@@ -160,8 +160,8 @@ void OptimizerStep::wait_unit(size_t i) {
   if (!updater_.joinable()) return;
   bool failed = false;
   {
-    std::unique_lock lock(mu_);
-    ready_cv_.wait(lock, [&] { return !updating_ || units_ready_ > i; });
+    MutexLock lock(mu_);
+    while (updating_ && units_ready_ <= i) ready_cv_.wait(mu_);
     failed = update_error_ != nullptr;
   }
   if (failed) settle();
@@ -172,7 +172,7 @@ void OptimizerStep::settle() {
   updater_.join();
   std::exception_ptr error;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::swap(error, update_error_);
   }
   if (error) std::rethrow_exception(error);

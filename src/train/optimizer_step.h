@@ -6,16 +6,15 @@
 // A step with a non-finite gradient or loss is skipped: no update, the scaler backs off.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/mutex.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -108,11 +107,11 @@ class OptimizerStep {
   // the backward), and how many units (in order) it has finished.
   std::thread updater_;
   std::vector<float> updater_chunk_;
-  std::mutex mu_;
-  std::condition_variable ready_cv_;
-  size_t units_ready_ = 0;
-  bool updating_ = false;
-  std::exception_ptr update_error_;
+  Mutex mu_;
+  CondVar ready_cv_;
+  size_t units_ready_ GUARDED_BY(mu_) = 0;
+  bool updating_ GUARDED_BY(mu_) = false;
+  std::exception_ptr update_error_ GUARDED_BY(mu_);
 };
 
 }  // namespace zerodp

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "core/mutex.h"
 #include "core/sha256.h"
 #include "core/sysinfo.h"
 #include "core/units.h"
@@ -36,9 +36,9 @@ Model build_model(const TrainConfig& c) {
 }
 
 double gemm_flops_per_core(GemmCompute compute) {
-  static std::mutex mu;
+  static Mutex mu;
   static std::map<GemmCompute, double> rates;
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   if (const auto it = rates.find(compute); it != rates.end()) return it->second;
   constexpr size_t n = 512;
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
@@ -59,11 +59,11 @@ double gemm_flops_per_core(GemmCompute compute) {
 
 std::optional<double> gemm_flops_per_core(GemmCompute compute, std::span<const GemmShape> shapes) {
   if (shapes.empty()) return std::nullopt;
-  static std::mutex mu;
+  static Mutex mu;
   static std::map<std::pair<GemmCompute, std::vector<GemmShape>>, double> rates;
   const std::vector<GemmShape> distinct =
       distinct_shapes(std::vector<GemmShape>(shapes.begin(), shapes.end()));
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   const auto key = std::make_pair(compute, distinct);
   if (const auto it = rates.find(key); it != rates.end()) return it->second;
   // 0.4 s of runs: with the operands' set-up and each shape's first run, about 0.5 s in all.
