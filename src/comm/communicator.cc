@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <exception>
-#include <mutex>
 #include <thread>
 
 #include <fmt/core.h>
@@ -13,6 +11,7 @@
 
 #include "comm/quantize.h"
 #include "core/error.h"
+#include "core/mutex.h"
 #include "core/stop_flag.h"
 #include "core/units.h"
 
@@ -33,22 +32,22 @@ std::string_view reduce_op_name(ReduceOp op) {
 }
 
 struct Work::State {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  std::exception_ptr error;
+  Mutex mu;
+  CondVar cv;
+  bool done GUARDED_BY(mu) = false;
+  std::exception_ptr error GUARDED_BY(mu);
 };
 
 void Work::wait() {
   if (!state_) return;
-  std::unique_lock lock(state_->mu);
-  state_->cv.wait(lock, [&] { return state_->done; });
+  MutexLock lock(state_->mu);
+  while (!state_->done) state_->cv.wait(state_->mu);
   if (state_->error) std::rethrow_exception(state_->error);
 }
 
 bool Work::ready() const {
   if (!state_) return true;
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   return state_->done;
 }
 
@@ -63,7 +62,7 @@ class Communicator::Worker {
   void push(std::function<void()> op, std::shared_ptr<Work::State> state, double min_seconds,
             std::exception_ptr too_slow, CommKind kind, uint64_t bytes) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       queue_.push_back(
           {std::move(op), std::move(state), min_seconds, std::move(too_slow), kind, bytes});
     }
@@ -72,7 +71,7 @@ class Communicator::Worker {
 
   void stop() {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return;
       stopping_ = true;
     }
@@ -109,7 +108,7 @@ class Communicator::Worker {
   // clock's integer nanoseconds, so no duration, however long, overflows.
   void simulate_link(std::chrono::steady_clock::time_point start, double seconds) {
     constexpr double kSlice = 0.01;
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     for (;;) {
       if (stopping_ || stop_requested() != 0 || (abort_flag != nullptr && abort_flag->load())) {
         return;
@@ -117,7 +116,7 @@ class Communicator::Worker {
       const double left =
           seconds - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (!(left > 0)) return;
-      cv_.wait_for(lock, std::chrono::duration<double>(std::min(left, kSlice)));
+      cv_.wait_for(mu_, std::chrono::duration<double>(std::min(left, kSlice)));
     }
   }
 
@@ -126,8 +125,8 @@ class Communicator::Worker {
     for (;;) {
       Item item;
       {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        MutexLock lock(mu_);
+        while (!stopping_ && queue_.empty()) cv_.wait(mu_);
         if (queue_.empty()) return;  // stopping, and nothing left to finish
         item = std::move(queue_.front());
         queue_.pop_front();
@@ -148,7 +147,7 @@ class Communicator::Worker {
         if (!error && hook) hook(item.kind, item.bytes, start, std::chrono::steady_clock::now());
       }
       {
-        std::lock_guard lock(item.state->mu);
+        MutexLock lock(item.state->mu);
         item.state->done = true;
         item.state->error = error;
       }
@@ -156,10 +155,10 @@ class Communicator::Worker {
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Item> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts after the members above exist
 };
 

@@ -82,6 +82,13 @@ class CondVar {
       REQUIRES(mu) {
     return wait_until(mu, std::chrono::steady_clock::now() + timeout, ready);
   }
+  // At most `timeout`; the caller rechecks what it waits for.
+  template <typename Rep, typename Period>
+  void wait_for(Mutex& mu, const std::chrono::duration<Rep, Period>& timeout) REQUIRES(mu) {
+    std::unique_lock<std::mutex> lock(mu.native(), std::adopt_lock);
+    cv_.wait_for(lock, timeout);
+    lock.release();
+  }
   void notify_one() { cv_.notify_one(); }
   void notify_all() { cv_.notify_all(); }
 
