@@ -13,12 +13,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string_view>
 #include <thread>
 #include <tuple>
@@ -29,6 +27,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/mutex.h"
 #include "tensor/dtype.h"
 
 namespace zerodp {
@@ -301,7 +300,7 @@ class TilePool {
   }
   ~TilePool() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
     wake_.notify_all();
@@ -315,15 +314,15 @@ class TilePool {
   // Runs job on the caller and every helper; returns when all have left it.
   void run(PoolJob& job) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       job_ = &job;
       busy_ = static_cast<int>(threads_.size());
       ++generation_;
     }
     wake_.notify_all();
     job.work();
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [this] { return busy_ == 0; });
+    MutexLock lock(mu_);
+    while (busy_ != 0) done_.wait(mu_);
     job_ = nullptr;
   }
 
@@ -334,25 +333,25 @@ class TilePool {
     for (;;) {
       PoolJob* job = nullptr;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        MutexLock lock(mu_);
+        while (!stop_ && generation_ == seen) wake_.wait(mu_);
         if (stop_) return;
         seen = generation_;
         job = job_;
       }
       job->work();
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (--busy_ == 0) done_.notify_one();
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable wake_;  // a new job or stop
-  std::condition_variable done_;  // busy_ reached 0
-  uint64_t generation_ = 0;       // bumped per job, so a helper runs each job once
-  int busy_ = 0;                  // helpers still inside the current job
-  bool stop_ = false;
-  PoolJob* job_ = nullptr;
+  Mutex mu_;
+  CondVar wake_;                             // a new job or stop
+  CondVar done_;                             // busy_ reached 0
+  uint64_t generation_ GUARDED_BY(mu_) = 0;  // bumped per job, so a helper runs each job once
+  int busy_ GUARDED_BY(mu_) = 0;             // helpers still inside the current job
+  bool stop_ GUARDED_BY(mu_) = false;
+  PoolJob* job_ GUARDED_BY(mu_) = nullptr;
   std::vector<std::thread> threads_;
 };
 
