@@ -93,12 +93,10 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -209,7 +207,7 @@ struct ProcessGroup {
   ProcessGroup(MPI_Comm c, int t, int first_rank, double timeout_seconds)
       : comm(c), threads(t), slots(static_cast<size_t>(t)), meet(t, first_rank, timeout_seconds) {}
   ~ProcessGroup() {
-    std::lock_guard lock(mpi_mutex());
+    MutexLock lock(mpi_mutex());
     int finalized = 0;
     MPI_Finalized(&finalized);
     // After a failure, messages of the failed collective may still be in flight. Freeing
@@ -241,7 +239,7 @@ class MpiCommunicator final : public Communicator {
         chunk_bytes_(chunk_bytes) {
     // Set by any failure this process sees: its ranks' aborts and the notices they received.
     watch_abort_flag(&group_->failed);
-    std::lock_guard lock(mpi_mutex());
+    MutexLock lock(mpi_mutex());
     const int code = MPI_Irecv(notice_buffer_.data(), static_cast<int>(notice_buffer_.size()),
                                MPI_CHAR, MPI_ANY_SOURCE, notice_tag(rank), comm_, &notice_request_);
     if (code != MPI_SUCCESS) {
@@ -255,7 +253,7 @@ class MpiCommunicator final : public Communicator {
     stop_worker();
     bool failed_here = failed();
     int finalized = 0;
-    std::lock_guard lock(mpi_mutex());
+    MutexLock lock(mpi_mutex());
     MPI_Finalized(&finalized);
     if (finalized) return;  // the session ended first; nothing can be released any more
     if (notice_request_ != MPI_REQUEST_NULL) {
@@ -285,7 +283,7 @@ class MpiCommunicator final : public Communicator {
   void abort(const std::string& reason) noexcept override {
     try {
       {
-        std::lock_guard lock(state_mutex_);
+        MutexLock lock(state_mutex_);
         if (notices_sent_) return;
         notices_sent_ = true;
         if (!failure_ && group_->meet.aborted() && group_->meet.failed_rank() != rank()) {
@@ -306,7 +304,7 @@ class MpiCommunicator final : public Communicator {
       notice_text_ += reason.substr(0, kMaxNoticeBytes);
       std::vector<MPI_Request> sends;
       {
-        std::lock_guard lock(mpi_mutex());
+        MutexLock lock(mpi_mutex());
         for (int peer = 0; peer < size(); ++peer) {
           if (here(peer)) continue;
           MPI_Request request = MPI_REQUEST_NULL;
@@ -559,7 +557,7 @@ class MpiCommunicator final : public Communicator {
       std::vector<MPI_Request> requests;
       {
         // Several nonblocking broadcasts may be outstanding; every rank issues them in order.
-        std::lock_guard lock(mpi_mutex());
+        MutexLock lock(mpi_mutex());
         for (size_t done = 0; done < buf.bytes(); done += chunk_bytes_) {
           MPI_Request request = MPI_REQUEST_NULL;
           const int code =
@@ -995,7 +993,7 @@ class MpiCommunicator final : public Communicator {
     std::vector<MPI_Request> requests;
     std::vector<int> peers;  // peers[i]: the rank requests[i] talks to
     {
-      std::lock_guard lock(mpi_mutex());
+      MutexLock lock(mpi_mutex());
       auto post = [&](const Message& m, bool is_send) {
         size_t done = 0;
         do {
@@ -1082,12 +1080,12 @@ class MpiCommunicator final : public Communicator {
       MPI_Status status;
       int arrived = 0;
       {
-        std::lock_guard lock(mpi_mutex());
+        MutexLock lock(mpi_mutex());
         if (notice_request_ != MPI_REQUEST_NULL) MPI_Test(&notice_request_, &arrived, &status);
       }
       if (arrived) record_notice(status);
     }
-    std::lock_guard lock(state_mutex_);
+    MutexLock lock(state_mutex_);
     if (!failure_ && group_->meet.aborted()) {
       // Another rank of this process failed (or this one aborted).
       failure_ = Failure{
@@ -1100,12 +1098,12 @@ class MpiCommunicator final : public Communicator {
   }
 
   bool failed() {
-    std::lock_guard lock(state_mutex_);
+    MutexLock lock(state_mutex_);
     return failure_.has_value();
   }
   // Also fails this process's other ranks: they may be waiting for this one at the barrier.
   void record_failure(std::string message, int failed_rank) {
-    std::lock_guard lock(state_mutex_);
+    MutexLock lock(state_mutex_);
     if (failure_) return;
     failure_ = Failure{std::move(message), failed_rank, false};
     group_->failed = true;
@@ -1115,7 +1113,7 @@ class MpiCommunicator final : public Communicator {
   void record_notice(const MPI_Status& status) {
     int length = 0;
     {
-      std::lock_guard lock(mpi_mutex());
+      MutexLock lock(mpi_mutex());
       MPI_Get_count(&status, MPI_CHAR, &length);
     }
     // The sender's rank, then its reason (a malformed notice still names its process).
@@ -1126,7 +1124,7 @@ class MpiCommunicator final : public Communicator {
       reason.assign(notice_buffer_.data() + kNoticeHeader,
                     static_cast<size_t>(length) - kNoticeHeader);
     }
-    std::lock_guard lock(state_mutex_);
+    MutexLock lock(state_mutex_);
     if (!failure_) {
       failure_ = Failure{fmt::format("rank {} failed: {}", sender, reason), sender, true};
       group_->failed = true;
@@ -1234,9 +1232,9 @@ class MpiCommunicator final : public Communicator {
   std::vector<MPI_Request> notice_sends_;  // freed by the destructor
 
   // Written by the worker and by abort() from any thread.
-  std::mutex state_mutex_;
-  std::optional<Failure> failure_;
-  bool notices_sent_ = false;
+  Mutex state_mutex_;
+  std::optional<Failure> failure_ GUARDED_BY(state_mutex_);
+  bool notices_sent_ GUARDED_BY(state_mutex_) = false;
 };
 
 }  // namespace
@@ -1244,7 +1242,7 @@ class MpiCommunicator final : public Communicator {
 bool mpi_backend_available() { return true; }
 
 MpiSession::MpiSession(int& argc, char**& argv) {
-  std::lock_guard lock(mpi_mutex());
+  MutexLock lock(mpi_mutex());
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) {
@@ -1266,7 +1264,7 @@ MpiSession::MpiSession(int& argc, char**& argv) {
 }
 
 MpiSession::~MpiSession() {
-  std::lock_guard lock(mpi_mutex());
+  MutexLock lock(mpi_mutex());
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -1278,7 +1276,7 @@ std::vector<std::string> MpiSession::allgather_text(const std::string& mine) {
   std::copy_n(mine.data(), std::min(mine.size(), kSlot - 1), out.begin());
   std::vector<char> all(kSlot * static_cast<size_t>(size_), '\0');
   {
-    std::lock_guard lock(mpi_mutex());
+    MutexLock lock(mpi_mutex());
     MPI_Allgather(out.data(), static_cast<int>(kSlot), MPI_CHAR, all.data(),
                   static_cast<int>(kSlot), MPI_CHAR, MPI_COMM_WORLD);
   }
@@ -1318,7 +1316,7 @@ std::vector<std::unique_ptr<Communicator>> MpiSession::make_communicators(
   MPI_Comm comm = MPI_COMM_NULL;
   std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
   {
-    std::lock_guard lock(mpi_mutex());
+    MutexLock lock(mpi_mutex());
     check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, &comm, requests.data()), what, "MPI_Comm_idup");
   }
   if (poll(requests, nullptr, nullptr, nullptr, deadline, what) != PollResult::kDone) {
@@ -1328,12 +1326,12 @@ std::vector<std::unique_ptr<Communicator>> MpiSession::make_communicators(
                       -1);
   }
   auto free_comm = [&comm] {
-    std::lock_guard lock(mpi_mutex());
+    MutexLock lock(mpi_mutex());
     MPI_Comm_free(&comm);
   };
   try {
     {
-      std::lock_guard lock(mpi_mutex());
+      MutexLock lock(mpi_mutex());
       check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), what, "MPI_Comm_set_errhandler");
     }
     // Every rank must split messages the same way: agree on the chunk size.
@@ -1341,7 +1339,7 @@ std::vector<std::unique_ptr<Communicator>> MpiSession::make_communicators(
     const uint64_t mine = chunk_bytes;
     requests.assign(1, MPI_REQUEST_NULL);
     {
-      std::lock_guard lock(mpi_mutex());
+      MutexLock lock(mpi_mutex());
       check_mpi(MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, chunks.data(), sizeof mine, MPI_BYTE,
                                comm, requests.data()),
                 what, "MPI_Iallgather");
@@ -1362,7 +1360,7 @@ std::vector<std::unique_ptr<Communicator>> MpiSession::make_communicators(
     void* attribute = nullptr;
     int found = 0;
     {
-      std::lock_guard lock(mpi_mutex());
+      MutexLock lock(mpi_mutex());
       check_mpi(MPI_Comm_get_attr(comm, MPI_TAG_UB, &attribute, &found), what, "MPI_Comm_get_attr");
     }
     const long long tag_ub = found ? *static_cast<int*>(attribute) : 32767;
@@ -1387,7 +1385,8 @@ std::vector<std::unique_ptr<Communicator>> MpiSession::make_communicators(
   return comms;
 }
 
-void MpiSession::abort_job(int code, bool consequence) {
+// The analysis cannot see that MPI_Abort ends the process with the MPI mutex held on purpose.
+void MpiSession::abort_job(int code, bool consequence) NO_THREAD_SAFETY_ANALYSIS {
   // Launchers forward output asynchronously, and MPICH's Hydra drops what a rank printed
   // just before MPI_Abort about one time in ten: give the reason a moment to get out.
   std::fflush(stdout);

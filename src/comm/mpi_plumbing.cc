@@ -12,8 +12,8 @@
 namespace zerodp::mpi_detail {
 
 // Serializes every MPI call of the process (MPI_THREAD_SERIALIZED).
-std::mutex& mpi_mutex() {
-  static std::mutex m;
+Mutex& mpi_mutex() {
+  static Mutex m;
   return m;
 }
 
@@ -64,7 +64,7 @@ PollResult poll(std::vector<MPI_Request>& requests, MPI_Request* notice, MPI_Sta
   std::vector<int> indices(requests.size());
   for (long spins = 0;; ++spins) {
     {
-      std::lock_guard lock(mpi_mutex());
+      MutexLock lock(mpi_mutex());
       if (!requests.empty()) {
         int done = 0;
         check_mpi(MPI_Testsome(to_int(requests.size()), requests.data(), &done, indices.data(),
@@ -103,7 +103,7 @@ Clock::time_point deadline_after(double seconds) {
 // matched), freed to complete on its own. Requests of nonblocking collectives may be neither
 // cancelled nor freed: callers drop those.
 void release_pending(std::vector<MPI_Request>& requests) {
-  std::lock_guard lock(mpi_mutex());
+  MutexLock lock(mpi_mutex());
   for (MPI_Request& request : requests) {
     if (request == MPI_REQUEST_NULL) continue;
     MPI_Cancel(&request);

@@ -9,20 +9,21 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/mutex.h"
 
 namespace zerodp::mpi_detail {
 
 using Clock = std::chrono::steady_clock;
 
 // Serializes every MPI call of the process.
-std::mutex& mpi_mutex();
+Mutex& mpi_mutex();
 std::string mpi_error_string(int code);
 // Throws CommError naming `what` when an MPI call failed. Called with the mutex held.
-void check_mpi(int code, std::string_view what, std::string_view call);
+void check_mpi(int code, std::string_view what, std::string_view call) REQUIRES(mpi_mutex());
 std::string_view thread_level_name(int level);
 // A count handed to MPI (a piece of at most the chunk size, or a rank number) as its int.
 int to_int(size_t n);
