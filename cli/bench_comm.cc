@@ -165,9 +165,10 @@ class Bench {
     t0 = Clock::now();
     for (int i = 0; i < iters; ++i) call();
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double crossed = cross_bytes() - cross_before;  // before the control exchanges below
     const double time_s = comm_.max_control(elapsed) / iters;
     // Every host's ranks together, per host: the collectives are symmetric over hosts.
-    const double cross = comm_.sum_control(cross_bytes() - cross_before);
+    const double cross = comm_.sum_control(crossed);
     const double total_wrong = comm_.sum_control(static_cast<double>(wrong));
 
     Row row;
@@ -185,11 +186,16 @@ class Bench {
   }
 
  private:
-  // This rank's cross-host bytes so far, every collective kind.
+  // This rank's cross-host bytes so far, every data-moving kind (not the control values the
+  // bench's own timing exchanges).
   double cross_bytes() const {
     uint64_t b = 0;
-    for (const CommCounter& c : comm_.ledger().table(CommPhase::kTrain)) b += c.cross_node_bytes;
-    for (const CommCounter& c : comm_.ledger().table(CommPhase::kOther)) b += c.cross_node_bytes;
+    for (const CommPhase phase : {CommPhase::kTrain, CommPhase::kOther}) {
+      const CommLedger::Table& t = comm_.ledger().table(phase);
+      for (int k = 0; k < kNumCommKinds; ++k) {
+        if (static_cast<CommKind>(k) != CommKind::kControl) b += t[k].cross_node_bytes;
+      }
+    }
     return static_cast<double>(b);
   }
 
