@@ -99,4 +99,4 @@ structure:
 # Configures (for compile_commands.json) without building.
 thread-safety: deps
 	@cmake --preset release >/dev/null
-	python3 scripts/check_thread_safety.py
+	python3 scripts/check_thread_safety.py -j $(JOBS)

@@ -32,12 +32,12 @@ enum class PollResult { kDone, kTimedOut, kNotice, kAborted };
 
 // Polls `requests` until all completed, `deadline` passed, `notice` (when not null)
 // completed, or `*aborted` (when not null) became true. Completed requests become
-// MPI_REQUEST_NULL.
+// MPI_REQUEST_NULL. Takes the mutex for each poll.
 PollResult poll(std::vector<MPI_Request>& requests, MPI_Request* notice, MPI_Status* notice_status,
-                const std::atomic<bool>* aborted, Clock::time_point deadline,
-                std::string_view what);
+                const std::atomic<bool>* aborted, Clock::time_point deadline, std::string_view what)
+    EXCLUDES(mpi_mutex());
 Clock::time_point deadline_after(double seconds);
 // Cancels or frees the point-to-point requests a failed collective left pending.
-void release_pending(std::vector<MPI_Request>& requests);
+void release_pending(std::vector<MPI_Request>& requests) EXCLUDES(mpi_mutex());
 
 }  // namespace zerodp::mpi_detail

@@ -24,7 +24,7 @@ class ThreadGroup {
   // Waits until every member has arrived. `what` names the collective for error messages.
   // Throws CommError once the group is aborted, CommTimeout (after aborting the group)
   // when a member is later than the timeout.
-  void arrive_and_wait(int member, const std::string& what);
+  void arrive_and_wait(int member, const std::string& what) EXCLUDES(mu_);
 
   // Records the first failure: `rank` (of the world; -1 when unknown) and its reason. Later
   // calls change nothing.

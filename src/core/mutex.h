@@ -1,29 +1,15 @@
-// A mutex clang's thread-safety analysis can check (`make thread-safety`), and the macros that
-// annotate what it guards. libstdc++'s std::mutex carries no capability attributes, so data
-// annotated GUARDED_BY a std::mutex is never checked; these wrappers are std::mutex and
-// std::condition_variable underneath, inline, with nothing added at run time. Under GCC the
-// macros expand to nothing.
+// A mutex clang's thread-safety analysis can check (`make thread-safety`). libstdc++'s
+// std::mutex carries no capability attributes, so data annotated GUARDED_BY a std::mutex is
+// never checked; these wrappers are std::mutex and std::condition_variable underneath, inline,
+// with nothing added at run time. The annotations are core/thread_annotations.h's (re-exported
+// here); under GCC they expand to nothing.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 
-#if defined(__clang__)
-#define ZDP_THREAD_ANNOTATION(x) __attribute__((x))
-#else
-#define ZDP_THREAD_ANNOTATION(x)
-#endif
-
-#define CAPABILITY(x) ZDP_THREAD_ANNOTATION(capability(x))
-#define SCOPED_CAPABILITY ZDP_THREAD_ANNOTATION(scoped_lockable)
-#define GUARDED_BY(x) ZDP_THREAD_ANNOTATION(guarded_by(x))
-#define PT_GUARDED_BY(x) ZDP_THREAD_ANNOTATION(pt_guarded_by(x))
-#define REQUIRES(...) ZDP_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
-#define EXCLUDES(...) ZDP_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
-#define ACQUIRE(...) ZDP_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
-#define RELEASE(...) ZDP_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
-#define NO_THREAD_SAFETY_ANALYSIS ZDP_THREAD_ANNOTATION(no_thread_safety_analysis)
+#include "core/thread_annotations.h"
 
 namespace zerodp {
 

@@ -69,10 +69,10 @@ class OptimizerStep {
   // (at once when no update runs); settle() once the update is done with every state and
   // buffer. Both rethrow the update's error. Everything but the next forward's reads of
   // updated parameters must settle first.
-  void wait_unit(size_t i);
-  void settle();
+  void wait_unit(size_t i) EXCLUDES(mu_);
+  void settle() EXCLUDES(mu_);
   // Whether wait_unit(i) would return without blocking.
-  bool unit_ready(size_t i);
+  bool unit_ready(size_t i) EXCLUDES(mu_);
 
   OptimizerCounters counters() const;
   // Throws InvalidArgument when the scaler state is out of range.

@@ -37,7 +37,7 @@ Model build_model(const TrainConfig& c) {
 
 double gemm_flops_per_core(GemmCompute compute) {
   static Mutex mu;
-  static std::map<GemmCompute, double> rates;
+  static std::map<GemmCompute, double> rates GUARDED_BY(mu);
   MutexLock lock(mu);
   if (const auto it = rates.find(compute); it != rates.end()) return it->second;
   constexpr size_t n = 512;
@@ -60,7 +60,7 @@ double gemm_flops_per_core(GemmCompute compute) {
 std::optional<double> gemm_flops_per_core(GemmCompute compute, std::span<const GemmShape> shapes) {
   if (shapes.empty()) return std::nullopt;
   static Mutex mu;
-  static std::map<std::pair<GemmCompute, std::vector<GemmShape>>, double> rates;
+  static std::map<std::pair<GemmCompute, std::vector<GemmShape>>, double> rates GUARDED_BY(mu);
   const std::vector<GemmShape> distinct =
       distinct_shapes(std::vector<GemmShape>(shapes.begin(), shapes.end()));
   MutexLock lock(mu);

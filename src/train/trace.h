@@ -28,7 +28,7 @@ class Tracer {
 
   // Thread-safe: the compute thread and the communication thread both record.
   void record(std::string name, const char* category, Clock::time_point start,
-              Clock::time_point end, int row);
+              Clock::time_point end, int row) EXCLUDES(mu_);
   // Sends `comm`'s collectives here (the comm row).
   void attach(Communicator& comm);
 
@@ -54,10 +54,10 @@ class Tracer {
   };
 
   int rank() const { return rank_; }
-  uint64_t dropped() const;
+  uint64_t dropped() const EXCLUDES(mu_);
 
   // The events as trace-event JSON objects (one per line, without the surrounding array).
-  std::vector<std::string> events() const;
+  std::vector<std::string> events() const EXCLUDES(mu_);
 
  private:
   struct Event {
