@@ -254,6 +254,9 @@ void read_run(const Flags& f, Estimate& e) {
   } else {
     sweep_values(option_spec("stage"), *stages, c,
                  [&](const TrainConfig& row) { e.stages.push_back(row.stage); });
+    // A stage's row is one row: in stage order, once.
+    std::sort(e.stages.begin(), e.stages.end());
+    e.stages.erase(std::unique(e.stages.begin(), e.stages.end()), e.stages.end());
   }
   e.budget = c.memory_per_rank;
   read_ranks(f, e);

@@ -14,7 +14,8 @@
 namespace zerodp {
 
 void OptionSpec::refuse(std::string_view value) const {
-  throw InvalidArgument(fmt::format("{} {} is invalid; {}", flag(), value, advice));
+  throw InvalidArgument(
+      fmt::format("{} {} is invalid; {}", flag(), value.empty() ? "''" : value, advice));
 }
 
 namespace {

@@ -113,3 +113,7 @@ if /usr/bin/python3 -c 'import json,sys; r=json.loads(sys.argv[1]); assert abs(r
 else
   echo "FAIL: bench-comm host rate: $row"; fail=1
 fi
+# An empty value is named as one; a stage listed twice is one row.
+expect "--ranks '' is invalid; use 1 or more" estimate --params 1e9 --ranks ""
+rows=$("$zerodp" estimate --params 1e9 --ranks 2 --stage 3,1,3 | grep -c '^ *2 ')
+if [[ $rows == 2 ]]; then echo "ok: --stage 3,1,3 prints stages 1 and 3 once"; else echo "FAIL: --stage 3,1,3 printed $rows rows"; fail=1; fi
