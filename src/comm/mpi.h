@@ -12,7 +12,8 @@
 // ranges (its blocks start at each range's start) and holds their packed bytes; the
 // all-gathers receive straight into the output. Each
 // rank receives the bytes its CommLedger records (a broadcast uses MPI_Ibcast, whose
-// algorithm is MPI's). Details in mpi.cc.
+// algorithm is MPI's). The algorithms are comm/collectives.cc's; the transport is
+// mpi_transport.cc.
 //
 // Failure: a collective that waits past CommOptions::timeout_seconds throws CommTimeout
 // naming the ranks whose messages did not arrive. abort(reason) sends the reason to every
@@ -55,7 +56,8 @@ class MpiSession {
   // world is size() * T ranks, process p hosting ranks p * T .. p * T + T - 1. The ranks of
   // one process meet at a barrier and read each other's buffers in place; only bytes for
   // other processes go through MPI, so results are the same bits as with one rank per
-  // process. A process's ranks must share a node (T divides options.node_ranks).
+  // process. A process's ranks must share a node (T divides options.node_ranks), or be the
+  // whole job (one process).
   // Collective like make_communicator, and each of the T must be destroyed before the
   // session.
   std::vector<std::unique_ptr<Communicator>> make_communicators(const CommOptions& options,

@@ -1,7 +1,7 @@
-// The MPI backend's plumbing, shared by its communicator (mpi.cc) and its session: one
-// mutex that serializes every MPI call of the process (MPI_THREAD_SERIALIZED), errors
-// turned into CommError, and the polled wait every collective uses. Internal to src/comm:
-// it includes <mpi.h>, which only the backend's .cc files see.
+// The MPI backend's plumbing, shared by its transport (mpi_transport.cc) and its session
+// (mpi_session.cc): one mutex that serializes every MPI call of the process
+// (MPI_THREAD_SERIALIZED), errors turned into CommError, and the polled wait every collective uses.
+// Internal to src/comm: it includes <mpi.h>, which only the backend's .cc files see.
 #pragma once
 
 #include <mpi.h>
@@ -9,10 +9,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/mutex.h"
 
 namespace zerodp::mpi_detail {
@@ -39,5 +41,13 @@ PollResult poll(std::vector<MPI_Request>& requests, MPI_Request* notice, MPI_Sta
 Clock::time_point deadline_after(double seconds);
 // Cancels or frees the point-to-point requests a failed collective left pending.
 void release_pending(std::vector<MPI_Request>& requests) EXCLUDES(mpi_mutex());
+
+// The communicators of this process's `threads` rank threads (process `process` of
+// `processes`, hosting ranks process * threads ..), over `comm`, which they take over: a
+// duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN (mpi_transport.cc).
+std::vector<std::unique_ptr<Communicator>> make_process_communicators(MPI_Comm comm, int threads,
+                                                                      int process, int processes,
+                                                                      const CommOptions& options,
+                                                                      size_t chunk_bytes);
 
 }  // namespace zerodp::mpi_detail

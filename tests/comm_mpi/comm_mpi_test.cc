@@ -1406,6 +1406,9 @@ TEST_P(MpiThreadsTest, EveryCollectiveMatchesLocalBackend) {
   const ThreadsParam p = GetParam();
   const int n = world() * p.t;
   if (p.node_ranks > 0 && n % p.node_ranks != 0) GTEST_SKIP() << "nodes do not divide the world";
+  if (p.node_ranks > 0 && p.node_ranks % p.t != 0 && world() > 1) {
+    GTEST_SKIP() << "a process spans nodes only when it holds the whole world";
+  }
   CommOptions options = kOptions;
   options.node_ranks = p.node_ranks;
   options.two_level = p.two_level;
@@ -1420,7 +1423,10 @@ INSTANTIATE_TEST_SUITE_P(Modes, MpiThreadsTest,
                          testing::Values(ThreadsParam{2, 0, false, 0}, ThreadsParam{3, 0, false, 0},
                                          ThreadsParam{2, 2, true, 0}, ThreadsParam{2, 4, true, 0},
                                          ThreadsParam{3, 3, true, 0}, ThreadsParam{2, 2, false, 4},
-                                         ThreadsParam{3, 3, true, 8}),
+                                         ThreadsParam{3, 3, true, 8},
+                                         // One process holding every node (np 1).
+                                         ThreadsParam{4, 2, true, 0}, ThreadsParam{4, 2, false, 4},
+                                         ThreadsParam{4, 1, true, 8}),
                          [](const testing::TestParamInfo<ThreadsParam>& param) {
                            const ThreadsParam& p = param.param;
                            return fmt::format("T{}_node{}_{}_qgz{}", p.t, p.node_ranks,
@@ -1520,10 +1526,12 @@ std::vector<Bytes> node_reduce_sweep(Communicator& c, int t) {
 }
 
 TEST(MpiNodeReduceScatterTwoLevelTest, MatchesLocalBackend) {
-  for (int per_process : {1, 2}) {
+  // Four per process only at np 1: one process holding every node.
+  for (int per_process : {1, 2, 4}) {
+    if (per_process == 4 && world() > 1) continue;
     const int n = world() * per_process;
     for (int t = 1; t <= n; ++t) {
-      if (n % t != 0 || t % per_process != 0) continue;
+      if (n % t != 0 || (t % per_process != 0 && per_process != n)) continue;
       CommOptions options = kOptions;
       options.node_ranks = t;
       expect_threads_match_local(
