@@ -65,7 +65,7 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
   return m;
 }
 
-std::string write_shard(const ShardedState& state, OffloadTier* offload,
+std::string write_shard(const ShardedState& state, StateStore& store,
                         const std::filesystem::path& file) {
   using checkpoint::tensor_name;
   namespace st = safetensors;
@@ -85,32 +85,22 @@ std::string write_shard(const ShardedState& state, OffloadTier* offload,
   for (size_t i = 0; i < state.units().size(); ++i) {
     const UnitState& u = state.units()[i];
     const size_t n = u.own.count();
-    if (offload != nullptr && offload->holds_params()) {
-      const OffloadTier::Job job{i, {u.opt_own, u.opt_own + n}, OffloadTier::kParams};
-      offload->stream(std::span(&job, 1), OffloadTier::Access::kRead, [&](OffloadTier::Piece& p) {
+    // The tensors in the file's order, each streamed from the store (in pieces from the
+    // offload file, as one from memory).
+    const Range own{u.opt_own, u.opt_own + n};
+    std::vector<StateStore::Job> jobs{{i, own, StateStore::kParams}};
+    if (!fp32) jobs.push_back({i, own, StateStore::kMaster});
+    jobs.push_back({i, own, StateStore::kAdamM});
+    jobs.push_back({i, own, StateStore::kAdamV});
+    store.stream(jobs, StateStore::Access::kRead, [&](StateStore::Piece& p) {
+      if (p.params != nullptr) {
         w.write(std::span(static_cast<const std::byte*>(p.params), p.count * psize));
-      });
-    } else {
-      w.write(std::span(static_cast<const std::byte*>(u.params.data()) + u.params_own * psize,
-                        n * psize));
-    }
-    if (offload != nullptr) {
-      // The tensors in the file's order, each streamed from the offload file in pieces.
-      std::vector<OffloadTier::Job> jobs;
-      const Range own{u.opt_own, u.opt_own + n};
-      if (!fp32) jobs.push_back({i, own, OffloadTier::kMaster});
-      jobs.push_back({i, own, OffloadTier::kAdamM});
-      jobs.push_back({i, own, OffloadTier::kAdamV});
-      offload->stream(jobs, OffloadTier::Access::kRead, [&](OffloadTier::Piece& p) {
+      } else {
         w.write_values(std::span<const float>(!p.master.empty() ? p.master
                                               : !p.m.empty()    ? p.m
                                                                 : p.v));
-      });
-      continue;
-    }
-    if (!fp32) w.write_values(u.master.span().subspan(u.opt_own, n));
-    w.write_values(u.adam_m.span().subspan(u.opt_own, n));
-    w.write_values(u.adam_v.span().subspan(u.opt_own, n));
+      }
+    });
   }
   return w.finish();
 }
@@ -265,37 +255,32 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
         narrow(tmp, into, dtype, 0);
       }
     };
-    OffloadTier* offload = trainer.offload();
-    if (offload != nullptr && offload->holds_params()) {
-      // Stage 3: the held range is the optimizer range.
-      const OffloadTier::Job job{i, {0, held.count()}, OffloadTier::kParams};
-      offload->stream(std::span(&job, 1), OffloadTier::Access::kWrite, [&](OffloadTier::Piece& p) {
+    StateStore& store = trainer.store();
+    if (held == u.opt_range) {
+      // The parameters the optimizer updates are all it holds: they are the store's (the
+      // offload file's at stage 3 with optimizer,params).
+      const StateStore::Job job{i, {0, held.count()}, StateStore::kParams};
+      store.stream(std::span(&job, 1), StateStore::Access::kWrite, [&](StateStore::Piece& p) {
         read_params(held.begin + p.begin, p.count, p.params);
       });
     } else {
       read_params(held.begin, held.count(), u.params.data());
     }
     const size_t n = u.opt_range.count();
-    if (offload != nullptr) {
-      std::vector<OffloadTier::Job> jobs;
-      if (!fp32) jobs.push_back({i, {0, n}, OffloadTier::kMaster});
-      jobs.push_back({i, {0, n}, OffloadTier::kAdamM});
-      jobs.push_back({i, {0, n}, OffloadTier::kAdamV});
-      offload->stream(jobs, OffloadTier::Access::kWrite, [&](OffloadTier::Piece& p) {
-        const size_t at = u.opt_range.begin + p.begin;
-        if (!p.master.empty()) {
-          ckpt.read_master(i, at, p.master);
-        } else {
-          const bool first_moment = !p.m.empty();
-          ckpt.read(i, first_moment ? "adam_m" : "adam_v", at,
-                    std::as_writable_bytes(first_moment ? p.m : p.v));
-        }
-      });
-      continue;
-    }
-    if (!fp32) ckpt.read_master(i, u.opt_range.begin, u.master.span());
-    ckpt.read(i, "adam_m", u.opt_range.begin, std::as_writable_bytes(u.adam_m.span().first(n)));
-    ckpt.read(i, "adam_v", u.opt_range.begin, std::as_writable_bytes(u.adam_v.span().first(n)));
+    std::vector<StateStore::Job> jobs;
+    if (!fp32) jobs.push_back({i, {0, n}, StateStore::kMaster});
+    jobs.push_back({i, {0, n}, StateStore::kAdamM});
+    jobs.push_back({i, {0, n}, StateStore::kAdamV});
+    store.stream(jobs, StateStore::Access::kWrite, [&](StateStore::Piece& p) {
+      const size_t at = u.opt_range.begin + p.begin;
+      if (!p.master.empty()) {
+        ckpt.read_master(i, at, p.master);
+      } else {
+        const bool first_moment = !p.m.empty();
+        ckpt.read(i, first_moment ? "adam_m" : "adam_v", at,
+                  std::as_writable_bytes(first_moment ? p.m : p.v));
+      }
+    });
   }
   OptimizerCounters counters{.adam_step = m.adam_step, .scaler = std::nullopt};
   if (m.loss_scaler) {
@@ -473,7 +458,7 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
   try {
     if (writer) {
       trainer.faults().shard_write(step, file);
-      sha = write_shard(trainer.state(), trainer.offload(), file);
+      sha = write_shard(trainer.state(), trainer.store(), file);
       bytes = std::filesystem::file_size(file);
     }
     if (rank == 0) history_file = ck::write_history(temp, history);

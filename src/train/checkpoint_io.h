@@ -20,9 +20,9 @@ namespace zerodp {
 
 // Everything meta.json says of this run after `step` steps, but the file checksums.
 checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step);
-// Writes this rank's own ranges into `file`; returns its sha256. `offload`: where master,
-// adam_m and adam_v live when not in `state` (null: in memory).
-std::string write_shard(const ShardedState& state, OffloadTier* offload,
+// Writes this rank's own ranges into `file`, streamed from `store` (where the states live);
+// returns its sha256.
+std::string write_shard(const ShardedState& state, StateStore& store,
                         const std::filesystem::path& file);
 // CorruptData unless the checkpoint holds this model's units and tensors.
 void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);

@@ -27,44 +27,12 @@
 #include "memory/ledger.h"
 #include "memory/state_file.h"
 #include "train/sharded_state.h"
+#include "train/state_store.h"
 
 namespace zerodp {
 
-class OffloadTier {
+class OffloadTier final : public StateStore {
  public:
-  // Which arrays a job streams (a bit set). kParams: the parameters in their dtype, wherever
-  // they are: the file's region (at fp32 the same as kMaster's) when the tier holds them, else
-  // their own memory, which moves no bytes.
-  enum Arrays : unsigned { kMaster = 1, kAdamM = 2, kAdamV = 4, kAll = 7, kParams = 8 };
-  enum class Access {
-    kRead,       // pieces are read in; what the callback changes is dropped
-    kWrite,      // pieces start undefined and are written out (jobs must cover whole windows)
-    kReadWrite,  // read in, changed by the callback, written back
-  };
-  // Elements [range.begin, range.end) of unit `unit`'s optimizer range.
-  struct Job {
-    size_t unit = 0;
-    Range range;
-    unsigned arrays = kAll;
-    // Of `arrays`, those not read in before the callback (it overwrites them) under kReadWrite;
-    // the job must then cover whole windows.
-    unsigned write_only = 0;
-  };
-  struct Piece {
-    size_t job = 0;
-    size_t unit = 0;
-    size_t begin = 0;    // in the unit's optimizer range
-    bool first = false;  // the job's first piece
-    bool last = false;   // the job's last piece
-    size_t count = 0;
-    // The arrays the job asked for, [begin, begin + count) of each; empty otherwise. Arrays the
-    // file does not hold (kParams in memory; kMaster at fp32, which is the params) point into
-    // the params' own memory.
-    std::span<float> master, m, v;
-    void* params = nullptr;  // count elements of the state's dtype
-    size_t size() const { return count; }
-  };
-
   // Creates rank `rank`'s file under `dir` for `state`'s units, sized as
   // model_state_bytes(..., offload) says, with the staging slots on `ledger` (offload_staging)
   // and the file's bytes noted as its disk bytes. `piece`: elements per staged window
@@ -95,7 +63,8 @@ class OffloadTier {
   // Streams the jobs' pieces in order, calling f on each. Reads run one piece ahead of f,
   // writes behind it. Returns when every write is on disk (in the page cache without
   // O_DIRECT); rethrows the first I/O error, naming the file and offset.
-  void stream(std::span<const Job> jobs, Access access, const std::function<void(Piece&)>& f);
+  void stream(std::span<const Job> jobs, Access access,
+              const std::function<void(Piece&)>& f) override;
 
   const StateFile& file() const { return file_; }
   uint64_t piece_elements() const { return piece_; }
@@ -110,8 +79,9 @@ class OffloadTier {
     double update_seconds = 0;
   };
   const Counters& counters() const { return counters_; }
-  // The optimizer's update streamed `bytes` (read + written) in `seconds`.
-  void count_update(uint64_t bytes, double seconds) {
+  bool on_disk() const override { return true; }
+  uint64_t bytes_moved() const override { return counters_.bytes_read + counters_.bytes_written; }
+  void count_update(uint64_t bytes, double seconds) override {
     counters_.update_bytes += bytes;
     counters_.update_seconds += seconds;
   }

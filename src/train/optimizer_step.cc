@@ -25,12 +25,12 @@ LrSchedule make_schedule(const TrainConfig& cfg) {
 }  // namespace
 
 OptimizerStep::OptimizerStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& group,
-                             std::span<float> chunk, OffloadTier* offload)
+                             std::span<float> chunk, StateStore& store)
     : cfg_(cfg),
       state_(state),
       group_(group),
       chunk_(chunk),
-      offload_(offload),
+      store_(store),
       schedule_(make_schedule(cfg)) {
   if (cfg.precision == Precision::kFP16) {
     LossScalerConfig sc;
@@ -82,17 +82,8 @@ void OptimizerStep::update(double lr, double coef) {
   ac.lr = lr;
   ac.weight_decay = cfg_.weight_decay;
   works_.clear();
-  std::vector<UnitState>& units = state_.units();
   const float c = static_cast<float>(coef);
-  if (offload_ == nullptr) {
-    for (auto& u : units) {
-      if (u.opt_range.count() > 0) {
-        update_range(u, 0, u.master_values(), u.adam_m.span(), u.adam_v.span(), u.params.data(),
-                     u.params_opt, ac, c, chunk_);
-      }
-      gather(u);
-    }
-  } else if (cfg_.offload_overlap && !state_.plan().gather_after_update) {
+  if (store_.on_disk() && cfg_.offload_overlap && !state_.plan().gather_after_update) {
     settle();
     updater_chunk_.resize(chunk_.size());
     {
@@ -123,11 +114,11 @@ void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<f
                                   bool gathers) {
   std::vector<UnitState>& units = state_.units();
   // 16-bit parameters are rounded from the master, never read (at fp32 they are the master).
-  const unsigned unread = state_.fp32() ? 0u : OffloadTier::kParams;
-  std::vector<OffloadTier::Job> jobs;
+  const unsigned unread = state_.fp32() ? 0u : StateStore::kParams;
+  std::vector<StateStore::Job> jobs;
   for (size_t i = 0; i < units.size(); ++i) {
     jobs.push_back(
-        {i, {0, units[i].opt_range.count()}, OffloadTier::kAll | OffloadTier::kParams, unread});
+        {i, {0, units[i].opt_range.count()}, StateStore::kAll | StateStore::kParams, unread});
   }
   size_t done = 0;  // units whose update (and gather) is finished
   const auto finished = [&](size_t upto) {
@@ -139,16 +130,14 @@ void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<f
     ready_cv_.notify_all();
   };
   const auto t0 = std::chrono::steady_clock::now();
-  const OffloadTier::Counters before = offload_->counters();
-  offload_->stream(jobs, OffloadTier::Access::kReadWrite, [&](OffloadTier::Piece& p) {
+  const uint64_t before = store_.bytes_moved();
+  store_.stream(jobs, StateStore::Access::kReadWrite, [&](StateStore::Piece& p) {
     update_range(units[p.unit], p.begin, p.master, p.m, p.v, p.params, 0, ac, coef, chunk);
     if (p.last) finished(p.unit + 1);
   });
   finished(units.size());
-  const OffloadTier::Counters& after = offload_->counters();
-  offload_->count_update(
-      after.bytes_read - before.bytes_read + after.bytes_written - before.bytes_written,
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  store_.count_update(store_.bytes_moved() - before,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 bool OptimizerStep::unit_ready(size_t i) {

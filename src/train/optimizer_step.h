@@ -20,9 +20,9 @@
 #include "optim/lr_schedule.h"
 #include "optim/square_sum.h"
 #include "train/config.h"
-#include "train/offload.h"
 #include "train/shard_group.h"
 #include "train/sharded_state.h"
+#include "train/state_store.h"
 
 namespace zerodp {
 
@@ -50,10 +50,10 @@ struct UpdateOutcome {
 
 class OptimizerStep {
  public:
-  // `chunk` is fp32 widening space the caller owns. `offload`: where master, adam_m and
-  // adam_v live when they are not in `state` (null: in memory).
+  // `chunk` is fp32 widening space the caller owns. `store`: where master, adam_m and
+  // adam_v live (in `state`, or the offload file).
   OptimizerStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& group,
-                std::span<float> chunk, OffloadTier* offload = nullptr);
+                std::span<float> chunk, StateStore& store);
 
   // The scale the step's loss gradient is multiplied by: the fp16 loss scale, else 1.
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
@@ -98,7 +98,7 @@ class OptimizerStep {
   ShardedState& state_;
   ShardGroup& group_;
   std::span<float> chunk_;
-  OffloadTier* offload_;
+  StateStore& store_;
   std::optional<LossScaler> scaler_;
   LrSchedule schedule_;
   int64_t adam_step_ = 0;

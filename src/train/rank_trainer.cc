@@ -93,6 +93,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                    ? std::optional<OffloadTier>(std::in_place, state_, cfg.offload, cfg.offload_dir,
                                                 comm.rank(), layout_.offload_piece, ledger_)
                    : std::nullopt),
+      memory_store_(state_),
       buf_(ledger_, layout_, state_.dtype()),
       hpz_(cfg.hpz && state_.plan().gather_before_compute
                ? std::optional<HpzCopy>(std::in_place, state_.units(), buf_.hpz,
@@ -103,7 +104,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                                                 static_cast<size_t>(cfg.qwz_block), comm.rank())
                : std::nullopt),
       reducer_(state_, layout_, cfg.grad_accum, group_, ledger_, chunk_),
-      optimizer_(cfg, state_, group_, chunk_, offload()),
+      optimizer_(cfg, state_, group_, chunk_, store()),
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
   if (offload_) offload_->initialize(cfg.seed);
   // Rank threads that each ask for all cores oversubscribe them; the cores are the ones the
@@ -360,16 +361,11 @@ std::string RankTrainer::weights_sha256(std::vector<float>* keep) {
     std::span<float> full = buf_.dw32.span().first(u.numel);
     // Sharded, the optimizer range is the own range; else it is all of the unit.
     const size_t at = sharded ? u.own.begin : 0;
-    if (offload_) {
-      const OffloadTier::Job job{i, {0, u.opt_range.count()}, OffloadTier::kMaster};
-      offload_->stream(std::span(&job, 1), OffloadTier::Access::kRead, [&](OffloadTier::Piece& p) {
-        std::copy(p.master.begin(), p.master.end(),
-                  full.begin() + static_cast<std::ptrdiff_t>(at + p.begin));
-      });
-    } else {
-      const std::span<const float> mine = u.master_values();
-      std::copy(mine.begin(), mine.end(), full.begin() + static_cast<std::ptrdiff_t>(at));
-    }
+    const StateStore::Job job{i, {0, u.opt_range.count()}, StateStore::kMaster};
+    store().stream(std::span(&job, 1), StateStore::Access::kRead, [&](StateStore::Piece& p) {
+      std::copy(p.master.begin(), p.master.end(),
+                full.begin() + static_cast<std::ptrdiff_t>(at + p.begin));
+    });
     if (sharded)
       group_.all_gather_async(full.subspan(u.own.begin, u.own.count()), full, u.part).wait();
     // Little-endian on every platform zerodp builds for (x86-64, aarch64).

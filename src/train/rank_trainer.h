@@ -77,6 +77,8 @@ class RankTrainer {
   // Where master, adam_m and adam_v live under --offload optimizer; null when in memory.
   OffloadTier* offload() { return offload_ ? &*offload_ : nullptr; }
   const OffloadTier* offload() const { return offload_ ? &*offload_ : nullptr; }
+  // Where the states live, memory or the offload file, to stream them from.
+  StateStore& store() { return offload_ ? static_cast<StateStore&>(*offload_) : memory_store_; }
   const ShardGroup& group() const { return group_; }
   const ShardedState& state() const { return state_; }
   OptimizerStep& optimizer() { return optimizer_; }
@@ -133,6 +135,7 @@ class RankTrainer {
   DistributedSampler sampler_;
   ShardedState state_;
   std::optional<OffloadTier> offload_;
+  MemoryStore memory_store_;  // the store when nothing is offloaded
   Buffers buf_;
   std::optional<HpzCopy> hpz_;
   std::optional<QuantizedGather> qwz_;
