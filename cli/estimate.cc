@@ -470,10 +470,12 @@ std::string no_fit_advice(const Estimate& e, int n) {
   const TrainConfig& asked = e.asked;
   const uint64_t budget = *e.budget;
   const bool offload = e.offload != Offload::kNone;
-  // Stages 2-3 reduce by default, so the canonical order unless --invariant off.
-  const bool accumulator3 =
-      asked.invariant.value_or(!asked.launch.comm.two_level && asked.launch.comm.qgz_bits == 0) &&
-      asked.grad_accum > 1;
+  // Whether stage 3 reducing every micro-batch (as the advice prices it) keeps an fp32
+  // accumulator: the engine's rule, asked of that run.
+  TrainConfig reduce3 = row_config(asked, n, 3, e.offload);
+  reduce3.accumulate = AccumulatePolicy::kReduce;
+  reduce3.shard_within_node = false;
+  const bool accumulator3 = fp32_accumulator(reduce3);
   std::string why;
   if (!offload) {
     // The clause below prices offload by all a rank holds, not by its states alone.

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -55,46 +56,63 @@ class QuantizedGather {
   int rank_;
 };
 
+// How a pass brings each unit's parameters into a gather slot: from the owners' shards
+// (all-gather), from the node's hpZ copy, as the owners' quantized payloads (qwZ), or read
+// from the offload file first and then gathered. One per pass, chosen by the trainer
+// (RankTrainer::gather_source); GatherQueue only decides when.
+class GatherSource {
+ public:
+  virtual ~GatherSource() = default;
+  // Starts bringing unit `u`, the i-th of the pass (i = 0, 1, ... in turn), into `slot`,
+  // gather slot number `s`.
+  virtual void issue(size_t i, size_t u, size_t s, Flat& slot) = 0;
+  // The pass reached a fixed point where gathers through the i-th may be issued (the file's
+  // are issued only once their reads are in; every rank reaches the same points).
+  virtual void reached(size_t /*i*/) {}
+  // Waits until the i-th unit, `u`, is whole in `slot`.
+  void wait(size_t i, size_t u, size_t s, Flat& slot) {
+    reached(i);
+    works_[i].wait();
+    finish(u, s, slot);
+  }
+
+ protected:
+  // After the gather arrived (qwZ dequantizes here).
+  virtual void finish(size_t /*u*/, size_t /*s*/, Flat& /*slot*/) {}
+  std::vector<Work> works_;  // per index of the pass
+};
+
+std::unique_ptr<GatherSource> gather_from_owners(ShardGroup& group, std::vector<UnitState>& units);
+std::unique_ptr<GatherSource> gather_from_node_copy(HpzCopy& hpz, Communicator& comm);
+std::unique_ptr<GatherSource> gather_quantized(QuantizedGather& qwz, Communicator& comm,
+                                               std::vector<UnitState>& units);
+// Each unit's shard is read into its place in the slot once the slot is free, and its
+// gather issued one release later (at the latest when acquired), so the read runs beside a
+// unit's compute and, from --prefetch 2 on, the gather beside the next one's.
+std::unique_ptr<GatherSource> gather_from_file(OffloadTier& file, ShardGroup& group,
+                                               std::vector<UnitState>& units);
+
 class GatherQueue {
  public:
   // Issues the first gathers at once. `order`: the unit indices in the order of the pass.
-  // With `hpz`, units are gathered from the node's copy; else with `qwz`, quantized; else
-  // from `offload` when it holds the parameter shards (each read into its place in the slot
-  // before its gather is issued). `before_issue(u)` runs before unit u's gather is issued
-  // (the offload tier's overlapped update: the unit's parameters must be updated first).
-  GatherQueue(ShardGroup& group, std::vector<UnitState>& units, std::vector<Flat>& slots,
-              std::vector<size_t> order, HpzCopy* hpz = nullptr, QuantizedGather* qwz = nullptr,
-              OffloadTier* offload = nullptr, std::function<void(size_t)> before_issue = {});
+  // `before_issue(u)` runs before unit u's gather is issued (the offload tier's overlapped
+  // update: the unit's parameters must be updated first).
+  GatherQueue(std::vector<Flat>& slots, std::vector<size_t> order,
+              std::unique_ptr<GatherSource> source, std::function<void(size_t)> before_issue = {});
   // Waits for the i-th unit of the order to arrive; returns its slot.
   int acquire(size_t i);
   // The i-th unit is done with its slot: the next gather may reuse it.
   void release(size_t i);
-  // Waits for reads still queued (their errors dropped: the caller is unwinding or done).
-  ~GatherQueue();
   GatherQueue(const GatherQueue&) = delete;
   GatherQueue& operator=(const GatherQueue&) = delete;
 
  private:
   void issue();
-  // From the offload file a unit's shard is read into its slot once the slot is free, and
-  // its gather issued one release later (at the latest when acquired), so the read runs
-  // beside a unit's compute and, from --prefetch 2 on, the gather beside the next one's.
-  // Issued at fixed points of the pass, never when a read happens to finish: every rank
-  // must issue its collectives in one order. Issues the gathers through index `through`,
-  // waiting for their reads.
-  void start_gathers(size_t through);
-  ShardGroup& group_;
-  std::vector<UnitState>& units_;
   std::vector<Flat>& slots_;
   std::vector<size_t> order_;
-  HpzCopy* hpz_;
-  QuantizedGather* qwz_;
-  OffloadTier* offload_;
+  std::unique_ptr<GatherSource> source_;
   std::function<void(size_t)> before_issue_;
-  std::vector<Work> works_;
-  std::vector<OffloadTier::PendingRead> reads_;  // per index of the order, from the file
   size_t issued_ = 0;
-  size_t gathering_ = 0;  // gathers issued (issued_ unless reading from the file)
 };
 
 }  // namespace zerodp

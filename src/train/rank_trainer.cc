@@ -166,14 +166,26 @@ void RankTrainer::wait_for_update(size_t i) {
   optimizer_.wait_unit(i);
 }
 
+// The backward gathers from the node's hpZ copy (the forward made it); else both passes
+// gather qwZ's payloads, or read the offload file when it holds the shards, or gather the
+// owners' shards.
+std::unique_ptr<GatherSource> RankTrainer::gather_source(bool backward) {
+  if (backward && hpz_) return gather_from_node_copy(*hpz_, group_.comm());
+  if (qwz_) return gather_quantized(*qwz_, group_.comm(), state_.units());
+  if (offload_ && offload_->holds_params()) {
+    return gather_from_file(*offload_, group_, state_.units());
+  }
+  return gather_from_owners(group_, state_.units());
+}
+
 double RankTrainer::forward() {
   const size_t U = model_.size();
   std::optional<GatherQueue> gathers;
   if (state_.plan().gather_before_compute) {
     std::vector<size_t> order(U);
     for (size_t i = 0; i < U; ++i) order[i] = i;
-    gathers.emplace(group_, state_.units(), buf_.gathered, order, nullptr, qwz_ ? &*qwz_ : nullptr,
-                    offload(), [this](size_t u) { wait_for_update(u); });
+    gathers.emplace(buf_.gathered, order, gather_source(false),
+                    [this](size_t u) { wait_for_update(u); });
   }
   for (size_t i = 0; i < U; ++i) {
     if (!gathers) wait_for_update(i);
@@ -195,8 +207,7 @@ void RankTrainer::backward() {
   if (state_.plan().gather_before_compute) {
     std::vector<size_t> order(U);
     for (size_t i = 0; i < U; ++i) order[i] = U - 1 - i;
-    gathers.emplace(group_, state_.units(), buf_.gathered, order, hpz_ ? &*hpz_ : nullptr,
-                    qwz_ ? &*qwz_ : nullptr, offload());
+    gathers.emplace(buf_.gathered, order, gather_source(true));
   }
   std::span<float> dout;  // the head starts from mb.loss_grad_scale
   Buffer<float>* din_buf = &buf_.dx_a;

@@ -97,6 +97,8 @@ class RankTrainer {
   std::span<const BFloat16> stored_bf16(size_t ui, int slot) const;
   std::span<float> saved_for(size_t ui);
   double forward();
+  // Where a pass's stage-3 gathers take each unit's parameters from (gather_queue.h).
+  std::unique_ptr<GatherSource> gather_source(bool backward);
   // Before the forward reads unit i's parameters: the overlapped update has updated them.
   void wait_for_update(size_t i);
   void backward();
