@@ -168,6 +168,9 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;
   int keep = 0;        // committed checkpoints kept; 0 = all
   std::string resume;  // "" = a fresh start; "latest" = newest in checkpoint_dir; or a path
+  // A fresh start takes its weights from this safetensors file instead of the init function
+  // (train/initial_weights.h); a resume takes the checkpoint's. "" = the init function.
+  std::string init_from;
   // checkpoint_dir is on each host's own disk, not one every host shares: each host's ranks
   // write their shards there, every host commits the step, and `--resume latest` takes the
   // newest step every host committed (docs/checkpoint_format.md, "Node-local storage").

@@ -24,11 +24,13 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/mutex.h"
+#include "core/sha256.h"
 #include "core/sysinfo.h"
 #include "data/source.h"
 #include "models/model.h"
 #include "train/checkpoint_io.h"
 #include "train/elastic.h"
+#include "train/initial_weights.h"
 #include "train/model_kind.h"
 #include "train/outputs.h"
 #include "train/plan.h"
@@ -213,6 +215,7 @@ struct RunPlan {
   double gemm_flops_per_core = 0;
   std::optional<double> model_shapes_flops_per_core;  // nullopt: the model declares no products
   std::span<const Restart> restarts;                  // before this launch
+  std::string init_sha256;                            // of cfg.init_from, on a fresh start from it
   // Local ranks: one slot per rank, each written by its own thread only.
   std::vector<RankFailure>* failures = nullptr;
 };
@@ -264,6 +267,8 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
     run.first = saved + 1;
     run.resumed_from = from->dir();
     from.reset();
+  } else if (!cfg.init_from.empty()) {
+    load_initial_weights(trainer, cfg.init_from);
   }
   if (reporter && !cfg.checkpoint_dir.empty()) {
     std::filesystem::create_directories(cfg.checkpoint_dir);
@@ -352,6 +357,7 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
   for (size_t i = 0; i < run.earlier; ++i) result.history.push_back(record_of(run.carried[i]));
   result.final_loss = run.steps.empty() ? std::nan("") : run.steps.back().loss;
   result.resumed_from = run.resumed_from.string();
+  if (run.resumed_from.empty()) result.init_sha256 = plan.init_sha256;
   result.first_step = run.first;
   result.restarts.assign(plan.restarts.begin(), plan.restarts.end());
   for (int r = 0; r < comm.size(); ++r) {
@@ -463,6 +469,16 @@ RankEnd finish_rank(RankTrainer& trainer, const RankRun& run, Tracer* tracer, bo
   return end;
 }
 
+// A fresh start from --init-from: the file checked against the model once, before any rank
+// holds a state, and hashed for the report. Empty when the run does not start from it.
+std::string check_init_from(const TrainConfig& cfg, const ModelFactory& make_model,
+                            const std::filesystem::path& resume_from) {
+  if (cfg.init_from.empty() || !resume_from.empty()) return "";
+  check_initial_weights(make_model ? make_model() : build_model(cfg),
+                        model_label(cfg.model, cfg.size), cfg.init_from);
+  return sha256_file_hex(cfg.init_from);
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& config, int& argc, char**& argv, const StepCallback& on_step,
@@ -480,8 +496,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   std::optional<CheckpointDirLock> dir_lock;
   if (local) dir_lock.emplace(cfg.checkpoint_dir);
   const DataSplits data = open_training_data(cfg);
-  // MFU's terms, calibrated before the first launch's ranks start (they want the cores to
-  // themselves) and kept for any restart's.
+  // MFU's terms, calibrated before the first launch's ranks start, kept for any restart's.
   std::optional<ModelCost> cost;
   double gemm_peak = 0;
   std::optional<double> model_shapes_peak;
@@ -510,6 +525,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       model_shapes_peak = gemm_flops_per_core(compute, cost->products);
     }
     throw_if_stopped_before_training();
+    const std::string init_sha256 = check_init_from(cfg, make_model, resume_from);
 
     TrainResult result;
     Mutex mu;  // guards result: every rank thread of this process writes into it
@@ -538,6 +554,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
                               .gemm_flops_per_core = gemm_peak,
                               .model_shapes_flops_per_core = model_shapes_peak,
                               .restarts = restarts,
+                              .init_sha256 = init_sha256,
                               .failures = failures};
       std::optional<CheckpointDirLock> rank0_lock;
       if (!local && comm.rank() == 0) rank0_lock.emplace(rank_cfg.checkpoint_dir);

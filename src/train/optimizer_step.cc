@@ -17,7 +17,8 @@ LrSchedule make_schedule(const TrainConfig& cfg) {
   lc.kind = parse_lr_schedule(cfg.schedule);
   lc.max_lr = cfg.lr;
   lc.warmup_steps = cfg.warmup;
-  lc.total_steps = cfg.steps;
+  // --steps 0 evaluates no step of it: any valid schedule does.
+  lc.total_steps = std::max<int64_t>(cfg.steps, cfg.warmup + 1);
   lc.min_lr = cfg.lr * cfg.min_lr_ratio;
   return LrSchedule(lc);
 }

@@ -490,11 +490,12 @@ const OptionSpec kOptions[] = {
     // Optimization.
     {.key = "steps",
      .section = kOptimization,
-     .help = "Optimizer steps",
-     .advice = "use 1 or more",
+     .help = "Optimizer steps (0: none; with --checkpoint-dir the starting weights are saved "
+             "as step 0, e.g. those of --init-from)",
+     .advice = "use 0 or more",
      .read = [](TrainConfig& c, const std::string& t,
                 const OptionSpec& o) { c.steps = whole<int64_t>(t, o); },
-     .check = [](const TrainConfig& c, const OptionSpec& o) { at_least<int64_t>(c.steps, 1, o); },
+     .check = [](const TrainConfig& c, const OptionSpec& o) { at_least<int64_t>(c.steps, 0, o); },
      .record = [](const TrainConfig& c) -> json { return c.steps; }},
     {.key = "seed",
      .section = kOptimization,
@@ -602,6 +603,15 @@ const OptionSpec kOptions[] = {
              "load it",
      .read = [](TrainConfig& c, const std::string& t, const OptionSpec&) { c.resume = t; },
      .record = [](const TrainConfig& c) -> json { return c.resume; }},
+    {.key = "init_from",
+     .section = kCheckpoints,
+     .help = "Start from these weights (fine-tuning): a safetensors file of the model's tensors "
+             "by name, as zerodp export writes them or a PyTorch state dict saved under the "
+             "same names; F32, BF16 or F16. Each rank reads only its own ranges; the report "
+             "records the file's sha256. A resume takes the checkpoint's weights instead",
+     .type = "FILE",
+     .read = [](TrainConfig& c, const std::string& t, const OptionSpec&) { c.init_from = t; },
+     .record = [](const TrainConfig& c) -> json { return c.init_from; }},
     {.key = "checkpoint_storage",
      .section = kCheckpoints,
      .help = "shared: --checkpoint-dir is one directory every host sees; node-local: each "

@@ -125,6 +125,10 @@ nlohmann::json report_json(const TrainResult& r) {
   j[key::kPrecision] = std::string(precision_name(r.config.precision));
   j[key::kData] = r.data_description;
   j[key::kResumedFrom] = r.resumed_from.empty() ? nlohmann::json() : nlohmann::json(r.resumed_from);
+  // The weights a fresh start took (--init-from): the file and its sha256.
+  j[key::kInitFrom] = r.init_sha256.empty()
+                          ? nlohmann::json()
+                          : nlohmann::json{{"file", r.config.init_from}, {"sha256", r.init_sha256}};
   // The steps before this run, from the checkpoint: only what the training determines, so
   // no timing or MFU (those of "steps" and "throughput" are this run's alone).
   j[key::kHistory] = nlohmann::json::array();
@@ -269,7 +273,9 @@ std::string formula_table(const TrainResult& r) {
                        format_bytes(static_cast<double>(plan.total())),
                        states == plan.total() ? "exact" : "DIFF", format_bytes(per_step),
                        format_bytes(static_cast<double>(cplan.total())),
-                       per_step == static_cast<double>(cplan.total()) ? "exact" : "DIFF");
+                       r.steps.empty()                                  ? "-"
+                       : per_step == static_cast<double>(cplan.total()) ? "exact"
+                                                                        : "DIFF");
   }
   return out;
 }

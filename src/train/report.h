@@ -25,6 +25,7 @@ inline constexpr char kBackend[] = "backend";
 inline constexpr char kPrecision[] = "precision";
 inline constexpr char kData[] = "data";
 inline constexpr char kResumedFrom[] = "resumed_from";
+inline constexpr char kInitFrom[] = "init_from";
 inline constexpr char kHistory[] = "history";
 inline constexpr char kSteps[] = "steps";
 inline constexpr char kFinal[] = "final";

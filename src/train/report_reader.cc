@@ -264,6 +264,9 @@ RunReport report_from_json(const json& root, const std::string& file) {
   r.backend = F.string(root, "", key::kBackend);
   r.data = string_if_any(root, key::kData).value_or("");
   r.resumed_from = string_if_any(root, key::kResumedFrom);
+  if (const auto it = root.find(key::kInitFrom); it != root.end() && it->is_object()) {
+    r.init_sha256 = string_if_any(*it, "sha256");
+  }
   if (root.contains(key::kConfig) && root[key::kConfig].is_object()) {
     // config_json's keys (train/config.h).
     const json& c = root[key::kConfig];

@@ -93,6 +93,7 @@ struct RunReport {
   std::string backend;
   std::string data;                         // "" when missing or not a string
   std::optional<std::string> resumed_from;  // nullopt when null, missing or not a string
+  std::optional<std::string> init_sha256;   // init_from's sha256; nullopt without one
   std::optional<ReportModel> model;         // nullopt when `config` is not an object
   std::optional<double> final_loss;         // nullopt: null (no step taken, or not finite)
   std::optional<double> final_val_loss;     // nullopt: null

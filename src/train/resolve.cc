@@ -45,7 +45,8 @@ void resolve_config(TrainConfig& c) {
                                       c.checkpoint_every > 0 ? c.checkpoint_every : c.keep));
   }
   if (c.warmup == -1) c.warmup = c.schedule == "cosine" ? c.steps / 20 : 0;
-  if (c.schedule == "cosine" && c.warmup >= c.steps) {
+  // --steps 0 runs no schedule at all.
+  if (c.schedule == "cosine" && c.warmup >= c.steps && c.steps > 0) {
     throw InvalidArgument(fmt::format(
         "--warmup {} leaves no steps for the cosine decay of --steps {}; use fewer warmup steps",
         c.warmup, c.steps));

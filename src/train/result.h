@@ -99,6 +99,7 @@ struct TrainResult {
   std::vector<StepRecord> history;
   int64_t first_step = 1;
   std::string resumed_from;  // the checkpoint directory continued from, or empty
+  std::string init_sha256;   // of config.init_from when this run started from it, else empty
   double final_loss = 0;
   std::optional<double> val_loss;
   std::string weights_sha256;

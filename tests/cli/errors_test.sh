@@ -46,7 +46,7 @@ expect "--config" train --config /nonexistent.json
 expect "--max-bytes" bench-comm --max-bytes lots
 expect "--backend 'tcp'" bench-comm --backend tcp
 # Checked before the first collective: each within the 20 s timeout above, on one line.
-expect "--steps 0" train --steps 0 --data synthetic
+expect "--steps -1" train --steps -1 --data synthetic
 expect "--grad-accum 0" train --grad-accum 0 --data synthetic
 expect "--prefetch 9" train --prefetch 9 --data synthetic
 expect "--lr -1" train --lr -1 --data synthetic

@@ -50,4 +50,43 @@ compare "greedy, 80 bytes" --temperature 0 --max-tokens 80 --prompt "And God sai
 # The documented draw (splitmix64, softmax in double) reproduced in Python.
 compare "sampled, seed 5, top-k 50" --temperature 1 --top-k 50 --seed 5 --max-tokens 40 \
   --prompt "In the beginning"
+
+# The other way: the peer's freshly built GPT, its state_dict saved as safetensors under its
+# own names, starts a zerodp run (--init-from); the step-0 checkpoint exports the same tensors.
+if "$torch_python" - "$peer" "$tmp/torch.safetensors" <<'EOF'; then
+import json, struct, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from train_ref import build_model
+torch.manual_seed(7)
+model, _ = build_model(256, 2, 2, 32, 32)
+header, body, off = {}, bytearray(), 0
+for name, t in model.state_dict().items():
+    data = struct.pack(f"<{t.numel()}f", *t.detach().float().flatten().tolist())
+    header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(data)]}
+    body += data
+    off += len(data)
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-(8 + len(text)) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + body)
+EOF
+  if "$zerodp" train --size tiny --data synthetic --no-progress --ranks 2 --stage 3 --steps 0 \
+      --init-from "$tmp/torch.safetensors" --checkpoint-dir "$tmp/from_torch" >"$tmp/out" 2>&1 &&
+    "$zerodp" export "$tmp/from_torch" --out "$tmp/back.safetensors" --quiet &&
+    "$torch_python" - "$tmp/torch.safetensors" "$tmp/back.safetensors" <<'EOF'; then
+import json, struct, sys
+def tensors(path):
+    blob = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    h = json.loads(blob[8:8 + n]); h.pop("__metadata__", None); data = blob[8 + n:]
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in h.items()}
+sys.exit(0 if tensors(sys.argv[1]) == tensors(sys.argv[2]) else 1)
+EOF
+    echo "ok: a PyTorch state_dict starts a zerodp run (2 ranks, stage 3): the same tensors back"
+  else
+    echo "FAIL: a PyTorch state_dict through --init-from"; tail -3 "$tmp/out"; fail=1
+  fi
+else
+  echo "FAIL: writing the peer's state_dict"; fail=1
+fi
 exit $fail

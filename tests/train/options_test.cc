@@ -107,7 +107,7 @@ TEST(OptionTable, RulesHoldForValuesSetInCode) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  refused([](TrainConfig& c) { c.steps = 0; }, "--steps 0 is invalid; use 1 or more");
+  refused([](TrainConfig& c) { c.steps = -1; }, "--steps -1 is invalid; use 0 or more");
   refused([](TrainConfig& c) { c.prefetch = 9; }, "--prefetch 9 is invalid; use 0..8");
   refused([](TrainConfig& c) { c.memory_per_rank = 0; }, "--memory-per-rank 0 is invalid");
   refused([](TrainConfig& c) { c.offload_piece = 1000; }, "not a multiple of 1024");
@@ -115,7 +115,7 @@ TEST(OptionTable, RulesHoldForValuesSetInCode) {
   refused([](TrainConfig& c) { c.launch.ranks = 0; }, "--ranks 0 is invalid");
   // estimate checks only what it takes: --steps is train's alone.
   TrainConfig c = valid;
-  c.steps = 0;
+  c.steps = -1;
   EXPECT_NO_THROW(check_option_values(c, kEstimateCommand));
 }
 
