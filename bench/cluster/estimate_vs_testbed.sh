@@ -80,14 +80,31 @@ advised() {
     "$py" -c 'import json,sys; print(json.load(sys.stdin)[0]["node_mode_choice"]["flags"] or "--collectives flat")'
 }
 
+# Flat, two-level, HSDP and every ZeRO++ combination (hpZ, qwZ, qgZ int8/int4, over two-level
+# collectives). ZERODP_TESTBED_MODES=short keeps the first four (about a quarter of the time).
+tl="--collectives two-level"
 declare -A rates=(
-  ["--collectives two-level"]="25mbit 50mbit"
+  ["$tl"]="25mbit 50mbit"
   ["--collectives flat"]="25mbit 50mbit"
   ["--shard-within-node"]="25mbit 50mbit"
-  ["--collectives two-level --hpz --qwz --qgz int4"]="10mbit 20mbit"
+  ["$tl --hpz --qwz --qgz int4"]="10mbit 20mbit"
+  ["$tl --hpz"]="25mbit 50mbit"
+  ["$tl --qwz"]="20mbit 25mbit"
+  ["$tl --qgz int8"]="20mbit 25mbit"
+  ["$tl --qgz int4"]="20mbit 25mbit"
+  ["$tl --hpz --qwz"]="10mbit 20mbit"
+  ["$tl --hpz --qgz int8"]="10mbit 20mbit"
+  ["$tl --hpz --qgz int4"]="10mbit 20mbit"
+  ["$tl --qwz --qgz int8"]="10mbit 20mbit"
+  ["$tl --qwz --qgz int4"]="10mbit 20mbit"
+  ["$tl --hpz --qwz --qgz int8"]="10mbit 20mbit"
 )
-modes=("--collectives two-level" "--collectives flat" "--shard-within-node"
-       "--collectives two-level --hpz --qwz --qgz int4")
+modes=("$tl" "--collectives flat" "--shard-within-node" "$tl --hpz --qwz --qgz int4")
+if [[ ${ZERODP_TESTBED_MODES:-all} != short ]]; then
+  modes+=("$tl --hpz" "$tl --qwz" "$tl --qgz int8" "$tl --qgz int4" "$tl --hpz --qwz"
+          "$tl --hpz --qgz int8" "$tl --hpz --qgz int4" "$tl --qwz --qgz int8"
+          "$tl --qwz --qgz int4" "$tl --hpz --qwz --qgz int8")
+fi
 declare -A unshaped shaped spreads
 measure() {
   local mode=$1 rate
@@ -111,14 +128,14 @@ echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); $size, 2 hosts x 2
 echo "host rate bench-comm measures: $(for r in 10mbit 20mbit 25mbit 50mbit; do
   awk -v r="$r" -v m="${measured[$r]}" -v n="$(bytes_per_s "$r")" \
     'BEGIN {printf "%s %.2f MB/s (%.0f%%); ", r, m / 1e6, 100 * m / n}'; done)"
-printf '%-48s %7s %9s %9s %10s %7s %10s %7s %7s %10s\n' "mode" "rate" "unshaped" "testbed" \
+printf '%-44s %7s %9s %9s %10s %7s %10s %7s %7s %10s\n' "mode" "rate" "unshaped" "testbed" \
   "nominal" "ratio" "measured" "ratio" "serial" "spread"
 for mode in "${modes[@]}"; do
   for rate in ${rates[$mode]}; do
     t=${shaped["$mode@$rate"]}
     read -r nominal _ < <(estimated "$mode" "$(bytes_per_s "$rate")" "${unshaped[$mode]}")
     read -r over serial < <(estimated "$mode" "${measured[$rate]}" "${unshaped[$mode]}")
-    printf '%-48s %7s %9.3f %9.3f %10.3f %7.2f %10.3f %7.2f %7.2f %10s\n' "$mode" "$rate" \
+    printf '%-44s %7s %9.3f %9.3f %10.3f %7.2f %10.3f %7.2f %7.2f %10s\n' "$mode" "$rate" \
       "${unshaped[$mode]}" "$t" "$nominal" "$(awk -v a="$nominal" -v b="$t" 'BEGIN {print a / b}')" \
       "$over" "$(awk -v a="$over" -v b="$t" 'BEGIN {print a / b}')" \
       "$(awk -v a="$serial" -v b="$t" 'BEGIN {print a / b}')" "${spreads["$mode@$rate"]}"
@@ -126,7 +143,7 @@ for mode in "${modes[@]}"; do
 done
 
 # The advice: at each rate every mode measured there, and the one estimate names.
-for rate in 25mbit 50mbit; do
+for rate in 10mbit 20mbit 25mbit 50mbit; do
   pick=$(advised "${measured[$rate]}")
   fastest="" tf=""
   for mode in "${modes[@]}"; do

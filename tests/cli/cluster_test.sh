@@ -147,6 +147,18 @@ if grep -q "continued from .*step_00000002" "$tmp/nl3" &&
 else
   echo "FAIL: node-local disagreement: $(grep continued "$tmp/nl3"; tail -2 "$tmp/nl3")"; fail=1
 fi
+# --keep 1 across hosts: each host prunes its own disk once both committed, so each keeps the
+# newest step only, and the run resumes from it.
+"$vcluster" mpirun -np 2 timeout 60 "$zerodp" train --backend mpi "${common[@]}" --steps 3 \
+  --ranks-per-process 2 --stage 3 --checkpoint-dir "$nl/keep" --checkpoint-storage node-local \
+  --checkpoint-every 1 --keep 1 >"$tmp/nl5" 2>&1
+k1=$("$vcluster" exec 1 ls "$nl/keep" 2>&1 | grep step_ | tr '\n' ' ')
+k2=$("$vcluster" exec 2 ls "$nl/keep" 2>&1 | grep step_ | tr '\n' ' ')
+if [[ $k1 == "step_00000003 " && $k2 == "step_00000003 " ]]; then
+  echo "ok: node-local --keep 1: each host keeps step 3 only"
+else
+  echo "FAIL: node-local --keep 1: host 1 '$k1', host 2 '$k2'"; tail -3 "$tmp/nl5"; fail=1
+fi
 # On one host, ranks 2-3's shards are on host 2's disk: refused, naming it.
 "$vcluster" mpirun -np 1 timeout 60 "$zerodp" train --backend mpi --data synthetic --steps 6 \
   --no-progress --ranks-per-process 4 --stage 3 "${local_ck[@]}" --resume latest \
