@@ -188,6 +188,17 @@ int run_train(Flags& f, Launch args) {
   if (!r.resumed_from.empty()) {
     fmt::print("continued from {}: steps {}..{}\n", r.resumed_from, r.first_step, r.config.steps);
   }
+  if (!r.init_sha256.empty()) {
+    fmt::print("started from {} (sha256 {})\n", r.config.init_from, r.init_sha256.substr(0, 16));
+  }
+  if (r.steps.empty()) {
+    // --steps 0 (or a continuation with nothing left): no loss, rate or MFU to give.
+    fmt::print("no step trained; validation loss {}, weights sha256 {}\n",
+               r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
+               r.weights_sha256.substr(0, 16));
+    if (!c.report_path.empty()) fmt::print("report: {}\n", c.report_path);
+    return code;
+  }
   fmt::print("final loss {:.4f}, validation loss {}, {:.0f} tokens/s, weights sha256 {}\n",
              r.final_loss, r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
              r.tokens_per_second, r.weights_sha256.substr(0, 16));
