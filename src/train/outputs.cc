@@ -28,6 +28,7 @@ void check_outputs(const TrainConfig& cfg, std::span<const files::Named> extra_i
   if (!cfg.data.empty() && !is_builtin_data(cfg.data)) inputs.push_back({"--data", cfg.data});
   if (!cfg.resume.empty() && cfg.resume != "latest") inputs.push_back({"--resume", cfg.resume});
   if (!cfg.config_file.empty()) inputs.push_back({"--config", cfg.config_file});
+  if (!cfg.init_from.empty()) inputs.push_back({"--init-from", cfg.init_from});
   std::vector<files::Named> outputs;
   if (!cfg.report_path.empty()) outputs.push_back({"--report", cfg.report_path});
   if (!cfg.metrics_path.empty()) outputs.push_back({"--metrics", cfg.metrics_path});

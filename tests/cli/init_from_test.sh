@@ -117,5 +117,7 @@ refused "an extra tensor" extra.safetensors "holds h.0.attn.bias \[4\], which gp
 refused "an integer tensor" ints.safetensors "tensor h.0.ln_1.weight is I32; use F32, BF16 or F16"
 refused "another model's shape" w.safetensors "tensor wte.weight is \[256, 32\] in the file, \[256, 64\]" --embd 64
 refused "no such file" nothing.safetensors "init-from nothing.safetensors does not exist"
+# Last: an output over the input would destroy it.
+refused "the report over the weights" w.safetensors "would overwrite --init-from" --report w.safetensors
 
 exit $fail
