@@ -45,6 +45,11 @@ class TransportCommunicator final : public Communicator {
                                ReduceOp op) override;
   void run_broadcast(MutableBuffer buf, int root) override;
   void run_gather_control(std::span<const double> mine, std::span<double> all) override;
+  std::unique_ptr<Communicator> make_group(uint64_t split_id, std::span<const int> members,
+                                           int index, const CommOptions& options) override {
+    return std::make_unique<TransportCommunicator>(t_->group(split_id, members, index, options),
+                                                   options);
+  }
 
  private:
   // What qgZ's node phase leaves for its cross phase.

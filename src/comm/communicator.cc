@@ -531,6 +531,27 @@ std::vector<double> Communicator::gather_control(std::span<const double> mine) {
   return all;
 }
 
+std::unique_ptr<Communicator> Communicator::split(int color, int key, const CommOptions& options) {
+  // Ints are exact in a double, so the control gather carries them as they are.
+  const double mine[2] = {static_cast<double>(color), static_cast<double>(key)};
+  const std::vector<double> all = gather_control(mine);
+  std::vector<int> members;
+  for (int r = 0; r < size_; ++r) {
+    if (all[2 * static_cast<size_t>(r)] == mine[0]) members.push_back(r);
+  }
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return all[2 * static_cast<size_t>(a) + 1] < all[2 * static_cast<size_t>(b) + 1];
+  });
+  const auto at = std::find(members.begin(), members.end(), rank_);
+  return make_group(splits_++, members, static_cast<int>(at - members.begin()), options);
+}
+
+std::unique_ptr<Communicator> Communicator::make_group(uint64_t, std::span<const int>, int,
+                                                       const CommOptions&) {
+  throw InvalidArgument(
+      fmt::format("the {} backend cannot split its ranks into groups yet", backend_name()));
+}
+
 void Communicator::barrier() {
   const double token = 0;
   (void)gather_control(std::span<const double>(&token, 1));

@@ -198,6 +198,13 @@ class Communicator {
   // Returns when every rank has called barrier(). Counted as control traffic.
   void barrier();
 
+  // The ranks that call split with the same `color`, as a communicator of their own, numbered
+  // by (key, rank), with `options` (their node_ranks counts within the group). Collective:
+  // every rank calls it, in the same order. The group's collectives and ledger are its own;
+  // an abort of this communicator ends the group's waits too. For ranks that work apart and
+  // meet in groups (DiLoCo's islands and columns). InvalidArgument on a backend that cannot.
+  std::unique_ptr<Communicator> split(int color, int key, const CommOptions& options);
+
   // Control traffic (loss, overflow flags, partial norms): every rank contributes the same
   // number of values; all receive everyone's, rank-major (values of rank 0 first).
   // Reducing them is the caller's business, in rank order.
@@ -237,6 +244,11 @@ class Communicator {
   virtual void run_gather_control(std::span<const double> mine, std::span<double> all) = 0;
   // Must be called by the backend's destructor before its members go away.
   void stop_worker();
+  // split's backend part: this rank's communicator among `members` (world ranks, in the
+  // group's order; this rank is members[index]), for split number `split_id` of this
+  // communicator. The default refuses.
+  virtual std::unique_ptr<Communicator> make_group(uint64_t split_id, std::span<const int> members,
+                                                   int index, const CommOptions& options);
   // The backend's abort record (a ThreadGroup's aborted_flag(): this rank's own abort, or
   // a peer's it can see without communicating). Once it is set the simulated link's waits end
   // early, since the next collective fails anyway. Call it from the backend's constructor,
@@ -285,6 +297,7 @@ class Communicator {
 
   int rank_;
   int size_;
+  uint64_t splits_ = 0;  // split() calls so far
   CommOptions options_;
   CommLedger ledger_;
   std::unique_ptr<Worker> worker_;

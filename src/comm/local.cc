@@ -5,6 +5,8 @@
 #include <exception>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -20,6 +22,7 @@
 #include "comm/thread_group.h"
 #include "comm/transport.h"
 #include "core/error.h"
+#include "core/mutex.h"
 
 namespace zerodp {
 
@@ -29,10 +32,42 @@ struct LocalWorld::Shared {
   Shared(int n, const CommOptions& opt)
       : world(n), options(opt), slots(static_cast<size_t>(n)), group(n, 0, opt.timeout_seconds) {}
 
+  // Fails this world and every group split from it, so waits in a group end too.
+  void abort(int rank, const std::string& reason) EXCLUDES(mu) {
+    group.abort(rank, reason);
+    std::vector<std::shared_ptr<Shared>> live;
+    {
+      MutexLock lock(mu);
+      for (auto& [key, child] : groups) {
+        if (auto c = child.lock()) live.push_back(std::move(c));
+      }
+    }
+    for (auto& c : live) c->abort(-1, fmt::format("rank {} of the world failed: {}", rank, reason));
+  }
+  // The state of the group of split `split_id` whose first member is `first`: made by the
+  // first member to ask, shared with the others.
+  std::shared_ptr<Shared> group_of(uint64_t split_id, int first, int members,
+                                   const CommOptions& opt) EXCLUDES(mu) {
+    std::shared_ptr<Shared> child;
+    {
+      MutexLock lock(mu);
+      std::weak_ptr<Shared>& slot = groups[{split_id, first}];
+      child = slot.lock();
+      if (!child) {
+        child = std::make_shared<Shared>(members, opt);
+        slot = child;
+      }
+    }
+    if (group.aborted()) child->abort(group.failed_rank(), group.failure());
+    return child;
+  }
+
   const int world;
   const CommOptions options;
   std::vector<PublishedSlot> slots;
   ThreadGroup group;
+  Mutex mu;
+  std::map<std::pair<uint64_t, int>, std::weak_ptr<Shared>> groups GUARDED_BY(mu);
 };
 
 namespace {
@@ -72,12 +107,23 @@ class LocalTransport final : public Transport {
   }
   void abort(const std::string& reason) noexcept override {
     try {
-      shared_->group.abort(rank(), reason);
+      shared_->abort(rank(), reason);
     } catch (...) {
       // Aborting must not fail; the peers then fail by their timeout instead.
     }
   }
   const std::atomic<bool>* abort_flag() const override { return &shared_->group.aborted_flag(); }
+  std::unique_ptr<Transport> group(uint64_t split_id, std::span<const int> members, int index,
+                                   const CommOptions& options) override {
+    if (!(options.timeout_seconds > 0)) {
+      throw InvalidArgument(fmt::format(
+          "collective timeout {} s is invalid; use a positive number of seconds (default 300)",
+          options.timeout_seconds));
+    }
+    auto child =
+        shared_->group_of(split_id, members.front(), static_cast<int>(members.size()), options);
+    return std::make_unique<LocalTransport>(index, std::move(child));
+  }
 
  private:
   std::shared_ptr<LocalWorld::Shared> shared_;

@@ -15,9 +15,13 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "comm/communicator.h"
 
 namespace zerodp {
 
@@ -133,6 +137,11 @@ class Transport {
   virtual void abort(const std::string& reason) noexcept = 0;
   // Set once this rank or a peer it can see failed (Communicator::watch_abort_flag).
   virtual const std::atomic<bool>* abort_flag() const = 0;
+  // This rank's transport among `members` (ranks of this transport, in the group's order;
+  // this rank is members[index]) for split number `split_id` (Communicator::split). Called by
+  // every member. The default refuses: InvalidArgument naming the transport.
+  virtual std::unique_ptr<Transport> group(uint64_t split_id, std::span<const int> members,
+                                           int index, const CommOptions& options);
 
  protected:
   // `slots`: one per rank here, indexed by rank % here_count, alive as long as the transport.

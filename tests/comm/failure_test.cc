@@ -146,5 +146,54 @@ TEST(Failure, CollectivesAfterAFailureFailImmediately) {
   });
 }
 
+// Communicator::split: islands (ranks of a node) and columns (the ranks of one local index),
+// each a world of its own.
+TEST(Split, IslandsAndColumnsAreWorldsOfTheirOwn) {
+  std::vector<std::vector<float>> island_sums(4), column_sums(4);
+  std::vector<int> island_ranks(4), column_ranks(4), reversed(4);
+  std::vector<uint64_t> world_reduce_bytes(4);
+  run_local(4, {.timeout_seconds = 30}, [&](Communicator& world) {
+    const int r = world.rank();
+    auto island = world.split(r / 2, r, {.timeout_seconds = 30});
+    auto column = world.split(r % 2, r, {.timeout_seconds = 30});
+    auto backwards = world.split(0, -r, {.timeout_seconds = 30});
+    std::vector<float> a = {static_cast<float>(r + 1), 10.0f * static_cast<float>(r + 1)};
+    std::vector<float> b = a;
+    island->all_reduce(std::span<float>(a), ReduceOp::kSum);
+    column->all_reduce(std::span<float>(b), ReduceOp::kSum);
+    island_sums[r] = a;
+    column_sums[r] = b;
+    island_ranks[r] = island->rank() * 10 + island->size();
+    column_ranks[r] = column->rank() * 10 + column->size();
+    reversed[r] = backwards->rank();
+    world_reduce_bytes[r] = world.ledger().total(CommKind::kAllReduce).bytes;
+  });
+  for (int r = 0; r < 4; ++r) {
+    const float island = r < 2 ? 1 + 2 : 3 + 4;
+    const float column = r % 2 == 0 ? 1 + 3 : 2 + 4;
+    EXPECT_EQ(island_sums[r], (std::vector<float>{island, 10 * island})) << "rank " << r;
+    EXPECT_EQ(column_sums[r], (std::vector<float>{column, 10 * column})) << "rank " << r;
+    EXPECT_EQ(island_ranks[r], (r % 2) * 10 + 2) << "rank " << r;
+    EXPECT_EQ(column_ranks[r], (r / 2) * 10 + 2) << "rank " << r;
+    EXPECT_EQ(reversed[r], 3 - r) << "keys order the group";
+    EXPECT_EQ(world_reduce_bytes[r], 0u) << "a group's traffic is its own ledger's";
+  }
+}
+
+TEST(Split, ARankThatFailsEndsItsGroupsWaitsAtOnce) {
+  const auto t0 = Clock::now();
+  EXPECT_THROW(run_local(4, {.timeout_seconds = 60},
+                         [&](Communicator& world) {
+                           const int r = world.rank();
+                           auto island = world.split(r / 2, r, {.timeout_seconds = 60});
+                           if (r == 2) throw std::runtime_error("rank 2 fails on purpose");
+                           std::vector<float> a(8, 1.0f);
+                           island->all_reduce(std::span<float>(a), ReduceOp::kSum);
+                           world.barrier();
+                         }),
+               std::runtime_error);
+  EXPECT_LT(seconds_since(t0), 5.0) << "rank 3 waited in its island for the timeout";
+}
+
 }  // namespace
 }  // namespace zerodp

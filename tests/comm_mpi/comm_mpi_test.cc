@@ -1160,6 +1160,21 @@ TEST(MpiSessionTest, ReportsTheJob) {
   EXPECT_EQ(comm->size(), world());
 }
 
+// Communicator::split is built on the local backend only so far: MPI refuses it on every
+// rank alike, after the split's own exchange, and the communicator goes on working.
+TEST(MpiSessionTest, SplitIsRefusedOnEveryRankAndTheCommunicatorGoesOn) {
+  auto comm = make_mpi();
+  try {
+    (void)comm->split(my_rank() % 2, my_rank(), {});
+    ADD_FAILURE() << "split was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot split its ranks into groups yet"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(comm->sum_control(1.0), static_cast<double>(world()));
+}
+
 TEST(MpiSessionTest, RejectsAChunkSizeTheRanksDisagreeOn) {
   if (world() < 2) GTEST_SKIP() << "one rank cannot disagree with itself";
   ASSERT_EQ(setenv(kChunkEnv, my_rank() == 0 ? "4096" : "8192", 1), 0);
