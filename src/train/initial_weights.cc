@@ -34,7 +34,13 @@ class UnitReader {
     for (const TensorSpec& t : unit_.tensors()) {
       const size_t lo = std::max(first, t.offset), hi = std::min(end, t.offset + t.numel);
       if (lo >= hi) continue;
-      const st::TensorInfo& info = *file_.find(t.name);
+      const st::TensorInfo* found = file_.find(t.name);
+      // Checked before training; a file replaced since is caught here.
+      if (found == nullptr || found->numel() != t.numel || !widenable(found->type)) {
+        throw CorruptData(fmt::format("--init-from {}: tensor {} changed since it was checked",
+                                      file_.path().string(), t.name));
+      }
+      const st::TensorInfo& info = *found;
       std::span<float> into = out.subspan(lo - first, hi - lo);
       const size_t at = lo - t.offset;
       if (info.type == st::ElementType::kF32) {
