@@ -3,7 +3,9 @@
 //
 //   ShardedState     (sharded_state.h)   the model states this rank holds, and their offsets
 //   StagePlan        (stage_plan.h)      what the stage makes the loop do
-//   GatherQueue      (gather_queue.h)    stage 3's parameter gathers ahead of compute
+//   GatherQueue      (gather_queue.h)    stage 3's parameter gathers ahead of compute, from
+//                                        the pass's GatherSource
+//   StateStore       (state_store.h)     where the states live: memory, or the offload file
 //   GradientReducer  (grad_reducer.h)    micro-batch gradients to the averaged gradient
 //   OptimizerStep    (optimizer_step.h)  clipping, loss scaling, AdamW, rounding back, gathers
 //   FaultPlan        (fault_plan.h)      --inject's hook points
