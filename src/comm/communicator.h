@@ -202,7 +202,9 @@ class Communicator {
   // by (key, rank), with `options` (their node_ranks counts within the group). Collective:
   // every rank calls it, in the same order. The group's collectives and ledger are its own;
   // an abort of this communicator ends the group's waits too. For ranks that work apart and
-  // meet in groups (DiLoCo's islands and columns). InvalidArgument on a backend that cannot.
+  // meet in groups (DiLoCo's islands and columns). InvalidArgument for a split the backend
+  // cannot make (MPI: a group's ranks in a process must be consecutive and as many in every
+  // process, and only the world splits).
   std::unique_ptr<Communicator> split(int color, int key, const CommOptions& options);
 
   // Control traffic (loss, overflow flags, partial norms): every rank contributes the same

@@ -33,6 +33,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,14 +56,11 @@ constexpr int kMaxNoticeBytes = 512;
 // An abort notice starts with the failed rank (a process may host several).
 constexpr size_t kNoticeHeader = sizeof(int32_t);
 
-// The ranks one process hosts: T threads, ranks p * T .. p * T + T - 1 of a world of T ranks
-// per process. They share one MPI communicator and the slots where they publish their
-// buffers, and meet at the group's barrier.
-struct ProcessGroup {
-  // Takes ownership of `c`, a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN.
-  ProcessGroup(MPI_Comm c, int t, int first_rank, double timeout_seconds)
-      : comm(c), threads(t), slots(static_cast<size_t>(t)), meet(t, first_rank, timeout_seconds) {}
-  ~ProcessGroup() {
+// A duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN, shared by the transports that send on
+// it (the world's, or the groups of one split), freed with the last of them.
+struct WireComm {
+  explicit WireComm(MPI_Comm c) : comm(c) {}
+  ~WireComm() {
     MutexLock lock(mpi_mutex());
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -71,24 +70,58 @@ struct ProcessGroup {
     // failure, and a failure ends the job.
     if (!finalized && !failed.load()) MPI_Comm_free(&comm);
   }
+  WireComm(const WireComm&) = delete;
+  WireComm& operator=(const WireComm&) = delete;
+  MPI_Comm comm;
+  std::atomic<bool> failed{false};
+};
+
+// The ranks of a world (or of a group split from it) that this process hosts: a block of
+// consecutive ranks, first_rank .. first_rank + threads - 1. They share the wire and the
+// slots where they publish their buffers, and meet at the group's barrier.
+struct ProcessGroup {
+  ProcessGroup(std::shared_ptr<WireComm> w, int t, int first_rank, double timeout_seconds)
+      : wire(std::move(w)),
+        comm(wire->comm),
+        threads(t),
+        slots(static_cast<size_t>(t)),
+        meet(t, first_rank, timeout_seconds) {}
+  ~ProcessGroup() {
+    if (failed.load()) wire->failed = true;
+  }
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
+  std::shared_ptr<WireComm> wire;
   MPI_Comm comm;
   const int threads;
   std::vector<PublishedSlot> slots;  // indexed by local index
   ThreadGroup meet;                  // the members' barrier and abort record
   std::atomic<bool> failed{false};   // a member failed: keep the communicator allocated
+
+  // Splits of a world (not of a group: a new wire is a collective of every process, and a
+  // group's members are not every process): split number -> its wire, made by this
+  // process's first rank to ask; (split, first member) -> a group's part in this process.
+  Mutex mu;
+  CondVar wire_made;
+  std::map<uint64_t, std::shared_ptr<WireComm>> split_wires GUARDED_BY(mu);
+  std::map<uint64_t, std::string> split_errors GUARDED_BY(mu);
+  std::map<std::pair<uint64_t, int>, std::weak_ptr<ProcessGroup>> split_groups GUARDED_BY(mu);
 };
 
 class MpiTransport final : public Transport {
  public:
+  // `world_of`: each rank's world rank, and `world_threads` the world's ranks per process
+  // (the identity and here_count for the world itself): what processes and tags are made of.
   MpiTransport(std::shared_ptr<ProcessGroup> group, int rank, int size, double timeout_seconds,
-               size_t chunk_bytes)
+               size_t chunk_bytes, std::vector<int> world_of, int world_threads, bool is_world)
       : Transport(rank, size, group->threads, chunk_bytes, group->slots.data()),
         group_(std::move(group)),
         comm_(group_->comm),
-        timeout_seconds_(timeout_seconds) {
+        timeout_seconds_(timeout_seconds),
+        world_of_(std::move(world_of)),
+        world_threads_(world_threads),
+        is_world_(is_world) {
     MutexLock lock(mpi_mutex());
     const int code = MPI_Irecv(notice_buffer_.data(), static_cast<int>(notice_buffer_.size()),
                                MPI_CHAR, MPI_ANY_SOURCE, notice_tag(rank), comm_, &notice_request_);
@@ -180,6 +213,13 @@ class MpiTransport final : public Transport {
 
   const std::atomic<bool>* abort_flag() const override { return &group_->failed; }
 
+  std::unique_ptr<Transport> group(uint64_t split_id, std::span<const int> members, int index,
+                                   const CommOptions& options) override;
+
+ private:
+  std::shared_ptr<WireComm> split_wire(uint64_t split_id);
+
+ public:
  private:
   struct Failure {
     std::string message;  // why this transport can no longer be used
@@ -204,12 +244,15 @@ class MpiTransport final : public Transport {
   }
   void record_notice(const MPI_Status& status);
 
-  int process_of(int peer) const { return peer / here_count(); }
-  // A message's tag on the shared communicator: its phase and both ends' local indices, so
-  // the messages of different ranks of one process never match each other's receives.
+  int process_of(int peer) const { return world_of_[static_cast<size_t>(peer)] / world_threads_; }
+  // A message's tag on the shared communicator: its phase and both ends' local indices in
+  // their processes, so the messages of different ranks of one process (of any group sharing
+  // the wire) never match each other's receives.
   int wire_tag(Phase phase, int from, int to) const {
-    const int t = here_count();
-    return (static_cast<int>(phase) * t + from % t) * t + to % t;
+    const int t = world_threads_;
+    const int from_local = world_of_[static_cast<size_t>(from)] % t;
+    const int to_local = world_of_[static_cast<size_t>(to)] % t;
+    return (static_cast<int>(phase) * t + from_local) * t + to_local;
   }
   // Notices come from any rank, so their tag names the receiver only.
   int notice_tag(int to) const { return wire_tag(Phase::kNotice, 0, to); }
@@ -217,6 +260,9 @@ class MpiTransport final : public Transport {
   std::shared_ptr<ProcessGroup> group_;
   MPI_Comm comm_;  // the group's
   const double timeout_seconds_;
+  const std::vector<int> world_of_;
+  const int world_threads_;
+  const bool is_world_;
   Clock::time_point deadline_{};  // the current collective's
   uint64_t collectives_ = 0;      // started, for messages
 
@@ -409,18 +455,121 @@ void MpiTransport::record_notice(const MPI_Status& status) {
   }
 }
 
+// A split of the world (Communicator::split): the group's ranks in this process must be a
+// block of consecutive group ranks, aligned and of one size for every process with any (how
+// islands of whole processes and columns of one rank per process come out); the groups of
+// one split share a new wire, made once per process.
+std::unique_ptr<Transport> MpiTransport::group(uint64_t split_id, std::span<const int> members,
+                                               int index, const CommOptions& options) {
+  if (!is_world_) {
+    throw InvalidArgument(
+        "mpi: a group cannot be split again (a new wire is a collective of every process); split "
+        "the world");
+  }
+  std::vector<int> world_of(members.begin(), members.end());
+  std::map<int, std::pair<int, int>> blocks;  // process -> (first group rank, count)
+  for (size_t g = 0; g < world_of.size(); ++g) {
+    auto [it, fresh] = blocks.try_emplace(process_of(world_of[g]), static_cast<int>(g), 0);
+    if (it->second.first + it->second.second != static_cast<int>(g)) {
+      throw InvalidArgument(
+          fmt::format("mpi: split group of {} ranks has process {}'s ranks apart; keys must keep a "
+                      "process's ranks together",
+                      world_of.size(), it->first));
+    }
+    ++it->second.second;
+  }
+  const auto [first_here, here] = blocks.at(process_of(rank()));
+  for (const auto& [process, block] : blocks) {
+    if (block.second != here || block.first % here != 0) {
+      throw InvalidArgument(fmt::format(
+          "mpi: split group of {} ranks holds {} ranks of process {} and {} of this one; every "
+          "process must hold as many of the group's ranks",
+          world_of.size(), block.second, process, here));
+    }
+  }
+  std::shared_ptr<WireComm> wire = split_wire(split_id);
+  std::shared_ptr<ProcessGroup> part;
+  {
+    MutexLock lock(group_->mu);
+    std::weak_ptr<ProcessGroup>& slot = group_->split_groups[{split_id, world_of.front()}];
+    part = slot.lock();
+    if (!part) {
+      part = std::make_shared<ProcessGroup>(wire, here, first_here, options.timeout_seconds);
+      slot = part;
+    }
+  }
+  return std::make_unique<MpiTransport>(part, index, static_cast<int>(world_of.size()),
+                                        options.timeout_seconds, chunk_bytes(), world_of,
+                                        world_threads_, false);
+}
+
+// Split `split_id`'s wire: a duplicate of the world's, made by this process's first rank to
+// ask (MPI_Comm_idup is a collective of every process, called once per process in split
+// order, which the split's own world-wide exchange keeps), awaited by the others.
+std::shared_ptr<WireComm> MpiTransport::split_wire(uint64_t split_id) {
+  bool maker = false;
+  {
+    MutexLock lock(group_->mu);
+    if (group_->split_wires.count(split_id) == 0) {
+      group_->split_wires[split_id] = nullptr;
+      maker = true;
+    }
+  }
+  if (maker) {
+    constexpr std::string_view what = "split";
+    std::string error;
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+    try {
+      {
+        MutexLock lock(mpi_mutex());
+        check_mpi(MPI_Comm_idup(comm_, &comm, requests.data()), what, "MPI_Comm_idup");
+      }
+      if (poll(requests, nullptr, nullptr, nullptr, deadline_after(timeout_seconds_), what) !=
+          PollResult::kDone) {
+        error = fmt::format("split on rank {} timed out after {} s making its communicator", rank(),
+                            timeout_seconds_);
+      } else {
+        MutexLock lock(mpi_mutex());
+        check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), what,
+                  "MPI_Comm_set_errhandler");
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    MutexLock lock(group_->mu);
+    if (error.empty()) {
+      group_->split_wires[split_id] = std::make_shared<WireComm>(comm);
+    } else {
+      group_->split_errors[split_id] = error;
+    }
+    group_->wire_made.notify_all();
+  }
+  MutexLock lock(group_->mu);
+  for (;;) {
+    if (const auto& wire = group_->split_wires[split_id]) return wire;
+    if (const auto it = group_->split_errors.find(split_id); it != group_->split_errors.end()) {
+      throw CommError(it->second, -1);
+    }
+    group_->wire_made.wait(group_->mu);
+  }
+}
+
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_process_communicators(MPI_Comm comm, int threads,
                                                                       int process, int processes,
                                                                       const CommOptions& options,
                                                                       size_t chunk_bytes) {
-  auto group =
-      std::make_shared<ProcessGroup>(comm, threads, process * threads, options.timeout_seconds);
+  auto group = std::make_shared<ProcessGroup>(std::make_shared<WireComm>(comm), threads,
+                                              process * threads, options.timeout_seconds);
+  std::vector<int> identity(static_cast<size_t>(processes * threads));
+  for (size_t r = 0; r < identity.size(); ++r) identity[r] = static_cast<int>(r);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int l = 0; l < threads; ++l) {
-    auto transport = std::make_unique<MpiTransport>(
-        group, process * threads + l, processes * threads, options.timeout_seconds, chunk_bytes);
+    auto transport = std::make_unique<MpiTransport>(group, process * threads + l,
+                                                    processes * threads, options.timeout_seconds,
+                                                    chunk_bytes, identity, threads, true);
     comms.push_back(make_transport_communicator(std::move(transport), options));
   }
   return comms;

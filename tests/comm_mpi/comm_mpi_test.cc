@@ -1160,21 +1160,6 @@ TEST(MpiSessionTest, ReportsTheJob) {
   EXPECT_EQ(comm->size(), world());
 }
 
-// Communicator::split is built on the local backend only so far: MPI refuses it on every
-// rank alike, after the split's own exchange, and the communicator goes on working.
-TEST(MpiSessionTest, SplitIsRefusedOnEveryRankAndTheCommunicatorGoesOn) {
-  auto comm = make_mpi();
-  try {
-    (void)comm->split(my_rank() % 2, my_rank(), {});
-    ADD_FAILURE() << "split was accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot split its ranks into groups yet"),
-              std::string::npos)
-        << e.what();
-  }
-  EXPECT_EQ(comm->sum_control(1.0), static_cast<double>(world()));
-}
-
 TEST(MpiSessionTest, RejectsAChunkSizeTheRanksDisagreeOn) {
   if (world() < 2) GTEST_SKIP() << "one rank cannot disagree with itself";
   ASSERT_EQ(setenv(kChunkEnv, my_rank() == 0 ? "4096" : "8192", 1), 0);
@@ -1447,6 +1432,52 @@ INSTANTIATE_TEST_SUITE_P(Modes, MpiThreadsTest,
                            return fmt::format("T{}_node{}_{}_qgz{}", p.t, p.node_ranks,
                                               p.two_level ? "twolevel" : "flat", p.qgz_bits);
                          });
+
+// Communicator::split under MPI: islands (ranks / 2) and columns (ranks % 2), with one rank
+// per process (every group across processes) and two (an island is a process's two threads,
+// a column one rank per process). Each group sums its own ranks, numbers them in key order,
+// and a group split from a group is refused.
+TEST(MpiThreadsTest, SplitGroupsSumTheirOwnRanks) {
+  for (int t : {1, 2}) {
+    const int n = world() * t;
+    if (n % 2 != 0) continue;
+    const auto results = run_as_threads(t, kOptions, [&](Communicator& c) {
+      const int r = c.rank();
+      auto island = c.split(r / 2, r, kOptions);
+      auto column = c.split(r % 2, -r, kOptions);  // keys reversed: column ranks count down
+      std::vector<float> a = {static_cast<float>(r + 1)};
+      std::vector<float> b = a;
+      island->all_reduce(std::span<float>(a), ReduceOp::kSum);
+      column->all_reduce(std::span<float>(b), ReduceOp::kSum);
+      bool nested_refused = false;
+      try {
+        (void)island->split(0, 0, kOptions);
+      } catch (const InvalidArgument&) {
+        nested_refused = true;
+      }
+      return std::vector<double>{a[0],
+                                 b[0],
+                                 double(island->rank()),
+                                 double(island->size()),
+                                 double(column->rank()),
+                                 double(column->size()),
+                                 double(nested_refused)};
+    });
+    for (int l = 0; l < t; ++l) {
+      const int r = my_rank() * t + l;
+      double column_sum = 0;
+      for (int q = r % 2; q < n; q += 2) column_sum += q + 1;
+      const std::vector<double> want = {double(2 * (r / 2) + 1 + 2 * (r / 2) + 2),
+                                        column_sum,
+                                        double(r % 2),
+                                        2,
+                                        double(n / 2 - 1 - r / 2),
+                                        double(n / 2),
+                                        1};
+      EXPECT_EQ(results[static_cast<size_t>(l)], want) << "rank " << r << " of " << n;
+    }
+  }
+}
 
 TEST(MpiThreadsTest, NodeAllGatherMatchesTheShardsOfTheNode) {
   for (int t : {2, 3}) {
