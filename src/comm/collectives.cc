@@ -62,12 +62,6 @@ std::string describe(const Fingerprint& f) {
   return fmt::format("{}({}) #{}", kind, detail, f.seq);
 }
 
-std::unique_ptr<Transport> Transport::group(uint64_t, std::span<const int>, int,
-                                            const CommOptions&) {
-  throw InvalidArgument(fmt::format(
-      "the {} backend cannot split its ranks into groups yet (Communicator::split)", name()));
-}
-
 namespace collectives_detail {
 
 TransportCommunicator::TransportCommunicator(std::unique_ptr<Transport> transport,

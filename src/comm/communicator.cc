@@ -546,12 +546,6 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const Comm
   return make_group(splits_++, members, static_cast<int>(at - members.begin()), options);
 }
 
-std::unique_ptr<Communicator> Communicator::make_group(uint64_t, std::span<const int>, int,
-                                                       const CommOptions&) {
-  throw InvalidArgument(
-      fmt::format("the {} backend cannot split its ranks into groups yet", backend_name()));
-}
-
 void Communicator::barrier() {
   const double token = 0;
   (void)gather_control(std::span<const double>(&token, 1));

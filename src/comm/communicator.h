@@ -248,9 +248,9 @@ class Communicator {
   void stop_worker();
   // split's backend part: this rank's communicator among `members` (world ranks, in the
   // group's order; this rank is members[index]), for split number `split_id` of this
-  // communicator. The default refuses.
+  // communicator; InvalidArgument for a group the backend cannot make.
   virtual std::unique_ptr<Communicator> make_group(uint64_t split_id, std::span<const int> members,
-                                                   int index, const CommOptions& options);
+                                                   int index, const CommOptions& options) = 0;
   // The backend's abort record (a ThreadGroup's aborted_flag(): this rank's own abort, or
   // a peer's it can see without communicating). Once it is set the simulated link's waits end
   // early, since the next collective fails anyway. Call it from the backend's constructor,

@@ -139,9 +139,9 @@ class Transport {
   virtual const std::atomic<bool>* abort_flag() const = 0;
   // This rank's transport among `members` (ranks of this transport, in the group's order;
   // this rank is members[index]) for split number `split_id` (Communicator::split). Called by
-  // every member. The default refuses: InvalidArgument naming the transport.
+  // every member; InvalidArgument for a group this transport cannot make.
   virtual std::unique_ptr<Transport> group(uint64_t split_id, std::span<const int> members,
-                                           int index, const CommOptions& options);
+                                           int index, const CommOptions& options) = 0;
 
  protected:
   // `slots`: one per rank here, indexed by rank % here_count, alive as long as the transport.

@@ -18,7 +18,7 @@ LrSchedule make_schedule(const TrainConfig& cfg) {
   lc.max_lr = cfg.lr;
   lc.warmup_steps = cfg.warmup;
   // --steps 0 evaluates no step of it: any valid schedule does.
-  lc.total_steps = std::max<int64_t>(cfg.steps, cfg.warmup + 1);
+  lc.total_steps = cfg.steps > 0 ? cfg.steps : cfg.warmup + 1;
   lc.min_lr = cfg.lr * cfg.min_lr_ratio;
   return LrSchedule(lc);
 }
