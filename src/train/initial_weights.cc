@@ -2,6 +2,7 @@
 #include "train/initial_weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <vector>
 
@@ -97,6 +98,24 @@ void check_initial_weights(const Model& model, const std::string& model_name,
         throw InvalidArgument(fmt::format("{}: tensor {} is {}; use F32, BF16 or F16 weights",
                                           where, t.name, st::element_type_name(info->type)));
       }
+    }
+  }
+  // Every value finite: a NaN or an infinity would train into NaN losses without a word.
+  std::vector<float> values;
+  for (const auto& unit : model) {
+    UnitReader read(reader, *unit);
+    constexpr size_t kChunk = size_t{1} << 20;
+    for (size_t at = 0; at < unit->numel(); at += kChunk) {
+      values.resize(std::min(kChunk, unit->numel() - at));
+      read.read(at, values);
+      const auto bad =
+          std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+      if (bad == values.end()) continue;
+      const size_t i = at + static_cast<size_t>(bad - values.begin());
+      const auto t = std::find_if(unit->tensors().begin(), unit->tensors().end(),
+                                  [i](const TensorSpec& x) { return i < x.offset + x.numel; });
+      throw InvalidArgument(fmt::format("{}: tensor {} holds {} at element {}; give finite weights",
+                                        where, t->name, *bad, i - t->offset));
     }
   }
   for (const st::TensorInfo& info : reader.header().tensors) {

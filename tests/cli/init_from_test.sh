@@ -114,6 +114,8 @@ refused() {  # refused NAME FILE PATTERN [FLAGS...]
 "$py" "$edit" w.safetensors ints.safetensors --retype h.0.ln_1.weight=I32
 refused "a missing tensor" missing.safetensors "no tensor h.1.mlp.c_fc.weight \[128, 32\]"
 refused "an extra tensor" extra.safetensors "holds h.0.attn.bias \[4\], which gpt tiny does not have"
+"$py" "$edit" w.safetensors nan.safetensors --nan h.1.attn.c_proj.weight
+refused "a NaN weight" nan.safetensors "tensor h.1.attn.c_proj.weight holds nan at element 0; give finite weights"
 refused "an integer tensor" ints.safetensors "tensor h.0.ln_1.weight is I32; use F32, BF16 or F16"
 refused "another model's shape" w.safetensors "tensor wte.weight is \[256, 32\] in the file, \[256, 64\]" --embd 64
 refused "no such file" nothing.safetensors "init-from nothing.safetensors does not exist"
