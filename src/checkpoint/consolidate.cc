@@ -114,7 +114,7 @@ ExportSummary export_fp32(const std::filesystem::path& dir, const std::filesyste
       for (uint64_t done = 0; done < t.numel; done += chunk_elements) {
         const uint64_t n = std::min(chunk_elements, t.numel - done);
         buf.resize(n);
-        ckpt.read_master(ui, t.offset + done, buf);
+        ckpt.read_weights(ui, t.offset + done, buf);
         to_out([&] { w->write_values(std::span<const float>(buf)); });
       }
     }
@@ -139,7 +139,7 @@ ConsolidatedModel read_consolidated(const std::filesystem::path& dir, const Mode
   for (size_t ui = 0; ui < m.units.size(); ++ui) {
     model.unit_names.push_back(m.units[ui].name);
     std::vector<float> w(m.units[ui].numel);
-    ckpt.read_master(ui, 0, w);
+    ckpt.read_weights(ui, 0, w);
     model.unit_weights.push_back(std::move(w));
   }
   return model;

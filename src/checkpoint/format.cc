@@ -27,6 +27,7 @@ std::string to_json(const Meta& m) {
   j["zerodp_version"] = m.zerodp_version;
   j["step"] = m.step;
   j["world_size"] = m.world_size;
+  if (m.islands > 1) j["islands"] = m.islands;
   j["stage"] = m.stage;
   j["precision"] = m.precision;
   Json model;
@@ -160,15 +161,18 @@ void parse_files(const Fields& f, const Json& j, Meta& m) {
     m.files.push_back(std::move(file));
   }
   // The rank files, then the history (absent from checkpoints of earlier versions).
-  const auto ranks = static_cast<size_t>(m.world_size);
+  const auto ranks = static_cast<size_t>(m.shard_files());
   if (m.files.size() != ranks && m.files.size() != ranks + 1) {
-    f.fail("files", fmt::format("lists {} files for world_size {}", m.files.size(), m.world_size));
+    f.fail("files", m.islands > 1 ? fmt::format("lists {} files for world_size {} x islands {}",
+                                                m.files.size(), m.world_size, m.islands)
+                                  : fmt::format("lists {} files for world_size {}", m.files.size(),
+                                                m.world_size));
   }
   if (m.files.size() == ranks + 1 && m.files.back().name != kHistoryFile) {
     f.fail(fmt::format("files[{}].name", ranks),
            fmt::format("is \"{}\", expected \"{}\"", m.files.back().name, kHistoryFile));
   }
-  for (int r = 0; r < m.world_size; ++r) {
+  for (int r = 0; r < m.shard_files(); ++r) {
     if (m.files[static_cast<size_t>(r)].name != rank_file_name(r)) {
       f.fail(fmt::format("files[{}].name", r),
              fmt::format("is \"{}\", expected \"{}\"", m.files[static_cast<size_t>(r)].name,
@@ -266,6 +270,10 @@ Meta parse_meta(std::string_view text, std::string_view what) {
   m.world_size = f.get<int>(j, "", "world_size");
   if (m.world_size < 1)
     f.fail("world_size", fmt::format("is {}, expected 1 or more", m.world_size));
+  if (j.contains("islands")) {
+    m.islands = f.get<int>(j, "", "islands");
+    if (m.islands < 2) f.fail("islands", fmt::format("is {}, expected 2 or more", m.islands));
+  }
   m.stage = f.get<int>(j, "", "stage");
   if (m.stage < 0 || m.stage > 3) f.fail("stage", fmt::format("is {}, expected 0..3", m.stage));
   m.precision = f.get<std::string>(j, "", "precision");

@@ -72,6 +72,10 @@ struct Meta {
   std::string zerodp_version;
   uint64_t step = 0;  // optimizer steps completed; a continuation runs step + 1 next
   int world_size = 0;
+  // DiLoCo (train --islands): every island's ranks wrote a shard of its own states, world_size
+  // per island (rank files island * world_size + r), and island 0's files also hold the outer
+  // state ("<unit>.outer_params", "<unit>.outer_momentum"). 1 = no islands (not written).
+  int islands = 1;
   int stage = 0;
   std::string precision;  // "bf16" | "fp16" | "fp32": the dtype of "<unit>.params"
   // The model: its kind and shape fields (gpt: layers, heads, embd, seq_len, vocab; mlp:
@@ -102,7 +106,8 @@ struct Meta {
   // rank file (its only copy) and, last, the history; empty for a checkpoint on storage every
   // host shares. A reader on another host can say where a shard it cannot see lives.
   std::vector<std::string> hosts;
-  bool has_history() const { return files.size() > static_cast<size_t>(world_size); }
+  int shard_files() const { return world_size * islands; }
+  bool has_history() const { return files.size() > static_cast<size_t>(shard_files()); }
 };
 
 std::string step_dir_name(uint64_t step);  // "step_00000012"

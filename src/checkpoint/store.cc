@@ -306,11 +306,15 @@ Checkpoint::Checkpoint(const fs::path& dir, std::string_view this_host) : dir_(d
       for (int q = 0; q < r; ++q) start += meta_.units[u].counts[static_cast<size_t>(q)];
       starts_[u].push_back(start);
     }
-    if (elsewhere(static_cast<size_t>(r))) {
+  }
+  for (int f = 0; f < meta_.shard_files(); ++f) {
+    const int r = f % meta_.world_size;
+    const bool outer = meta_.islands > 1 && f < meta_.world_size;
+    if (elsewhere(static_cast<size_t>(f))) {
       files_.emplace_back();
       continue;
     }
-    files_.emplace_back(std::in_place, dir / meta_.files[static_cast<size_t>(r)].name);
+    files_.emplace_back(std::in_place, dir / meta_.files[static_cast<size_t>(f)].name);
     const safetensors::Reader& file = *files_.back();
     size_t expected_tensors = 0;
     for (size_t u = 0; u < meta_.units.size(); ++u) {
@@ -324,6 +328,12 @@ Checkpoint::Checkpoint(const fs::path& dir, std::string_view this_host) : dir_(d
       if (has_master()) {
         (void)file.expect(tensor_name(unit.name, "master"), safetensors::ElementType::kF32, shape);
         ++expected_tensors;
+      }
+      if (outer) {
+        for (const char* kind : {"outer_params", "outer_momentum"}) {
+          (void)file.expect(tensor_name(unit.name, kind), safetensors::ElementType::kF32, shape);
+        }
+        expected_tensors += 2;
       }
     }
     if (file.header().tensors.size() != expected_tensors) {
@@ -345,13 +355,19 @@ size_t Checkpoint::unit_index(std::string_view name) const {
   throw CorruptData(fmt::format("{}: has no unit \"{}\"", dir_.string(), name));
 }
 
-void Checkpoint::read(size_t unit, std::string_view kind, uint64_t first,
-                      std::span<std::byte> out) const {
+void Checkpoint::read(size_t unit, std::string_view kind, uint64_t first, std::span<std::byte> out,
+                      int island) const {
+  if (island < 0 || island >= meta_.islands) {
+    throw InvalidArgument(
+        fmt::format("checkpoint read: island {} of a checkpoint of {}", island, meta_.islands));
+  }
   const UnitMeta& u = meta_.units.at(unit);
   const std::string name = tensor_name(u.name, kind);
-  const auto here =
-      std::find_if(files_.begin(), files_.end(), [](const auto& f) { return f.has_value(); });
-  if (here == files_.end()) {
+  // The island's files (the outer state is only in island 0's).
+  const auto from = files_.begin() + static_cast<std::ptrdiff_t>(island) * meta_.world_size;
+  const auto to = from + meta_.world_size;
+  const auto here = std::find_if(from, to, [](const auto& f) { return f.has_value(); });
+  if (here == to) {
     throw CorruptData(fmt::format("{}: none of its shards is on this host", dir_.string()));
   }
   const safetensors::TensorInfo* probe = (*here)->find(name);
@@ -371,28 +387,38 @@ void Checkpoint::read(size_t unit, std::string_view kind, uint64_t first,
                                       name, first, first + count, u.numel));
   }
   const uint64_t end = first + count;
-  for (size_t r = 0; r < files_.size(); ++r) {
+  const size_t n = static_cast<size_t>(meta_.world_size);
+  for (size_t r = 0; r < n; ++r) {
     const uint64_t b = starts_[unit][r];
     const uint64_t e = b + u.counts[r];
     const uint64_t lo = std::max(b, first), hi = std::min(e, end);
     if (lo >= hi) continue;
-    if (!files_[r]) {
+    const size_t f = static_cast<size_t>(island) * n + r;
+    if (!files_[f]) {
       throw CorruptData(fmt::format(
           "{}: {} is not on this host: host {} wrote it to its own disk (--checkpoint-storage "
           "node-local), and rank {}'s range of {} is in it. A node-local checkpoint resumes on "
           "the hosts that wrote it, with the same ranks on each; to resume elsewhere, copy "
           "every host's {} into one directory first (e.g. rsync -a HOST:{}/ {}/) and "
           "--resume from it",
-          dir_.string(), meta_.files[r].name, meta_.hosts[r], r, u.name, dir_.filename().string(),
+          dir_.string(), meta_.files[f].name, meta_.hosts[f], f, u.name, dir_.filename().string(),
           dir_.string(), dir_.string()));
     }
-    const safetensors::TensorInfo* t = files_[r]->find(name);
-    files_[r]->read(*t, lo - b, out.subspan((lo - first) * esize, (hi - lo) * esize));
+    const safetensors::TensorInfo* t = files_[f]->find(name);
+    files_[f]->read(*t, lo - b, out.subspan((lo - first) * esize, (hi - lo) * esize));
   }
 }
 
-void Checkpoint::read_master(size_t unit, uint64_t first, std::span<float> out) const {
-  read(unit, has_master() ? "master" : "params", first, std::as_writable_bytes(out));
+void Checkpoint::read_master(size_t unit, uint64_t first, std::span<float> out, int island) const {
+  read(unit, has_master() ? "master" : "params", first, std::as_writable_bytes(out), island);
+}
+
+void Checkpoint::read_weights(size_t unit, uint64_t first, std::span<float> out) const {
+  if (meta_.islands > 1) {
+    read(unit, "outer_params", first, std::as_writable_bytes(out));
+  } else {
+    read_master(unit, first, out);
+  }
 }
 
 }  // namespace zerodp::checkpoint

@@ -118,9 +118,16 @@ class Checkpoint {
   // "adam_v") as saved, read from the rank files whose ranges overlap it: resharding is
   // this. `out` holds count elements of the kind's dtype (params: the checkpoint's
   // precision; the rest fp32).
-  void read(size_t unit, std::string_view kind, uint64_t first, std::span<std::byte> out) const;
+  // With islands (Meta::islands), `island`'s states; the outer state ("outer_params",
+  // "outer_momentum") is island 0's.
+  void read(size_t unit, std::string_view kind, uint64_t first, std::span<std::byte> out,
+            int island = 0) const;
   // The unit's fp32 master weights (fp32 checkpoints: its params) over [first, first+count).
-  void read_master(size_t unit, uint64_t first, std::span<float> out) const;
+  void read_master(size_t unit, uint64_t first, std::span<float> out, int island = 0) const;
+  // The model's weights: the master, or with islands the global weights of the last outer
+  // step (the only ones every island agrees on; mid-round progress is in the islands'
+  // states until the next outer step). What export and sample read.
+  void read_weights(size_t unit, uint64_t first, std::span<float> out) const;
 
  private:
   fs::path dir_;

@@ -363,7 +363,7 @@ Work Communicator::reduce_scatter_async(ConstBuffer in, MutableBuffer out, const
         "qgZ off)");
   }
   const Traffic t = reduce_scatter_traffic(part, w);
-  ledger_.record(CommKind::kReduceScatter, t.bytes, t.cross);
+  counts_->record(CommKind::kReduceScatter, t.bytes, t.cross);
   return submit([=, this] { run_reduce_scatter(in, out, part, op); }, CommKind::kReduceScatter,
                 t.bytes, t.seconds);
 }
@@ -392,7 +392,7 @@ Work Communicator::all_gather_async(ConstBuffer shard, MutableBuffer out, const 
         kOp, rank_));
   }
   const Traffic t = all_gather_traffic(part, w);
-  ledger_.record(CommKind::kAllGather, t.bytes, t.cross);
+  counts_->record(CommKind::kAllGather, t.bytes, t.cross);
   return submit([=, this] { run_all_gather(shard, out, part); }, CommKind::kAllGather, t.bytes,
                 t.seconds);
 }
@@ -422,7 +422,7 @@ Work Communicator::node_all_gather_async(ConstBuffer shard, MutableBuffer out,
         kOp, local));
   }
   const uint64_t bytes = (node_part.length() - mine) * w;
-  ledger_.record(CommKind::kAllGather, bytes, 0);
+  counts_->record(CommKind::kAllGather, bytes, 0);
   const double seconds = link_model().inside_seconds(static_cast<double>(bytes), t - 1);
   return submit([=, this] { run_node_all_gather(shard, out, node_part); }, CommKind::kAllGather,
                 bytes, seconds);
@@ -468,7 +468,7 @@ Work Communicator::node_reduce_scatter_async(ConstBuffer in, MutableBuffer out,
   const Partition pieces(mine, p);
   const uint64_t piece = pieces.count(rank_ / t);
   const uint64_t cross = (static_cast<uint64_t>(p - 1) * piece + mine - piece) * w;
-  ledger_.record(CommKind::kReduceScatter, intra + cross, cross);
+  counts_->record(CommKind::kReduceScatter, intra + cross, cross);
   return submit([=, this] { run_node_reduce_scatter(in, out, node_part, op); },
                 CommKind::kReduceScatter, intra + cross, two_level_seconds(intra, cross));
 }
@@ -494,7 +494,7 @@ Work Communicator::all_reduce_async(MutableBuffer buf, ReduceOp op) {
   const Traffic rs = reduce_scatter_traffic(part, w);
   const Traffic ag = all_gather_traffic(part, w);
   const uint64_t bytes = rs.bytes + ag.bytes;
-  ledger_.record(CommKind::kAllReduce, bytes, rs.cross + ag.cross);
+  counts_->record(CommKind::kAllReduce, bytes, rs.cross + ag.cross);
   return submit(
       [=, this] {
         MutableBuffer shard(static_cast<char*>(buf.data) + part.offset(rank_) * w, mine, buf.dtype);
@@ -515,16 +515,16 @@ Work Communicator::broadcast_async(MutableBuffer buf, int root) {
   // Every rank waits for the whole transfer, the root included.
   const bool root_elsewhere = root < node_first() || root >= node_first() + node_ranks();
   const uint64_t cross = root_elsewhere ? buf.bytes() : 0;
-  ledger_.record(CommKind::kBroadcast, rank_ == root ? 0 : buf.bytes(), cross);
+  counts_->record(CommKind::kBroadcast, rank_ == root ? 0 : buf.bytes(), cross);
   return submit([=, this] { run_broadcast(buf, root); }, CommKind::kBroadcast,
                 rank_ == root ? 0 : buf.bytes(), link_seconds(buf.bytes(), cross, size_ - 1));
 }
 
 std::vector<double> Communicator::gather_control(std::span<const double> mine) {
   std::vector<double> all(mine.size() * static_cast<size_t>(size_));
-  ledger_.record(CommKind::kControl,
-                 static_cast<uint64_t>(size_ - 1) * mine.size() * sizeof(double),
-                 static_cast<uint64_t>(size_ - node_ranks()) * mine.size() * sizeof(double));
+  counts_->record(CommKind::kControl,
+                  static_cast<uint64_t>(size_ - 1) * mine.size() * sizeof(double),
+                  static_cast<uint64_t>(size_ - node_ranks()) * mine.size() * sizeof(double));
   submit([&, this] { run_gather_control(mine, all); }, CommKind::kControl,
          static_cast<uint64_t>(size_ - 1) * mine.size() * sizeof(double))
       .wait();

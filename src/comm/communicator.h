@@ -216,8 +216,12 @@ class Communicator {
   double sum_control(double mine);
   double max_control(double mine);
 
-  CommLedger& ledger() { return ledger_; }
-  const CommLedger& ledger() const { return ledger_; }
+  CommLedger& ledger() { return *counts_; }
+  const CommLedger& ledger() const { return *counts_; }
+  // From now on this communicator's calls are recorded in `ledger` (which must outlive it)
+  // instead of its own: a group split from a rank's world counts in the world's ledger, so
+  // the rank's one ledger holds all its traffic, under the phase the rank set there.
+  void count_in(CommLedger& ledger) { counts_ = &ledger; }
 
   // Called on the communication thread after each collective ran, with its kind, bytes
   // received and [start, end) on the steady clock (the simulated link's wait included).
@@ -302,6 +306,7 @@ class Communicator {
   uint64_t splits_ = 0;  // split() calls so far
   CommOptions options_;
   CommLedger ledger_;
+  CommLedger* counts_ = &ledger_;
   std::unique_ptr<Worker> worker_;
 };
 

@@ -47,6 +47,11 @@ DistributedSampler::DistributedSampler(const SamplerOptions& options)
         "sampler: world size {}, micro-batch {} and accumulation {} must each be 1 or more",
         options.world_size, options.micro_batch, options.grad_accum));
   }
+  if (options.islands < 1 || options.world_size % options.islands != 0) {
+    throw InvalidArgument(fmt::format("sampler: {} islands do not divide a world of {} ranks",
+                                      options.islands, options.world_size));
+  }
+
   const auto N = static_cast<uint64_t>(options.world_size);
   const auto b = static_cast<uint64_t>(options.micro_batch);
   const auto A = static_cast<uint64_t>(options.grad_accum);
@@ -94,8 +99,13 @@ uint64_t DistributedSampler::first_position(SamplerPosition position, int64_t mi
     throw InvalidArgument(
         fmt::format("sampler: rank {} is outside a world of {} ranks", rank, options_.world_size));
   }
-  return position.step * samples_per_step() + static_cast<uint64_t>(micro_step) * global_batch() +
-         static_cast<uint64_t>(rank) * static_cast<uint64_t>(options_.micro_batch);
+  const uint64_t n = static_cast<uint64_t>(options_.world_size / options_.islands);
+  const uint64_t island = static_cast<uint64_t>(rank) / n;
+  const uint64_t local = static_cast<uint64_t>(rank) % n;
+  const uint64_t b = static_cast<uint64_t>(options_.micro_batch);
+  return position.step * samples_per_step() +
+         island * (n * b * static_cast<uint64_t>(options_.grad_accum)) +
+         static_cast<uint64_t>(micro_step) * n * b + local * b;
 }
 
 void DistributedSampler::rank_samples(SamplerPosition position, int64_t micro_step, int rank,
@@ -120,11 +130,12 @@ std::vector<uint64_t> DistributedSampler::rank_samples(SamplerPosition position,
 
 std::vector<uint64_t> DistributedSampler::global_samples(SamplerPosition position,
                                                          int64_t micro_step) const {
-  const uint64_t first = first_position(position, micro_step, 0);
-  MutexLock lock(cache_->mutex);
-  const auto begin = cache_->of(position.epoch, options_.dataset_size, options_.seed).begin() +
-                     static_cast<std::ptrdiff_t>(first);
-  return std::vector<uint64_t>(begin, begin + static_cast<std::ptrdiff_t>(global_batch()));
+  std::vector<uint64_t> all;
+  for (int r = 0; r < options_.world_size; ++r) {
+    const std::vector<uint64_t> mine = rank_samples(position, micro_step, r);
+    all.insert(all.end(), mine.begin(), mine.end());
+  }
+  return all;
 }
 
 std::vector<uint64_t> DistributedSampler::step_samples(SamplerPosition position) const {

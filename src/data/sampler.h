@@ -14,6 +14,10 @@
 //   - the global batch of a micro-step depends on G, never on how G splits into N x b,
 //     and the samples of an optimizer step depend only on K;
 //   - accumulation is the sampler's business: an optimizer step never straddles epochs.
+// Islands (DiLoCo, I islands of n = N / I consecutive ranks): island j takes the contiguous
+// block s*K + j*(K/I) + [0, K/I) of the step, and inside it the layout above over its n
+// ranks (rank r = j*n + l reads s*K + j*(K/I) + k*n*b + l*b + [0, b)). What an island reads
+// depends on its micro-batches per step (n*A), never on how they split into n x A.
 // Epoch boundary. An epoch has floor(S / K) steps; the S mod K positions left at its end
 // are dropped, so every batch is full. The dropped samples differ from epoch to epoch,
 // since the order is reshuffled.
@@ -46,6 +50,7 @@ struct SamplerOptions {
   int64_t micro_batch = 1;    // b: samples per rank per micro-step
   int64_t grad_accum = 1;     // A: micro-steps per optimizer step
   uint64_t seed = 0;
+  int islands = 1;  // I: must divide N
 };
 
 struct SamplerPosition {
@@ -74,7 +79,8 @@ class DistributedSampler {
   std::vector<uint64_t> rank_samples(SamplerPosition position, int64_t micro_step, int rank) const;
   void rank_samples(SamplerPosition position, int64_t micro_step, int rank,
                     std::span<uint64_t> out) const;  // out.size() == b
-  // The G sample indices of a micro-step, ranks' slices in rank order.
+  // The G sample indices of a micro-step, ranks' slices in rank order (with islands, not
+  // one contiguous run of the epoch order).
   std::vector<uint64_t> global_samples(SamplerPosition position, int64_t micro_step) const;
   // All K sample indices of an optimizer step, micro-steps in order.
   std::vector<uint64_t> step_samples(SamplerPosition position) const;

@@ -42,8 +42,9 @@ enum class MemCategory : uint8_t {
   kCommBuffers,
   kWorkspace,
   kOffloadStaging,
+  kOuterState,  // DiLoCo: the global weights and the outer momentum of the own ranges
 };
-inline constexpr int kNumMemCategories = 13;
+inline constexpr int kNumMemCategories = 14;
 std::string_view mem_category_name(MemCategory c);  // "params", "adam_m", "grad_buckets", ...
 
 class MemoryLedger {

@@ -28,6 +28,7 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
   m.zerodp_version = zerodp_version();
   m.step = static_cast<uint64_t>(step);
   m.world_size = world;
+  m.islands = cfg.islands;
   m.stage = cfg.stage;
   m.precision = std::string(precision_name(cfg.precision));
   m.model_kind = cfg.model;
@@ -61,12 +62,12 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
   m.samples_per_step = sampler.samples_per_step();
   m.dataset_size = sampler.options().dataset_size;
   m.seed = cfg.seed;
-  m.rank_seeds.assign(static_cast<size_t>(world), cfg.seed);
+  m.rank_seeds.assign(static_cast<size_t>(m.shard_files()), cfg.seed);
   return m;
 }
 
 std::string write_shard(const ShardedState& state, StateStore& store,
-                        const std::filesystem::path& file) {
+                        const std::filesystem::path& file, OuterStep* outer) {
   using checkpoint::tensor_name;
   namespace st = safetensors;
   const bool fp32 = state.fp32();
@@ -79,6 +80,11 @@ std::string write_shard(const ShardedState& state, StateStore& store,
       decls.push_back({tensor_name(u.unit->name(), "master"), st::ElementType::kF32, shape});
     decls.push_back({tensor_name(u.unit->name(), "adam_m"), st::ElementType::kF32, shape});
     decls.push_back({tensor_name(u.unit->name(), "adam_v"), st::ElementType::kF32, shape});
+    if (outer != nullptr) {
+      for (const char* kind : {"outer_params", "outer_momentum"}) {
+        decls.push_back({tensor_name(u.unit->name(), kind), st::ElementType::kF32, shape});
+      }
+    }
   }
   st::Writer w(file, std::move(decls), {{"format", std::string(checkpoint::kFormat)}});
   const size_t psize = dtype_size(dtype);
@@ -101,6 +107,10 @@ std::string write_shard(const ShardedState& state, StateStore& store,
                                                                 : p.v));
       }
     });
+    if (outer != nullptr) {
+      w.write_values(std::span<const float>(outer->global(i)));
+      w.write_values(std::span<const float>(outer->momentum(i)));
+    }
   }
   return w.finish();
 }
@@ -237,6 +247,16 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
   const bool fp32 = state.fp32();
   const DType dtype = state.dtype();
   const auto saved_dtype = parse_precision(m.precision);
+  const TrainConfig& cfg = trainer.config();
+  if (m.islands != cfg.islands) {
+    throw InvalidArgument(fmt::format(
+        "{}: saved by {} island(s), this run has --islands {}; a DiLoCo run resumes with its "
+        "islands (each holds its own states), so use --islands {}",
+        ckpt.dir().string(), m.islands, cfg.islands, m.islands));
+  }
+  // The island whose states this rank continues.
+  OuterStep* outer = trainer.outer();
+  const int island = outer != nullptr ? trainer.comm().rank() / trainer.group().size() : 0;
   std::vector<float> tmp;
   for (size_t i = 0; i < state.units().size(); ++i) {
     UnitState& u = state.units()[i];
@@ -248,10 +268,10 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
     const auto read_params = [&](size_t at, size_t count, void* into) {
       if (same_dtype) {
         ckpt.read(i, "params", at,
-                  std::span(static_cast<std::byte*>(into), count * dtype_size(dtype)));
+                  std::span(static_cast<std::byte*>(into), count * dtype_size(dtype)), island);
       } else {
         tmp.resize(count);
-        ckpt.read_master(i, at, tmp);
+        ckpt.read_master(i, at, tmp, island);
         narrow(tmp, into, dtype, 0);
       }
     };
@@ -274,13 +294,17 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
     store.stream(jobs, StateStore::Access::kWrite, [&](StateStore::Piece& p) {
       const size_t at = u.opt_range.begin + p.begin;
       if (!p.master.empty()) {
-        ckpt.read_master(i, at, p.master);
+        ckpt.read_master(i, at, p.master, island);
       } else {
         const bool first_moment = !p.m.empty();
         ckpt.read(i, first_moment ? "adam_m" : "adam_v", at,
-                  std::as_writable_bytes(first_moment ? p.m : p.v));
+                  std::as_writable_bytes(first_moment ? p.m : p.v), island);
       }
     });
+    if (outer != nullptr) {
+      ckpt.read(i, "outer_params", u.own.begin, std::as_writable_bytes(outer->global(i)));
+      ckpt.read(i, "outer_momentum", u.own.begin, std::as_writable_bytes(outer->momentum(i)));
+    }
   }
   OptimizerCounters counters{.adam_step = m.adam_step, .scaler = std::nullopt};
   if (m.loss_scaler) {
@@ -458,7 +482,10 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
   try {
     if (writer) {
       trainer.faults().shard_write(step, file);
-      sha = write_shard(trainer.state(), trainer.store(), file);
+      // Every island holds the same outer state; island 0's ranks save it.
+      OuterStep* outer = trainer.outer();
+      const bool island0 = outer != nullptr && rank < trainer.group().size();
+      sha = write_shard(trainer.state(), trainer.store(), file, island0 ? outer : nullptr);
       bytes = std::filesystem::file_size(file);
     }
     if (rank == 0) history_file = ck::write_history(temp, history);
@@ -486,7 +513,7 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
       failed.push_back(r);
       continue;
     }
-    if (r >= meta.world_size) continue;  // a replica's rank: no shard
+    if (r >= meta.shard_files()) continue;  // an HSDP replica's rank: no shard
     meta.files.push_back({ck::rank_file_name(r), static_cast<uint64_t>(v[1]), hex_of(v + 2)});
     if (cfg.node_local_checkpoints) meta.hosts.push_back(hosts[static_cast<size_t>(r)]);
   }

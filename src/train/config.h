@@ -129,6 +129,17 @@ struct TrainConfig {
   // and replicated across nodes; gradients reduce-scattered inside the node of the world's
   // sum (Communicator::node_reduce_scatter), parameters gathered inside the node.
   bool shard_within_node = false;
+  // DiLoCo (docs/diloco.md): the world as `islands` islands of N / islands consecutive ranks,
+  // each training on its own slice of every step's samples with its states sharded over its
+  // ranks as the stage says, nothing but the per-step control exchange crossing islands; every
+  // `outer_every` steps, and at the run's last step, the islands average their
+  // pseudo-gradients (the global weights minus their own) in island order in fp32, an outer
+  // Nesterov step (outer_lr, outer_momentum) moves the global weights, and every island
+  // restarts from them, its AdamW moments kept. 1 = off (every rank one data-parallel world).
+  int islands = 1;
+  int64_t outer_every = 50;
+  float outer_lr = 0.7f;
+  float outer_momentum = 0.9f;
   // Offload (docs/offload.md): what a scratch file per rank under offload_dir holds instead of
   // memory, streamed through in pieces.
   Offload offload = Offload::kNone;

@@ -270,6 +270,10 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
   } else if (!cfg.init_from.empty()) {
     load_initial_weights(trainer, cfg.init_from);
   }
+  // A fresh start's global weights are the ones every island starts from.
+  if (OuterStep* outer = trainer.outer(); outer != nullptr && run.resumed_from.empty()) {
+    outer->begin();
+  }
   if (reporter && !cfg.checkpoint_dir.empty()) {
     std::filesystem::create_directories(cfg.checkpoint_dir);
     checkpoint::clean_leftovers(cfg.checkpoint_dir);
@@ -469,6 +473,50 @@ RankEnd finish_rank(RankTrainer& trainer, const RankRun& run, Tracer* tracer, bo
   return end;
 }
 
+// --islands: this rank's island (its N / I consecutive ranks) and column (the ranks of its
+// index in every island, in island order), both counting in the world's ledger and traced
+// with it. Islands are nodes unless --node-ranks says otherwise: then an island is whole
+// nodes, or a part of one.
+struct IslandComms {
+  std::unique_ptr<Communicator> island, column;
+};
+
+IslandComms split_islands(Communicator& world, const TrainConfig& cfg, Tracer* tracer) {
+  if (cfg.islands == 1) return {};
+  const IslandLayout l = island_layout(cfg, world.size());
+  CommOptions inside = cfg.launch.comm;
+  inside.node_ranks = l.inside_node_ranks;
+  // The outer all-reduce folds the islands' pseudo-gradients flat, in island order, in fp32.
+  CommOptions across = cfg.launch.comm;
+  across.node_ranks = l.across_node_ranks;
+  across.two_level = false;
+  across.qgz_bits = 0;
+  IslandComms c;
+  c.island = world.split(world.rank() / l.ranks, world.rank(), inside);
+  c.column = world.split(world.rank() % l.ranks, world.rank(), across);
+  c.island->count_in(world.ledger());
+  c.column->count_in(world.ledger());
+  if (tracer != nullptr) {
+    tracer->attach(*c.island);
+    tracer->attach(*c.column);
+  }
+  return c;
+}
+
+// Rank 0's result from its run and its end, and the report written: here, before MPI is
+// finalized, since under mpirun a job being stopped may not get past the finalize before the
+// launcher's SIGKILL, and the report must not be lost.
+void report_run(TrainResult& result, const RunPlan& plan, RankTrainer& trainer, RankRun& run,
+                RankEnd& end) {
+  fill_result(result, plan, trainer, run, end.all, end.mine.size());
+  if (std::isfinite(end.val)) result.val_loss = end.val;
+  result.weights_sha256 = end.weights;
+  result.final_weights = std::move(end.kept);
+  if (!plan.cfg.report_path.empty()) {
+    files::write_output("--report", plan.cfg.report_path, report_json(result).dump(2) + "\n");
+  }
+}
+
 // A fresh start from --init-from: the file checked against the model once, before any rank
 // holds a state, and hashed for the report. Empty when the run does not start from it.
 std::string check_init_from(const TrainConfig& cfg, const ModelFactory& make_model,
@@ -566,7 +614,9 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       // fails every rank the same way.
       std::optional<checkpoint::Checkpoint> from =
           open_resume_point(comm, rank_cfg, rank_plan.resume_from);
-      RankTrainer trainer(rank_cfg, comm, data, make_model);
+      IslandComms islands = split_islands(comm, rank_cfg, tracer);
+      RankTrainer trainer(rank_cfg, comm, data, make_model, islands.island.get(),
+                          islands.column.get());
       trainer.set_tracer(tracer);
       RankRun run = run_steps(rank_plan, trainer, from, on_step);
       RankEnd end = finish_rank(trainer, run, tracer, local);
@@ -574,15 +624,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       MutexLock lock(mu);
       result.stopped = run.stopped;  // every rank's is the same, and every process needs it
       if (!reporter) return;
-      fill_result(result, rank_plan, trainer, run, end.all, end.mine.size());
-      if (std::isfinite(end.val)) result.val_loss = end.val;
-      result.weights_sha256 = end.weights;
-      result.final_weights = std::move(end.kept);
-      // Written here, before MPI is finalized: under mpirun a job being stopped may not get
-      // past the finalize before the launcher's SIGKILL, and the report must not be lost.
-      if (!rank_cfg.report_path.empty()) {
-        files::write_output("--report", rank_cfg.report_path, report_json(result).dump(2) + "\n");
-      }
+      report_run(result, rank_plan, trainer, run, end);
     });
     if (!cfg.trace_path.empty() && local) write_local_trace(cfg.trace_path, tracers);
     return result;

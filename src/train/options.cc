@@ -381,6 +381,57 @@ const OptionSpec kOptions[] = {
      .read = [](TrainConfig& c, const std::string&,
                 const OptionSpec&) { c.shard_within_node = true; },
      .record = [](const TrainConfig& c) -> json { return c.shard_within_node; }},
+    {.key = "islands",
+     .section = kParallelism,
+     .help = "DiLoCo: split the ranks into this many islands of consecutive ranks (each a node "
+             "unless --node-ranks says otherwise), each training on its own data at --stage "
+             "over its ranks; they meet only every --outer-every steps to average what they "
+             "learned (docs/diloco.md). 1 = off",
+     .advice = "use the number of islands, 1 or more, dividing --ranks",
+     .type = "INT",
+     .read = [](TrainConfig& c, const std::string& t,
+                const OptionSpec& o) { c.islands = whole<int>(t, o); },
+     .check = [](const TrainConfig& c, const OptionSpec& o) { at_least(c.islands, 1, o); },
+     .record = [](const TrainConfig& c) -> json { return c.islands; }},
+    {.key = "outer_every",
+     .section = kParallelism,
+     .help = "DiLoCo's H: inner steps between two outer steps (--islands)",
+     .advice = "use a number of steps, 1 or more, e.g. 50",
+     .type = "INT",
+     .read = [](TrainConfig& c, const std::string& t,
+                const OptionSpec& o) { c.outer_every = whole<int64_t>(t, o); },
+     .check = [](const TrainConfig& c,
+                 const OptionSpec& o) { at_least<int64_t>(c.outer_every, 1, o); },
+     .record = [](const TrainConfig& c) -> json { return c.outer_every; }},
+    {.key = "outer_lr",
+     .section = kParallelism,
+     .help = "DiLoCo's outer learning rate: the Nesterov step on the averaged pseudo-gradient "
+             "(--islands)",
+     .advice = "use a positive number, e.g. 0.7",
+     .read = [](TrainConfig& c, const std::string& t,
+                const OptionSpec& o) { c.outer_lr = static_cast<float>(finite(t, o, 0, true)); },
+     .check =
+         [](const TrainConfig& c, const OptionSpec& o) {
+           if (!(c.outer_lr > 0) || !std::isfinite(c.outer_lr))
+             o.refuse(fmt::format("{}", c.outer_lr));
+         },
+     .record = [](const TrainConfig& c) -> json { return c.outer_lr; }},
+    {.key = "outer_momentum",
+     .section = kParallelism,
+     .help = "DiLoCo's outer Nesterov momentum, 0 (plain averaging when --outer-lr is 1) to "
+             "below 1 (--islands)",
+     .advice = "use a number in [0, 1), e.g. 0.9",
+     .read =
+         [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
+           c.outer_momentum = static_cast<float>(finite(t, o, 0, false, 1));
+           if (!(c.outer_momentum < 1)) o.refuse(t);
+         },
+     .check =
+         [](const TrainConfig& c, const OptionSpec& o) {
+           if (!(c.outer_momentum >= 0 && c.outer_momentum < 1))
+             o.refuse(fmt::format("{}", c.outer_momentum));
+         },
+     .record = [](const TrainConfig& c) -> json { return c.outer_momentum; }},
     {.key = "hpz",
      .section = kParallelism,
      .help = "Stage 3 with --node-ranks: keep each node's copy of a unit's parameters sharded "

@@ -132,12 +132,66 @@ CommModes comm_modes_of(const TrainConfig& c) {
 }
 
 int shard_ranks(const TrainConfig& c, int world) {
+  if (c.islands > 1) return world / c.islands;
   return c.shard_within_node && c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : world;
 }
 
-int shard_index(const TrainConfig& c, int rank) {
+int shard_index(const TrainConfig& c, int world, int rank) {
+  if (c.islands > 1) return rank % (world / c.islands);
   return c.shard_within_node && c.launch.comm.node_ranks > 0 ? rank % c.launch.comm.node_ranks
                                                              : rank;
+}
+
+IslandLayout island_layout(const TrainConfig& c, int world) {
+  const int k = c.islands;
+  if (k < 1 || world % k != 0) {
+    throw InvalidArgument(fmt::format(
+        "--islands {} does not divide the {} ranks; every island has as many ranks: launch a "
+        "multiple of {} ranks, or use a divisor of {}",
+        k, world, k, world));
+  }
+  const int n = world / k;
+  const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : n;
+  if (n % t != 0 && t % n != 0) {
+    throw InvalidArgument(fmt::format(
+        "--islands {} of {} ranks each and --node-ranks {}: an island must be whole nodes or a "
+        "part of one; use --node-ranks dividing {} or a multiple of it",
+        k, n, t, n));
+  }
+  return {.islands = k,
+          .ranks = n,
+          .inside_node_ranks = n % t == 0 ? t : 0,
+          .across_node_ranks = n % t == 0 ? 1 : t / n};
+}
+
+uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {
+  if (l.islands == 1) return 0;
+  uint64_t own = 0;
+  for (uint64_t numel : unit_numel) own += own_count(numel, l.ranks, rank % l.ranks);
+  return 2 * 4 * own;
+}
+
+CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {
+  CommBytes b;
+  if (l.islands == 1) return b;
+  const int island = rank / l.ranks;
+  // The column's nodes: islands sharing a node (across_node_ranks of them) exchange inside it.
+  const int per_node = l.across_node_ranks > 0 ? l.across_node_ranks : l.islands;
+  const int first = island / per_node * per_node;
+  for (uint64_t numel : unit_numel) {
+    const uint64_t c = own_count(numel, l.ranks, rank % l.ranks);
+    // An all-reduce is a reduce-scatter of Partition(c, I) and an all-gather back.
+    const uint64_t mine = own_count(c, l.islands, island);
+    const uint64_t rs = static_cast<uint64_t>(l.islands - 1) * mine;
+    const uint64_t ag = c - mine;
+    uint64_t near = 0;  // the all-gather's ranges held on this rank's node
+    for (int i = first; i < first + per_node; ++i) {
+      if (i != island) near += own_count(c, l.islands, i);
+    }
+    b.all_reduce += 4 * (rs + ag);
+    b.cross_all_reduce += 4 * (static_cast<uint64_t>(l.islands - per_node) * mine + ag - near);
+  }
+  return b;
 }
 
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,

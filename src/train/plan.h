@@ -99,10 +99,29 @@ struct CommModes {
 };
 // A run's modes, from its options.
 CommModes comm_modes_of(const TrainConfig& c);
-// The ranks one copy of a run's states is sharded over: the world, or under
-// --shard-within-node a node's T; rank r holds range shard_index(c, r) of them.
+// The ranks one copy of a run's states is sharded over: the world, under
+// --shard-within-node a node's T, with --islands an island's; rank r holds range
+// shard_index(c, r) of them.
 int shard_ranks(const TrainConfig& c, int world);
-int shard_index(const TrainConfig& c, int rank);
+int shard_index(const TrainConfig& c, int world, int rank);
+// --islands (train/outer_step.h): I islands of n = N / I consecutive ranks. Islands are
+// nodes unless --node-ranks T says otherwise: an island is then whole nodes (n % T == 0) or
+// a part of one (T % n == 0). The node layouts of an island's communicator and of the column
+// (a rank's peers of its index in every island): 0 = all on one node.
+struct IslandLayout {
+  int islands = 1;
+  int ranks = 0;              // n
+  int inside_node_ranks = 0;  // within an island
+  int across_node_ranks = 0;  // within a column
+};
+// InvalidArgument when the islands do not divide the world or do not fit the nodes.
+IslandLayout island_layout(const TrainConfig& c, int world);
+// The outer state of rank `rank` (global weights and momentum, fp32, of its own ranges).
+uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
+struct CommBytes;
+// What one outer step's all-reduces move for rank `rank` (fp32, over its column; recorded as
+// all_reduce).
+CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
 struct CommBytes {
   uint64_t all_reduce = 0;
   uint64_t reduce_scatter = 0;

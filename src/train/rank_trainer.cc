@@ -70,10 +70,10 @@ RankTrainer::Buffers::Buffers(MemoryLedger& ledger, const TransientLayout& l, DT
 }
 
 RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataSplits& data,
-                         const ModelFactory& make_model)
+                         const ModelFactory& make_model, Communicator* island, Communicator* column)
     : cfg_(cfg),
       comm_(comm),
-      group_(comm, cfg),
+      group_(island != nullptr ? ShardGroup(*island) : ShardGroup(comm, cfg)),
       compute_(compute_for(cfg.precision)),
       model_(make_model ? make_model() : build_model(cfg)),
       ledger_(comm.rank(), cfg.memory_per_rank, budget_advice_for(cfg, model_, group_.size())),
@@ -85,7 +85,8 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                               .world_size = comm.size(),
                               .micro_batch = cfg.micro_batch,
                               .grad_accum = cfg.grad_accum,
-                              .seed = cfg.seed}),
+                              .seed = cfg.seed,
+                              .islands = cfg.islands}),
       state_(model_, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg)),
              cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed,
              group_.size(), group_.index(), ledger_, cfg.offload),
@@ -101,12 +102,13 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                : std::nullopt),
       qwz_(cfg.qwz && state_.plan().gather_before_compute
                ? std::optional<QuantizedGather>(std::in_place, state_.units(), buf_.qwz_staging,
-                                                static_cast<size_t>(cfg.qwz_block), comm.rank())
+                                                static_cast<size_t>(cfg.qwz_block), group_.index())
                : std::nullopt),
       reducer_(state_, layout_, cfg.grad_accum, group_, ledger_, chunk_),
       optimizer_(cfg, state_, group_, chunk_, store()),
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
   if (offload_) offload_->initialize(cfg.seed);
+  if (column != nullptr) outer_.emplace(cfg, state_, group_, *column, ledger_);
   // Rank threads that each ask for all cores oversubscribe them; the cores are the ones the
   // process may run on (a host pinned to a cpuset has those, not the machine's).
   set_gemm_threads(std::max(1, usable_cores() / ranks_on_this_host(comm, cfg.launch)));
@@ -291,11 +293,17 @@ StepRecord RankTrainer::step(int64_t step_index) {
     const Tracer::Span span(tracer_, "verdict", "wait");
     all = comm_.gather_control(control_);
   }
+  // The norm is of the gradient of the states this rank shares: its island's (the world
+  // without --islands).
+  const int n = outer_ ? group_.size() : N;
+  const int island_first = comm_.rank() / n * n;
   SquareSum squares;
   bool bad = false;
   for (int r = 0; r < N; ++r) {
     const double* mine = &all[static_cast<size_t>(r) * fields];
-    squares.merge(SquareSum::from_doubles(std::span(mine, kSquares)));
+    if (r >= island_first && r < island_first + n) {
+      squares.merge(SquareSum::from_doubles(std::span(mine, kSquares)));
+    }
     const double first_bad = mine[kSquares];
     if (rec.bad_rank < 0 && first_bad > 0) {
       bad = true;
@@ -311,6 +319,8 @@ StepRecord RankTrainer::step(int64_t step_index) {
     for (int r = 0; r < N; ++r) loss_sum += all[static_cast<size_t>(r) * fields + kHead + k];
   }
   rec.loss = loss_sum / (static_cast<double>(A) * N);
+  // A non-finite value anywhere skips the step, with --islands in every island, so the
+  // islands' AdamW counters and loss scales stay one (a checkpoint holds one of each).
   const bool overflow = bad || !std::isfinite(rec.loss);
   std::optional<Tracer::Span> span;
   if (!overflow) span.emplace(tracer_, "optimizer");
@@ -325,6 +335,12 @@ StepRecord RankTrainer::step(int64_t step_index) {
   rec.grad_norm_clipped = out.grad_norm_clipped;
   rec.loss_scale = out.loss_scale;
   rec.skipped = out.skipped;
+  if (outer_ && outer_->due(step_index)) {
+    optimizer_.settle();
+    const Tracer::Span outer_span(tracer_, "outer step", "outer");
+    outer_->apply();
+    rec.outer = true;
+  }
   sampler_.advance();
   rec.tokens = static_cast<uint64_t>(shape_.B) * static_cast<uint64_t>(shape_.T) *
                static_cast<uint64_t>(A) * static_cast<uint64_t>(N);

@@ -8,6 +8,7 @@
 //   StateStore       (state_store.h)     where the states live: memory, or the offload file
 //   GradientReducer  (grad_reducer.h)    micro-batch gradients to the averaged gradient
 //   OptimizerStep    (optimizer_step.h)  clipping, loss scaling, AdamW, rounding back, gathers
+//   OuterStep        (outer_step.h)      DiLoCo's islands meeting every H steps (--islands)
 //   FaultPlan        (fault_plan.h)      --inject's hook points
 //
 // One step: A micro-batches of forward and backward over the units (each unit's weights
@@ -37,6 +38,7 @@
 #include "train/grad_reducer.h"
 #include "train/offload.h"
 #include "train/optimizer_step.h"
+#include "train/outer_step.h"
 #include "train/plan.h"
 #include "train/result.h"
 #include "train/sharded_state.h"
@@ -53,8 +55,12 @@ class RankTrainer {
  public:
   // Builds the model (make_model, or the one cfg names), allocates and initializes this
   // rank's states and buffers on its ledger. `cfg` and `data` must outlive the trainer.
+  // With --islands, `island` and `column` are this rank's island and column
+  // (train/outer_step.h): the states are sharded over the island, and the outer step runs
+  // over the column; `comm` stays the world (the control exchange, evaluation, checkpoints).
   RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataSplits& data,
-              const ModelFactory& make_model);
+              const ModelFactory& make_model, Communicator* island = nullptr,
+              Communicator* column = nullptr);
 
   StepRecord step(int64_t step_index);
   // Mean loss over the first cfg.eval_batches validation micro-batches (fewer when the set
@@ -83,6 +89,8 @@ class RankTrainer {
   StateStore& store() { return offload_ ? static_cast<StateStore&>(*offload_) : memory_store_; }
   const ShardGroup& group() const { return group_; }
   const ShardedState& state() const { return state_; }
+  // DiLoCo's outer step; null without --islands.
+  OuterStep* outer() { return outer_ ? &*outer_ : nullptr; }
   OptimizerStep& optimizer() { return optimizer_; }
   const OptimizerStep& optimizer() const { return optimizer_; }
   DistributedSampler& sampler() { return sampler_; }
@@ -149,6 +157,7 @@ class RankTrainer {
   std::vector<float> chunk_ = std::vector<float>(16384);
   GradientReducer reducer_;
   OptimizerStep optimizer_;
+  std::optional<OuterStep> outer_;
   FaultPlan faults_;
   Sha256 samples_hash_;
   MicroBatch mb_;

@@ -36,6 +36,7 @@ nlohmann::json step_json(const StepRecord& s) {
   j[key::kMfu] = s.mfu ? nlohmann::json(*s.mfu) : nlohmann::json();
   if (s.val_loss) j[key::kValLoss] = *s.val_loss;
   if (!s.checkpoint.empty()) j[key::kCheckpoint] = s.checkpoint;
+  if (s.outer) j[key::kOuter] = true;
   return j;
 }
 
@@ -84,15 +85,36 @@ nlohmann::json rank_json(const RankSummary& rank, const TrainConfig& c) {
   return rj;
 }
 
+// The planner's bytes for rank `rank`: per step of training, and with --islands per outer
+// step (on top of its inner step's).
+struct PlannedComm {
+  CommBytes step, outer;
+};
+PlannedComm planned_comm(const TrainResult& r, int rank) {
+  const TrainConfig& c = r.config;
+  CommModes modes = comm_modes_of(c);
+  if (c.islands == 1) {
+    return {comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
+                                c.accumulate, canonical_order(c), rank, modes),
+            {}};
+  }
+  const IslandLayout l = island_layout(c, r.world_size);
+  modes.node_ranks = l.inside_node_ranks;
+  return {comm_bytes_per_step(r.unit_numel, l.ranks, c.stage, c.precision, c.grad_accum,
+                              c.accumulate, canonical_order(c), rank % l.ranks, modes),
+          outer_step_bytes(r.unit_numel, l, rank)};
+}
+
 // The planner's exact bytes beside the measured ones, so a reader of the report (zerodp
 // report) compares without re-deriving ragged partitions from the units.
 nlohmann::json plan_json(const TrainResult& r) {
   const TrainConfig& c = r.config;
-  nlohmann::json plan_states = nlohmann::json::array(), plan_comm = nlohmann::json::array();
+  nlohmann::json plan_states = nlohmann::json::array(), plan_comm = nlohmann::json::array(),
+                 plan_outer = nlohmann::json::array();
   for (int rank = 0; rank < r.world_size; ++rank) {
     const StateBytes s =
         model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
-                          shard_index(c, rank), fp32_accumulator(c), c.offload);
+                          shard_index(c, r.world_size, rank), fp32_accumulator(c), c.offload);
     plan_states.push_back({{name(MemCategory::kParams), s.params},
                            {name(MemCategory::kGrads), s.grads},
                            {name(MemCategory::kMaster), s.master},
@@ -100,16 +122,24 @@ nlohmann::json plan_json(const TrainResult& r) {
                            {name(MemCategory::kAdamV), s.adam_v},
                            {key::kTotal, s.total()}});
     if (c.offload != Offload::kNone) plan_states.back()["nvme"] = s.nvme;
-    const CommBytes cb =
-        comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
-                            c.accumulate, canonical_order(c), rank, comm_modes_of(c));
-    plan_comm.push_back({{name(CommKind::kAllReduce), cb.all_reduce},
-                         {name(CommKind::kReduceScatter), cb.reduce_scatter},
-                         {name(CommKind::kAllGather), cb.all_gather},
-                         {key::kTotal, cb.total()},
-                         {key::kCrossNodeBytes, cb.cross_total()}});
+    const PlannedComm pc = planned_comm(r, rank);
+    const auto comm = [&](const CommBytes& cb) -> nlohmann::json {
+      return {{name(CommKind::kAllReduce), cb.all_reduce},
+              {name(CommKind::kReduceScatter), cb.reduce_scatter},
+              {name(CommKind::kAllGather), cb.all_gather},
+              {key::kTotal, cb.total()},
+              {key::kCrossNodeBytes, cb.cross_total()}};
+    };
+    plan_comm.push_back(comm(pc.step));
+    if (c.islands > 1) {
+      plan_outer.push_back(comm(pc.outer));
+      plan_states.back()[name(MemCategory::kOuterState)] =
+          outer_state_bytes(r.unit_numel, island_layout(c, r.world_size), rank);
+    }
   }
-  return {{key::kModelStateBytes, plan_states}, {key::kCommBytesPerStep, plan_comm}};
+  nlohmann::json j{{key::kModelStateBytes, plan_states}, {key::kCommBytesPerStep, plan_comm}};
+  if (c.islands > 1) j[key::kCommBytesPerOuterStep] = plan_outer;
+  return j;
 }
 
 }  // namespace
@@ -208,7 +238,8 @@ std::string summary_table(const TrainResult& r) {
     auto cat = [&](MemCategory c) { return static_cast<double>(p[static_cast<int>(c)]); };
     const double other = cat(MemCategory::kGradBuckets) + cat(MemCategory::kGradAccum) +
                          cat(MemCategory::kHpzParams) + cat(MemCategory::kCommBuffers) +
-                         cat(MemCategory::kWorkspace) + cat(MemCategory::kOffloadStaging);
+                         cat(MemCategory::kWorkspace) + cat(MemCategory::kOffloadStaging) +
+                         cat(MemCategory::kOuterState);
     uint64_t comm = 0, cross = 0;
     for (int k = 0; k < kNumCommKinds; ++k) {
       comm += rank.comm_train[k].bytes;
@@ -257,25 +288,28 @@ std::string formula_table(const TrainResult& r) {
   for (const auto& rank : r.ranks) {
     const StateBytes plan =
         model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
-                          shard_index(c, rank.rank), fp32_accumulator(c), c.offload);
+                          shard_index(c, r.world_size, rank.rank), fp32_accumulator(c), c.offload);
     uint64_t states = 0;
     for (int k = 0; k <= static_cast<int>(MemCategory::kAdamV); ++k) states += rank.model_state[k];
     uint64_t comm = 0;
     for (int k = 0; k < kNumCommKinds; ++k) {
       if (static_cast<CommKind>(k) != CommKind::kControl) comm += rank.comm_train[k].bytes;
     }
-    const CommBytes cplan =
-        comm_bytes_per_step(r.unit_numel, r.world_size, c.stage, c.precision, c.grad_accum,
-                            c.accumulate, canonical_order(c), rank.rank, comm_modes_of(c));
+    // With --islands the outer steps' bytes, spread over the run's steps.
+    const PlannedComm pc = planned_comm(r, rank.rank);
+    const uint64_t outer_steps = static_cast<uint64_t>(
+        std::count_if(r.steps.begin(), r.steps.end(), [](const StepRecord& s) { return s.outer; }));
+    const double planned =
+        static_cast<double>(pc.step.total() * r.steps.size() + pc.outer.total() * outer_steps) /
+        steps;
     const double per_step = static_cast<double>(comm) / steps;
-    out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", rank.rank,
-                       format_bytes(static_cast<double>(states)),
-                       format_bytes(static_cast<double>(plan.total())),
-                       states == plan.total() ? "exact" : "DIFF", format_bytes(per_step),
-                       format_bytes(static_cast<double>(cplan.total())),
-                       r.steps.empty()                                  ? "-"
-                       : per_step == static_cast<double>(cplan.total()) ? "exact"
-                                                                        : "DIFF");
+    out += fmt::format(
+        "{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", rank.rank,
+        format_bytes(static_cast<double>(states)), format_bytes(static_cast<double>(plan.total())),
+        states == plan.total() ? "exact" : "DIFF", format_bytes(per_step), format_bytes(planned),
+        r.steps.empty()       ? "-"
+        : per_step == planned ? "exact"
+                              : "DIFF");
   }
   return out;
 }

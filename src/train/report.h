@@ -44,6 +44,7 @@ inline constexpr char kGradNorm[] = "grad_norm";
 inline constexpr char kGradNormClipped[] = "grad_norm_clipped";
 inline constexpr char kLossScale[] = "loss_scale";
 inline constexpr char kSkipped[] = "skipped";
+inline constexpr char kOuter[] = "outer";
 inline constexpr char kTokens[] = "tokens";
 inline constexpr char kSeconds[] = "seconds";
 inline constexpr char kMfu[] = "mfu";  // also in `throughput`
@@ -88,6 +89,7 @@ inline constexpr char kCrossNodeBytes[] = "cross_node_bytes";
 inline constexpr char kSamplesSha256[] = "samples_sha256";
 inline constexpr char kNvmeBytes[] = "nvme_bytes";
 inline constexpr char kCommBytesPerStep[] = "comm_bytes_per_step";
+inline constexpr char kCommBytesPerOuterStep[] = "comm_bytes_per_outer_step";
 }  // namespace report_key
 
 nlohmann::json step_json(const StepRecord& s);

@@ -165,11 +165,12 @@ ReportRank read_rank(const Fields& F, const json& rk, const std::string& where) 
     r.model_state[k] = F.count(states, states_at, category(k).c_str());
   }
   for (int k = kLastStateCategory + 1; k < kNumMemCategories; ++k) {
-    // Reports written before the canonical order's accumulator, hpZ or offload existed have
-    // no grad_accum, hpz_params or offload_staging.
+    // Reports written before the canonical order's accumulator, hpZ, offload or islands
+    // existed have no grad_accum, hpz_params, offload_staging or outer_state.
     if ((k == static_cast<int>(MemCategory::kGradAccum) ||
          k == static_cast<int>(MemCategory::kHpzParams) ||
-         k == static_cast<int>(MemCategory::kOffloadStaging)) &&
+         k == static_cast<int>(MemCategory::kOffloadStaging) ||
+         k == static_cast<int>(MemCategory::kOuterState)) &&
         !peaks.contains(category(k))) {
       continue;
     }

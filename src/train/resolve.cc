@@ -10,11 +10,62 @@
 
 namespace zerodp {
 
+namespace {
+
+// --islands: what DiLoCo's islands need of the other options. Islands are nodes unless
+// --node-ranks says otherwise (then an island is whole nodes, or a part of one).
+void check_islands(TrainConfig& c) {
+  if (c.islands == 1) return;
+  const int k = c.islands;
+  if (c.launch.backend == Backend::kLocal && c.launch.ranks % k != 0) {
+    throw InvalidArgument(fmt::format(
+        "--islands {} does not divide --ranks {}: every island has as many ranks; use a divisor "
+        "of {}",
+        k, c.launch.ranks, c.launch.ranks));
+  }
+  const int t = c.launch.comm.node_ranks;
+  if (c.launch.backend == Backend::kLocal) {
+    const int n = c.launch.ranks / k;
+    if (t == 0) c.launch.comm.node_ranks = n;  // each island a node
+    if (t > 0 && n % t != 0 && t % n != 0) {
+      throw InvalidArgument(fmt::format(
+          "--islands {} of {} ranks each and --node-ranks {}: an island must be whole nodes or "
+          "a part of one; use --node-ranks dividing {} or a multiple of it",
+          k, n, t, n));
+    }
+  }
+  const auto refuse = [k](std::string_view flag, std::string_view why) {
+    throw InvalidArgument(fmt::format("--islands {} cannot be combined with {}: {}", k, flag, why));
+  };
+  if (c.shard_within_node) {
+    refuse("--shard-within-node",
+           "the islands already hold a replica each; shard inside each island with --stage");
+  }
+  if (c.hpz) refuse("--hpz", "not built for islands yet; leave --hpz out");
+  if (c.offload != Offload::kNone) {
+    refuse("--offload", "the outer step reads the master weights in memory (not built yet)");
+  }
+  if (c.max_restarts > 0) {
+    refuse("--max-restarts",
+           "an elastic restart would have to keep whole islands (not built "
+           "yet); resume with --resume latest instead");
+  }
+  if (c.eval_every > 0 && c.eval_every % c.outer_every != 0) {
+    throw InvalidArgument(fmt::format(
+        "--eval-every {} with --islands: evaluation reads the global weights, which the islands "
+        "share only after an outer step (every --outer-every {}); use a multiple of {}",
+        c.eval_every, c.outer_every, c.outer_every));
+  }
+}
+
+}  // namespace
+
 void resolve_config(TrainConfig& c) {
   model_kind(c.model).resolve(c);
   if (c.grad_accum == 0) c.grad_accum = 1;
   // Each option's own rule (options.cc); the rules between options follow.
   check_option_values(c);
+  check_islands(c);
   if (c.accumulate_default) {
     c.accumulate = default_accumulate(c.stage, c.grad_accum, c.invariant);
     c.accumulate_default = false;
@@ -127,6 +178,7 @@ std::string on_off(bool v) { return v ? "on" : "off"; }
 bool not_gpt(const TrainConfig& c) { return c.model == "mlp"; }
 bool not_mlp(const TrainConfig& c) { return c.model == "gpt"; }
 bool no_offload(const TrainConfig& c) { return c.offload == Offload::kNone; }
+bool no_islands(const TrainConfig& c) { return c.islands == 1; }
 
 // The one table of these rules: check_idle_options refuses what the user gave of them, and
 // config_json writes null for each idle one.
@@ -164,6 +216,12 @@ const IdleRule kIdleRules[] = {
     {"initial_loss_scale", [](const TrainConfig& c) { return c.precision != Precision::kFP16; },
      "only fp16 scales its loss; use --precision fp16",
      [](const TrainConfig& c) { return fmt::format("{:g}", c.initial_loss_scale); }},
+    {"outer_every", no_islands, "it spaces DiLoCo's outer steps; add --islands K",
+     [](const TrainConfig& c) { return std::to_string(c.outer_every); }},
+    {"outer_lr", no_islands, "it sizes DiLoCo's outer step; add --islands K",
+     [](const TrainConfig& c) { return fmt::format("{:g}", c.outer_lr); }},
+    {"outer_momentum", no_islands, "it is DiLoCo's outer momentum; add --islands K",
+     [](const TrainConfig& c) { return fmt::format("{:g}", c.outer_momentum); }},
     {"size", not_gpt, "it picks a gpt preset; use --model gpt",
      [](const TrainConfig& c) { return c.size; }},
     {"layers", not_gpt, "it shapes a gpt; use --model gpt",

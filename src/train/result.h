@@ -34,6 +34,8 @@ struct StepRecord {
   // A stop requested on any rank before this step's control exchange (train/stop.h): the
   // lowest signal number among the ranks' requests, 0 when none. Every rank sees the same.
   int stop_signal = 0;
+  // --islands: the step ended with DiLoCo's outer step (train/outer_step.h).
+  bool outer = false;
 };
 
 // Why a run ended before its last step, with everything it had done saved and reported.

@@ -145,11 +145,15 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
   const TransientPlan plan = transient_plan(cfg, data, shard_ranks(cfg, world));
   // A rank's memory and disk bytes with `offload`.
   const auto bytes = [&](int r, Offload offload) {
-    const StateBytes s = model_state_bytes(numel, shard_ranks(cfg, world), cfg.stage, cfg.precision,
-                                           shard_index(cfg, r), fp32_accumulator(cfg), offload);
+    const StateBytes s =
+        model_state_bytes(numel, shard_ranks(cfg, world), cfg.stage, cfg.precision,
+                          shard_index(cfg, world, r), fp32_accumulator(cfg), offload);
     TransientPlan p = plan;
     p.offload = offload;
-    return std::pair(s.total() + transient_bytes(model, p, shard_index(cfg, r)).total(), s.nvme);
+    const uint64_t outer =
+        cfg.islands > 1 ? outer_state_bytes(numel, island_layout(cfg, world), r) : 0;
+    return std::pair(
+        s.total() + outer + transient_bytes(model, p, shard_index(cfg, world, r)).total(), s.nvme);
   };
   uint64_t process = 0, worst = 0, disk = 0;
   int worst_rank = my_rank;

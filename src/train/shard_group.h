@@ -1,7 +1,8 @@
 // The ranks a unit's states are sharded over, and the two collectives that keep them: the
-// whole world (ZeRO), or the T ranks of each node, each node holding a replica
-// (--shard-within-node, HSDP). Every sharding collective of the step goes through here, so
-// the rest of the engine asks one question, "my range of Partition(numel, size())".
+// whole world (ZeRO), the T ranks of each node, each node holding a replica
+// (--shard-within-node, HSDP), or a DiLoCo island's ranks. Every sharding collective of the step
+// goes through here, so the rest of the engine asks one question, "my range of Partition(numel,
+// size())".
 #pragma once
 
 #include "comm/communicator.h"
@@ -17,6 +18,10 @@ class ShardGroup {
         within_node_(cfg.shard_within_node),
         size_(within_node_ ? cfg.launch.comm.node_ranks : comm.size()),
         index_(within_node_ ? comm.rank() % size_ : comm.rank()) {}
+  // A DiLoCo island (--islands): the states sharded over the island's own communicator, each
+  // island holding its own (train/outer_step.h keeps them in step).
+  explicit ShardGroup(Communicator& island)
+      : comm_(island), within_node_(false), size_(island.size()), index_(island.rank()) {}
 
   Communicator& comm() { return comm_; }
   // Ranks one copy of the states is spread over, and this rank's place among them.

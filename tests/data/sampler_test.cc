@@ -182,6 +182,48 @@ TEST(DistributedSampler, ResumeWithAnotherWorldSizeKeepsGlobalOrder) {
   EXPECT_EQ(two.step_samples(pos), four.step_samples(four.position()));
 }
 
+// An island's samples, micro-batches in the island's order j = k * n + l.
+std::vector<uint64_t> island_samples(const DistributedSampler& s, SamplerPosition pos, int island) {
+  const int n = s.options().world_size / s.options().islands;
+  std::vector<uint64_t> out;
+  for (int64_t k = 0; k < s.options().grad_accum; ++k) {
+    for (int l = 0; l < n; ++l) {
+      const auto mine = s.rank_samples(pos, k, island * n + l);
+      out.insert(out.end(), mine.begin(), mine.end());
+    }
+  }
+  return out;
+}
+
+TEST(DistributedSampler, AnIslandReadsTheSameSamplesOnAnyRanksPerIsland) {
+  const auto with = [](int world, int64_t accum) {
+    return DistributedSampler(SamplerOptions{.dataset_size = 200,
+                                             .world_size = world,
+                                             .micro_batch = 3,
+                                             .grad_accum = accum,
+                                             .seed = 9,
+                                             .islands = 2});
+  };
+  // 2 islands of 4 micro-batches per step: 1 x 4, 2 x 2 and 4 x 1 ranks x accumulation.
+  const auto one = with(2, 4), two = with(4, 2), four = with(8, 1);
+  for (uint64_t step = 0; step < one.steps_per_epoch(); ++step) {
+    const SamplerPosition pos{.epoch = 1, .step = step};
+    for (int island = 0; island < 2; ++island) {
+      const auto expected = island_samples(one, pos, island);
+      EXPECT_EQ(island_samples(two, pos, island), expected) << step << " " << island;
+      EXPECT_EQ(island_samples(four, pos, island), expected) << step << " " << island;
+    }
+    // The islands split the step's samples between them, island 0's block first.
+    auto both = island_samples(two, pos, 0);
+    const auto second = island_samples(two, pos, 1);
+    both.insert(both.end(), second.begin(), second.end());
+    EXPECT_EQ(both, two.step_samples(pos));
+  }
+  EXPECT_NE(invalid_argument_message({.dataset_size = 200, .world_size = 3, .islands = 2})
+                .find("2 islands do not divide a world of 3"),
+            std::string::npos);
+}
+
 TEST(DistributedSampler, InvalidPositionsAreRejected) {
   auto sampler = make(30, 2, 4);
   EXPECT_THROW(sampler.set_position({.epoch = 0, .step = 3}), InvalidArgument);

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# DiLoCo against synchronous training on the same tokens (issue: low-communication training):
+# GPT on KJV, 2 islands x 2 ranks (4 ranks, nodes of 2), the same global batch and schedule.
+# Prints, per mode, the final validation loss, the cross-node bytes per step of rank 0 and
+# their ratio to two-level stage 3's, and the wall time. Deterministic but for the time: the
+# losses and bytes are the same on every run of one binary on one CPU.
+#
+#   bench/diloco/loss_vs_bytes.sh [ZERODP] [STEPS] [SIZE]      (defaults: build/release, 2000, small)
+#   ZERODP_DILOCO_MODES="sync hsdp h10 h50 h100" selects modes; ZERODP_DILOCO_SEEDS="1337 7"
+#   the seeds of the synchronous run (their spread is the yardstick for the loss target).
+set -euo pipefail
+zerodp=${1:-build/release/cli/zerodp}
+steps=${2:-2000}
+size=${3:-small}
+modes=${ZERODP_DILOCO_MODES:-"sync hsdp h10 h50 h100"}
+seeds=${ZERODP_DILOCO_SEEDS:-"1337 7"}
+out=$(mktemp -d /tmp/zerodp-diloco.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+
+common=(--size "$size" --data kjv --steps "$steps" --ranks 4 --node-ranks 2 --stage 3
+        --eval-batches 64 --no-progress)
+flags_of() {
+  case "$1" in
+    sync) echo "--collectives two-level" ;;
+    hsdp) echo "--shard-within-node" ;;
+    h*) echo "--islands 2 --outer-every ${1#h}" ;;
+  esac
+}
+
+printf '%-10s %6s %10s %16s %10s %9s\n' mode seed val_loss "cross-node B/step" "÷ sync" seconds
+sync_bytes=""
+for mode in $modes; do
+  for seed in $seeds; do
+    # One seed for the DiLoCo and HSDP modes; the synchronous run's spread needs two.
+    [[ "$mode" != sync && "$seed" != "${seeds%% *}" ]] && continue
+    report="$out/$mode-$seed.json"
+    start=$(date +%s%N)
+    # shellcheck disable=SC2046
+    "$zerodp" train "${common[@]}" --seed "$seed" $(flags_of "$mode") --report "$report" >/dev/null
+    end=$(date +%s%N)
+    read -r val bytes < <(/usr/bin/python3 - "$report" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+steps = len(r["steps"])
+cross = sum(v["cross_node_bytes"] for k, v in r["ranks"][0]["comm"].items() if k != "control")
+print(r["final"]["val_loss"], cross / steps)
+PY
+)
+    [[ "$mode" == sync && -z "$sync_bytes" ]] && sync_bytes=$bytes
+    ratio=$(/usr/bin/python3 -c "print(f'{float(\"${sync_bytes:-0}\") / $bytes:.1f}' if $bytes > 0 and '${sync_bytes}' else '-')")
+    printf '%-10s %6s %10.4f %16.0f %10s %9.1f\n' "$mode" "$seed" "$val" "$bytes" "$ratio" \
+      "$(((end - start) / 1000000))e-3"
+  done
+done

@@ -1,0 +1,256 @@
+// DiLoCo's islands (train/outer_step.h): the same bits on any ranks per island, the outer
+// step's Nesterov form and sign, and what the report and the ledger say of it.
+#include <gtest/gtest.h>
+
+#include <fmt/core.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "checkpoint/consolidate.h"
+#include "checkpoint/store.h"
+#include "core/error.h"
+#include "core/sha256.h"
+#include "temp_dir.h"
+#include "train/report.h"
+#include "train_testing.h"
+
+namespace zerodp {
+namespace {
+
+using testing::run;
+using testing::tiny_config;
+
+constexpr int kIslands = 2;
+constexpr int kIslandMicroBatches = 4;
+
+// 2 islands of 4 micro-batches per step on `ranks` ranks in all, the canonical order inside
+// each island, clipping active.
+TrainConfig island_config(int ranks, int stage, Precision precision = Precision::kBF16) {
+  TrainConfig c = tiny_config(ranks, stage, precision);
+  c.micro_batch = 2;
+  c.grad_accum = kIslandMicroBatches * kIslands / ranks;
+  c.accumulate = AccumulatePolicy::kReduce;
+  c.invariant = true;
+  c.clip = 0.05f;
+  c.islands = kIslands;
+  c.outer_every = 2;
+  c.steps = 5;  // outer steps after 2, 4 and (a partial round) 5
+  c.eval_every = 4;
+  c.eval_batches = 5;
+  return c;
+}
+
+struct Outcome {
+  std::string weights;
+  std::vector<double> losses, norms;
+  std::vector<bool> outer;
+  std::vector<double> val_losses;
+};
+
+Outcome outcome_of(const TrainResult& r) {
+  Outcome o;
+  o.weights = r.weights_sha256;
+  for (const StepRecord& s : r.steps) {
+    o.losses.push_back(s.loss);
+    o.norms.push_back(s.grad_norm);
+    o.outer.push_back(s.outer);
+    if (s.val_loss) o.val_losses.push_back(*s.val_loss);
+  }
+  o.val_losses.push_back(r.val_loss.value_or(std::nan("")));
+  return o;
+}
+
+TEST(Islands, AnyRanksPerIslandGiveTheSameBitsAtEveryStage) {
+  for (Precision p : {Precision::kBF16, Precision::kFP32}) {
+    const Outcome want = outcome_of(run(island_config(2, 0, p)));
+    EXPECT_EQ(want.outer, (std::vector<bool>{false, true, false, true, true}));
+    ASSERT_EQ(want.val_losses.size(), 2u);
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int ranks : {2, 4, 8}) {
+        if (stage == 0 && ranks == 2) continue;
+        const std::string where = fmt::format("{} stage {} on {} ranks ({} per island)",
+                                              precision_name(p), stage, ranks, ranks / kIslands);
+        const Outcome got = outcome_of(run(island_config(ranks, stage, p)));
+        EXPECT_EQ(got.weights, want.weights) << where;
+        EXPECT_EQ(got.losses, want.losses) << where;
+        EXPECT_EQ(got.norms, want.norms) << where;
+        EXPECT_EQ(got.val_losses, want.val_losses) << where;
+      }
+    }
+  }
+}
+
+// The islands train apart: their steps are not the synchronous run's.
+TEST(Islands, DifferFromOneSynchronousWorld) {
+  TrainConfig sync = island_config(4, 1);
+  sync.islands = 1;
+  sync.eval_every = 0;
+  TrainConfig islands = island_config(4, 1);
+  islands.eval_every = 0;
+  EXPECT_NE(run(sync).weights_sha256, run(islands).weights_sha256);
+}
+
+// The fp32 weights after one step, each island's AdamW step then one outer step.
+std::vector<float> one_round(float lr, float momentum) {
+  TrainConfig c = island_config(2, 1, Precision::kFP32);
+  c.steps = 1;
+  c.outer_every = 1;
+  c.eval_every = 0;
+  c.outer_lr = lr;
+  c.outer_momentum = momentum;
+  c.keep_final_weights = true;
+  return run(c).final_weights;
+}
+
+// After one round the momentum is the averaged pseudo-gradient d, so Nesterov moves the
+// global weights g0 by -lr (1 + mu) d (heavy-ball momentum would move them by -lr d): with
+// lr 1 and mu 0 the islands' mean weights, with lr 0.5 and mu 0.9 0.95 of that move.
+TEST(Islands, TheOuterStepIsNesterovOnTheAveragedPseudoGradient) {
+  TrainConfig init = island_config(2, 1, Precision::kFP32);
+  init.steps = 0;
+  init.eval_batches = 0;
+  init.keep_final_weights = true;
+  const std::vector<float> g0 = run(init).final_weights;
+  const std::vector<float> mean = one_round(1.0f, 0.0f);
+  const std::vector<float> nesterov = one_round(0.5f, 0.9f);
+  ASSERT_EQ(g0.size(), mean.size());
+  ASSERT_EQ(g0.size(), nesterov.size());
+  double moved = 0, off = 0;
+  for (size_t i = 0; i < g0.size(); ++i) {
+    const double d = static_cast<double>(g0[i]) - mean[i];
+    const double want = g0[i] - 0.95 * d;
+    moved += d * d;
+    off += (nesterov[i] - want) * (nesterov[i] - want);
+  }
+  ASSERT_GT(moved, 0.0);
+  EXPECT_LT(std::sqrt(off), 1e-4 * std::sqrt(moved));
+}
+
+// The pseudo-gradient's sign (torchft #233 had it reversed): averaging the islands every
+// step must train, so the loss falls as a synchronous run's does.
+TEST(Islands, AveragingEveryStepTrains) {
+  TrainConfig c = island_config(2, 2);
+  c.steps = 30;
+  c.outer_every = 1;
+  c.outer_lr = 1.0f;
+  c.outer_momentum = 0.0f;
+  c.eval_every = 0;
+  c.clip = 1.0f;
+  c.lr = 3e-3f;
+  const TrainResult r = run(c);
+  EXPECT_LT(r.steps.back().loss, r.steps.front().loss - 0.5)
+      << r.steps.front().loss << " -> " << r.steps.back().loss;
+}
+
+TEST(Islands, TheReportCountsTheOuterStateAndItsBytes) {
+  const TrainResult r = run(island_config(4, 3));
+  const nlohmann::json j = report_json(r);
+  const nlohmann::json& outer = j["plan"]["comm_bytes_per_outer_step"];
+  ASSERT_EQ(outer.size(), 4u);
+  for (int rank = 0; rank < 4; ++rank) {
+    const nlohmann::json& ranks = j["ranks"][static_cast<size_t>(rank)];
+    // The outer state: global weights and momentum of the own range, 8 bytes an element.
+    EXPECT_EQ(ranks["peak_bytes"]["outer_state"],
+              j["plan"]["model_state_bytes"][static_cast<size_t>(rank)]["outer_state"]);
+    EXPECT_GT(ranks["peak_bytes"]["outer_state"].get<uint64_t>(), 0u);
+    // Every outer byte crosses islands, and islands are nodes.
+    EXPECT_EQ(outer[static_cast<size_t>(rank)]["cross_node_bytes"],
+              outer[static_cast<size_t>(rank)]["total"]);
+  }
+  const std::string table = formula_table(r);
+  EXPECT_EQ(table.find("DIFF"), std::string::npos) << table;
+}
+
+std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A checkpoint in the middle of a round holds every island's states and the outer state;
+// resumed on other ranks per island and another stage, the run goes on as if never stopped,
+// and export writes the global weights: after the last (outer) step, the run's weights.
+TEST(Islands, AResumeMidRoundContinuesTheUninterruptedRun) {
+  namespace fs = std::filesystem;
+  testing::TempDir tmp;
+  TrainConfig base = island_config(4, 1);
+  base.checkpoint_dir = (tmp.path() / "whole").string();
+  base.keep_final_weights = true;
+  const TrainResult whole = run(base);
+  checkpoint::export_fp32(base.checkpoint_dir, tmp.path() / "whole.safetensors");
+  const std::string exported = file_bytes(tmp.path() / "whole.safetensors");
+  // The export holds the final weights, fp32, in the model's order.
+  std::vector<float> tail(whole.final_weights.end() - 16, whole.final_weights.end());
+  EXPECT_NE(exported.find(std::string(reinterpret_cast<const char*>(tail.data()),
+                                      tail.size() * sizeof(float))),
+            std::string::npos);
+  TrainConfig first = base;
+  first.checkpoint_dir = (tmp.path() / "first").string();
+  first.stop_after = 3;  // one step into the second round
+  (void)run(first);
+  const checkpoint::Meta meta =
+      checkpoint::read_meta(checkpoint::step_dir(first.checkpoint_dir, 3));
+  EXPECT_EQ(meta.islands, kIslands);
+  EXPECT_EQ(meta.world_size, 2);
+  for (int ranks : {2, 8}) {
+    const std::string where = fmt::format("resumed on {} ranks", ranks);
+    const fs::path dir = tmp.path() / fmt::format("on{}", ranks);
+    fs::copy(first.checkpoint_dir, dir, fs::copy_options::recursive);
+    TrainConfig next = base;
+    next.launch.ranks = ranks;
+    next.stage = ranks == 8 ? 3 : 0;
+    next.grad_accum = 0;  // derived
+    next.checkpoint_dir = dir.string();
+    next.resume = "latest";
+    const TrainResult r = run(next);
+    EXPECT_EQ(r.weights_sha256, whole.weights_sha256) << where;
+    ASSERT_EQ(r.steps.size(), 2u) << where;
+    for (size_t k = 0; k < r.steps.size(); ++k) {
+      EXPECT_EQ(r.steps[k].loss, whole.steps[k + 3].loss) << where << " step " << k + 4;
+    }
+    const fs::path out = tmp.path() / fmt::format("on{}.safetensors", ranks);
+    checkpoint::export_fp32(dir, out);
+    EXPECT_EQ(sha256_file_hex(out), sha256_file_hex(tmp.path() / "whole.safetensors")) << where;
+  }
+  // The islands are the run's: another count is refused.
+  TrainConfig other = base;
+  other.islands = 4;
+  other.checkpoint_dir = (tmp.path() / "other").string();
+  fs::copy(first.checkpoint_dir, other.checkpoint_dir, fs::copy_options::recursive);
+  other.resume = "latest";
+  try {
+    (void)run(other);
+    ADD_FAILURE() << "4 islands accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("use --islands 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Islands, RefusalsNameWhatWouldWork) {
+  const auto refused = [](TrainConfig c, const std::string& expect) {
+    try {
+      (void)run(c);
+      ADD_FAILURE() << "not refused: " << expect;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
+  };
+  TrainConfig c = island_config(4, 1);
+  c.launch.ranks = 6;
+  c.grad_accum = 1;
+  c.islands = 4;
+  refused(c, "--islands 4 does not divide --ranks 6");
+  c = island_config(4, 1);
+  c.eval_every = 3;
+  refused(c, "use a multiple of 2");
+  c = island_config(4, 1);
+  c.shard_within_node = true;
+  refused(c, "--shard-within-node");
+}
+
+}  // namespace
+}  // namespace zerodp
