@@ -54,6 +54,20 @@ void check_launch_environment(const LaunchOptions& options) {
   }
 }
 
+namespace {
+
+// The world's options once its size is known: islands are nodes unless --node-ranks said
+// otherwise.
+CommOptions world_options(const LaunchOptions& options, int world) {
+  CommOptions o = options.comm;
+  if (options.islands > 1 && o.node_ranks == 0 && world % options.islands == 0) {
+    o.node_ranks = world / options.islands;
+  }
+  return o;
+}
+
+}  // namespace
+
 void launch(const LaunchOptions& options, int& argc, char**& argv,
             const std::function<void(Communicator&)>& fn) {
   if (options.backend == Backend::kLocal) {
@@ -87,7 +101,7 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
   std::optional<ProcessWatch> watch;
   if (session.size() > 1) watch.emplace(session, per_process);
   std::vector<std::unique_ptr<Communicator>> comms =
-      session.make_communicators(options.comm, per_process);
+      session.make_communicators(world_options(options, world), per_process);
   // Processes on several hosts: a failure names the host it happened on (mpirun's own lines
   // name the launcher's view of it, an address), and peers repeat it with the reason.
   const std::string host = host_name();

@@ -34,6 +34,9 @@ struct LaunchOptions {
   // mpi: ranks each process hosts, as threads (MpiSession::make_communicators).
   int ranks_per_process = 1;
   CommOptions comm;
+  // DiLoCo's islands (train --islands): with comm.node_ranks 0, each island of
+  // world / islands ranks is a node, as the engine's islands take them.
+  int islands = 1;
   // Exit status of an MPI job ended by an error; null: 1 for every error.
   std::function<int(const std::exception&)> mpi_exit_code = nullptr;
 };

@@ -23,6 +23,7 @@ void check_islands(TrainConfig& c) {
         "of {}",
         k, c.launch.ranks, c.launch.ranks));
   }
+  c.launch.islands = k;
   const int t = c.launch.comm.node_ranks;
   if (c.launch.backend == Backend::kLocal) {
     const int n = c.launch.ranks / k;

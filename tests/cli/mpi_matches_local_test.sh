@@ -15,7 +15,9 @@ fail=0
 # ranks on nodes: the cross-node bytes match too, and the two-level collectives and hpZ give
 # the same bits on both backends. With more than one rank per process the MPI run starts
 # ranks / that many processes, each running its ranks as threads: the same training still.
-# Offloaded parameter shards are read by each process's file workers. Flags are split at
+# Offloaded parameter shards are read by each process's file workers. DiLoCo's islands split
+# the world into groups on both backends (the last: islands of two nodes each, two-level
+# inside). Flags are split at
 # commas; a + stands for a comma inside a flag's value.
 for case in "2 0 bf16 1 -" "2 3 bf16 1 -" "3 1 fp16 1 -" "3 2 fp32 1 -" \
   "3 3 bf16 1 --node-ranks=1" "4 0 fp16 1 --node-ranks=2,--collectives=two-level" \
@@ -25,7 +27,9 @@ for case in "2 0 bf16 1 -" "2 3 bf16 1 -" "3 1 fp16 1 -" "3 2 fp32 1 -" \
   "4 1 bf16 1 --node-ranks=2,--shard-within-node,--accumulate=local,--grad-accum=2" \
   "6 3 fp16 3 --node-ranks=3,--shard-within-node" "4 0 bf16 2 --node-ranks=2,--qgz=int4" \
   "2 3 bf16 1 --offload=optimizer+params,--offload-dir=$tmp,--offload-piece=2048" \
-  "4 3 fp16 2 --offload=optimizer+params,--offload-dir=$tmp,--prefetch=2,--grad-accum=2"; do
+  "4 3 fp16 2 --offload=optimizer+params,--offload-dir=$tmp,--prefetch=2,--grad-accum=2" \
+  "4 2 bf16 2 --islands=2,--outer-every=2" "4 1 fp32 1 --islands=4,--outer-every=1" \
+  "8 3 fp16 2 --islands=2,--outer-every=2,--node-ranks=2,--collectives=two-level,--qwz"; do
   read -r n stage precision per extras <<<"$case"
   extra=()
   [[ $extras != - ]] && IFS=, read -r -a extra <<<"$extras"
