@@ -334,6 +334,12 @@ Checkpoint::Checkpoint(const fs::path& dir, std::string_view this_host) : dir_(d
           (void)file.expect(tensor_name(unit.name, kind), safetensors::ElementType::kF32, shape);
         }
         expected_tensors += 2;
+        // The exchange in flight when it was saved (Streaming DiLoCo's --outer-delay).
+        if (file.find(tensor_name(unit.name, "outer_pending")) != nullptr) {
+          (void)file.expect(tensor_name(unit.name, "outer_pending"), safetensors::ElementType::kF32,
+                            shape);
+          ++expected_tensors;
+        }
       }
     }
     if (file.header().tensors.size() != expected_tensors) {
@@ -411,6 +417,13 @@ void Checkpoint::read(size_t unit, std::string_view kind, uint64_t first, std::s
 
 void Checkpoint::read_master(size_t unit, uint64_t first, std::span<float> out, int island) const {
   read(unit, has_master() ? "master" : "params", first, std::as_writable_bytes(out), island);
+}
+
+bool Checkpoint::holds(std::string_view kind) const {
+  for (const auto& f : files_) {
+    if (f) return f->find(tensor_name(meta_.units.at(0).name, kind)) != nullptr;
+  }
+  return false;
 }
 
 void Checkpoint::read_weights(size_t unit, uint64_t first, std::span<float> out) const {

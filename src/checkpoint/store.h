@@ -124,6 +124,8 @@ class Checkpoint {
             int island = 0) const;
   // The unit's fp32 master weights (fp32 checkpoints: its params) over [first, first+count).
   void read_master(size_t unit, uint64_t first, std::span<float> out, int island = 0) const;
+  // Whether the shards hold tensors of `kind` (island 0's, unit 0's).
+  bool holds(std::string_view kind) const;
   // The model's weights: the master, or with islands the global weights of the last outer
   // step (the only ones every island agrees on; mid-round progress is in the islands'
   // states until the next outer step). What export and sample read.

@@ -67,7 +67,7 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
 }
 
 std::string write_shard(const ShardedState& state, StateStore& store,
-                        const std::filesystem::path& file, OuterStep* outer) {
+                        const std::filesystem::path& file, const OuterStep* outer, bool pending) {
   using checkpoint::tensor_name;
   namespace st = safetensors;
   const bool fp32 = state.fp32();
@@ -81,8 +81,10 @@ std::string write_shard(const ShardedState& state, StateStore& store,
     decls.push_back({tensor_name(u.unit->name(), "adam_m"), st::ElementType::kF32, shape});
     decls.push_back({tensor_name(u.unit->name(), "adam_v"), st::ElementType::kF32, shape});
     if (outer != nullptr) {
-      for (const char* kind : {"outer_params", "outer_momentum"}) {
-        decls.push_back({tensor_name(u.unit->name(), kind), st::ElementType::kF32, shape});
+      for (const char* kind : {"outer_params", "outer_momentum", "outer_pending"}) {
+        if (kind != std::string_view("outer_pending") || pending) {
+          decls.push_back({tensor_name(u.unit->name(), kind), st::ElementType::kF32, shape});
+        }
       }
     }
   }
@@ -108,8 +110,13 @@ std::string write_shard(const ShardedState& state, StateStore& store,
       }
     });
     if (outer != nullptr) {
-      w.write_values(std::span<const float>(outer->global(i)));
-      w.write_values(std::span<const float>(outer->momentum(i)));
+      w.write_values(outer->global(i));
+      w.write_values(outer->momentum(i));
+      if (pending) {
+        std::vector<float> values(u.own.count());
+        outer->pending_values(i, values);
+        w.write_values(std::span<const float>(values));
+      }
     }
   }
   return w.finish();
@@ -254,6 +261,17 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
         "islands (each holds its own states), so use --islands {}",
         ckpt.dir().string(), m.islands, cfg.islands, m.islands));
   }
+  // DiLoCo's schedule is the checkpoint's: what is in flight depends on it.
+  for (const char* key : {"outer_every", "fragments", "outer_delay"}) {
+    const auto saved = m.config.find(key);
+    const std::string mine = config_json(cfg)[key].dump();
+    if (cfg.islands > 1 && saved != m.config.end() && saved->second != mine) {
+      throw InvalidArgument(fmt::format(
+          "{}: saved with {} {}, this run has {}; DiLoCo's schedule carries over a resume, so "
+          "use {} {}",
+          ckpt.dir().string(), flag_of(key), saved->second, mine, flag_of(key), saved->second));
+    }
+  }
   // The island whose states this rank continues.
   OuterStep* outer = trainer.outer();
   const int island = outer != nullptr ? trainer.comm().rank() / trainer.group().size() : 0;
@@ -304,6 +322,11 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
     if (outer != nullptr) {
       ckpt.read(i, "outer_params", u.own.begin, std::as_writable_bytes(outer->global(i)));
       ckpt.read(i, "outer_momentum", u.own.begin, std::as_writable_bytes(outer->momentum(i)));
+      if (ckpt.holds("outer_pending")) {
+        std::vector<float> values(u.own.count());
+        ckpt.read(i, "outer_pending", u.own.begin, std::as_writable_bytes(std::span(values)));
+        outer->restore_pending(static_cast<int64_t>(m.step), i, values);
+      }
     }
   }
   OptimizerCounters counters{.adam_step = m.adam_step, .scaler = std::nullopt};
@@ -485,7 +508,8 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
       // Every island holds the same outer state; island 0's ranks save it.
       OuterStep* outer = trainer.outer();
       const bool island0 = outer != nullptr && rank < trainer.group().size();
-      sha = write_shard(trainer.state(), trainer.store(), file, island0 ? outer : nullptr);
+      const bool pending = outer != nullptr && outer->in_flight(step).has_value();
+      sha = write_shard(trainer.state(), trainer.store(), file, island0 ? outer : nullptr, pending);
       bytes = std::filesystem::file_size(file);
     }
     if (rank == 0) history_file = ck::write_history(temp, history);

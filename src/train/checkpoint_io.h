@@ -21,9 +21,11 @@ namespace zerodp {
 // Everything meta.json says of this run after `step` steps, but the file checksums.
 checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step);
 // Writes this rank's own ranges into `file`, streamed from `store` (where the states live),
-// and with `outer` the outer state's (island 0's ranks); returns its sha256.
+// and with `outer` the outer state's (island 0's ranks), with `pending` the exchange in
+// flight too; returns its sha256.
 std::string write_shard(const ShardedState& state, StateStore& store,
-                        const std::filesystem::path& file, OuterStep* outer = nullptr);
+                        const std::filesystem::path& file, const OuterStep* outer = nullptr,
+                        bool pending = false);
 // CorruptData unless the checkpoint holds this model's units and tensors.
 void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
 // Replaces every state, the optimizer's counters and the data cursor with the checkpoint's.

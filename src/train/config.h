@@ -140,6 +140,13 @@ struct TrainConfig {
   int64_t outer_every = 50;
   float outer_lr = 0.7f;
   float outer_momentum = 0.9f;
+  // Streaming DiLoCo (train/outer_step.h): the parameters in `fragments` fragments whose
+  // rounds end in turn, F dividing H; each exchange merged `outer_delay` steps after it
+  // starts (below H / F), overlapping the steps between, with the global weights weighing
+  // `outer_mix` against the island's then. 1 and 0: DiLoCo.
+  int fragments = 1;
+  int64_t outer_delay = 0;
+  float outer_mix = 0.5f;
   // Offload (docs/offload.md): what a scratch file per rank under offload_dir holds instead of
   // memory, streamed through in pieces.
   Offload offload = Offload::kNone;

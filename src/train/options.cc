@@ -432,6 +432,42 @@ const OptionSpec kOptions[] = {
              o.refuse(fmt::format("{}", c.outer_momentum));
          },
      .record = [](const TrainConfig& c) -> json { return c.outer_momentum; }},
+    {.key = "fragments",
+     .section = kParallelism,
+     .help = "Streaming DiLoCo: sync the parameters in this many equal fragments, one every "
+             "--outer-every / F steps, so each exchange moves 1/F of the bytes (--islands)",
+     .advice = "use a number of fragments dividing --outer-every, e.g. 4",
+     .type = "INT",
+     .read = [](TrainConfig& c, const std::string& t,
+                const OptionSpec& o) { c.fragments = whole<int>(t, o); },
+     .check = [](const TrainConfig& c, const OptionSpec& o) { at_least(c.fragments, 1, o); },
+     .record = [](const TrainConfig& c) -> json { return c.fragments; }},
+    {.key = "outer_delay",
+     .section = kParallelism,
+     .help = "Streaming DiLoCo: merge each fragment's exchange this many inner steps after "
+             "it starts, overlapping it with them (0 = wait for it; below --outer-every / "
+             "--fragments)",
+     .advice = "use a number of steps, 0 or more, below --outer-every / --fragments",
+     .type = "INT",
+     .read = [](TrainConfig& c, const std::string& t,
+                const OptionSpec& o) { c.outer_delay = whole<int64_t>(t, o); },
+     .check = [](const TrainConfig& c,
+                 const OptionSpec& o) { at_least<int64_t>(c.outer_delay, 0, o); },
+     .record = [](const TrainConfig& c) -> json { return c.outer_delay; }},
+    {.key = "outer_mix",
+     .section = kParallelism,
+     .help = "Streaming DiLoCo: at a delayed merge, the global weights' share against the "
+             "island's own, which trained on meanwhile (--outer-delay)",
+     .advice = "use a number in (0, 1], e.g. 0.5",
+     .read =
+         [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
+           c.outer_mix = static_cast<float>(finite(t, o, 0, true, 1));
+         },
+     .check =
+         [](const TrainConfig& c, const OptionSpec& o) {
+           if (!(c.outer_mix > 0 && c.outer_mix <= 1)) o.refuse(fmt::format("{}", c.outer_mix));
+         },
+     .record = [](const TrainConfig& c) -> json { return c.outer_mix; }},
     {.key = "hpz",
      .section = kParallelism,
      .help = "Stage 3 with --node-ranks: keep each node's copy of a unit's parameters sharded "

@@ -7,14 +7,55 @@
 
 namespace zerodp {
 
+std::vector<int> fragments_ending(const TrainConfig& cfg, int64_t step) {
+  std::vector<int> out;
+  if (cfg.islands == 1 || step < 1) return out;
+  const int64_t h = cfg.outer_every;
+  const int f_count = cfg.fragments;
+  for (int f = 0; f < f_count; ++f) {
+    if (step == cfg.steps || step % h == f * h / f_count % h) out.push_back(f);
+  }
+  return out;
+}
+
+Range fragment_range(uint64_t total, int fragments, int f) {
+  const Partition p(total, fragments);
+  return {p.offset(f), p.offset(f) + p.count(f)};
+}
+
 OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& island,
                      Communicator& column, MemoryLedger& ledger)
-    : cfg_(cfg), state_(state), island_(island), column_(column), ledger_(ledger) {
-  for (const UnitState& u : state_.units()) {
-    global_.emplace_back(ledger_, MemCategory::kOuterState, u.own.count());
-    momentum_.emplace_back(ledger_, MemCategory::kOuterState, u.own.count());
-    owned_ += u.own.count();
+    : cfg_(cfg), state_(state), island_(island), column_(column) {
+  uint64_t total = 0;
+  for (const UnitState& u : state_.units()) total += u.numel;
+  fragments_.resize(static_cast<size_t>(cfg.fragments));
+  touched_.resize(static_cast<size_t>(cfg.fragments));
+  size_t largest = 0;
+  for (int f = 0; f < cfg.fragments; ++f) {
+    const Range fr = fragment_range(total, cfg.fragments, f);
+    uint64_t unit_at = 0;  // the unit's first element in the model's coordinates
+    size_t count = 0;
+    for (size_t i = 0; i < state_.units().size(); ++i) {
+      const UnitState& u = state_.units()[i];
+      if (std::max<uint64_t>(fr.begin, unit_at) < std::min<uint64_t>(fr.end, unit_at + u.numel)) {
+        touched_[static_cast<size_t>(f)].push_back(i);
+      }
+      const uint64_t lo = std::max<uint64_t>(fr.begin, unit_at + u.own.begin);
+      const uint64_t hi = std::min<uint64_t>(fr.end, unit_at + u.own.end);
+      if (lo < hi) {
+        fragments_[static_cast<size_t>(f)].push_back(
+            {i, static_cast<size_t>(lo - unit_at - u.own.begin), static_cast<size_t>(hi - lo)});
+        count += hi - lo;
+      }
+      unit_at += u.numel;
+    }
+    largest = std::max(largest, count);
   }
+  for (const UnitState& u : state_.units()) {
+    global_.emplace_back(ledger, MemCategory::kOuterState, u.own.count());
+    momentum_.emplace_back(ledger, MemCategory::kOuterState, u.own.count());
+  }
+  exchange_ = Buffer<float>(ledger, MemCategory::kOuterState, largest);
 }
 
 std::span<float> OuterStep::own_master(UnitState& u) {
@@ -29,50 +70,112 @@ void OuterStep::begin() {
   }
 }
 
-void OuterStep::apply() {
-  std::vector<UnitState>& units = state_.units();
-  // The pseudo-gradients of every unit, each all-reduced as soon as it is computed.
-  Buffer<float> delta(ledger_, MemCategory::kCommBuffers, owned_);
-  std::vector<Work> works;
+void OuterStep::send(int f, int64_t merge_at) {
+  pending_ = f;
+  merge_at_ = merge_at;
   size_t at = 0;
-  for (size_t i = 0; i < units.size(); ++i) {
-    const std::span<const float> master = own_master(units[i]);
-    const std::span<float> d = delta.span().subspan(at, master.size());
-    const float* g = global_[i].data();
-    for (size_t e = 0; e < d.size(); ++e) d[e] = g[e] - master[e];
-    works.push_back(column_.all_reduce_async(d, ReduceOp::kAvg));
-    at += d.size();
+  for (const Piece& p : fragments_[static_cast<size_t>(f)]) {
+    const std::span<const float> master = own_master(state_.units()[p.unit]).subspan(p.at);
+    const float* g = global_[p.unit].data() + p.at;
+    float* d = exchange_.data() + at;
+    for (size_t e = 0; e < p.count; ++e) d[e] = g[e] - master[e];
+    at += p.count;
   }
+  works_.push_back(column_.all_reduce_async(exchange_.span().first(at), ReduceOp::kAvg));
+}
+
+void OuterStep::merge(float mix) {
+  for (Work& w : works_) w.wait();
+  works_.clear();
   const float mu = cfg_.outer_momentum;
   const float lr = cfg_.outer_lr;
   std::vector<Work> gathers;
-  at = 0;
-  for (size_t i = 0; i < units.size(); ++i) {
-    UnitState& u = units[i];
-    works[i].wait();
-    const std::span<float> master = own_master(u);
-    const float* avg = delta.data() + at;
-    float* g = global_[i].data();
-    float* m = momentum_[i].data();
-    for (size_t e = 0; e < master.size(); ++e) {
+  size_t at = 0;
+  for (const Piece& p : fragments_[static_cast<size_t>(pending_)]) {
+    UnitState& u = state_.units()[p.unit];
+    const std::span<float> master = own_master(u).subspan(p.at, p.count);
+    const float* avg = exchange_.data() + at;
+    float* g = global_[p.unit].data() + p.at;
+    float* m = momentum_[p.unit].data() + p.at;
+    for (size_t e = 0; e < p.count; ++e) {
       m[e] = mu * m[e] + avg[e];
       g[e] = g[e] - lr * (avg[e] + mu * m[e]);
-      master[e] = g[e];
+      master[e] = mix == 1.0f ? g[e] : mix * g[e] + (1.0f - mix) * master[e];
     }
-    at += master.size();
-    if (!state_.fp32()) narrow(master, u.params.data(), state_.dtype(), u.params_own);
-    // The island's other copies: the params each rank holds whole (stages 0-2), and the
-    // master at stage 0 (at fp32 the params are the master).
+    at += p.count;
+    if (!state_.fp32()) narrow(master, u.params.data(), state_.dtype(), u.params_own + p.at);
+  }
+  // The island's other copies: the params each rank holds whole (stages 0-2), and the
+  // master at stage 0 (at fp32 the params are the master).
+  for (size_t i : touched_[static_cast<size_t>(pending_)]) {
+    UnitState& u = state_.units()[i];
     if (u.held.count() != u.own.count()) {
       gathers.push_back(island_.all_gather_async(u.params.range(u.params_own, u.own.count()),
                                                  u.params.buffer(), u.part));
     }
     if (!state_.fp32() && u.opt_range.count() != u.own.count()) {
-      gathers.push_back(island_.all_gather_async(master, u.master.span(), u.part));
+      gathers.push_back(island_.all_gather_async(own_master(u), u.master.span(), u.part));
     }
   }
   for (Work& w : gathers) w.wait();
-  ++outer_steps_;
+  pending_ = -1;
+}
+
+bool OuterStep::after_step(int64_t step) {
+  const bool last = step == cfg_.steps;
+  bool acted = false;
+  if (pending_ >= 0 && (step == merge_at_ || last)) {
+    merge(cfg_.outer_mix);
+    acted = true;
+  }
+  for (int f : fragments_ending(cfg_, step)) {
+    const int64_t delay = last ? 0 : cfg_.outer_delay;
+    send(f, step + delay);
+    if (delay == 0) merge(1.0f);
+    acted = true;
+  }
+  return acted;
+}
+
+std::optional<int> OuterStep::in_flight(int64_t step) {
+  if (pending_ < 0 || merge_at_ <= step) return std::nullopt;
+  for (Work& w : works_) w.wait();
+  works_.clear();
+  return pending_;
+}
+
+void OuterStep::pending_values(size_t u, std::span<float> own) const {
+  std::fill(own.begin(), own.end(), 0.0f);
+  if (pending_ < 0) return;
+  size_t at = 0;
+  for (const Piece& p : fragments_[static_cast<size_t>(pending_)]) {
+    if (p.unit == u) {
+      std::copy_n(exchange_.data() + at, p.count, own.begin() + static_cast<std::ptrdiff_t>(p.at));
+    }
+    at += p.count;
+  }
+}
+
+std::optional<int64_t> OuterStep::sent_before(int64_t step) const {
+  for (int64_t d = 0; d < cfg_.outer_delay; ++d) {
+    const int64_t t = step - d;
+    if (t >= 1 && t < cfg_.steps && !fragments_ending(cfg_, t).empty()) return t;
+  }
+  return std::nullopt;
+}
+
+void OuterStep::restore_pending(int64_t step, size_t u, std::span<const float> own) {
+  const std::optional<int64_t> sent = sent_before(step);
+  if (!sent) return;
+  pending_ = fragments_ending(cfg_, *sent).front();
+  merge_at_ = *sent + cfg_.outer_delay;
+  size_t at = 0;
+  for (const Piece& p : fragments_[static_cast<size_t>(pending_)]) {
+    if (p.unit == u) {
+      std::copy_n(own.begin() + static_cast<std::ptrdiff_t>(p.at), p.count, exchange_.data() + at);
+    }
+    at += p.count;
+  }
 }
 
 }  // namespace zerodp

@@ -1,24 +1,36 @@
-// DiLoCo's outer step (Douillard et al., arXiv 2311.08105; docs/diloco.md). The world is
-// I islands of n consecutive ranks; each island trains on its own with its states sharded
-// over its ranks (a ShardGroup on the island's communicator), and rank l of every island
-// owns the same range of each unit. Those I ranks form a column, and the outer step is
-// theirs alone, on the own range:
+// DiLoCo's outer step (Douillard et al., arXiv 2311.08105), streamed in fragments as
+// Streaming DiLoCo (arXiv 2501.18512) does; docs/diloco.md. The world is I islands of n
+// consecutive ranks; each island trains on its own with its states sharded over its ranks
+// (a ShardGroup on the island's communicator), and rank l of every island owns the same
+// range of each unit. Those I ranks form a column, and the outer step is theirs alone, on
+// the own range:
 //
 //   delta_i = global - master_i            (island i's pseudo-gradient, fp32)
 //   avg     = (delta_0 + ... + delta_{I-1}) / I, folded in island order in fp32
 //   mom     = mu * mom + avg
 //   global  = global - lr * (avg + mu * mom)      (Nesterov, as torch.optim.SGD's)
-//   master_i = global, the 16-bit parameters rounded from it, the island's full copies
-//              gathered again where the stage keeps them (params at stages 0-2, the
-//              master at stage 0); AdamW's moments are kept.
+//   master_i = global, or after a delayed exchange alpha * global + (1 - alpha) * master_i;
+//              the 16-bit parameters rounded from it, the island's full copies gathered
+//              again where the stage keeps them (params at stages 0-2, the master at
+//              stage 0); AdamW's moments are kept.
 //
-// Every operation is elementwise on a range every island partitions alike, so the result
-// does not depend on n: for a fixed I, island batch and H, any ranks per island give the
-// same bits. The global weights and the momentum (8 bytes per owned element) are the
-// outer state, in the ledger as outer_state.
+// Fragments (--fragments F, F dividing H): fragment f is the elements
+// [f P / F, (f + 1) P / F) of the model's P parameters, units concatenated in order, and
+// its round ends after the steps t with t = f H / F (mod H): its exchange starts then, and
+// is merged tau = --outer-delay steps later (after that step's inner update; tau < H / F,
+// so one fragment is in flight at a time), overlapping the steps between. F = 1, tau = 0
+// is DiLoCo. The run's last step ends every fragment's round at once, so it ends on the
+// global weights.
+//
+// Every operation is elementwise on ranges fixed in the model's coordinates, so the result
+// does not depend on n: for a fixed I, island batch, H, F and tau, any ranks per island give
+// the same bits, and no step's bits depend on when an exchange finished. The outer state is
+// the global weights and the momentum (8 bytes per owned element) and the exchange's buffer
+// (4 bytes per owned element of the largest fragment): outer_state in the ledger.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -30,6 +42,12 @@
 
 namespace zerodp {
 
+// The fragments whose round ends after step `step` (1-based): at the run's last step every
+// fragment, else those with step = f H / F (mod H).
+std::vector<int> fragments_ending(const TrainConfig& cfg, int64_t step);
+// Elements of fragment f, [begin, end), in the model's flat coordinates over `total`.
+Range fragment_range(uint64_t total, int fragments, int f);
+
 class OuterStep {
  public:
   // `column`: the ranks of this rank's index in every island, in island order.
@@ -39,31 +57,60 @@ class OuterStep {
   // The global weights from the states as they stand: at a fresh start, once the initial
   // weights are in place (every island starts from the same ones).
   void begin();
-  // Whether step `step` (1-based) ends with an outer step: every outer_every steps, and the
-  // run's last (a final partial round, so the run ends on the global weights).
-  bool due(int64_t step) const { return step % cfg_.outer_every == 0 || step == cfg_.steps; }
-  // The outer step; collective over the column, then over the island. The caller has
-  // settled the inner update.
-  void apply();
+  // After step `step`'s inner update (the caller has settled it): merges the exchange due
+  // now and starts those whose round ends now (collective over the column, then the island).
+  // Returns whether it did either.
+  bool after_step(int64_t step);
+  // Whether after_step(step) will act.
+  bool due(int64_t step) const {
+    return (pending_ >= 0 && (step == merge_at_ || step == cfg_.steps)) ||
+           !fragments_ending(cfg_, step).empty();
+  }
 
   // The own range of unit u's global weights and momentum (checkpoints).
   std::span<float> global(size_t u) { return global_[u].span(); }
   std::span<float> momentum(size_t u) { return momentum_[u].span(); }
-  int64_t outer_steps() const { return outer_steps_; }
-  void set_outer_steps(int64_t n) { outer_steps_ = n; }
+  std::span<const float> global(size_t u) const { return {global_[u].data(), global_[u].size()}; }
+  std::span<const float> momentum(size_t u) const {
+    return {momentum_[u].data(), momentum_[u].size()};
+  }
+  // The exchange in flight after step `step` (its all-reduce waited for), or nothing. A
+  // checkpoint saves its averaged pseudo-gradient (`pending_values`, scattered over each
+  // unit's own range, zeros elsewhere) and a resume puts it back with restore_pending.
+  std::optional<int> in_flight(int64_t step);
+  void pending_values(size_t u, std::span<float> own) const;
+  void restore_pending(int64_t step, size_t u, std::span<const float> own);
 
  private:
+  // A fragment's part of unit `unit`'s own range: elements [at, at + count) of it.
+  struct Piece {
+    size_t unit = 0;
+    size_t at = 0;
+    size_t count = 0;
+  };
   // Unit u's own range of its fp32 master (the params themselves at fp32).
   std::span<float> own_master(UnitState& u);
+  // Fragment f's pseudo-gradient into the exchange buffer, its all-reduce issued.
+  void send(int f, int64_t merge_at);
+  // The exchange's outer step and merge into the island's weights (`mix`: the global
+  // weights' share).
+  void merge(float mix);
+  // The step whose round end starts the exchange merged after `step`, if one is in flight.
+  std::optional<int64_t> sent_before(int64_t step) const;
 
   const TrainConfig& cfg_;
   ShardedState& state_;
   ShardGroup& island_;
   Communicator& column_;
-  MemoryLedger& ledger_;
   std::vector<Buffer<float>> global_, momentum_;
-  size_t owned_ = 0;  // elements this rank owns over all units
-  int64_t outer_steps_ = 0;
+  std::vector<std::vector<Piece>> fragments_;
+  // The units each fragment overlaps in the model (the same on every rank of an island,
+  // whose own pieces of it differ): those whose island copies a merge gathers again.
+  std::vector<std::vector<size_t>> touched_;
+  Buffer<float> exchange_;  // the fragment in flight's pseudo-gradient, then its average
+  int pending_ = -1;        // the fragment in flight
+  int64_t merge_at_ = 0;
+  std::vector<Work> works_;
 };
 
 }  // namespace zerodp

@@ -159,38 +159,64 @@ IslandLayout island_layout(const TrainConfig& c, int world) {
         k, n, t, n));
   }
   return {.islands = k,
+          .fragments = c.fragments,
           .ranks = n,
           .inside_node_ranks = n % t == 0 ? t : 0,
           .across_node_ranks = n % t == 0 ? 1 : t / n};
 }
 
+namespace {
+
+// Rank `rank`'s elements of fragment f: its own ranges of the units (Partition(numel, n),
+// index rank % n) within [f P / F, (f + 1) P / F), P the model's elements.
+uint64_t fragment_own_count(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
+                            int f) {
+  uint64_t total = 0;
+  for (uint64_t numel : unit_numel) total += numel;
+  const Partition frag(total, l.fragments);
+  const uint64_t lo = frag.offset(f), hi = lo + frag.count(f);
+  uint64_t at = 0, count = 0;
+  for (uint64_t numel : unit_numel) {
+    const Partition p(numel, l.ranks);
+    const uint64_t b = at + p.offset(rank % l.ranks), e = b + p.count(rank % l.ranks);
+    if (std::max(b, lo) < std::min(e, hi)) count += std::min(e, hi) - std::max(b, lo);
+    at += numel;
+  }
+  return count;
+}
+
+}  // namespace
+
 uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {
   if (l.islands == 1) return 0;
   uint64_t own = 0;
   for (uint64_t numel : unit_numel) own += own_count(numel, l.ranks, rank % l.ranks);
-  return 2 * 4 * own;
+  uint64_t largest = 0;
+  for (int f = 0; f < l.fragments; ++f) {
+    largest = std::max(largest, fragment_own_count(unit_numel, l, rank, f));
+  }
+  return 2 * 4 * own + 4 * largest;
 }
 
-CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {
+CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
+                           int f) {
   CommBytes b;
   if (l.islands == 1) return b;
   const int island = rank / l.ranks;
   // The column's nodes: islands sharing a node (across_node_ranks of them) exchange inside it.
   const int per_node = l.across_node_ranks > 0 ? l.across_node_ranks : l.islands;
   const int first = island / per_node * per_node;
-  for (uint64_t numel : unit_numel) {
-    const uint64_t c = own_count(numel, l.ranks, rank % l.ranks);
-    // An all-reduce is a reduce-scatter of Partition(c, I) and an all-gather back.
-    const uint64_t mine = own_count(c, l.islands, island);
-    const uint64_t rs = static_cast<uint64_t>(l.islands - 1) * mine;
-    const uint64_t ag = c - mine;
-    uint64_t near = 0;  // the all-gather's ranges held on this rank's node
-    for (int i = first; i < first + per_node; ++i) {
-      if (i != island) near += own_count(c, l.islands, i);
-    }
-    b.all_reduce += 4 * (rs + ag);
-    b.cross_all_reduce += 4 * (static_cast<uint64_t>(l.islands - per_node) * mine + ag - near);
+  const uint64_t c = fragment_own_count(unit_numel, l, rank, f);
+  // An all-reduce is a reduce-scatter of Partition(c, I) and an all-gather back.
+  const uint64_t mine = own_count(c, l.islands, island);
+  const uint64_t rs = static_cast<uint64_t>(l.islands - 1) * mine;
+  const uint64_t ag = c - mine;
+  uint64_t near = 0;  // the all-gather's ranges held on this rank's node
+  for (int i = first; i < first + per_node; ++i) {
+    if (i != island) near += own_count(c, l.islands, i);
   }
+  b.all_reduce = 4 * (rs + ag);
+  b.cross_all_reduce = 4 * (static_cast<uint64_t>(l.islands - per_node) * mine + ag - near);
   return b;
 }
 

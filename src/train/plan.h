@@ -110,18 +110,21 @@ int shard_index(const TrainConfig& c, int world, int rank);
 // (a rank's peers of its index in every island): 0 = all on one node.
 struct IslandLayout {
   int islands = 1;
+  int fragments = 1;          // Streaming DiLoCo's (train/outer_step.h)
   int ranks = 0;              // n
   int inside_node_ranks = 0;  // within an island
   int across_node_ranks = 0;  // within a column
 };
 // InvalidArgument when the islands do not divide the world or do not fit the nodes.
 IslandLayout island_layout(const TrainConfig& c, int world);
-// The outer state of rank `rank` (global weights and momentum, fp32, of its own ranges).
+// The outer state of rank `rank`: global weights and momentum, fp32, of its own ranges, and
+// the exchange buffer of its largest fragment.
 uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
 struct CommBytes;
-// What one outer step's all-reduces move for rank `rank` (fp32, over its column; recorded as
-// all_reduce).
-CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
+// What fragment f's exchange moves for rank `rank`: one fp32 all-reduce over its column of
+// the fragment's part of its own ranges.
+CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
+                           int f = 0);
 struct CommBytes {
   uint64_t all_reduce = 0;
   uint64_t reduce_scatter = 0;

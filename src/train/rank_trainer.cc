@@ -338,8 +338,7 @@ StepRecord RankTrainer::step(int64_t step_index) {
   if (outer_ && outer_->due(step_index)) {
     optimizer_.settle();
     const Tracer::Span outer_span(tracer_, "outer step", "outer");
-    outer_->apply();
-    rec.outer = true;
+    rec.outer = outer_->after_step(step_index);
   }
   sampler_.advance();
   rec.tokens = static_cast<uint64_t>(shape_.B) * static_cast<uint64_t>(shape_.T) *

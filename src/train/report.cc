@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "core/version.h"
+#include "train/outer_step.h"
 #include "train/plan.h"
 #include "train/stop.h"
 
@@ -85,8 +86,8 @@ nlohmann::json rank_json(const RankSummary& rank, const TrainConfig& c) {
   return rj;
 }
 
-// The planner's bytes for rank `rank`: per step of training, and with --islands per outer
-// step (on top of its inner step's).
+// The planner's bytes for rank `rank`: per step of training, and with --islands per round
+// of outer steps (every fragment's exchange, on top of its inner steps').
 struct PlannedComm {
   CommBytes step, outer;
 };
@@ -100,9 +101,16 @@ PlannedComm planned_comm(const TrainResult& r, int rank) {
   }
   const IslandLayout l = island_layout(c, r.world_size);
   modes.node_ranks = l.inside_node_ranks;
+  // A whole round: every fragment's exchange.
+  CommBytes round;
+  for (int f = 0; f < l.fragments; ++f) {
+    const CommBytes b = outer_step_bytes(r.unit_numel, l, rank, f);
+    round.all_reduce += b.all_reduce;
+    round.cross_all_reduce += b.cross_all_reduce;
+  }
   return {comm_bytes_per_step(r.unit_numel, l.ranks, c.stage, c.precision, c.grad_accum,
                               c.accumulate, canonical_order(c), rank % l.ranks, modes),
-          outer_step_bytes(r.unit_numel, l, rank)};
+          round};
 }
 
 // The planner's exact bytes beside the measured ones, so a reader of the report (zerodp
@@ -297,11 +305,16 @@ std::string formula_table(const TrainResult& r) {
     }
     // With --islands the outer steps' bytes, spread over the run's steps.
     const PlannedComm pc = planned_comm(r, rank.rank);
-    const uint64_t outer_steps = static_cast<uint64_t>(
-        std::count_if(r.steps.begin(), r.steps.end(), [](const StepRecord& s) { return s.outer; }));
-    const double planned =
-        static_cast<double>(pc.step.total() * r.steps.size() + pc.outer.total() * outer_steps) /
-        steps;
+    uint64_t outer = 0;  // the exchanges the run's steps started
+    if (c.islands > 1) {
+      const IslandLayout l = island_layout(c, r.world_size);
+      for (const StepRecord& s : r.steps) {
+        for (int f : fragments_ending(c, s.step)) {
+          outer += outer_step_bytes(r.unit_numel, l, rank.rank, f).total();
+        }
+      }
+    }
+    const double planned = static_cast<double>(pc.step.total() * r.steps.size() + outer) / steps;
     const double per_step = static_cast<double>(comm) / steps;
     out += fmt::format(
         "{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", rank.rank,

@@ -51,6 +51,27 @@ void check_islands(TrainConfig& c) {
            "an elastic restart would have to keep whole islands (not built "
            "yet); resume with --resume latest instead");
   }
+  if (c.outer_every % c.fragments != 0) {
+    throw InvalidArgument(fmt::format(
+        "--fragments {} does not divide --outer-every {}: each fragment's round is H steps, "
+        "one every H / F; use a divisor of {}",
+        c.fragments, c.outer_every, c.outer_every));
+  }
+  if (c.outer_delay >= c.outer_every / c.fragments) {
+    throw InvalidArgument(fmt::format(
+        "--outer-delay {} is not below --outer-every {} / --fragments {} = {}: one exchange at "
+        "a time, each merged before the next starts; use at most {}",
+        c.outer_delay, c.outer_every, c.fragments, c.outer_every / c.fragments,
+        c.outer_every / c.fragments - 1));
+  }
+  if (c.eval_every > 0 && (c.fragments > 1 || c.outer_delay > 0)) {
+    throw InvalidArgument(fmt::format(
+        "--eval-every {} with --fragments {} and --outer-delay {}: the islands hold the same "
+        "weights only once every fragment's round has ended and been merged whole, which "
+        "streaming does at the run's end only; leave --eval-every out (the run evaluates at "
+        "its end)",
+        c.eval_every, c.fragments, c.outer_delay));
+  }
   if (c.eval_every > 0 && c.eval_every % c.outer_every != 0) {
     throw InvalidArgument(fmt::format(
         "--eval-every {} with --islands: evaluation reads the global weights, which the islands "
@@ -223,6 +244,14 @@ const IdleRule kIdleRules[] = {
      [](const TrainConfig& c) { return fmt::format("{:g}", c.outer_lr); }},
     {"outer_momentum", no_islands, "it is DiLoCo's outer momentum; add --islands K",
      [](const TrainConfig& c) { return fmt::format("{:g}", c.outer_momentum); }},
+    {"fragments", no_islands, "it streams DiLoCo's outer steps; add --islands K",
+     [](const TrainConfig& c) { return std::to_string(c.fragments); }},
+    {"outer_delay", no_islands, "it delays DiLoCo's merges; add --islands K",
+     [](const TrainConfig& c) { return std::to_string(c.outer_delay); }},
+    {"outer_mix", [](const TrainConfig& c) { return c.islands == 1 || c.outer_delay == 0; },
+     "it weighs a delayed merge, and merges wait for their exchange; add --islands K and "
+     "--outer-delay D",
+     [](const TrainConfig& c) { return fmt::format("{:g}", c.outer_mix); }},
     {"size", not_gpt, "it picks a gpt preset; use --model gpt",
      [](const TrainConfig& c) { return c.size; }},
     {"layers", not_gpt, "it shapes a gpt; use --model gpt",

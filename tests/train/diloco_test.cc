@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/sha256.h"
 #include "temp_dir.h"
+#include "train/plan.h"
 #include "train/report.h"
 #include "train_testing.h"
 
@@ -230,6 +231,97 @@ TEST(Islands, AResumeMidRoundContinuesTheUninterruptedRun) {
   }
 }
 
+// Streaming: 2 fragments, H = 4, each exchange merged a step after it starts.
+TrainConfig streaming_config(int ranks, int stage) {
+  TrainConfig c = island_config(ranks, stage);
+  c.outer_every = 4;
+  c.fragments = 2;
+  c.outer_delay = 1;
+  c.eval_every = 0;
+  c.steps = 9;  // fragment 1's rounds end at 2 and 6, fragment 0's at 4 and 8, both at 9
+  return c;
+}
+
+TEST(Streaming, AnyRanksPerIslandGiveTheSameBits) {
+  const TrainResult want = run(streaming_config(2, 1));
+  std::vector<bool> outer;
+  for (const StepRecord& s : want.steps) outer.push_back(s.outer);
+  // Exchanges start after 2, 4, 6, 8 and merge a step later; the last step does both.
+  EXPECT_EQ(outer, (std::vector<bool>{false, true, true, true, true, true, true, true, true}));
+  for (int stage : {0, 3}) {
+    for (int ranks : {4, 8}) {
+      const TrainResult got = run(streaming_config(ranks, stage));
+      EXPECT_EQ(got.weights_sha256, want.weights_sha256) << "stage " << stage << " " << ranks;
+    }
+  }
+  // Not DiLoCo's bits: the fragments' rounds and the delayed merges change the training.
+  TrainConfig whole = streaming_config(2, 1);
+  whole.fragments = 1;
+  whole.outer_delay = 0;
+  EXPECT_NE(run(whole).weights_sha256, want.weights_sha256);
+  EXPECT_EQ(formula_table(want).find("DIFF"), std::string::npos) << formula_table(want);
+}
+
+// A checkpoint taken while fragment 1's exchange is in flight (sent after step 6, merged
+// after 7) holds it; the resume merges it on time, with the uninterrupted run's bits.
+TEST(Streaming, AResumeWithAnExchangeInFlightContinuesTheUninterruptedRun) {
+  namespace fs = std::filesystem;
+  testing::TempDir tmp;
+  TrainConfig base = streaming_config(4, 2);
+  base.checkpoint_dir = (tmp.path() / "whole").string();
+  const TrainResult whole = run(base);
+  TrainConfig first = base;
+  first.checkpoint_dir = (tmp.path() / "first").string();
+  first.stop_after = 6;
+  (void)run(first);
+  const checkpoint::Checkpoint saved(checkpoint::step_dir(first.checkpoint_dir, 6));
+  EXPECT_TRUE(saved.holds("outer_pending"));
+  for (int ranks : {2, 8}) {
+    const fs::path dir = tmp.path() / fmt::format("on{}", ranks);
+    fs::copy(first.checkpoint_dir, dir, fs::copy_options::recursive);
+    TrainConfig next = base;
+    next.launch.ranks = ranks;
+    next.grad_accum = 0;
+    next.checkpoint_dir = dir.string();
+    next.resume = "latest";
+    const TrainResult r = run(next);
+    EXPECT_EQ(r.weights_sha256, whole.weights_sha256) << ranks;
+  }
+  // The schedule is the checkpoint's.
+  TrainConfig other = base;
+  other.outer_delay = 0;
+  other.checkpoint_dir = (tmp.path() / "other").string();
+  fs::copy(first.checkpoint_dir, other.checkpoint_dir, fs::copy_options::recursive);
+  other.resume = "latest";
+  try {
+    (void)run(other);
+    ADD_FAILURE() << "another --outer-delay accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("use --outer-delay 1"), std::string::npos) << e.what();
+  }
+}
+
+// Each exchange moves about 1/F of a round's bytes: the burst a link sees.
+TEST(Streaming, AnExchangeMovesAFragmentOfTheRound) {
+  TrainConfig c = streaming_config(4, 3);
+  c.outer_every = 8;
+  c.fragments = 4;
+  const std::vector<uint64_t> numel{1000, 4096, 4096, 4096, 4096, 300};
+  const IslandLayout l = island_layout(c, 4);
+  for (int rank = 0; rank < 4; ++rank) {
+    uint64_t round = 0, burst = 0;
+    for (int f = 0; f < 4; ++f) {
+      const uint64_t b = outer_step_bytes(numel, l, rank, f).total();
+      round += b;
+      burst = std::max(burst, b);
+    }
+    TrainConfig one = c;
+    one.fragments = 1;
+    EXPECT_EQ(round, outer_step_bytes(numel, island_layout(one, 4), rank).total());
+    EXPECT_LE(static_cast<double>(burst), 1.25 / 4 * static_cast<double>(round)) << rank;
+  }
+}
+
 TEST(Islands, RefusalsNameWhatWouldWork) {
   const auto refused = [](TrainConfig c, const std::string& expect) {
     try {
@@ -250,6 +342,15 @@ TEST(Islands, RefusalsNameWhatWouldWork) {
   c = island_config(4, 1);
   c.shard_within_node = true;
   refused(c, "--shard-within-node");
+  c = streaming_config(4, 1);
+  c.fragments = 3;
+  refused(c, "--fragments 3 does not divide --outer-every 4");
+  c = streaming_config(4, 1);
+  c.outer_delay = 2;
+  refused(c, "use at most 1");
+  c = streaming_config(4, 1);
+  c.eval_every = 4;
+  refused(c, "leave --eval-every out");
 }
 
 }  // namespace
