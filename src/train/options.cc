@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "train/option_readers.h"
 
 namespace zerodp {
 
@@ -28,61 +29,7 @@ constexpr std::string_view kModel = "Model", kData = "Data", kParallelism = "Par
                            kReliability = "Reliability", kOutput = "Output";
 constexpr unsigned kBoth = kTrainCommand | kEstimateCommand;
 
-// The whole text as an integer of T's range: -1 is never 2^64 - 1, 2^32 + 1 never 1.
-template <typename T>
-T whole(const std::string& text, const OptionSpec& o) {
-  T v{};
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec != std::errc() || ptr != end) o.refuse(text);
-  return v;
-}
-
-// A finite number in [min, max] (min excluded when `open`); fp32's range by default, the
-// engine holding these as float.
-double finite(const std::string& text, const OptionSpec& o, double min, bool open,
-              double max = std::numeric_limits<float>::max()) {
-  double v = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  const bool ok = ec == std::errc() && ptr == end && std::isfinite(v) &&
-                  (open ? v > min : v >= min) && v <= max;
-  if (!ok) o.refuse(text);
-  return v;
-}
-
-bool on_off(const std::string& text, const OptionSpec& o) {
-  if (text == "on" || text == "true" || text == "1" || text == "yes") return true;
-  if (text == "off" || text == "false" || text == "0" || text == "no") return false;
-  o.refuse(fmt::format("'{}'", text));
-}
-
-template <typename T>
-void at_least(T value, T min, const OptionSpec& o) {
-  if (value < min) o.refuse(fmt::format("{}", value));
-}
-
-// A simulated link's rate or latency: unset (0) records as null, since the flags take no zero.
-json unless_zero(double v) { return v > 0 ? json(v) : json(); }
-double link_bandwidth(const std::string& text, const OptionSpec& o) {
-  return parse_bandwidth(text, o.flag(), kLinkBandwidthRange.min, kLinkBandwidthRange.max);
-}
-double link_latency(const std::string& text, const OptionSpec& o) {
-  return parse_seconds(text, o.flag(), kLinkLatencyRange.min, kLinkLatencyRange.max);
-}
-int quant_block(const std::string& text, const OptionSpec& o) {
-  const auto v = whole<int64_t>(text, o);
-  if (v < static_cast<int64_t>(kQuantBlockRange.min) ||
-      v > static_cast<int64_t>(kQuantBlockRange.max)) {
-    o.refuse(text);
-  }
-  return static_cast<int>(v);
-}
-int shape(const std::string& text, const OptionSpec& o) {
-  const int v = whole<int>(text, o);
-  if (v < 1) o.refuse(text);
-  return v;
-}
+using namespace option_readers;
 
 const OptionSpec kOptions[] = {
     // Model.
