@@ -222,6 +222,12 @@ void read_ranks(const Flags& f, Estimate& e) {
   const std::string* list = f.texts.given("ranks");
   sweep_values(option_spec("ranks"), list ? *list : "1,2,4,8", c, [&](const TrainConfig& row) {
     const int n = row.launch.ranks;
+    if (c.islands > 1 && n % c.islands != 0) {
+      throw InvalidArgument(fmt::format(
+          "--islands {} does not divide --ranks {}: every island has as many ranks; use rank "
+          "counts that are multiples of it",
+          c.islands, n));
+    }
     if (node_ranks > 0 && n % node_ranks != 0) {
       throw InvalidArgument(fmt::format(
           "--node-ranks {} does not divide --ranks {}: a world is whole nodes; use rank counts "
@@ -271,6 +277,7 @@ void read_run(const Flags& f, Estimate& e) {
                             c.invariant, comm.two_level, c.hpz, c.qwz, comm.qgz_bits);
   }
   check_inter_node_link(comm);
+  check_island_modes(c);
 }
 
 // What prices the step: compute, the links, the disk.
@@ -445,6 +452,20 @@ nlohmann::json row_json(const Estimate& e, const TrainConfig& c, const Forecast&
                                              {"overlapped", time->overlapped()}}
                             : nlohmann::json()},
       {"fits", e.budget ? nlohmann::json(fits) : nlohmann::json()}};
+  if (fc.outer) {
+    const Forecast::Outer& o = *fc.outer;
+    row["islands"] = {
+        {"islands", c.islands},
+        {"outer_every", c.outer_every},
+        {"fragments", c.fragments},
+        {"outer_state_bytes", o.state},
+        {"round_bytes", o.round.all_reduce},
+        {"round_cross_node_bytes", o.round.cross_all_reduce},
+        {"burst_bytes", o.burst.all_reduce},
+        {"round_seconds", o.round_seconds ? nlohmann::json(*o.round_seconds) : nlohmann::json()},
+        {"advised_outer_every",
+         o.advised_every ? nlohmann::json(*o.advised_every) : nlohmann::json()}};
+  }
   // Offload's keys only where it is asked for: rows without it read as they always did.
   if (e.offload != Offload::kNone) {
     row["offload"] = std::string(offload_name(c.offload));
@@ -462,6 +483,26 @@ nlohmann::json row_json(const Estimate& e, const TrainConfig& c, const Forecast&
     }
   }
   return row;
+}
+
+// DiLoCo's outer state and exchanges at `n` ranks (the same at every stage: the islands'
+// own ranges do not depend on it), and the advice on H.
+void print_islands(const Estimate& e, int n, const Forecast::Outer& o) {
+  const TrainConfig& c = e.asked;
+  fmt::print(
+      "  -> {} ranks as {} islands of {}: outer state {} per rank (in the rows' needs); a round "
+      "of outer steps every --outer-every {} moves {} per rank ({} across nodes), {} per step; "
+      "the largest exchange (--fragments {}) {}\n",
+      n, c.islands, n / c.islands, gb(o.state), c.outer_every, gb(o.round.all_reduce),
+      gb(o.round.cross_all_reduce), gb(o.round.all_reduce / static_cast<uint64_t>(c.outer_every)),
+      c.fragments, gb(o.burst.all_reduce));
+  if (o.round_seconds) {
+    fmt::print("     a round takes {:.3g} s at the link{}\n", *o.round_seconds,
+               o.advised_every ? fmt::format("; --outer-every {} or more keeps it within a tenth "
+                                             "of the inner steps' time",
+                                             *o.advised_every)
+                               : "");
+  }
 }
 
 // Why no stage fits at `n` ranks, and what would: other stages' states, activation
@@ -559,9 +600,11 @@ int run_estimate(const Flags& f) {
   for (int n : e.ranks) {
     std::optional<int> cheapest;
     std::optional<size_t> stage3_row;  // in `rows`
+    std::optional<Forecast::Outer> outer;
     for (int stage : e.stages) {
       const TrainConfig c = row_config(e.asked, n, stage, e.offload);
       const Forecast fc = forecast(c, e.planned, e.in);
+      outer = fc.outer;
       const bool fits = !e.budget || fc.need <= *e.budget;
       if (fits && !cheapest) cheapest = stage;
       if (e.json) {
@@ -571,6 +614,7 @@ int run_estimate(const Flags& f) {
         print_row(e, c, fc, fits);
       }
     }
+    if (outer && !e.json) print_islands(e, n, *outer);
     if (e.budget && !e.json) {
       if (cheapest) {
         fmt::print("  -> {} ranks: stage {} is the least communication whose {} fit {}\n", n,
@@ -583,7 +627,8 @@ int run_estimate(const Flags& f) {
         fmt::print("  -> {} ranks: no stage fits {}; {}\n", n, gb(*e.budget), no_fit_advice(e, n));
       }
     }
-    if (node_ranks == 0 || node_ranks >= n ||
+    // The node modes are ways to run one synchronous world; islands are another.
+    if (e.asked.islands > 1 || node_ranks == 0 || node_ranks >= n ||
         std::find(e.stages.begin(), e.stages.end(), 3) == e.stages.end()) {
       continue;
     }

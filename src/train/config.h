@@ -241,6 +241,12 @@ std::string flag_of(std::string_view key);
 // --config runs. Called by resolve_config.
 void check_idle_options(const TrainConfig& c);
 
+// The refusals of --islands train and estimate share: what the islands cannot be combined
+// with (--shard-within-node, --hpz, --offload, --max-restarts), and Streaming DiLoCo's
+// schedule (--fragments dividing --outer-every, --outer-delay below H / F, evaluation where
+// the islands agree on the weights).
+void check_island_modes(const TrainConfig& c);
+
 // --offload's value: "none", "optimizer" or "optimizer,params". Throws InvalidArgument naming
 // the text and what is accepted.
 Offload parse_offload(std::string_view text);

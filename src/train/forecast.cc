@@ -121,7 +121,57 @@ double io_seconds(const TrainConfig& c, const PlannedModel& m, const StateBytes&
 
 }  // namespace
 
+namespace {
+
+// DiLoCo's islands: an island's run, then the outer state and exchanges on top.
+Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const StepInputs& in) {
+  const IslandLayout l = island_layout(c, c.launch.ranks);
+  TrainConfig island = c;
+  island.islands = 1;
+  island.launch.ranks = l.ranks;
+  island.launch.comm.node_ranks = l.inside_node_ranks;
+  Forecast f = forecast(island, m, in);
+  f.all_ranks *= static_cast<uint64_t>(l.islands);
+  Forecast::Outer o;
+  o.state = outer_state_bytes(m.units, l, 0);
+  for (int k = 0; k < l.fragments; ++k) {
+    const CommBytes b = outer_step_bytes(m.units, l, 0, k);
+    o.round.all_reduce += b.all_reduce;
+    o.round.cross_all_reduce += b.cross_all_reduce;
+    if (b.all_reduce > o.burst.all_reduce) o.burst = b;
+  }
+  f.need += o.state;
+  const uint64_t h = static_cast<uint64_t>(c.outer_every);
+  f.comm.all_reduce += o.round.all_reduce / h;
+  f.comm.cross_all_reduce += o.round.cross_all_reduce / h;
+  if (f.time && (in.inter_bandwidth || in.bandwidth)) {
+    // Every rank of a node runs its column's all-reduce at once: they share the node's link.
+    const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : l.ranks;
+    const LinkModel link{.bandwidth = in.bandwidth.value_or(0),
+                         .latency = in.latency.value_or(0),
+                         .inter_bandwidth = in.inter_bandwidth.value_or(0),
+                         .inter_latency = in.inter_latency.value_or(0),
+                         .nic_ranks = static_cast<double>(std::min(t, l.ranks))};
+    const double steps = 2.0 * (l.islands - 1) * l.fragments;
+    o.round_seconds = link.flat_seconds(static_cast<double>(o.round.all_reduce),
+                                        static_cast<double>(o.round.cross_all_reduce), steps,
+                                        l.across_node_ranks < l.islands);
+    const double inner = f.time->overlapped();
+    (c.outer_delay > 0 ? f.time->comm_overlap : f.time->comm_serial) +=
+        *o.round_seconds / static_cast<double>(h);
+    if (inner > 0) {
+      o.advised_every = std::max<int64_t>(
+          1, static_cast<int64_t>(std::ceil(*o.round_seconds / (0.1 * inner) - 1e-9)));
+    }
+  }
+  f.outer = o;
+  return f;
+}
+
+}  // namespace
+
 Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs& in) {
+  if (c.islands > 1) return forecast_islands(c, m, in);
   const int n = c.launch.ranks;
   const int shards = shard_ranks(c, n);
   const bool accumulator = fp32_accumulator(c);

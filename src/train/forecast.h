@@ -82,6 +82,18 @@ struct Forecast {
   std::optional<StepTime> time;              // given flops or compute seconds, with a model
   double io = 0;                             // the offload file's seconds per step, given a disk
   int disk_sharers = 0;                      // ranks sharing the disk's bandwidth, given a disk
+  // --islands (train/outer_step.h), rank 0's: the outer state (in `need`), a round's bytes
+  // (every fragment's exchange; `comm` holds its share per step, round / H), the largest
+  // exchange's (the burst a link sees) and, given a link between nodes, a round's seconds
+  // (in `time`: serial per step unless --outer-delay overlaps it) and the advice on H: the
+  // smallest whose round takes at most a tenth of H steps.
+  struct Outer {
+    uint64_t state = 0;
+    CommBytes round, burst;
+    std::optional<double> round_seconds;
+    std::optional<int64_t> advised_every;
+  };
+  std::optional<Outer> outer;
 };
 
 // The run of `c` (resolved: its accumulation policy known) at c.launch.ranks ranks.

@@ -334,6 +334,7 @@ const OptionSpec kOptions[] = {
              "unless --node-ranks says otherwise), each training on its own data at --stage "
              "over its ranks; they meet only every --outer-every steps to average what they "
              "learned (docs/diloco.md). 1 = off",
+     .commands = kBoth,
      .advice = "use the number of islands, 1 or more, dividing --ranks",
      .type = "INT",
      .read = [](TrainConfig& c, const std::string& t,
@@ -343,6 +344,7 @@ const OptionSpec kOptions[] = {
     {.key = "outer_every",
      .section = kParallelism,
      .help = "DiLoCo's H: inner steps between two outer steps (--islands)",
+     .commands = kBoth,
      .advice = "use a number of steps, 1 or more, e.g. 50",
      .type = "INT",
      .read = [](TrainConfig& c, const std::string& t,
@@ -383,6 +385,7 @@ const OptionSpec kOptions[] = {
      .section = kParallelism,
      .help = "Streaming DiLoCo: sync the parameters in this many equal fragments, one every "
              "--outer-every / F steps, so each exchange moves 1/F of the bytes (--islands)",
+     .commands = kBoth,
      .advice = "use a number of fragments dividing --outer-every, e.g. 4",
      .type = "INT",
      .read = [](TrainConfig& c, const std::string& t,
@@ -394,6 +397,7 @@ const OptionSpec kOptions[] = {
      .help = "Streaming DiLoCo: merge each fragment's exchange this many inner steps after "
              "it starts, overlapping it with them (0 = wait for it; below --outer-every / "
              "--fragments)",
+     .commands = kBoth,
      .advice = "use a number of steps, 0 or more, below --outer-every / --fragments",
      .type = "INT",
      .read = [](TrainConfig& c, const std::string& t,

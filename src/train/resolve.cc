@@ -35,49 +35,7 @@ void check_islands(TrainConfig& c) {
           k, n, t, n));
     }
   }
-  const auto refuse = [k](std::string_view flag, std::string_view why) {
-    throw InvalidArgument(fmt::format("--islands {} cannot be combined with {}: {}", k, flag, why));
-  };
-  if (c.shard_within_node) {
-    refuse("--shard-within-node",
-           "the islands already hold a replica each; shard inside each island with --stage");
-  }
-  if (c.hpz) refuse("--hpz", "not built for islands yet; leave --hpz out");
-  if (c.offload != Offload::kNone) {
-    refuse("--offload", "the outer step reads the master weights in memory (not built yet)");
-  }
-  if (c.max_restarts > 0) {
-    refuse("--max-restarts",
-           "an elastic restart would have to keep whole islands (not built "
-           "yet); resume with --resume latest instead");
-  }
-  if (c.outer_every % c.fragments != 0) {
-    throw InvalidArgument(fmt::format(
-        "--fragments {} does not divide --outer-every {}: each fragment's round is H steps, "
-        "one every H / F; use a divisor of {}",
-        c.fragments, c.outer_every, c.outer_every));
-  }
-  if (c.outer_delay >= c.outer_every / c.fragments) {
-    throw InvalidArgument(fmt::format(
-        "--outer-delay {} is not below --outer-every {} / --fragments {} = {}: one exchange at "
-        "a time, each merged before the next starts; use at most {}",
-        c.outer_delay, c.outer_every, c.fragments, c.outer_every / c.fragments,
-        c.outer_every / c.fragments - 1));
-  }
-  if (c.eval_every > 0 && (c.fragments > 1 || c.outer_delay > 0)) {
-    throw InvalidArgument(fmt::format(
-        "--eval-every {} with --fragments {} and --outer-delay {}: the islands hold the same "
-        "weights only once every fragment's round has ended and been merged whole, which "
-        "streaming does at the run's end only; leave --eval-every out (the run evaluates at "
-        "its end)",
-        c.eval_every, c.fragments, c.outer_delay));
-  }
-  if (c.eval_every > 0 && c.eval_every % c.outer_every != 0) {
-    throw InvalidArgument(fmt::format(
-        "--eval-every {} with --islands: evaluation reads the global weights, which the islands "
-        "share only after an outer step (every --outer-every {}); use a multiple of {}",
-        c.eval_every, c.outer_every, c.outer_every));
-  }
+  check_island_modes(c);
 }
 
 }  // namespace

@@ -16,8 +16,10 @@
 #include "core/error.h"
 #include "core/sha256.h"
 #include "temp_dir.h"
+#include "train/forecast.h"
 #include "train/plan.h"
 #include "train/report.h"
+#include "train/setup.h"
 #include "train_testing.h"
 
 namespace zerodp {
@@ -320,6 +322,46 @@ TEST(Streaming, AnExchangeMovesAFragmentOfTheRound) {
     EXPECT_EQ(round, outer_step_bytes(numel, island_layout(one, 4), rank).total());
     EXPECT_LE(static_cast<double>(burst), 1.25 / 4 * static_cast<double>(round)) << rank;
   }
+}
+
+// estimate's forecast of an island run is what the run measures: the outer state, the
+// states and the traffic per step (a round every H steps, spread over them).
+TEST(Islands, TheForecastIsWhatTheRunMeasures) {
+  TrainConfig c = island_config(4, 3);
+  c.steps = 4;  // rounds end after steps 2 and 4: two rounds over four steps
+  c.eval_every = 0;
+  const TrainResult r = run(c);
+  TrainConfig resolved = r.config;
+  const Model model = build_model(resolved);
+  PlannedModel m{.model = &model,
+                 .layers = resolved.layers,
+                 .seq_len = resolved.seq_len,
+                 .embd = resolved.embd};
+  for (const auto& u : model) m.units.push_back(u->numel());
+  const Forecast fc = forecast(resolved, m);
+  ASSERT_TRUE(fc.outer);
+  const RankSummary& rank0 = r.ranks[0];
+  EXPECT_EQ(fc.outer->state, rank0.peak[static_cast<int>(MemCategory::kOuterState)]);
+  uint64_t states = 0, comm = 0, cross = 0;
+  for (int k = 0; k <= static_cast<int>(MemCategory::kAdamV); ++k) states += rank0.model_state[k];
+  EXPECT_EQ(fc.states.total(), states);
+  for (int k = 0; k < kNumCommKinds; ++k) {
+    if (static_cast<CommKind>(k) == CommKind::kControl) continue;
+    comm += rank0.comm_train[k].bytes;
+    cross += rank0.comm_train[k].cross_node_bytes;
+  }
+  // The round's share per step is rounded down to whole bytes.
+  EXPECT_NEAR(static_cast<double>(fc.comm.total()), static_cast<double>(comm) / 4, 1.0);
+  EXPECT_NEAR(static_cast<double>(fc.comm.cross_total()), static_cast<double>(cross) / 4, 1.0);
+  EXPECT_GT(cross, 0u);
+  // At a link between nodes, H is advised from the round's time against the steps'.
+  StepInputs in{.compute_seconds = 0.1, .inter_bandwidth = 1e6};
+  const Forecast timed = forecast(resolved, m, in);
+  ASSERT_TRUE(timed.outer && timed.outer->round_seconds && timed.outer->advised_every);
+  const double inner = 0.1;  // compute bounds the inner step: inside an island no link is set
+  const auto h = static_cast<double>(*timed.outer->advised_every);
+  EXPECT_GE(h * 0.1 * inner, *timed.outer->round_seconds * 0.999);
+  EXPECT_LT((h - 1) * 0.1 * inner, *timed.outer->round_seconds);
 }
 
 TEST(Islands, RefusalsNameWhatWouldWork) {
