@@ -110,6 +110,13 @@ json run_data(const RunReport& r, const std::string& file) {
   for (const ReportStep& s : r.history) run["steps"].push_back(point(s));
   for (const ReportStep& s : r.steps) run["steps"].push_back(point(s));
   run["step_count"] = r.steps.size();
+  // DiLoCo's outer steps (--islands), ticked on the loss chart.
+  run["outer_steps"] = json::array();
+  for (const auto* list : {&r.history, &r.steps}) {
+    for (const ReportStep& s : *list) {
+      if (s.outer) run["outer_steps"].push_back(point(s)[0]);
+    }
+  }
   // How the run ended, for the runs table and the loss chart's markers: an early stop, or a
   // --stop-after slice short of --steps (which the report does not count as a stop).
   if (r.stopped) {

@@ -242,7 +242,7 @@
     var series = [];
     data.runs.forEach(function (r, i) {
       series.push({label: r.label, color: runColor(i), steps: r.steps,
-                   finalVal: r.final_val_loss});
+                   finalVal: r.final_val_loss, outer: r.outer_steps || []});
     });
     data.metrics.forEach(function (m, j) {
       series.push({label: m.label + ' (metrics)', color: runColor(data.runs.length + j),
@@ -320,6 +320,9 @@
                      label: t.short, title: r.label + ': ' + t.title});
       });
     });
+    if (series.some(function (s) { return s.outer && s.outer.length > 0; })) {
+      items.push({kind: 'tick', label: 'outer step (--islands), on the bottom edge'});
+    }
     var EVENT_DASH = {stop: '6 3', restart: '2 3'};
     if (events.some(function (e) { return e.kind === 'stop'; })) {
       items.push({kind: 'event', dash: EVENT_DASH.stop, label: 'stopped before --steps'});
@@ -389,6 +392,11 @@
                                     stroke: s.color, 'stroke-width': 1.5});
         tip(c, s.label + ': ' + (v.final ? 'final val_loss ' : 'val_loss ') +
                v.loss.toFixed(4) + (v.final ? ', after step ' : ' at step ') + v.step);
+      });
+      (s.outer || []).forEach(function (step) {
+        var o = svgEl(g, 'line', {'class': 'outer', x1: x(step), x2: x(step), y1: f.b - 8,
+                                  y2: f.b, stroke: s.color, 'stroke-width': 1.5});
+        tip(o, s.label + ': outer step after step ' + step);
       });
       s.bad.forEach(function (b) {
         var m = svgEl(g, 'line', {'class': 'nonfinite', x1: x(b.step), x2: x(b.step), y1: f.t,

@@ -141,6 +141,10 @@ ReportStep read_step(const json& s, const std::string& at, const Refuse& bad) {
     out.evaluated = true;
     if (!v.is_null()) out.val_loss = v.get<double>();
   }
+  if (s.contains(key::kOuter)) {
+    if (!s[key::kOuter].is_boolean()) bad(at + "." + key::kOuter, "is not true or false");
+    out.outer = s[key::kOuter].get<bool>();
+  }
   return out;
 }
 

@@ -32,6 +32,7 @@ struct ReportStep {
   std::optional<double> loss;      // nullopt: the file holds null (the loss was not finite)
   bool evaluated = false;          // the step has a `val_loss`
   std::optional<double> val_loss;  // when evaluated; nullopt: null in the file, not finite
+  bool outer = false;              // `outer`: the step ended with DiLoCo's outer step
 };
 
 struct ReportRank {

@@ -38,6 +38,9 @@ mkdir -p "$weird"
 "$zerodp" train --size tiny --data synthetic --steps 2 --ranks 2 --stage 3 \
   --offload optimizer,params --offload-dir "$tmp" --offload-piece 2048 --report d.json \
   >train_d.log 2>&1 || { cat train_d.log; exit 1; }
+# DiLoCo's islands: outer steps after steps 2, 4 and 5 (the last), ticked on the loss chart.
+"$zerodp" train --size tiny --data synthetic --steps 5 --ranks 2 --islands 2 --outer-every 2 \
+  --report e.json >train_e.log 2>&1 || { cat train_e.log; exit 1; }
 # A metrics log whose last line is still being written (no newline yet): left out.
 cp b.jsonl live.jsonl
 printf '{"step":6,"lo' >>live.jsonl
@@ -307,7 +310,9 @@ sed 's|</body>|<script>document.body.setAttribute("data-widths", [document.docum
 "$zerodp" report mid.json --out mid.html --quiet || bad "report mid.json failed"
 "$zerodp" report old.json --out old.html --quiet || bad "report old.json failed"
 "$zerodp" report d.json a.json --out disk.html --quiet || bad "report d.json a.json failed"
-for page in extreme.html above.html long-measured.html nodes.html mid.html old.html disk.html; do
+"$zerodp" report e.json a.json --out islands.html --quiet || bad "report e.json a.json failed"
+for page in extreme.html above.html long-measured.html nodes.html mid.html old.html disk.html \
+  islands.html; do
   render "$page"
 done
 
@@ -345,6 +350,13 @@ marks = [a for a in attrs("line") if a.get("class") == "nonfinite"]
 check(len(marks) == 1, f"extreme: the step whose loss is not finite is marked ({len(marks)})")
 check(re.search(r'<text class="note"[^>]*>1 step with a non-finite loss', svg) is not None,
       "extreme: a note says that a non-finite loss is not drawn")
+
+svg, attrs, head, plot = loss_svg("islands.html")
+outer = [a for a in attrs("line") if a.get("class") == "outer"]
+want = [s["step"] for s in json.load(open("e.json"))["steps"] if s.get("outer")]
+check(want == [2, 4, 5] and len(outer) == 3 and all(inside(plot, float(a["x1"]), float(a["y2"])) for a in outer),
+      f"islands: a tick on the bottom edge for each outer step {want} ({len(outer)})")
+check("outer step (--islands)" in svg, "islands: the legend names the outer-step ticks")
 
 svg, attrs, head, plot = loss_svg("above.html")
 vals = [a for a in attrs("circle") if "val" in a.get("class", "").split()]
