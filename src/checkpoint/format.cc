@@ -354,6 +354,7 @@ std::string history_to_jsonl(const std::vector<StepHistory>& steps) {
     j["skipped"] = s.skipped;
     j["tokens"] = s.tokens;
     if (s.val_loss) j["val_loss"] = finite_or_null(*s.val_loss);
+    if (s.outer) j["outer"] = true;
     out += j.dump();
     out += '\n';
   }
@@ -396,6 +397,7 @@ std::vector<StepHistory> parse_history(std::string_view text, std::string_view w
     s.skipped = f.get<bool>(j, "", "skipped");
     s.tokens = f.get<uint64_t>(j, "", "tokens");
     if (j.contains("val_loss")) s.val_loss = number("val_loss");
+    if (j.contains("outer")) s.outer = f.get<bool>(j, "", "outer");
     const int64_t expected = out.empty() ? 1 : out.back().step + 1;
     if (out.empty() ? s.step < 1 : s.step != expected) {
       f.fail("step", fmt::format("is {}, expected {}", s.step,

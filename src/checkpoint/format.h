@@ -66,6 +66,7 @@ struct StepHistory {
   bool skipped = false;
   uint64_t tokens = 0;
   std::optional<double> val_loss;  // when evaluated after this step
+  bool outer = false;              // DiLoCo's outer step ended it (written only when true)
 };
 
 struct Meta {

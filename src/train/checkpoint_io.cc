@@ -370,7 +370,8 @@ checkpoint::StepHistory history_of(const StepRecord& r) {
           .loss_scale = r.loss_scale,
           .skipped = r.skipped,
           .tokens = r.tokens,
-          .val_loss = r.val_loss};
+          .val_loss = r.val_loss,
+          .outer = r.outer};
 }
 
 StepRecord record_of(const checkpoint::StepHistory& h) {
@@ -384,6 +385,7 @@ StepRecord record_of(const checkpoint::StepHistory& h) {
   r.skipped = h.skipped;
   r.tokens = h.tokens;
   r.val_loss = h.val_loss;
+  r.outer = h.outer;
   return r;
 }
 

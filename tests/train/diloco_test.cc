@@ -212,6 +212,9 @@ TEST(Islands, AResumeMidRoundContinuesTheUninterruptedRun) {
     const TrainResult r = run(next);
     EXPECT_EQ(r.weights_sha256, whole.weights_sha256) << where;
     ASSERT_EQ(r.steps.size(), 2u) << where;
+    // The steps the checkpoint carried keep their outer steps for the report.
+    ASSERT_EQ(r.history.size(), 3u) << where;
+    EXPECT_TRUE(r.history[1].outer && !r.history[0].outer && !r.history[2].outer) << where;
     for (size_t k = 0; k < r.steps.size(); ++k) {
       EXPECT_EQ(r.steps[k].loss, whole.steps[k + 3].loss) << where << " step " << k + 4;
     }
