@@ -6,13 +6,15 @@
 # losses and bytes are the same on every run of one binary on one CPU.
 #
 #   bench/diloco/loss_vs_bytes.sh [ZERODP] [STEPS] [SIZE]      (defaults: build/release, 2000, small)
-#   ZERODP_DILOCO_MODES="sync hsdp h10 h50 h100" selects modes; ZERODP_DILOCO_SEEDS="1337 7"
-#   the seeds of the synchronous run (their spread is the yardstick for the loss target).
+#   ZERODP_DILOCO_MODES="sync hsdp h10 h50 h100 s100f4d5" selects modes (hH: DiLoCo at H;
+#   sHfFdD: Streaming DiLoCo, F fragments, each merged D steps after it starts);
+#   ZERODP_DILOCO_SEEDS="1337 7" the seeds of the synchronous run (their spread is the
+#   yardstick for the loss target).
 set -euo pipefail
 zerodp=${1:-build/release/cli/zerodp}
 steps=${2:-2000}
 size=${3:-small}
-modes=${ZERODP_DILOCO_MODES:-"sync hsdp h10 h50 h100"}
+modes=${ZERODP_DILOCO_MODES:-"sync hsdp h10 h50 h100 s100f4d5"}
 seeds=${ZERODP_DILOCO_SEEDS:-"1337 7"}
 out=$(mktemp -d /tmp/zerodp-diloco.XXXXXX)
 trap 'rm -rf "$out"' EXIT
@@ -24,6 +26,10 @@ flags_of() {
     sync) echo "--collectives two-level" ;;
     hsdp) echo "--shard-within-node" ;;
     h*) echo "--islands 2 --outer-every ${1#h}" ;;
+    s*)  # sHfFdD: Streaming DiLoCo, H, F fragments, merged D steps after each exchange starts
+      local spec=${1#s}
+      echo "--islands 2 --outer-every ${spec%%f*} --fragments $(echo "$spec" | sed 's/.*f\([0-9]*\).*/\1/')" \
+        "--outer-delay ${spec##*d}" ;;
   esac
 }
 

@@ -58,6 +58,15 @@ OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& is
   exchange_ = Buffer<float>(ledger, MemCategory::kOuterState, largest);
 }
 
+OuterStep::~OuterStep() {
+  for (Work& w : works_) {
+    try {
+      w.wait();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): see the declaration
+    }
+  }
+}
+
 std::span<float> OuterStep::own_master(UnitState& u) {
   if (state_.fp32()) return {static_cast<float*>(u.params.data()) + u.params_own, u.own.count()};
   return u.master.span().subspan(u.opt_own, u.own.count());

@@ -53,6 +53,12 @@ class OuterStep {
   // `column`: the ranks of this rank's index in every island, in island order.
   OuterStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& island, Communicator& column,
             MemoryLedger& ledger);
+  // Waits for an exchange still in flight (a run stopped mid-round): the column's thread
+  // writes into the exchange buffer until it is done. Its error is dropped: the caller is
+  // unwinding, and a failed peer aborts the column, which ends the wait.
+  ~OuterStep();
+  OuterStep(const OuterStep&) = delete;
+  OuterStep& operator=(const OuterStep&) = delete;
 
   // The global weights from the states as they stand: at a fresh start, once the initial
   // weights are in place (every island starts from the same ones).

@@ -306,6 +306,16 @@ TEST(Streaming, AResumeWithAnExchangeInFlightContinuesTheUninterruptedRun) {
   }
 }
 
+// A run that stops while an exchange is in flight (after step 6, merged after 7) ends
+// cleanly: the exchange finishes into its buffer before the buffer goes (ASan runs this).
+TEST(Streaming, AStopWithAnExchangeInFlightEndsCleanly) {
+  TrainConfig c = streaming_config(4, 3);
+  c.stop_after = 6;
+  const TrainResult r = run(c);
+  ASSERT_EQ(r.steps.size(), 6u);
+  EXPECT_TRUE(r.steps.back().outer);
+}
+
 // Each exchange moves about 1/F of a round's bytes: the burst a link sees.
 TEST(Streaming, AnExchangeMovesAFragmentOfTheRound) {
   TrainConfig c = streaming_config(4, 3);
