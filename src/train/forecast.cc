@@ -138,12 +138,16 @@ Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const Ste
     const CommBytes b = outer_step_bytes(m.units, l, 0, k);
     o.round.all_reduce += b.all_reduce;
     o.round.cross_all_reduce += b.cross_all_reduce;
+    o.round.all_gather += b.all_gather;
+    o.round.cross_all_gather += b.cross_all_gather;
     if (b.all_reduce > o.burst.all_reduce) o.burst = b;
   }
   f.need += o.state;
   const uint64_t h = static_cast<uint64_t>(c.outer_every);
   f.comm.all_reduce += o.round.all_reduce / h;
   f.comm.cross_all_reduce += o.round.cross_all_reduce / h;
+  f.comm.all_gather += o.round.all_gather / h;
+  f.comm.cross_all_gather += o.round.cross_all_gather / h;
   if (f.time && (in.inter_bandwidth || in.bandwidth)) {
     // Every rank of a node runs its column's all-reduce at once: they share the node's link.
     const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : l.ranks;

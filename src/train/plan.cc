@@ -162,7 +162,10 @@ IslandLayout island_layout(const TrainConfig& c, int world) {
           .fragments = c.fragments,
           .ranks = n,
           .inside_node_ranks = n % t == 0 ? t : 0,
-          .across_node_ranks = n % t == 0 ? 1 : t / n};
+          .across_node_ranks = n % t == 0 ? 1 : t / n,
+          .gathers_params = c.stage <= 2,
+          .gathers_master = c.stage == 0 && c.precision != Precision::kFP32,
+          .param_bytes = c.precision == Precision::kFP32 ? 4u : 2u};
 }
 
 namespace {
@@ -217,6 +220,28 @@ CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLay
   }
   b.all_reduce = 4 * (rs + ag);
   b.cross_all_reduce = 4 * (static_cast<uint64_t>(l.islands - per_node) * mine + ag - near);
+  // The island's gathers of every unit the fragment overlaps in the model.
+  uint64_t total = 0;
+  for (uint64_t numel : unit_numel) total += numel;
+  const Partition frag(total, l.fragments);
+  const uint64_t lo = frag.offset(f), hi = lo + frag.count(f);
+  const int local = rank % l.ranks;
+  const int t = l.inside_node_ranks > 0 ? l.inside_node_ranks : l.ranks;
+  const uint64_t w = (l.gathers_params ? l.param_bytes : 0) + (l.gathers_master ? 4 : 0);
+  uint64_t at = 0;
+  for (uint64_t numel : unit_numel) {
+    if (w > 0 && std::max(at, lo) < std::min(at + numel, hi)) {
+      uint64_t others = 0, away = 0;  // elements of the island's other ranks, and off-node
+      for (int q = 0; q < l.ranks; ++q) {
+        if (q == local) continue;
+        others += own_count(numel, l.ranks, q);
+        if (q / t != local / t) away += own_count(numel, l.ranks, q);
+      }
+      b.all_gather += others * w;
+      b.cross_all_gather += away * w;
+    }
+    at += numel;
+  }
   return b;
 }
 

@@ -114,6 +114,12 @@ struct IslandLayout {
   int ranks = 0;              // n
   int inside_node_ranks = 0;  // within an island
   int across_node_ranks = 0;  // within a column
+  // What a merge gathers again inside the island, per unit it touched: the params where each
+  // rank holds the whole unit (stages 0-2; `param_bytes` an element), the fp32 master where
+  // the optimizer updates it whole (stage 0 at 16 bits).
+  bool gathers_params = false;
+  bool gathers_master = false;
+  uint64_t param_bytes = 2;
 };
 // InvalidArgument when the islands do not divide the world or do not fit the nodes.
 IslandLayout island_layout(const TrainConfig& c, int world);
@@ -122,7 +128,7 @@ IslandLayout island_layout(const TrainConfig& c, int world);
 uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
 struct CommBytes;
 // What fragment f's exchange moves for rank `rank`: one fp32 all-reduce over its column of
-// the fragment's part of its own ranges.
+// the fragment's part of its own ranges, and the island's gathers of the units it touched.
 CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
                            int f = 0);
 struct CommBytes {

@@ -167,6 +167,20 @@ TEST(Islands, TheReportCountsTheOuterStateAndItsBytes) {
   }
   const std::string table = formula_table(r);
   EXPECT_EQ(table.find("DIFF"), std::string::npos) << table;
+  // Stages 0-2 hold whole copies, which a merge gathers again inside the island; streaming
+  // merges touch the units their fragment overlaps.
+  for (int stage : {0, 1, 2}) {
+    for (int fragments : {1, 2}) {
+      TrainConfig c = island_config(4, stage);
+      c.fragments = fragments;
+      c.outer_every = 2;
+      c.eval_every = 0;
+      const std::string t = formula_table(run(c));
+      EXPECT_EQ(t.find("DIFF"), std::string::npos)
+          << "stage " << stage << " F=" << fragments << "\n"
+          << t;
+    }
+  }
 }
 
 std::string file_bytes(const std::filesystem::path& p) {
@@ -339,8 +353,10 @@ TEST(Streaming, AnExchangeMovesAFragmentOfTheRound) {
 
 // estimate's forecast of an island run is what the run measures: the outer state, the
 // states and the traffic per step (a round every H steps, spread over them).
-TEST(Islands, TheForecastIsWhatTheRunMeasures) {
-  TrainConfig c = island_config(4, 3);
+class IslandForecast : public ::testing::TestWithParam<int> {};
+
+TEST_P(IslandForecast, IsWhatTheRunMeasures) {
+  TrainConfig c = island_config(4, GetParam());
   c.steps = 4;  // rounds end after steps 2 and 4: two rounds over four steps
   c.eval_every = 0;
   const TrainResult r = run(c);
@@ -376,6 +392,8 @@ TEST(Islands, TheForecastIsWhatTheRunMeasures) {
   EXPECT_GE(h * 0.1 * inner, *timed.outer->round_seconds * 0.999);
   EXPECT_LT((h - 1) * 0.1 * inner, *timed.outer->round_seconds);
 }
+
+INSTANTIATE_TEST_SUITE_P(Stages, IslandForecast, ::testing::Values(0, 3));
 
 TEST(Islands, RefusalsNameWhatWouldWork) {
   const auto refused = [](TrainConfig c, const std::string& expect) {
