@@ -297,11 +297,6 @@ void check_island_modes(const TrainConfig& c) {
   if (c.offload != Offload::kNone) {
     refuse("--offload", "the outer step reads the master weights in memory (not built yet)");
   }
-  if (c.max_restarts > 0) {
-    refuse("--max-restarts",
-           "an elastic restart would have to keep whole islands (not built "
-           "yet); resume with --resume latest instead");
-  }
   if (c.outer_every % c.fragments != 0) {
     throw InvalidArgument(fmt::format(
         "--fragments {} does not divide --outer-every {}: each fragment's round is H steps, "

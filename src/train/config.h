@@ -242,7 +242,7 @@ std::string flag_of(std::string_view key);
 void check_idle_options(const TrainConfig& c);
 
 // The refusals of --islands train and estimate share: what the islands cannot be combined
-// with (--shard-within-node, --hpz, --offload, --max-restarts), and Streaming DiLoCo's
+// with (--shard-within-node, --hpz, --offload), and Streaming DiLoCo's
 // schedule (--fragments dividing --outer-every, --outer-delay below H / F, evaluation where
 // the islands agree on the weights).
 void check_island_modes(const TrainConfig& c);

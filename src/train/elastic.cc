@@ -106,16 +106,32 @@ Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
   // them that divides M trains on, each rank taking M / N' of them. Over nodes of T ranks
   // the world stays whole nodes (N' = P' x T: a node is lost, not one rank of it); when no
   // such N' is left, the survivors are one node of N' ranks.
+  // With --islands the islands stay, each with its micro-batches per step, on fewer ranks
+  // each: n' < n dividing them (the same bits, docs/diloco.md), every island a node of n'.
   const int micro_batches = ranks * cfg.grad_accum;
   const int per_node = cfg.launch.comm.node_ranks;
   int survivors = ranks - 1;
-  if (per_node > 0) {
+  if (cfg.islands > 1) {
+    const int n = ranks / cfg.islands;
+    int fewer = n - 1;
+    while (fewer >= 1 && (n * cfg.grad_accum) % fewer != 0) --fewer;
+    if (fewer < 1) {
+      refuse(
+          fmt::format("--islands {} of one rank each: losing a rank loses an island, and a "
+                      "restart keeps every island",
+                      cfg.islands));
+    }
+    survivors = cfg.islands * fewer;
+    cfg.launch.comm.node_ranks = fewer;
+  } else if (per_node > 0) {
     while (survivors >= per_node && (micro_batches % survivors != 0 || survivors % per_node != 0))
       --survivors;
     if (survivors < per_node) survivors = ranks - 1;
   }
   while (micro_batches % survivors != 0) --survivors;
-  if (per_node > 0 && survivors % per_node != 0) cfg.launch.comm.node_ranks = survivors;
+  if (cfg.islands == 1 && per_node > 0 && survivors % per_node != 0) {
+    cfg.launch.comm.node_ranks = survivors;
+  }
   const checkpoint::Meta meta = checkpoint::read_meta(*latest);
   Restart restart{.failed_step = root->step,
                   .failed_rank = failed_rank,

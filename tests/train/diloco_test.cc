@@ -395,6 +395,40 @@ TEST_P(IslandForecast, IsWhatTheRunMeasures) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, IslandForecast, ::testing::Values(0, 3));
 
+// A rank that fails mid-run: the islands go on from the last checkpoint on fewer ranks each
+// (2 islands of 2 -> of 1), keeping every island and its batch: the uninterrupted run's bits.
+TEST(Islands, AnElasticRestartKeepsTheIslands) {
+  testing::TempDir whole_dir, elastic_dir;
+  TrainConfig w = island_config(4, 2);
+  w.eval_every = 0;
+  w.checkpoint_dir = (whole_dir.path() / "ck").string();
+  w.checkpoint_every = 2;
+  const TrainResult whole = run(w);
+  TrainConfig c = w;
+  c.checkpoint_dir = (elastic_dir.path() / "ck").string();
+  c.max_restarts = 1;
+  c.inject = {parse_injection("throw@4:3")};
+  const TrainResult r = run(c);
+  ASSERT_EQ(r.restarts.size(), 1u);
+  EXPECT_EQ(r.restarts[0].ranks_before, 4);
+  EXPECT_EQ(r.restarts[0].ranks_after, 2);
+  EXPECT_EQ(r.world_size, 2);
+  EXPECT_EQ(r.weights_sha256, whole.weights_sha256);
+  // Islands of one rank have none to lose.
+  TrainConfig single = c;
+  single.launch.ranks = 2;
+  single.grad_accum = 4;
+  single.checkpoint_dir = (elastic_dir.path() / "single").string();
+  single.inject = {parse_injection("throw@4:1")};
+  try {
+    (void)run(single);
+    ADD_FAILURE() << "islands of one rank restarted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a restart keeps every island"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Islands, RefusalsNameWhatWouldWork) {
   const auto refused = [](TrainConfig c, const std::string& expect) {
     try {
