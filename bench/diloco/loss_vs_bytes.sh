@@ -27,8 +27,9 @@ flags_of() {
     hsdp) echo "--shard-within-node" ;;
     h*) echo "--islands 2 --outer-every ${1#h}" ;;
     s*)  # sHfFdD: Streaming DiLoCo, H, F fragments, merged D steps after each exchange starts
-      local spec=${1#s}
-      echo "--islands 2 --outer-every ${spec%%f*} --fragments $(echo "$spec" | sed 's/.*f\([0-9]*\).*/\1/')" \
+      local spec=${1#s} fragments
+      fragments=${spec#*f}
+      echo "--islands 2 --outer-every ${spec%%f*} --fragments ${fragments%%d*}" \
         "--outer-delay ${spec##*d}" ;;
   esac
 }
