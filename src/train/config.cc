@@ -283,6 +283,12 @@ std::string flag_of(std::string_view key) {
   return flag;
 }
 
+void default_island_nodes(TrainConfig& c, int world) {
+  if (c.islands > 1 && c.launch.comm.node_ranks == 0 && world % c.islands == 0) {
+    c.launch.comm.node_ranks = world / c.islands;
+  }
+}
+
 void check_island_modes(const TrainConfig& c) {
   if (c.islands == 1) return;
   const int k = c.islands;

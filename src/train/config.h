@@ -246,6 +246,9 @@ void check_idle_options(const TrainConfig& c);
 // schedule (--fragments dividing --outer-every, --outer-delay below H / F, evaluation where
 // the islands agree on the weights).
 void check_island_modes(const TrainConfig& c);
+// Islands are nodes unless --node-ranks says otherwise: with --islands and no --node-ranks,
+// node_ranks becomes world / islands (launch() makes the MPI world so, comm/launch.h).
+void default_island_nodes(TrainConfig& c, int world);
 
 // --offload's value: "none", "optimizer" or "optimizer,params". Throws InvalidArgument naming
 // the text and what is accepted.

@@ -589,10 +589,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       if (!local) {
         own.emplace(cfg);
         if (saved) keep_global_batch(*own, resume_from, *saved, comm.size(), default_policy);
-        // Islands are nodes unless --node-ranks says otherwise, as launch() made the world.
-        if (own->islands > 1 && own->launch.comm.node_ranks == 0) {
-          own->launch.comm.node_ranks = comm.size() / own->islands;
-        }
+        default_island_nodes(*own, comm.size());
         // The process's first rank checks the memory of all of them.
         if (comm.rank() % here == 0)
           preflight(*own, data, make_model, comm.size(), comm.rank(), here);

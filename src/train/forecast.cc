@@ -134,12 +134,9 @@ Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const Ste
   f.all_ranks *= static_cast<uint64_t>(l.islands);
   Forecast::Outer o;
   o.state = outer_state_bytes(m.units, l, 0);
+  o.round = outer_round_bytes(m.units, l, 0);
   for (int k = 0; k < l.fragments; ++k) {
     const CommBytes b = outer_step_bytes(m.units, l, 0, k);
-    o.round.all_reduce += b.all_reduce;
-    o.round.cross_all_reduce += b.cross_all_reduce;
-    o.round.all_gather += b.all_gather;
-    o.round.cross_all_gather += b.cross_all_gather;
     if (b.all_reduce > o.burst.all_reduce) o.burst = b;
   }
   f.need += o.state;

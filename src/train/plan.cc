@@ -201,6 +201,18 @@ uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLay
   return 2 * 4 * own + 4 * largest;
 }
 
+CommBytes outer_round_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {
+  CommBytes round;
+  for (int f = 0; f < l.fragments; ++f) {
+    const CommBytes b = outer_step_bytes(unit_numel, l, rank, f);
+    round.all_reduce += b.all_reduce;
+    round.cross_all_reduce += b.cross_all_reduce;
+    round.all_gather += b.all_gather;
+    round.cross_all_gather += b.cross_all_gather;
+  }
+  return round;
+}
+
 CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
                            int f) {
   CommBytes b;

@@ -131,6 +131,8 @@ struct CommBytes;
 // the fragment's part of its own ranges, and the island's gathers of the units it touched.
 CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
                            int f = 0);
+// A whole round's: every fragment's exchange.
+CommBytes outer_round_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
 struct CommBytes {
   uint64_t all_reduce = 0;
   uint64_t reduce_scatter = 0;

@@ -101,18 +101,9 @@ PlannedComm planned_comm(const TrainResult& r, int rank) {
   }
   const IslandLayout l = island_layout(c, r.world_size);
   modes.node_ranks = l.inside_node_ranks;
-  // A whole round: every fragment's exchange.
-  CommBytes round;
-  for (int f = 0; f < l.fragments; ++f) {
-    const CommBytes b = outer_step_bytes(r.unit_numel, l, rank, f);
-    round.all_reduce += b.all_reduce;
-    round.cross_all_reduce += b.cross_all_reduce;
-    round.all_gather += b.all_gather;
-    round.cross_all_gather += b.cross_all_gather;
-  }
   return {comm_bytes_per_step(r.unit_numel, l.ranks, c.stage, c.precision, c.grad_accum,
                               c.accumulate, canonical_order(c), rank % l.ranks, modes),
-          round};
+          outer_round_bytes(r.unit_numel, l, rank)};
 }
 
 // The planner's exact bytes beside the measured ones, so a reader of the report (zerodp

@@ -7,6 +7,7 @@
 #include "train/config.h"
 #include "train/model_kind.h"
 #include "train/options.h"
+#include "train/plan.h"
 
 namespace zerodp {
 
@@ -24,16 +25,9 @@ void check_islands(TrainConfig& c) {
         k, c.launch.ranks, c.launch.ranks));
   }
   c.launch.islands = k;
-  const int t = c.launch.comm.node_ranks;
   if (c.launch.backend == Backend::kLocal) {
-    const int n = c.launch.ranks / k;
-    if (t == 0) c.launch.comm.node_ranks = n;  // each island a node
-    if (t > 0 && n % t != 0 && t % n != 0) {
-      throw InvalidArgument(fmt::format(
-          "--islands {} of {} ranks each and --node-ranks {}: an island must be whole nodes or "
-          "a part of one; use --node-ranks dividing {} or a multiple of it",
-          k, n, t, n));
-    }
+    (void)island_layout(c, c.launch.ranks);  // islands that fit the nodes, or refused
+    default_island_nodes(c, c.launch.ranks);
   }
   check_island_modes(c);
 }
