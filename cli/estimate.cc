@@ -459,9 +459,9 @@ nlohmann::json row_json(const Estimate& e, const TrainConfig& c, const Forecast&
         {"outer_every", c.outer_every},
         {"fragments", c.fragments},
         {"outer_state_bytes", o.state},
-        {"round_bytes", o.round.all_reduce},
-        {"round_cross_node_bytes", o.round.cross_all_reduce},
-        {"burst_bytes", o.burst.all_reduce},
+        {"round_bytes", o.exchange_round.total()},
+        {"round_cross_node_bytes", o.exchange_round.cross_total()},
+        {"burst_bytes", o.burst.total()},
         {"round_seconds", o.round_seconds ? nlohmann::json(*o.round_seconds) : nlohmann::json()},
         {"advised_outer_every",
          o.advised_every ? nlohmann::json(*o.advised_every) : nlohmann::json()}};
@@ -493,9 +493,10 @@ void print_islands(const Estimate& e, int n, const Forecast::Outer& o) {
       "  -> {} ranks as {} islands of {}: outer state {} per rank (in the rows' needs); a round "
       "of outer steps every --outer-every {} moves {} per rank ({} across nodes), {} per step; "
       "the largest exchange (--fragments {}) {}\n",
-      n, c.islands, n / c.islands, gb(o.state), c.outer_every, gb(o.round.all_reduce),
-      gb(o.round.cross_all_reduce), gb(o.round.all_reduce / static_cast<uint64_t>(c.outer_every)),
-      c.fragments, gb(o.burst.all_reduce));
+      n, c.islands, n / c.islands, gb(o.state), c.outer_every, gb(o.exchange_round.total()),
+      gb(o.exchange_round.cross_total()),
+      gb(o.exchange_round.total() / static_cast<uint64_t>(c.outer_every)), c.fragments,
+      gb(o.burst.total()));
   if (o.round_seconds) {
     fmt::print("     a round takes {:.3g} s at the link{}\n", *o.round_seconds,
                o.advised_every ? fmt::format("; --outer-every {} or more keeps it within a tenth "

@@ -7,7 +7,8 @@
 #
 #   bench/diloco/loss_vs_bytes.sh [ZERODP] [STEPS] [SIZE]      (defaults: build/release, 2000, small)
 #   ZERODP_DILOCO_MODES="sync hsdp h10 h50 h100 s100f4d5" selects modes (hH: DiLoCo at H;
-#   sHfFdD: Streaming DiLoCo, F fragments, each merged D steps after it starts);
+#   sHfFdD: Streaming DiLoCo, F fragments, each merged D steps after it starts; a q4 or q8
+#   suffix sends the outer gradients as int4 or int8 blocks, --outer-quant);
 #   ZERODP_DILOCO_SEEDS="1337 7" the seeds of the synchronous run (their spread is the
 #   yardstick for the loss target).
 set -euo pipefail
@@ -23,6 +24,8 @@ common=(--size "$size" --data kjv --steps "$steps" --ranks 4 --node-ranks 2 --st
         --eval-batches 64 --no-progress)
 flags_of() {
   case "$1" in
+    *q4) echo "$(flags_of "${1%q4}") --outer-quant int4" ;;
+    *q8) echo "$(flags_of "${1%q8}") --outer-quant int8" ;;
     sync) echo "--collectives two-level" ;;
     hsdp) echo "--shard-within-node" ;;
     h*) echo "--islands 2 --outer-every ${1#h}" ;;

@@ -55,12 +55,15 @@ best() { printf '%s\n' "$@" | sort -g | tail -1; }
 
 tl="--collectives two-level"
 names=("two-level" "two-level + hpZ + qwZ + qgZ int4" "DiLoCo H=50" "DiLoCo H=100"
-       "Streaming H=100 F=4 tau=5" "Streaming H=100 F=4 tau=20")
+       "Streaming H=100 F=4 tau=5" "Streaming H=100 F=4 tau=20" "DiLoCo H=50 int4"
+       "Streaming H=100 F=4 tau=5 int4")
 flags=("$tl" "$tl --hpz --qwz --qgz int4" "--islands 2 --outer-every 50"
        "--islands 2 --outer-every 100" "--islands 2 --outer-every 100 --fragments 4 --outer-delay 5"
-       "--islands 2 --outer-every 100 --fragments 4 --outer-delay 20")
-steps=(22 22 102 102 102 102)
-hows=(median median all all all all)
+       "--islands 2 --outer-every 100 --fragments 4 --outer-delay 20"
+       "--islands 2 --outer-every 50 --outer-quant int4"
+       "--islands 2 --outer-every 100 --fragments 4 --outer-delay 5 --outer-quant int4")
+steps=(22 22 102 102 102 102 102 102)
+hows=(median median all all all all all all)
 declare -A shaped unshaped
 only=${ZERODP_TESTBED_ONLY:-${!names[*]}}
 for i in $only; do

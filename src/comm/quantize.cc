@@ -63,8 +63,8 @@ size_t value_bytes(size_t count, QuantBits bits) {
 // done from the truncated value (cvttps2dq ignores the rounding mode), so a caller's
 // fesetround cannot change the codes. A zero scale (all-zero block, or amax so small that
 // amax / qmax underflows) and a NaN scale give codes 0.
-[[gnu::always_inline]] inline void quantize_codes(const float* x, size_t n, float scale,
-                                                  int qmax_int, int8_t* codes) {
+[[gnu::always_inline]] inline void code_elements(const float* x, size_t n, float scale,
+                                                 int qmax_int, int8_t* codes) {
   if (!(scale > 0)) {
     std::memset(codes, 0, n);
     return;
@@ -106,7 +106,7 @@ ZERODP_QUANT_KERNEL uint32_t abs_max_chunk(const float* x, size_t n) { return ab
 
 ZERODP_QUANT_KERNEL void quantize_chunk(const float* x, size_t n, float scale, int qmax,
                                         int8_t* codes) {
-  quantize_codes(x, n, scale, qmax, codes);
+  code_elements(x, n, scale, qmax, codes);
 }
 
 // `n` elements that start on a block boundary: their scales (block by block from `scales`)
@@ -117,7 +117,7 @@ ZERODP_QUANT_KERNEL void quantize_blocks(const float* x, size_t n, size_t block,
     const size_t len = std::min(block, n - off);
     const float scale = scale_of(abs_max_bits(x + off, len), qmax);
     store_scale(scales, k, scale);
-    quantize_codes(x + off, len, scale, qmax, codes + off);
+    code_elements(x + off, len, scale, qmax, codes + off);
   }
 }
 
@@ -342,6 +342,52 @@ void dequantize_add(std::span<const std::byte> in, std::span<float> acc, BlockQu
   for_each_tile(in, acc.size(), q, [&](size_t t0, size_t n, const int8_t* codes) {
     dequantize_accumulate(codes, t0, n, q.block, in.data(), acc.data() + t0);
   });
+}
+
+float abs_max(std::span<const float> x) {
+  const uint32_t bits = abs_max_chunk(x.data(), x.size());
+  return bits >= kInfBits ? std::numeric_limits<float>::infinity() : std::bit_cast<float>(bits);
+}
+
+float block_scale(float amax, QuantBits bits) {
+  return scale_of(std::bit_cast<uint32_t>(amax) & kAbsMask, quant_max(bits));
+}
+
+void quantize_codes(std::span<const float> x, float scale, QuantBits bits,
+                    std::span<int8_t> codes) {
+  if (codes.size() != x.size()) {
+    throw InvalidArgument(fmt::format("quantize_codes: {} codes for {} elements; give one each",
+                                      codes.size(), x.size()));
+  }
+  quantize_chunk(x.data(), x.size(), scale, quant_max(bits), codes.data());
+}
+
+size_t code_bytes(size_t count, QuantBits bits) { return value_bytes(count, bits); }
+
+void pack_codes(std::span<const int8_t> codes, QuantBits bits, std::span<std::byte> out) {
+  if (out.size() != value_bytes(codes.size(), bits)) {
+    throw InvalidArgument(
+        fmt::format("pack_codes: {} bytes for {} int{} codes; size it with code_bytes()",
+                    out.size(), codes.size(), static_cast<int>(bits)));
+  }
+  if (bits == QuantBits::kInt8) {
+    std::memcpy(out.data(), codes.data(), codes.size());
+    return;
+  }
+  pack_int4(codes.data(), codes.size(), 0, reinterpret_cast<uint8_t*>(out.data()));
+}
+
+void unpack_codes(std::span<const std::byte> in, QuantBits bits, std::span<int8_t> codes) {
+  if (in.size() != value_bytes(codes.size(), bits)) {
+    throw InvalidArgument(
+        fmt::format("unpack_codes: {} bytes for {} int{} codes; size it with code_bytes()",
+                    in.size(), codes.size(), static_cast<int>(bits)));
+  }
+  if (bits == QuantBits::kInt8) {
+    std::memcpy(codes.data(), in.data(), codes.size());
+    return;
+  }
+  unpack_int4(reinterpret_cast<const uint8_t*>(in.data()), 0, codes.size(), codes.data());
 }
 
 }  // namespace zerodp

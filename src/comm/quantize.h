@@ -67,4 +67,19 @@ void dequantize(std::span<const std::byte> in, MutableBuffer out, BlockQuant q);
 // `in` must hold exactly quantized_bytes(acc.size(), q) bytes.
 void dequantize_add(std::span<const std::byte> in, std::span<float> acc, BlockQuant q);
 
+// The same arithmetic for blocks the caller lays out: DiLoCo's outer gradients
+// (train/outer_step.h) are quantized in blocks fixed in the model's coordinates, whose parts
+// lie on different ranks, so a block's amax is the max of its parts' (gathered by the caller)
+// and its scale the same on every rank.
+// The largest |x| of `x`, +inf where one is not finite (so the max over parts keeps it).
+float abs_max(std::span<const float> x);
+// A block's scale from its amax: amax / qmax, NaN for an infinite amax.
+float block_scale(float amax, QuantBits bits);
+// The codes of `x` under `scale`, as quantize() rounds them; 0 where the scale is 0 or NaN.
+void quantize_codes(std::span<const float> x, float scale, QuantBits bits, std::span<int8_t> codes);
+// Codes packed as quantize() packs its values (int8 as they are, int4 two per byte), and back.
+size_t code_bytes(size_t count, QuantBits bits);
+void pack_codes(std::span<const int8_t> codes, QuantBits bits, std::span<std::byte> out);
+void unpack_codes(std::span<const std::byte> in, QuantBits bits, std::span<int8_t> codes);
+
 }  // namespace zerodp

@@ -147,6 +147,9 @@ struct TrainConfig {
   int fragments = 1;
   int64_t outer_delay = 0;
   float outer_mix = 0.5f;
+  // Outer gradients across the column as int8 or int4 blocks of kOuterQuantBlock elements
+  // (train/outer_step.h); 0 = fp32.
+  int outer_quant = 0;
   // Offload (docs/offload.md): what a scratch file per rank under offload_dir holds instead of
   // memory, streamed through in pieces.
   Offload offload = Offload::kNone;
@@ -231,6 +234,8 @@ inline constexpr double kCollectiveTimeoutMax = 86400;        // seconds
 // Elements per quantization scale (--qwz-block, --qgz-block): past 2^24 one fp32 scale spans
 // a 64 MiB block, far beyond what either mode's error bound was measured at.
 inline constexpr OptionRange kQuantBlockRange{1, 1 << 24};
+// Elements per scale of a quantized outer gradient (--outer-quant): qgZ's default.
+inline constexpr size_t kOuterQuantBlock = 256;
 
 // The flag a config_json key names: "qwz_block" -> "--qwz-block".
 std::string flag_of(std::string_view key);

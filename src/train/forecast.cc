@@ -135,9 +135,10 @@ Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const Ste
   Forecast::Outer o;
   o.state = outer_state_bytes(m.units, l, 0);
   o.round = outer_round_bytes(m.units, l, 0);
+  o.exchange_round = outer_round_bytes(m.units, l, 0, true);
   for (int k = 0; k < l.fragments; ++k) {
-    const CommBytes b = outer_step_bytes(m.units, l, 0, k);
-    if (b.all_reduce > o.burst.all_reduce) o.burst = b;
+    const CommBytes b = outer_exchange_bytes(m.units, l, 0, k);
+    if (b.total() > o.burst.total()) o.burst = b;
   }
   f.need += o.state;
   const uint64_t h = static_cast<uint64_t>(c.outer_every);
@@ -153,9 +154,11 @@ Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const Ste
                          .inter_bandwidth = in.inter_bandwidth.value_or(0),
                          .inter_latency = in.inter_latency.value_or(0),
                          .nic_ranks = static_cast<double>(std::min(t, l.ranks))};
-    const double steps = 2.0 * (l.islands - 1) * l.fragments;
-    o.round_seconds = link.flat_seconds(static_cast<double>(o.round.all_reduce),
-                                        static_cast<double>(o.round.cross_all_reduce), steps,
+    // An all-reduce's ring steps, or a quantized exchange's all-gather's (the island's small
+    // all-reduce of block maxima stays inside a node when islands are, and is left out).
+    const double steps = (l.quant_bits != 0 ? 1.0 : 2.0) * (l.islands - 1) * l.fragments;
+    o.round_seconds = link.flat_seconds(static_cast<double>(o.exchange_round.total()),
+                                        static_cast<double>(o.exchange_round.cross_total()), steps,
                                         l.across_node_ranks < l.islands);
     const double inner = f.time->overlapped();
     (c.outer_delay > 0 ? f.time->comm_overlap : f.time->comm_serial) +=

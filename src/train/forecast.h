@@ -89,7 +89,9 @@ struct Forecast {
   // smallest whose round takes at most a tenth of H steps.
   struct Outer {
     uint64_t state = 0;
-    CommBytes round, burst;
+    CommBytes round;  // all a round moves, the islands' own gathers included
+    // What crosses islands: a round's, and the largest exchange's.
+    CommBytes exchange_round, burst;
     std::optional<double> round_seconds;
     std::optional<int64_t> advised_every;
   };

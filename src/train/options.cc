@@ -419,6 +419,26 @@ const OptionSpec kOptions[] = {
            if (!(c.outer_mix > 0 && c.outer_mix <= 1)) o.refuse(fmt::format("{}", c.outer_mix));
          },
      .record = [](const TrainConfig& c) -> json { return c.outer_mix; }},
+    {.key = "outer_quant",
+     .section = kParallelism,
+     .help = "DiLoCo: send the outer gradients across islands as int8 or int4 blocks of 256 "
+             "elements with an fp32 scale each (Streaming DiLoCo's 4-bit exchange), folded in "
+             "fp32; off, int8 or int4 (--islands)",
+     .commands = kBoth,
+     .advice = "use off, int8 or int4",
+     .read =
+         [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
+           if (t == "off") {
+             c.outer_quant = 0;
+           } else if (t == "int8") {
+             c.outer_quant = 8;
+           } else if (t == "int4") {
+             c.outer_quant = 4;
+           } else {
+             o.refuse(t);
+           }
+         },
+     .record = [](const TrainConfig& c) -> json { return qgz_name(c.outer_quant); }},
     {.key = "hpz",
      .section = kParallelism,
      .help = "Stage 3 with --node-ranks: keep each node's copy of a unit's parameters sharded "

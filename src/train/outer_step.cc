@@ -2,7 +2,9 @@
 #include "train/outer_step.h"
 
 #include <algorithm>
+#include <cstring>
 
+#include "comm/quantize.h"
 #include "train/flat.h"
 
 namespace zerodp {
@@ -21,6 +23,30 @@ std::vector<int> fragments_ending(const TrainConfig& cfg, int64_t step) {
 Range fragment_range(uint64_t total, int fragments, int f) {
   const Partition p(total, fragments);
   return {p.offset(f), p.offset(f) + p.count(f)};
+}
+
+QuantBits OuterStep::quant_bits() const {
+  return cfg_.outer_quant == 4 ? QuantBits::kInt4 : QuantBits::kInt8;
+}
+
+template <typename Fn>
+void OuterStep::for_each_block_run(int f, Fn&& fn) const {
+  size_t at = 0, k = 0;
+  bool first = true;
+  uint64_t last = 0;
+  for (const Piece& p : fragments_[static_cast<size_t>(f)]) {
+    for (size_t e = 0; e < p.count;) {
+      const uint64_t block = (p.rel + e) / kOuterQuantBlock;
+      const size_t n = static_cast<size_t>(
+          std::min<uint64_t>(p.count - e, (block + 1) * kOuterQuantBlock - (p.rel + e)));
+      if (!first && block != last) ++k;
+      first = false;
+      last = block;
+      fn(at + e, n, block, k);
+      e += n;
+    }
+    at += p.count;
+  }
 }
 
 OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& island,
@@ -44,18 +70,38 @@ OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& is
       const uint64_t hi = std::min<uint64_t>(fr.end, unit_at + u.own.end);
       if (lo < hi) {
         fragments_[static_cast<size_t>(f)].push_back(
-            {i, static_cast<size_t>(lo - unit_at - u.own.begin), static_cast<size_t>(hi - lo)});
+            {i, static_cast<size_t>(lo - unit_at - u.own.begin), static_cast<size_t>(hi - lo),
+             lo - fr.begin});
         count += hi - lo;
       }
       unit_at += u.numel;
     }
     largest = std::max(largest, count);
+    if (cfg.outer_quant != 0) {
+      Quantized q{.blocks = (fr.end - fr.begin + kOuterQuantBlock - 1) / kOuterQuantBlock,
+                  .count = count};
+      for_each_block_run(f, [&](size_t, size_t, uint64_t, size_t k) { q.touched = k + 1; });
+      q.payload = 4 * q.touched + code_bytes(count, quant_bits());
+      quantized_.push_back(q);
+    }
   }
   for (const UnitState& u : state_.units()) {
     global_.emplace_back(ledger, MemCategory::kOuterState, u.own.count());
     momentum_.emplace_back(ledger, MemCategory::kOuterState, u.own.count());
   }
   exchange_ = Buffer<float>(ledger, MemCategory::kOuterState, largest);
+  if (cfg.outer_quant != 0) {
+    size_t blocks = 0, payload = 0;
+    for (const Quantized& q : quantized_) {
+      blocks = std::max(blocks, q.blocks);
+      payload = std::max(payload, q.payload);
+    }
+    amax_ = Buffer<float>(ledger, MemCategory::kOuterState, blocks);
+    codes_ = Buffer<int8_t>(ledger, MemCategory::kOuterState, largest);
+    payload_ = Buffer<uint8_t>(ledger, MemCategory::kOuterState, payload);
+    gathered_ = Buffer<uint8_t>(ledger, MemCategory::kOuterState,
+                                payload * static_cast<size_t>(cfg.islands));
+  }
 }
 
 OuterStep::~OuterStep() {
@@ -90,12 +136,68 @@ void OuterStep::send(int f, int64_t merge_at) {
     for (size_t e = 0; e < p.count; ++e) d[e] = g[e] - master[e];
     at += p.count;
   }
-  works_.push_back(column_.all_reduce_async(exchange_.span().first(at), ReduceOp::kAvg));
+  if (cfg_.outer_quant != 0) {
+    send_quantized(f);
+  } else {
+    works_.push_back(column_.all_reduce_async(exchange_.span().first(at), ReduceOp::kAvg));
+  }
+}
+
+void OuterStep::send_quantized(int f) {
+  const Quantized& q = quantized_[static_cast<size_t>(f)];
+  const std::span<float> amax = amax_.span().first(q.blocks);
+  std::fill(amax.begin(), amax.end(), 0.0f);
+  const std::span<const float> delta = exchange_.span().first(q.count);
+  for_each_block_run(f, [&](size_t at, size_t n, uint64_t block, size_t) {
+    amax[block] = std::max(amax[block], abs_max(delta.subspan(at, n)));
+  });
+  // Blocks cross the island's ranks' ranges: each block's scale from all of its parts.
+  island_.comm().all_reduce(amax, ReduceOp::kMax);
+  auto* payload = reinterpret_cast<std::byte*>(payload_.data());
+  const std::span<int8_t> codes = codes_.span().first(q.count);
+  for_each_block_run(f, [&](size_t at, size_t n, uint64_t block, size_t k) {
+    const float scale = block_scale(amax[block], quant_bits());
+    std::memcpy(payload + k * sizeof(float), &scale, sizeof(float));
+    quantize_codes(delta.subspan(at, n), scale, quant_bits(), codes.subspan(at, n));
+  });
+  pack_codes(codes, quant_bits(),
+             {payload + q.touched * sizeof(float), code_bytes(q.count, quant_bits())});
+  const size_t islands = static_cast<size_t>(cfg_.islands);
+  works_.push_back(
+      column_.all_gather_async(ConstBuffer(payload, q.payload, DType::kU8),
+                               MutableBuffer(gathered_.data(), q.payload * islands, DType::kU8),
+                               Partition(q.payload * islands, cfg_.islands)));
+  folded_ = false;
+}
+
+void OuterStep::finish_exchange() {
+  for (Work& w : works_) w.wait();
+  works_.clear();
+  if (folded_) return;
+  const Quantized& q = quantized_[static_cast<size_t>(pending_)];
+  const std::span<int8_t> codes = codes_.span().first(q.count);
+  float* avg = exchange_.data();
+  for (int i = 0; i < cfg_.islands; ++i) {
+    const auto* payload =
+        reinterpret_cast<const std::byte*>(gathered_.data()) + static_cast<size_t>(i) * q.payload;
+    unpack_codes({payload + q.touched * sizeof(float), code_bytes(q.count, quant_bits())},
+                 quant_bits(), codes);
+    for_each_block_run(pending_, [&](size_t at, size_t n, uint64_t, size_t k) {
+      float scale;
+      std::memcpy(&scale, payload + k * sizeof(float), sizeof(float));
+      for (size_t e = at; e < at + n; ++e) {
+        const float y = static_cast<float>(codes[e]) * scale;
+        avg[e] = i == 0 ? y : avg[e] + y;
+      }
+    });
+  }
+  const auto divisor = static_cast<float>(cfg_.islands);
+  for (size_t e = 0; e < q.count; ++e) avg[e] = avg[e] / divisor;
+  folded_ = true;
 }
 
 void OuterStep::merge(float mix) {
-  for (Work& w : works_) w.wait();
-  works_.clear();
+  finish_exchange();
   const float mu = cfg_.outer_momentum;
   const float lr = cfg_.outer_lr;
   std::vector<Work> gathers;
@@ -148,8 +250,7 @@ bool OuterStep::after_step(int64_t step) {
 
 std::optional<int> OuterStep::in_flight(int64_t step) {
   if (pending_ < 0 || merge_at_ <= step) return std::nullopt;
-  for (Work& w : works_) w.wait();
-  works_.clear();
+  finish_exchange();
   return pending_;
 }
 
@@ -178,6 +279,7 @@ void OuterStep::restore_pending(int64_t step, size_t u, std::span<const float> o
   if (!sent) return;
   pending_ = fragments_ending(cfg_, *sent).front();
   merge_at_ = *sent + cfg_.outer_delay;
+  folded_ = true;
   size_t at = 0;
   for (const Piece& p : fragments_[static_cast<size_t>(pending_)]) {
     if (p.unit == u) {

@@ -22,11 +22,18 @@
 // is DiLoCo. The run's last step ends every fragment's round at once, so it ends on the
 // global weights.
 //
+// With --outer-quant int8 or int4 the pseudo-gradients cross the column as blocks of
+// kOuterQuantBlock elements fixed in the fragment's coordinates, one fp32 scale each: a
+// block's amax is the max over the island's ranks of their parts' (an all-reduce of one
+// float per block inside the island), each island's codes and scales are all-gathered over
+// the column, and every rank dequantizes them and folds them in island order in fp32.
+//
 // Every operation is elementwise on ranges fixed in the model's coordinates, so the result
 // does not depend on n: for a fixed I, island batch, H, F and tau, any ranks per island give
 // the same bits, and no step's bits depend on when an exchange finished. The outer state is
 // the global weights and the momentum (8 bytes per owned element) and the exchange's buffer
-// (4 bytes per owned element of the largest fragment): outer_state in the ledger.
+// (4 bytes per owned element of the largest fragment), and with --outer-quant the block
+// maxima, one packed payload per island and its own codes: outer_state in the ledger.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +42,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/quantize.h"
 #include "memory/ledger.h"
 #include "train/config.h"
 #include "train/shard_group.h"
@@ -93,11 +101,30 @@ class OuterStep {
     size_t unit = 0;
     size_t at = 0;
     size_t count = 0;
+    uint64_t rel = 0;  // its first element's place in the fragment
+  };
+  // With --outer-quant, fragment f's sizes: its blocks in the model, those this rank's
+  // elements touch (one scale each in its payload), and its elements.
+  struct Quantized {
+    size_t blocks = 0;
+    size_t touched = 0;
+    size_t count = 0;
+    size_t payload = 0;  // bytes: the touched blocks' scales, then the packed codes
   };
   // Unit u's own range of its fp32 master (the params themselves at fp32).
   std::span<float> own_master(UnitState& u);
   // Fragment f's pseudo-gradient into the exchange buffer, its all-reduce issued.
   void send(int f, int64_t merge_at);
+  QuantBits quant_bits() const;
+  // The quantized exchange of the first `count` elements of the exchange buffer.
+  void send_quantized(int f);
+  // Waits for the exchange in flight and, quantized, folds the islands' payloads into the
+  // exchange buffer: then it holds the average.
+  void finish_exchange();
+  // Calls fn(at, n, block, k) for the runs of fragment f's own elements (at: their place in
+  // the exchange buffer) that lie in one block (k: its place among the touched blocks).
+  template <typename Fn>
+  void for_each_block_run(int f, Fn&& fn) const;
   // The exchange's outer step and merge into the island's weights (`mix`: the global
   // weights' share).
   void merge(float mix);
@@ -113,8 +140,14 @@ class OuterStep {
   // The units each fragment overlaps in the model (the same on every rank of an island,
   // whose own pieces of it differ): those whose island copies a merge gathers again.
   std::vector<std::vector<size_t>> touched_;
-  Buffer<float> exchange_;  // the fragment in flight's pseudo-gradient, then its average
-  int pending_ = -1;        // the fragment in flight
+  Buffer<float> exchange_;            // the fragment in flight's pseudo-gradient, then its average
+  std::vector<Quantized> quantized_;  // per fragment, with --outer-quant
+  Buffer<float> amax_;                // a fragment's block maxima
+  Buffer<int8_t> codes_;              // this rank's codes, and an island's unpacked
+  Buffer<uint8_t> payload_;           // this rank's payload
+  Buffer<uint8_t> gathered_;          // every island's, in island order
+  bool folded_ = true;                // whether the exchange buffer holds the average
+  int pending_ = -1;                  // the fragment in flight
   int64_t merge_at_ = 0;
   std::vector<Work> works_;
 };

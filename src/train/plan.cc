@@ -1,6 +1,7 @@
 #include "train/plan.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <fmt/core.h>
 
@@ -165,27 +166,48 @@ IslandLayout island_layout(const TrainConfig& c, int world) {
           .across_node_ranks = n % t == 0 ? 1 : t / n,
           .gathers_params = c.stage <= 2,
           .gathers_master = c.stage == 0 && c.precision != Precision::kFP32,
-          .param_bytes = c.precision == Precision::kFP32 ? 4u : 2u};
+          .param_bytes = c.precision == Precision::kFP32 ? 4u : 2u,
+          .quant_bits = c.outer_quant};
 }
 
 namespace {
 
-// Rank `rank`'s elements of fragment f: its own ranges of the units (Partition(numel, n),
-// index rank % n) within [f P / F, (f + 1) P / F), P the model's elements.
-uint64_t fragment_own_count(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
-                            int f) {
+// Rank `rank`'s part of fragment f: its own ranges of the units (Partition(numel, n),
+// index rank % n) within [f P / F, (f + 1) P / F), P the model's elements; and, quantized,
+// the fragment's blocks, those its elements touch and its payload's bytes.
+struct FragmentShare {
+  uint64_t count = 0;
+  uint64_t blocks = 0;
+  uint64_t touched = 0;
+  uint64_t payload = 0;
+};
+
+FragmentShare fragment_share(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
+                             int f) {
   uint64_t total = 0;
   for (uint64_t numel : unit_numel) total += numel;
   const Partition frag(total, l.fragments);
   const uint64_t lo = frag.offset(f), hi = lo + frag.count(f);
-  uint64_t at = 0, count = 0;
+  const uint64_t block = kOuterQuantBlock;
+  FragmentShare s{.blocks = (hi - lo + block - 1) / block};
+  uint64_t at = 0;
+  std::optional<uint64_t> last;  // the last block touched
   for (uint64_t numel : unit_numel) {
     const Partition p(numel, l.ranks);
-    const uint64_t b = at + p.offset(rank % l.ranks), e = b + p.count(rank % l.ranks);
-    if (std::max(b, lo) < std::min(e, hi)) count += std::min(e, hi) - std::max(b, lo);
+    const uint64_t b = std::max(lo, at + p.offset(rank % l.ranks));
+    const uint64_t e = std::min(hi, at + p.offset(rank % l.ranks) + p.count(rank % l.ranks));
+    if (b < e) {
+      s.count += e - b;
+      const uint64_t first = (b - lo) / block, end = (e - 1 - lo) / block + 1;
+      s.touched += end - first - (last == first ? 1 : 0);
+      last = end - 1;
+    }
     at += numel;
   }
-  return count;
+  if (l.quant_bits != 0) {
+    s.payload = 4 * s.touched + (l.quant_bits == 4 ? (s.count + 1) / 2 : s.count);
+  }
+  return s;
 }
 
 }  // namespace
@@ -194,17 +216,24 @@ uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLay
   if (l.islands == 1) return 0;
   uint64_t own = 0;
   for (uint64_t numel : unit_numel) own += own_count(numel, l.ranks, rank % l.ranks);
-  uint64_t largest = 0;
+  uint64_t largest = 0, blocks = 0, payload = 0;
   for (int f = 0; f < l.fragments; ++f) {
-    largest = std::max(largest, fragment_own_count(unit_numel, l, rank, f));
+    const FragmentShare share = fragment_share(unit_numel, l, rank, f);
+    largest = std::max(largest, share.count);
+    blocks = std::max(blocks, share.blocks);
+    payload = std::max(payload, share.payload);
   }
-  return 2 * 4 * own + 4 * largest;
+  const uint64_t quantized =
+      l.quant_bits == 0 ? 0 : 4 * blocks + largest + payload * static_cast<uint64_t>(l.islands + 1);
+  return 2 * 4 * own + 4 * largest + quantized;
 }
 
-CommBytes outer_round_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {
+CommBytes outer_round_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
+                            bool exchange_only) {
   CommBytes round;
   for (int f = 0; f < l.fragments; ++f) {
-    const CommBytes b = outer_step_bytes(unit_numel, l, rank, f);
+    const CommBytes b = exchange_only ? outer_exchange_bytes(unit_numel, l, rank, f)
+                                      : outer_step_bytes(unit_numel, l, rank, f);
     round.all_reduce += b.all_reduce;
     round.cross_all_reduce += b.cross_all_reduce;
     round.all_gather += b.all_gather;
@@ -213,32 +242,60 @@ CommBytes outer_round_bytes(std::span<const uint64_t> unit_numel, const IslandLa
   return round;
 }
 
-CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
-                           int f) {
+CommBytes outer_exchange_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l,
+                               int rank, int f) {
   CommBytes b;
   if (l.islands == 1) return b;
   const int island = rank / l.ranks;
   // The column's nodes: islands sharing a node (across_node_ranks of them) exchange inside it.
   const int per_node = l.across_node_ranks > 0 ? l.across_node_ranks : l.islands;
   const int first = island / per_node * per_node;
-  const uint64_t c = fragment_own_count(unit_numel, l, rank, f);
-  // An all-reduce is a reduce-scatter of Partition(c, I) and an all-gather back.
-  const uint64_t mine = own_count(c, l.islands, island);
-  const uint64_t rs = static_cast<uint64_t>(l.islands - 1) * mine;
-  const uint64_t ag = c - mine;
-  uint64_t near = 0;  // the all-gather's ranges held on this rank's node
-  for (int i = first; i < first + per_node; ++i) {
-    if (i != island) near += own_count(c, l.islands, i);
+  const FragmentShare share = fragment_share(unit_numel, l, rank, f);
+  if (l.quant_bits != 0) {
+    // Every island's payload (the same size in a column) gathered over the column.
+    b.all_gather = static_cast<uint64_t>(l.islands - 1) * share.payload;
+    b.cross_all_gather = static_cast<uint64_t>(l.islands - per_node) * share.payload;
+  } else {
+    const uint64_t c = share.count;
+    // An all-reduce is a reduce-scatter of Partition(c, I) and an all-gather back.
+    const uint64_t mine = own_count(c, l.islands, island);
+    const uint64_t rs = static_cast<uint64_t>(l.islands - 1) * mine;
+    const uint64_t ag = c - mine;
+    uint64_t near = 0;  // the all-gather's ranges held on this rank's node
+    for (int i = first; i < first + per_node; ++i) {
+      if (i != island) near += own_count(c, l.islands, i);
+    }
+    b.all_reduce = 4 * (rs + ag);
+    b.cross_all_reduce = 4 * (static_cast<uint64_t>(l.islands - per_node) * mine + ag - near);
   }
-  b.all_reduce = 4 * (rs + ag);
-  b.cross_all_reduce = 4 * (static_cast<uint64_t>(l.islands - per_node) * mine + ag - near);
+  return b;
+}
+
+CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
+                           int f) {
+  CommBytes b = outer_exchange_bytes(unit_numel, l, rank, f);
+  if (l.islands == 1) return b;
+  const int local = rank % l.ranks;
+  const int t = l.inside_node_ranks > 0 ? l.inside_node_ranks : l.ranks;
+  if (l.quant_bits != 0) {
+    // The block maxima's all-reduce inside the island, one float a block.
+    const uint64_t blocks = fragment_share(unit_numel, l, rank, f).blocks;
+    const uint64_t mine = own_count(blocks, l.ranks, local);
+    uint64_t away = 0, away_ranks = 0;  // what the island's off-node ranks own, and they
+    for (int q = 0; q < l.ranks; ++q) {
+      if (q / t != local / t) {
+        away += own_count(blocks, l.ranks, q);
+        ++away_ranks;
+      }
+    }
+    b.all_reduce += 4 * (static_cast<uint64_t>(l.ranks - 1) * mine + blocks - mine);
+    b.cross_all_reduce += 4 * (away_ranks * mine + away);
+  }
   // The island's gathers of every unit the fragment overlaps in the model.
   uint64_t total = 0;
   for (uint64_t numel : unit_numel) total += numel;
   const Partition frag(total, l.fragments);
   const uint64_t lo = frag.offset(f), hi = lo + frag.count(f);
-  const int local = rank % l.ranks;
-  const int t = l.inside_node_ranks > 0 ? l.inside_node_ranks : l.ranks;
   const uint64_t w = (l.gathers_params ? l.param_bytes : 0) + (l.gathers_master ? 4 : 0);
   uint64_t at = 0;
   for (uint64_t numel : unit_numel) {

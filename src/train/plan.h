@@ -120,19 +120,28 @@ struct IslandLayout {
   bool gathers_params = false;
   bool gathers_master = false;
   uint64_t param_bytes = 2;
+  // --outer-quant: 0 (fp32 all-reduce), 8 or 4 (blocks of kOuterQuantBlock all-gathered).
+  int quant_bits = 0;
 };
 // InvalidArgument when the islands do not divide the world or do not fit the nodes.
 IslandLayout island_layout(const TrainConfig& c, int world);
 // The outer state of rank `rank`: global weights and momentum, fp32, of its own ranges, and
-// the exchange buffer of its largest fragment.
+// the exchange buffer of its largest fragment (quantized: also the block maxima, its codes,
+// and a payload of its own and every island's).
 uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
 struct CommBytes;
 // What fragment f's exchange moves for rank `rank`: one fp32 all-reduce over its column of
-// the fragment's part of its own ranges, and the island's gathers of the units it touched.
+// the fragment's part of its own ranges (quantized: an all-reduce of the block maxima inside
+// the island and an all-gather of the payloads over the column), and the island's gathers of
+// the units it touched.
 CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
                            int f = 0);
-// A whole round's: every fragment's exchange.
-CommBytes outer_round_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
+// Of those, what crosses islands: the column's all-reduce, or all-gather of the payloads.
+CommBytes outer_exchange_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l,
+                               int rank, int f = 0);
+// A whole round's: every fragment's exchange (`exchange_only`: outer_exchange_bytes's).
+CommBytes outer_round_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
+                            bool exchange_only = false);
 struct CommBytes {
   uint64_t all_reduce = 0;
   uint64_t reduce_scatter = 0;

@@ -200,6 +200,8 @@ const IdleRule kIdleRules[] = {
      [](const TrainConfig& c) { return std::to_string(c.fragments); }},
     {"outer_delay", no_islands, "it delays DiLoCo's merges; add --islands K",
      [](const TrainConfig& c) { return std::to_string(c.outer_delay); }},
+    {"outer_quant", no_islands, "it quantizes DiLoCo's outer gradients; add --islands K",
+     [](const TrainConfig& c) { return std::string(qgz_name(c.outer_quant)); }},
     {"outer_mix", [](const TrainConfig& c) { return c.islands == 1 || c.outer_delay == 0; },
      "it weighs a delayed merge, and merges wait for their exchange; add --islands K and "
      "--outer-delay D",

@@ -29,7 +29,7 @@ for case in "2 0 bf16 1 -" "2 3 bf16 1 -" "3 1 fp16 1 -" "3 2 fp32 1 -" \
   "2 3 bf16 1 --offload=optimizer+params,--offload-dir=$tmp,--offload-piece=2048" \
   "4 3 fp16 2 --offload=optimizer+params,--offload-dir=$tmp,--prefetch=2,--grad-accum=2" \
   "4 2 bf16 2 --islands=2,--outer-every=2" "4 1 fp32 1 --islands=4,--outer-every=1" \
-  "4 3 bf16 1 --islands=2,--outer-every=4,--fragments=2,--outer-delay=1" \
+  "4 3 bf16 1 --islands=2,--outer-every=4,--fragments=2,--outer-delay=1,--outer-quant=int4" \
   "8 3 fp16 2 --islands=2,--outer-every=2,--node-ranks=2,--collectives=two-level,--qwz"; do
   read -r n stage precision per extras <<<"$case"
   extra=()

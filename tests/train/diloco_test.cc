@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "checkpoint/consolidate.h"
@@ -351,12 +352,95 @@ TEST(Streaming, AnExchangeMovesAFragmentOfTheRound) {
   }
 }
 
+// Quantized outer gradients (--outer-quant): blocks fixed in the model's coordinates, so
+// a block's scale is the same whatever ranks hold its parts, and so are the bits.
+TEST(QuantizedOuterGradients, AnyRanksPerIslandGiveTheSameBits) {
+  for (int bits : {8, 4}) {
+    TrainConfig base = island_config(2, 1);
+    base.outer_quant = bits;
+    base.eval_every = 0;
+    const TrainResult want = run(base);
+    TrainConfig fp32 = base;
+    fp32.outer_quant = 0;
+    const TrainResult exact = run(fp32);
+    // Quantized, not fp32's bits, and close to them: the codes round each block to
+    // 1/(2 qmax) of its largest element.
+    EXPECT_NE(want.weights_sha256, exact.weights_sha256) << bits;
+    EXPECT_NEAR(want.steps.back().loss, exact.steps.back().loss, bits == 8 ? 2e-3 : 2e-2) << bits;
+    for (int stage : {0, 3}) {
+      for (int ranks : {4, 8}) {
+        TrainConfig c = base;
+        c.stage = stage;
+        c.launch.ranks = ranks;
+        c.grad_accum = kIslandMicroBatches * kIslands / ranks;
+        const TrainResult got = run(c);
+        EXPECT_EQ(got.weights_sha256, want.weights_sha256)
+            << "int" << bits << " stage " << stage << " on " << ranks;
+        if (ranks == 8) {
+          EXPECT_EQ(formula_table(got).find("DIFF"), std::string::npos) << formula_table(got);
+          const nlohmann::json j = report_json(got);
+          EXPECT_EQ(j["ranks"][5]["peak_bytes"]["outer_state"],
+                    j["plan"]["model_state_bytes"][5]["outer_state"]);
+        }
+      }
+    }
+  }
+}
+
+// Streaming with int4 outer gradients and a checkpoint with an exchange in flight: it holds
+// the folded average, and the resume on other ranks continues the uninterrupted run.
+TEST(QuantizedOuterGradients, AResumeWithAnExchangeInFlightContinuesTheRun) {
+  namespace fs = std::filesystem;
+  testing::TempDir tmp;
+  TrainConfig base = streaming_config(4, 3);
+  base.outer_quant = 4;
+  base.checkpoint_dir = (tmp.path() / "whole").string();
+  const TrainResult whole = run(base);
+  EXPECT_EQ(formula_table(whole).find("DIFF"), std::string::npos) << formula_table(whole);
+  TrainConfig other = base;
+  other.launch.ranks = 8;
+  other.grad_accum = 1;
+  other.checkpoint_dir.clear();
+  EXPECT_EQ(run(other).weights_sha256, whole.weights_sha256);
+  TrainConfig first = base;
+  first.checkpoint_dir = (tmp.path() / "first").string();
+  first.stop_after = 6;
+  (void)run(first);
+  TrainConfig next = base;
+  next.launch.ranks = 2;
+  next.grad_accum = 0;
+  next.checkpoint_dir = first.checkpoint_dir;
+  next.resume = "latest";
+  EXPECT_EQ(run(next).weights_sha256, whole.weights_sha256);
+}
+
+// A streaming exchange at int4 moves about an eighth of fp32's over the column, scales
+// included.
+TEST(QuantizedOuterGradients, CutTheColumnsBytes) {
+  TrainConfig c = streaming_config(4, 3);
+  const std::vector<uint64_t> numel{1000, 4096, 4096, 4096, 4096, 300};
+  const IslandLayout fp32 = island_layout(c, 4);
+  for (int bits : {8, 4}) {
+    c.outer_quant = bits;
+    const IslandLayout q = island_layout(c, 4);
+    for (int rank = 0; rank < 4; ++rank) {
+      const double plain = static_cast<double>(outer_round_bytes(numel, fp32, rank).cross_total());
+      const double cut = static_cast<double>(outer_round_bytes(numel, q, rank).cross_total());
+      const double want = bits == 8 ? 1.0 / 4 : 1.0 / 8;
+      EXPECT_GT(cut, want * plain * 0.99) << bits << " " << rank;
+      EXPECT_LT(cut, want * plain * 1.1) << bits << " " << rank;
+    }
+  }
+}
+
 // estimate's forecast of an island run is what the run measures: the outer state, the
 // states and the traffic per step (a round every H steps, spread over them).
-class IslandForecast : public ::testing::TestWithParam<int> {};
+// Parameters: the stage, and --outer-quant's bits (0: fp32).
+class IslandForecast : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(IslandForecast, IsWhatTheRunMeasures) {
-  TrainConfig c = island_config(4, GetParam());
+  TrainConfig c = island_config(4, std::get<0>(GetParam()));
+  c.outer_quant = std::get<1>(GetParam());
   c.steps = 4;  // rounds end after steps 2 and 4: two rounds over four steps
   c.eval_every = 0;
   const TrainResult r = run(c);
@@ -393,7 +477,8 @@ TEST_P(IslandForecast, IsWhatTheRunMeasures) {
   EXPECT_LT((h - 1) * 0.1 * inner, *timed.outer->round_seconds);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, IslandForecast, ::testing::Values(0, 3));
+INSTANTIATE_TEST_SUITE_P(Stages, IslandForecast,
+                         ::testing::Combine(::testing::Values(0, 3), ::testing::Values(0, 4)));
 
 // A rank that fails mid-run: the islands go on from the last checkpoint on fewer ranks each
 // (2 islands of 2 -> of 1), keeping every island and its batch: the uninterrupted run's bits.
