@@ -13,9 +13,9 @@ namespace zerodp {
 
 std::string_view mem_category_name(MemCategory c) {
   static constexpr std::string_view kNames[kNumMemCategories] = {
-      "params",       "grads",        "master",          "adam_m",     "adam_v",
-      "gathered",     "grad_buckets", "grad_accum",      "hpz_params", "activations",
-      "comm_buffers", "workspace",    "offload_staging", "outer_state"};
+      "params",       "grads",        "master",          "adam_m",      "adam_v",
+      "gathered",     "grad_buckets", "grad_accum",      "hpz_params",  "activations",
+      "comm_buffers", "workspace",    "offload_staging", "outer_state", "checkpoint_staging"};
   return kNames[static_cast<int>(c)];
 }
 

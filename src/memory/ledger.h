@@ -42,9 +42,10 @@ enum class MemCategory : uint8_t {
   kCommBuffers,
   kWorkspace,
   kOffloadStaging,
-  kOuterState,  // DiLoCo: the global weights and the outer momentum of the own ranges
+  kOuterState,         // DiLoCo: the global weights and the outer momentum of the own ranges
+  kCheckpointStaging,  // --checkpoint-async: the shard's copy its writer thread writes
 };
-inline constexpr int kNumMemCategories = 14;
+inline constexpr int kNumMemCategories = 15;
 std::string_view mem_category_name(MemCategory c);  // "params", "adam_m", "grad_buckets", ...
 
 class MemoryLedger {

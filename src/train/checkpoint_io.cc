@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <functional>
+#include <map>
 #include <system_error>
 
 #include <fmt/core.h>
@@ -66,21 +68,20 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
   return m;
 }
 
-std::string write_shard(const ShardedState& state, StateStore& store,
-                        const std::filesystem::path& file, const OuterStep* outer, bool pending) {
+std::vector<safetensors::TensorDecl> shard_tensors(const ShardedState& state, bool outer,
+                                                   bool pending) {
   using checkpoint::tensor_name;
   namespace st = safetensors;
-  const bool fp32 = state.fp32();
-  const DType dtype = state.dtype();
   std::vector<st::TensorDecl> decls;
   for (const UnitState& u : state.units()) {
     const std::vector<int64_t> shape{static_cast<int64_t>(u.own.count())};
-    decls.push_back({tensor_name(u.unit->name(), "params"), st::element_type_of(dtype), shape});
-    if (!fp32)
+    decls.push_back(
+        {tensor_name(u.unit->name(), "params"), st::element_type_of(state.dtype()), shape});
+    if (!state.fp32())
       decls.push_back({tensor_name(u.unit->name(), "master"), st::ElementType::kF32, shape});
     decls.push_back({tensor_name(u.unit->name(), "adam_m"), st::ElementType::kF32, shape});
     decls.push_back({tensor_name(u.unit->name(), "adam_v"), st::ElementType::kF32, shape});
-    if (outer != nullptr) {
+    if (outer) {
       for (const char* kind : {"outer_params", "outer_momentum", "outer_pending"}) {
         if (kind != std::string_view("outer_pending") || pending) {
           decls.push_back({tensor_name(u.unit->name(), kind), st::ElementType::kF32, shape});
@@ -88,8 +89,16 @@ std::string write_shard(const ShardedState& state, StateStore& store,
       }
     }
   }
-  st::Writer w(file, std::move(decls), {{"format", std::string(checkpoint::kFormat)}});
-  const size_t psize = dtype_size(dtype);
+  return decls;
+}
+
+std::map<std::string, std::string> shard_metadata() {
+  return {{"format", std::string(checkpoint::kFormat)}};
+}
+
+void stream_shard(const ShardedState& state, StateStore& store, const OuterStep* outer,
+                  bool pending, const std::function<void(std::span<const std::byte>)>& sink) {
+  const size_t psize = dtype_size(state.dtype());
   for (size_t i = 0; i < state.units().size(); ++i) {
     const UnitState& u = state.units()[i];
     const size_t n = u.own.count();
@@ -97,28 +106,34 @@ std::string write_shard(const ShardedState& state, StateStore& store,
     // offload file, as one from memory).
     const Range own{u.opt_own, u.opt_own + n};
     std::vector<StateStore::Job> jobs{{i, own, StateStore::kParams}};
-    if (!fp32) jobs.push_back({i, own, StateStore::kMaster});
+    if (!state.fp32()) jobs.push_back({i, own, StateStore::kMaster});
     jobs.push_back({i, own, StateStore::kAdamM});
     jobs.push_back({i, own, StateStore::kAdamV});
     store.stream(jobs, StateStore::Access::kRead, [&](StateStore::Piece& p) {
       if (p.params != nullptr) {
-        w.write(std::span(static_cast<const std::byte*>(p.params), p.count * psize));
+        sink(std::span(static_cast<const std::byte*>(p.params), p.count * psize));
       } else {
-        w.write_values(std::span<const float>(!p.master.empty() ? p.master
-                                              : !p.m.empty()    ? p.m
-                                                                : p.v));
+        sink(std::as_bytes(std::span<const float>(!p.master.empty() ? p.master
+                                                  : !p.m.empty()    ? p.m
+                                                                    : p.v)));
       }
     });
     if (outer != nullptr) {
-      w.write_values(outer->global(i));
-      w.write_values(outer->momentum(i));
+      sink(std::as_bytes(outer->global(i)));
+      sink(std::as_bytes(outer->momentum(i)));
       if (pending) {
         std::vector<float> values(u.own.count());
         outer->pending_values(i, values);
-        w.write_values(std::span<const float>(values));
+        sink(std::as_bytes(std::span<const float>(values)));
       }
     }
   }
+}
+
+std::string write_shard(const ShardedState& state, StateStore& store,
+                        const std::filesystem::path& file, const OuterStep* outer, bool pending) {
+  safetensors::Writer w(file, shard_tensors(state, outer != nullptr, pending), shard_metadata());
+  stream_shard(state, store, outer, pending, [&w](std::span<const std::byte> b) { w.write(b); });
   return w.finish();
 }
 
@@ -467,72 +482,65 @@ std::optional<checkpoint::Checkpoint> open_resume_point(Communicator& comm, cons
   return ck::Checkpoint(ck::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(step)), host_name());
 }
 
-void save_checkpoint(RankTrainer& trainer, int64_t step,
-                     const std::vector<checkpoint::StepHistory>& history) {
+SaveTicket begin_save(RankTrainer& trainer, int64_t step) {
   Communicator& comm = trainer.comm();
   const TrainConfig& cfg = trainer.config();
   namespace ck = checkpoint;
-  CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
-  const Tracer::Span span(trainer.tracer(), "checkpoint", "checkpoint");
   trainer.settle();
-  const std::filesystem::path root = cfg.checkpoint_dir;
-  const std::filesystem::path temp = ck::temp_dir(root, static_cast<uint64_t>(step));
+  SaveTicket t;
+  t.step = step;
+  t.temp = ck::temp_dir(cfg.checkpoint_dir, static_cast<uint64_t>(step));
   const int rank = comm.rank();
-  const std::vector<std::string> hosts =
-      cfg.node_local_checkpoints ? rank_hosts(comm) : std::vector<std::string>();
-  const bool owner = directory_owner(cfg, hosts, rank);
+  if (cfg.node_local_checkpoints) t.hosts = rank_hosts(comm);
+  t.owner = directory_owner(cfg, t.hosts, rank);
   std::string error;
-  if (owner) {
+  if (t.owner) {
     try {
-      std::filesystem::remove_all(temp);
-      std::filesystem::create_directories(temp);
+      std::filesystem::remove_all(t.temp);
+      std::filesystem::create_directories(t.temp);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
   if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
-    if (owner && !error.empty()) {
+    if (t.owner && !error.empty()) {
       throw CheckpointNotCommitted(fmt::format("checkpoint at step {}: {}", step, error));
     }
     throw CheckpointNotCommitted(fmt::format("checkpoint at step {}: {} could not create {}", step,
                                              cfg.node_local_checkpoints ? "a host" : "rank 0",
-                                             temp.string()));
+                                             t.temp.string()));
   }
-  std::string sha;
-  uint64_t bytes = 0;
-  ck::FileMeta history_file;
-  const std::filesystem::path file = temp / ck::rank_file_name(rank);
+  t.file = t.temp / ck::rank_file_name(rank);
   // Under HSDP the other nodes hold copies of node 0's shards: they write nothing.
-  const bool writer = trainer.group().primary();
-  try {
-    if (writer) {
-      trainer.faults().shard_write(step, file);
-      // Every island holds the same outer state; island 0's ranks save it.
-      OuterStep* outer = trainer.outer();
-      const bool island0 = outer != nullptr && rank < trainer.group().size();
-      const bool pending = outer != nullptr && outer->in_flight(step).has_value();
-      sha = write_shard(trainer.state(), trainer.store(), file, island0 ? outer : nullptr, pending);
-      bytes = std::filesystem::file_size(file);
-    }
-    if (rank == 0) history_file = ck::write_history(temp, history);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  ck::failpoint("shard-written", rank);
+  t.writer = trainer.group().primary();
+  // Every island holds the same outer state; island 0's ranks save it.
+  OuterStep* outer = trainer.outer();
+  t.outer = outer != nullptr && rank < trainer.group().size() ? outer : nullptr;
+  t.pending = outer != nullptr && outer->in_flight(step).has_value();
+  t.meta = describe_checkpoint(trainer, step);
+  return t;
+}
+
+void finish_save(RankTrainer& trainer, const SaveTicket& t, const ShardWritten& w) {
+  Communicator& comm = trainer.comm();
+  const TrainConfig& cfg = trainer.config();
+  namespace ck = checkpoint;
+  const int64_t step = t.step;
+  std::string error = w.error;
   // Agreement: every rank's verdict, size and digest, and rank 0's of the history (every
   // host's meta.json lists it).
-  std::vector<double> mine{error.empty() ? 1.0 : 0.0, static_cast<double>(bytes)};
+  std::vector<double> mine{error.empty() ? 1.0 : 0.0, static_cast<double>(w.bytes)};
   const auto digest = [&mine](const std::string& hex) {
     for (size_t i = 0; i < 64; i += 2) {
       mine.push_back(hex.empty() ? 0.0 : std::stoi(hex.substr(i, 2), nullptr, 16));
     }
   };
-  digest(sha);
-  mine.push_back(static_cast<double>(history_file.bytes));
-  digest(history_file.sha256);
+  digest(w.sha);
+  mine.push_back(static_cast<double>(w.history.bytes));
+  digest(w.history.sha256);
   const std::vector<double> all = comm.gather_control(mine);
   std::vector<int> failed;
-  ck::Meta meta = describe_checkpoint(trainer, step);
+  ck::Meta meta = t.meta;
   for (int r = 0; r < comm.size(); ++r) {
     const double* v = all.data() + static_cast<size_t>(r) * mine.size();
     if (v[0] != 1.0) {
@@ -541,39 +549,61 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
     }
     if (r >= meta.shard_files()) continue;  // an HSDP replica's rank: no shard
     meta.files.push_back({ck::rank_file_name(r), static_cast<uint64_t>(v[1]), hex_of(v + 2)});
-    if (cfg.node_local_checkpoints) meta.hosts.push_back(hosts[static_cast<size_t>(r)]);
+    if (cfg.node_local_checkpoints) meta.hosts.push_back(t.hosts[static_cast<size_t>(r)]);
   }
   meta.files.push_back(
       {std::string(ck::kHistoryFile), static_cast<uint64_t>(all[2 + 32]), hex_of(all.data() + 35)});
-  if (cfg.node_local_checkpoints) meta.hosts.push_back(hosts[0]);
+  if (cfg.node_local_checkpoints) meta.hosts.push_back(t.hosts[0]);
   if (!failed.empty()) {
     // Every rank has finished with the temporary: what it holds can never be committed, and
     // on a full disk its space is what the user needs back.
-    if (owner) {
+    if (t.owner) {
       std::error_code ec;
-      std::filesystem::remove_all(temp, ec);
+      std::filesystem::remove_all(t.temp, ec);
     }
     throw CheckpointNotCommitted(
         fmt::format("checkpoint at step {} not committed: rank(s) {} could not write "
                     "their shard{}{}",
                     step, fmt::join(failed, ", "), error.empty() ? "" : ": ", error));
   }
-  if (owner) {
+  if (t.owner) {
     try {
       // On node-local storage a host prunes only once every host has committed.
-      ck::commit(root, temp, meta, cfg.node_local_checkpoints ? 0 : cfg.keep);
+      ck::commit(cfg.checkpoint_dir, t.temp, meta, cfg.node_local_checkpoints ? 0 : cfg.keep);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
   if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
     throw CheckpointNotCommitted(fmt::format("checkpoint at step {} not committed: {}", step,
-                                             owner && !error.empty() ? error
+                                             t.owner && !error.empty() ? error
                                              : cfg.node_local_checkpoints
                                                  ? "a host failed to commit it"
                                                  : "rank 0 failed to commit it"));
   }
-  if (owner && cfg.node_local_checkpoints) ck::prune(root, cfg.keep, static_cast<uint64_t>(step));
+  if (t.owner && cfg.node_local_checkpoints) {
+    ck::prune(cfg.checkpoint_dir, cfg.keep, static_cast<uint64_t>(step));
+  }
+}
+
+void save_checkpoint(RankTrainer& trainer, int64_t step,
+                     const std::vector<checkpoint::StepHistory>& history) {
+  CommPhaseScope phase(trainer.comm().ledger(), CommPhase::kOther);
+  const Tracer::Span span(trainer.tracer(), "checkpoint", "checkpoint");
+  const SaveTicket t = begin_save(trainer, step);
+  ShardWritten w;
+  try {
+    if (t.writer) {
+      trainer.faults().shard_write(step, t.file);
+      w.sha = write_shard(trainer.state(), trainer.store(), t.file, t.outer, t.pending);
+      w.bytes = std::filesystem::file_size(t.file);
+    }
+    if (trainer.comm().rank() == 0) w.history = checkpoint::write_history(t.temp, history);
+  } catch (const std::exception& e) {
+    w.error = e.what();
+  }
+  checkpoint::failpoint("shard-written", trainer.comm().rank());
+  finish_save(trainer, t, w);
 }
 
 // A continuation keeps the checkpoint's samples per optimizer step, K = N b A, unless

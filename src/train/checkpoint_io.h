@@ -6,11 +6,15 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "checkpoint/format.h"
+#include "checkpoint/safetensors.h"
 #include "checkpoint/store.h"
 #include "core/error.h"
 #include "train/rank_trainer.h"
@@ -26,6 +30,13 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step);
 std::string write_shard(const ShardedState& state, StateStore& store,
                         const std::filesystem::path& file, const OuterStep* outer = nullptr,
                         bool pending = false);
+// write_shard's parts, for a save that writes from a copy (train/async_save.h): the file's
+// tensors in order, its metadata, and the tensors' bytes in that order, handed to `sink`.
+std::vector<safetensors::TensorDecl> shard_tensors(const ShardedState& state, bool outer,
+                                                   bool pending);
+std::map<std::string, std::string> shard_metadata();
+void stream_shard(const ShardedState& state, StateStore& store, const OuterStep* outer,
+                  bool pending, const std::function<void(std::span<const std::byte>)>& sink);
 // CorruptData unless the checkpoint holds this model's units and tensors.
 void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
 // Replaces every state, the optimizer's counters and the data cursor with the checkpoint's.
@@ -62,6 +73,33 @@ std::optional<checkpoint::Checkpoint> open_resume_point(Communicator& comm, cons
 
 void save_checkpoint(RankTrainer& trainer, int64_t step,
                      const std::vector<checkpoint::StepHistory>& history);
+
+// save_checkpoint in its three parts, so an asynchronous save (train/async_save.h) writes
+// between them on another thread while the agreement and the commit stay on the training
+// thread, as collectives every rank takes at the same step.
+// 1. Every rank, at the step boundary: the states settled, the temporary directory created
+//    by its owners and agreed, what this rank writes and the meta.json of `step` decided.
+struct SaveTicket {
+  int64_t step = 0;
+  std::filesystem::path temp, file;  // the temporary directory, and this rank's shard in it
+  std::vector<std::string> hosts;    // node-local storage: every rank's host
+  bool owner = false;                // creates, commits and prunes the directory
+  bool writer = false;               // writes a shard (not an HSDP replica)
+  const OuterStep* outer = nullptr;  // island 0's ranks: the outer state it saves
+  bool pending = false;              // an outer exchange in flight, saved too
+  checkpoint::Meta meta;             // without the files' checksums
+};
+SaveTicket begin_save(RankTrainer& trainer, int64_t step);
+// 2. This rank alone: its shard written and fsynced (rank 0: the history too).
+struct ShardWritten {
+  std::string sha;
+  uint64_t bytes = 0;
+  checkpoint::FileMeta history;  // rank 0's
+  std::string error;             // empty: written
+};
+// 3. Every rank: the verdicts agreed, then committed, or CheckpointNotCommitted on every
+//    rank with the temporary removed.
+void finish_save(RankTrainer& trainer, const SaveTicket& ticket, const ShardWritten& written);
 
 // A step as a checkpoint's history keeps it (what the training determines, no timings),
 // and back.

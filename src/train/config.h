@@ -80,7 +80,7 @@ void check_shard_within_node(int stage, int node_ranks, std::optional<bool> inva
 // A fault to inject (--inject KIND@STEP[:RANK]), for tests and demos of failure handling
 // (docs/reliability.md). Rank defaults to 0.
 struct Injection {
-  enum class Kind { kThrow, kHang, kKill, kNan, kIo, kOom, kTerm };
+  enum class Kind { kThrow, kHang, kKill, kNan, kIo, kOom, kTerm, kSlowIo };
   Kind kind = Kind::kThrow;
   int64_t step = 1;
   int rank = 0;
@@ -187,7 +187,12 @@ struct TrainConfig {
   // checkpoint_every steps (0 = never in between) and always at its last step.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
-  int keep = 0;        // committed checkpoints kept; 0 = all
+  int keep = 0;  // committed checkpoints kept; 0 = all
+  // Save in the background (train/async_save.h): the step boundary copies the shard, a
+  // writer thread writes it, a later boundary commits it. A save due while one is in
+  // flight waits for it, or with checkpoint_skip_busy is skipped.
+  bool checkpoint_async = false;
+  bool checkpoint_skip_busy = false;
   std::string resume;  // "" = a fresh start; "latest" = newest in checkpoint_dir; or a path
   // A fresh start takes its weights from this safetensors file instead of the init function
   // (train/initial_weights.h); a resume takes the checkpoint's. "" = the init function.

@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "core/sysinfo.h"
 #include "data/source.h"
 #include "models/model.h"
+#include "train/async_save.h"
 #include "train/checkpoint_io.h"
 #include "train/elastic.h"
 #include "train/initial_weights.h"
@@ -230,10 +232,49 @@ struct RankRun {
   // every host held (open_resume_point).
   std::filesystem::path resumed_from;
   std::optional<EarlyStop> stopped;
+  SaveStats saves;  // this rank's
   double peak = 0;
   double peak_cores = 0;
   std::optional<double> peak_model_shapes;
 };
+
+// The checkpoint work at step s's boundary. With --checkpoint-async: the save in flight is
+// committed once every rank's write is done (waited for when a save is due and the policy
+// waits, and at the run's end); a due save starts in the background, or is skipped while
+// one is in flight under --checkpoint-busy skip. The run's last save, and the one after a
+// signal, are written synchronously: the run ends with them. Every rank takes the same path.
+void save_at_boundary(RankTrainer& trainer, int64_t s, bool last_step, bool interrupted,
+                      AsyncSaver* async, RankRun& run, StepRecord& rec) {
+  const TrainConfig& cfg = trainer.config();
+  const bool due = cfg.checkpoint_every > 0 && s % cfg.checkpoint_every == 0;
+  const bool sync_save = last_step || interrupted;
+  const bool ending = sync_save || run.stopped.has_value();
+  const auto dir = [&cfg](int64_t step) {
+    return checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(step)).string();
+  };
+  if (async != nullptr) {
+    const bool wait = ending || (due && !cfg.checkpoint_skip_busy);
+    if (const std::optional<int64_t> committed = async->poll(wait))
+      rec.checkpoint = dir(*committed);
+    if (due && !ending) {
+      if (async->busy()) {
+        ++run.saves.requested;
+        ++run.saves.skipped;
+      } else {
+        async->start(s, run.carried);
+      }
+      return;
+    }
+  }
+  if (!due && !sync_save) return;
+  ++run.saves.requested;
+  const auto t0 = std::chrono::steady_clock::now();
+  save_checkpoint(trainer, s, run.carried);
+  run.saves.stall_seconds.push_back(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  ++run.saves.committed;
+  rec.checkpoint = dir(s);
+}
 
 // Rank `comm.rank()`'s steps: from a fresh start or the checkpoint, evaluating,
 // checkpointing and stopping as the configuration says.
@@ -287,6 +328,8 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
   const bool local = cfg.launch.backend == Backend::kLocal;
   const int64_t last = cfg.stop_after > 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
   SkipStreak skips(cfg.max_skips);
+  std::optional<AsyncSaver> async;
+  if (cfg.checkpoint_async && !cfg.checkpoint_dir.empty()) async.emplace(trainer, run.saves);
   for (int64_t s = run.first; s <= last && !run.stopped; ++s) {
     StepRecord rec;
     try {
@@ -308,12 +351,9 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
         rec.val_loss = trainer.evaluate();
       }
       if (reporter) run.carried.push_back(history_of(rec));
-      const bool due = cfg.checkpoint_every > 0 && s % cfg.checkpoint_every == 0;
-      if (!cfg.checkpoint_dir.empty() && (due || s == last || interrupted)) {
+      if (!cfg.checkpoint_dir.empty()) {
         try {
-          save_checkpoint(trainer, s, run.carried);
-          rec.checkpoint =
-              checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(s)).string();
+          save_at_boundary(trainer, s, s == last, interrupted, async ? &*async : nullptr, run, rec);
         } catch (const CheckpointNotCommitted& e) {
           // Every rank caught the same verdict here: they stop together, and the report
           // says what was trained and why the run ended.
@@ -358,6 +398,7 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
   result.backend = std::string(comm.backend_name());
   result.data_description = plan.data.description;
   result.steps = run.steps;
+  result.saves = run.saves;
   for (size_t i = 0; i < run.earlier; ++i) result.history.push_back(record_of(run.carried[i]));
   result.final_loss = run.steps.empty() ? std::nan("") : run.steps.back().loss;
   result.resumed_from = run.resumed_from.string();

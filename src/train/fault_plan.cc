@@ -61,6 +61,9 @@ void FaultPlan::gradients_reduced(int64_t step, ShardedState& state) const {
 }
 
 void FaultPlan::shard_write(int64_t step, const std::filesystem::path& file) const {
+  if (at(Injection::Kind::kSlowIo, step)) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(kSlowWriteSeconds));
+  }
   if (at(Injection::Kind::kIo, step)) {
     throw IoError(fmt::format("cannot write {}: injected failure (--inject io@{}:{})",
                               file.string(), step, rank_));

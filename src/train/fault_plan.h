@@ -3,7 +3,8 @@
 //   step_start        kill (SIGKILL), term (a stop request, as SIGTERM to this rank alone),
 //                     throw, oom (std::bad_alloc), hang (sleep past the collective timeout)
 //   gradients_reduced nan: one element of this rank's owned gradient becomes NaN
-//   shard_write       io: the checkpoint shard cannot be written
+//   shard_write       io: the checkpoint shard cannot be written; slowio: its write takes
+//                     kSlowWriteSeconds longer (a slow disk)
 #pragma once
 
 #include <cstdint>
@@ -24,7 +25,8 @@ class FaultPlan {
 
   void step_start(int64_t step) const;
   void gradients_reduced(int64_t step, ShardedState& state) const;
-  // Throws IoError naming `file`.
+  // Throws IoError naming `file`, or sleeps kSlowWriteSeconds.
+  static constexpr double kSlowWriteSeconds = 2;
   void shard_write(int64_t step, const std::filesystem::path& file) const;
 
  private:

@@ -646,6 +646,29 @@ const OptionSpec kOptions[] = {
      .check = [](const TrainConfig& c,
                  const OptionSpec& o) { at_least<int64_t>(c.checkpoint_every, 0, o); },
      .record = [](const TrainConfig& c) -> json { return c.checkpoint_every; }},
+    {.key = "checkpoint_async",
+     .section = kCheckpoints,
+     .help = "Write checkpoints in the background: each rank copies its shard into staging "
+             "memory (its size in the memory ledger) at the step, a thread writes it while "
+             "training goes on, and a later step commits it once every rank's files are "
+             "durable; the files are a synchronous save's (docs/checkpoint_format.md)",
+     .form = Form::kSwitch,
+     .read = [](TrainConfig& c, const std::string&,
+                const OptionSpec&) { c.checkpoint_async = true; },
+     .record = [](const TrainConfig& c) -> json { return c.checkpoint_async; }},
+    {.key = "checkpoint_busy",
+     .section = kCheckpoints,
+     .help = "--checkpoint-async: a save due while the last is still being written waits for "
+             "it (wait) or is skipped (skip; the report counts it)",
+     .advice = "use wait or skip",
+     .read =
+         [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
+           if (t != "wait" && t != "skip") o.refuse(t);
+           c.checkpoint_skip_busy = t == "skip";
+         },
+     .record = [](const TrainConfig& c) -> json {
+       return c.checkpoint_skip_busy ? "skip" : "wait";
+     }},
     {.key = "keep",
      .section = kCheckpoints,
      .help = "Committed checkpoints to keep, newest first (0 = all)",
@@ -712,9 +735,11 @@ const OptionSpec kOptions[] = {
      .record = [](const TrainConfig& c) -> json { return c.max_skips; }},
     {.key = "inject",
      .section = kReliability,
-     .help = "Inject a fault, for tests and demos: KIND@STEP[:RANK], KIND one of throw, hang, "
-             "kill, nan, io, oom, term (a stop request, as SIGTERM on that rank alone) "
-             "(repeatable)",
+     .help =
+         "Inject a fault, for tests and demos: KIND@STEP[:RANK], KIND one of throw, hang, "
+         "kill, nan, io, slowio (that step's shard write 2 s slower), oom, term (a stop request, "
+         "as SIGTERM on that rank alone) "
+         "(repeatable)",
      .form = Form::kRepeated,
      .type = "KIND@STEP[:RANK]",
      .read = [](TrainConfig& c, const std::string& t,

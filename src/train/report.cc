@@ -202,6 +202,15 @@ nlohmann::json report_json(const TrainResult& r) {
          {key::kResumedStep, x.resumed_step},
          {key::kCheckpoint, x.checkpoint}});
   }
+  // The saves the schedule asked for, skipped and committed, and what each cost the steps.
+  if (!r.config.checkpoint_dir.empty()) {
+    j[key::kCheckpoints] = {{key::kAsync, r.config.checkpoint_async},
+                            {key::kRequested, r.saves.requested},
+                            {key::kSkipped, r.saves.skipped},
+                            {key::kCommitted, r.saves.committed},
+                            {key::kStallSeconds, r.saves.stall_seconds},
+                            {key::kWriteSeconds, r.saves.write_seconds}};
+  }
   j[key::kThroughput] = {{key::kTokensPerSecond, r.tokens_per_second},
                          {key::kMfu, r.mfu},
                          {key::kFlopsPerToken, r.flops_per_token},
@@ -240,7 +249,7 @@ std::string summary_table(const TrainResult& r) {
     const double other = cat(MemCategory::kGradBuckets) + cat(MemCategory::kGradAccum) +
                          cat(MemCategory::kHpzParams) + cat(MemCategory::kCommBuffers) +
                          cat(MemCategory::kWorkspace) + cat(MemCategory::kOffloadStaging) +
-                         cat(MemCategory::kOuterState);
+                         cat(MemCategory::kOuterState) + cat(MemCategory::kCheckpointStaging);
     uint64_t comm = 0, cross = 0;
     for (int k = 0; k < kNumCommKinds; ++k) {
       comm += rank.comm_train[k].bytes;

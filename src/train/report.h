@@ -36,6 +36,13 @@ inline constexpr char kUnits[] = "units";
 inline constexpr char kRanks[] = "ranks";
 inline constexpr char kPlan[] = "plan";
 inline constexpr char kRestarts[] = "restarts";
+// With --checkpoint-dir: what the saves did (train/result.h's SaveStats).
+inline constexpr char kCheckpoints[] = "checkpoints";
+inline constexpr char kAsync[] = "async";
+inline constexpr char kRequested[] = "requested";
+inline constexpr char kCommitted[] = "committed";
+inline constexpr char kStallSeconds[] = "stall_seconds";
+inline constexpr char kWriteSeconds[] = "write_seconds";
 // A step (`steps[i]`, `history[i]`, a --metrics line); `final` has `loss` and `val_loss` too.
 inline constexpr char kStep[] = "step";
 inline constexpr char kLoss[] = "loss";

@@ -169,12 +169,14 @@ ReportRank read_rank(const Fields& F, const json& rk, const std::string& where) 
     r.model_state[k] = F.count(states, states_at, category(k).c_str());
   }
   for (int k = kLastStateCategory + 1; k < kNumMemCategories; ++k) {
-    // Reports written before the canonical order's accumulator, hpZ, offload or islands
-    // existed have no grad_accum, hpz_params, offload_staging or outer_state.
+    // Reports written before the canonical order's accumulator, hpZ, offload, islands or
+    // asynchronous saves existed have no grad_accum, hpz_params, offload_staging,
+    // outer_state or checkpoint_staging.
     if ((k == static_cast<int>(MemCategory::kGradAccum) ||
          k == static_cast<int>(MemCategory::kHpzParams) ||
          k == static_cast<int>(MemCategory::kOffloadStaging) ||
-         k == static_cast<int>(MemCategory::kOuterState)) &&
+         k == static_cast<int>(MemCategory::kOuterState) ||
+         k == static_cast<int>(MemCategory::kCheckpointStaging)) &&
         !peaks.contains(category(k))) {
       continue;
     }

@@ -69,6 +69,12 @@ void resolve_config(TrainConfig& c) {
                                       c.checkpoint_every > 0 ? "--checkpoint-every" : "--keep",
                                       c.checkpoint_every > 0 ? c.checkpoint_every : c.keep));
   }
+  if (c.checkpoint_async && c.offload != Offload::kNone) {
+    throw InvalidArgument(
+        "--checkpoint-async with --offload: the offloaded states would be copied whole into "
+        "memory, which offload exists to avoid (reading them from the file as the update "
+        "goes is not built yet); leave --checkpoint-async out");
+  }
   if (c.warmup == -1) c.warmup = c.schedule == "cosine" ? c.steps / 20 : 0;
   // --steps 0 runs no schedule at all.
   if (c.schedule == "cosine" && c.warmup >= c.steps && c.steps > 0) {
@@ -190,6 +196,12 @@ const IdleRule kIdleRules[] = {
     {"initial_loss_scale", [](const TrainConfig& c) { return c.precision != Precision::kFP16; },
      "only fp16 scales its loss; use --precision fp16",
      [](const TrainConfig& c) { return fmt::format("{:g}", c.initial_loss_scale); }},
+    {"checkpoint_async", [](const TrainConfig& c) { return c.checkpoint_dir.empty(); },
+     "it writes checkpoints in the background; add --checkpoint-dir DIR",
+     [](const TrainConfig& c) { return on_off(c.checkpoint_async); }},
+    {"checkpoint_busy", [](const TrainConfig& c) { return !c.checkpoint_async; },
+     "it says what a save due during an asynchronous one does; add --checkpoint-async",
+     [](const TrainConfig& c) { return std::string(c.checkpoint_skip_busy ? "skip" : "wait"); }},
     {"outer_every", no_islands, "it spaces DiLoCo's outer steps; add --islands K",
      [](const TrainConfig& c) { return std::to_string(c.outer_every); }},
     {"outer_lr", no_islands, "it sizes DiLoCo's outer step; add --islands K",

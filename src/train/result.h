@@ -87,6 +87,18 @@ struct RankSummary {
   std::string samples_sha256;
 };
 
+// What a run's checkpoint saves did (rank 0's): asked for by the schedule, skipped
+// (--checkpoint-async with --checkpoint-busy skip: the last still in flight), committed; the
+// training thread's time in each save (its stall: the whole save when synchronous) and, for
+// asynchronous saves, the writer thread's time.
+struct SaveStats {
+  int64_t requested = 0;
+  int64_t skipped = 0;
+  int64_t committed = 0;
+  std::vector<double> stall_seconds;
+  std::vector<double> write_seconds;
+};
+
 struct TrainResult {
   bool is_reporter = false;  // false on MPI ranks other than 0: the rest is unset there
   TrainConfig config;
@@ -134,6 +146,7 @@ struct TrainResult {
   // world_size, steps, ranks, throughput) is that last launch's, and `history` carries the
   // steps before it from the checkpoint it reloaded.
   std::vector<Restart> restarts;
+  SaveStats saves;  // with --checkpoint-dir, rank 0's
 };
 
 }  // namespace zerodp

@@ -53,6 +53,7 @@ std::vector<std::string> Tracer::events() const {
   meta("process_name", 0, fmt::format("rank {}", rank_));
   meta("thread_name", kComputeRow, "compute");
   meta("thread_name", kCommRow, "collectives");
+  meta("thread_name", kCheckpointRow, "checkpoint writer");
   for (const Event& e : events_) {
     nlohmann::json j{{"name", e.name},  {"cat", e.category}, {"ph", "X"},   {"ts", e.ts_us},
                      {"dur", e.dur_us}, {"pid", rank_},      {"tid", e.row}};

@@ -21,6 +21,7 @@ class Tracer {
   using Clock = std::chrono::steady_clock;
   static constexpr int kComputeRow = 0;
   static constexpr int kCommRow = 1;
+  static constexpr int kCheckpointRow = 2;  // --checkpoint-async's writer
   // A run keeps at most this many events per rank; later ones are counted, not kept.
   static constexpr size_t kMaxEvents = size_t{1} << 20;
 

@@ -1,0 +1,173 @@
+// async_save.h is the contract.
+#include "train/async_save.h"
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <utility>
+
+#include <fmt/core.h>
+
+#include "checkpoint/safetensors.h"
+#include "checkpoint/store.h"
+#include "comm/ledger.h"
+#include "train/trace.h"
+
+namespace zerodp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+uint64_t staging_bytes(const RankTrainer& trainer) {
+  if (!trainer.group().primary()) return 0;  // an HSDP replica writes no shard
+  const ShardedState& state = trainer.state();
+  const bool outer = trainer.config().islands > 1 && trainer.comm().rank() < trainer.group().size();
+  const uint64_t per_element =
+      dtype_size(state.dtype()) + (state.fp32() ? 0 : 4) + 8 + (outer ? 12 : 0);
+  uint64_t bytes = 0;
+  for (const UnitState& u : state.units()) bytes += per_element * u.own.count();
+  return bytes;
+}
+
+AsyncSaver::AsyncSaver(RankTrainer& trainer, SaveStats& stats)
+    : trainer_(trainer),
+      staging_(trainer.ledger(), MemCategory::kCheckpointStaging,
+               static_cast<size_t>(staging_bytes(trainer))),
+      stats_(stats),
+      writer_([this] { writer_loop(); }) {}
+
+AsyncSaver::~AsyncSaver() {
+  {
+    MutexLock lock(mu_);
+    quit_ = true;
+  }
+  cv_.notify_all();
+  writer_.join();
+}
+
+void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> history) {
+  if (busy()) throw std::logic_error("AsyncSaver::start with a save in flight");
+  const Clock::time_point t0 = Clock::now();
+  CommPhaseScope phase(trainer_.comm().ledger(), CommPhase::kOther);
+  const Tracer::Span span(trainer_.tracer(), "checkpoint copy", "checkpoint");
+  ++stats_.requested;
+  SaveTicket ticket = begin_save(trainer_, step);
+  std::vector<safetensors::TensorDecl> tensors;
+  size_t at = 0;
+  if (ticket.writer) {
+    tensors = shard_tensors(trainer_.state(), ticket.outer != nullptr, ticket.pending);
+    stream_shard(trainer_.state(), trainer_.store(), ticket.outer, ticket.pending,
+                 [&](std::span<const std::byte> b) {
+                   if (b.size() > staging_.size() - at) {
+                     throw std::logic_error("checkpoint staging: the shard outgrew its buffer");
+                   }
+                   std::memcpy(staging_.data() + at, b.data(), b.size());
+                   at += b.size();
+                 });
+  }
+  ticket_ = std::move(ticket);
+  {
+    MutexLock lock(mu_);
+    job_ = Job{.ticket = &*ticket_,
+               .tensors = std::move(tensors),
+               .bytes = at,
+               .history = std::move(history)};
+    done_ = false;
+  }
+  cv_.notify_all();
+  stall_ = seconds_since(t0);
+}
+
+std::optional<int64_t> AsyncSaver::poll(bool wait) {
+  if (!busy()) return std::nullopt;
+  const Clock::time_point t0 = Clock::now();
+  bool done = false;
+  {
+    MutexLock lock(mu_);
+    while (wait && !done_) cv_.wait(mu_);
+    done = done_;
+  }
+  Communicator& comm = trainer_.comm();
+  CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
+  // Every rank's write finished: only then may the agreement, a collective, begin.
+  if (comm.sum_control(done ? 0.0 : 1.0) > 0) {
+    stall_ += seconds_since(t0);
+    return std::nullopt;
+  }
+  ShardWritten written;
+  {
+    MutexLock lock(mu_);
+    written = std::move(written_);
+    stats_.write_seconds.push_back(write_seconds_);
+    done_ = false;
+  }
+  const SaveTicket ticket = std::move(*ticket_);
+  ticket_.reset();
+  const Tracer::Span span(trainer_.tracer(), "checkpoint commit", "checkpoint");
+  try {
+    finish_save(trainer_, ticket, written);
+  } catch (...) {
+    stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
+    throw;
+  }
+  ++stats_.committed;
+  stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
+  return ticket.step;
+}
+
+void AsyncSaver::writer_loop() {
+  while (true) {
+    Job job;
+    {
+      MutexLock lock(mu_);
+      while (!job_ && !quit_) cv_.wait(mu_);
+      // A save handed over is written even when the run is ending: its temporary is then
+      // complete, or absent.
+      if (!job_) return;
+      job = std::move(*job_);
+      job_.reset();
+    }
+    const Clock::time_point t0 = Clock::now();
+    ShardWritten written = write(job);
+    if (Tracer* t = trainer_.tracer()) {
+      t->record(fmt::format("checkpoint write, step {}", job.ticket->step), "checkpoint", t0,
+                Clock::now(), Tracer::kCheckpointRow);
+    }
+    {
+      MutexLock lock(mu_);
+      written_ = std::move(written);
+      write_seconds_ = seconds_since(t0);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+}
+
+ShardWritten AsyncSaver::write(const Job& job) {
+  const SaveTicket& t = *job.ticket;
+  ShardWritten w;
+  const int rank = trainer_.comm().rank();
+  try {
+    if (t.writer) {
+      trainer_.faults().shard_write(t.step, t.file);
+      safetensors::Writer out(t.file, job.tensors, shard_metadata());
+      out.write({staging_.data(), job.bytes});
+      w.sha = out.finish();
+      w.bytes = std::filesystem::file_size(t.file);
+    }
+    if (rank == 0) w.history = checkpoint::write_history(t.temp, job.history);
+  } catch (const std::exception& e) {
+    w.error = e.what();
+  }
+  checkpoint::failpoint("shard-written", rank);
+  return w;
+}
+
+}  // namespace zerodp

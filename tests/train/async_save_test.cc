@@ -1,0 +1,234 @@
+// --checkpoint-async (train/async_save.h): the files of a synchronous save, commits only of
+// durable saves, failures named at a later step with the previous checkpoint kept, the skip
+// policy, --keep, and the staging memory in the ledger.
+#include <gtest/gtest.h>
+
+#include <fmt/core.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/store.h"
+#include "temp_dir.h"
+#include "train/report.h"
+#include "train_testing.h"
+
+namespace zerodp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run;
+using testing::TempDir;
+using testing::tiny_config;
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// meta.json without the run's options (which name the directory and --checkpoint-async).
+nlohmann::json meta_without_config(const fs::path& dir) {
+  nlohmann::json j = nlohmann::json::parse(file_bytes(dir / "meta.json"));
+  j.erase("config");
+  return j;
+}
+
+// Every committed step of `a` and `b` holds the same files, byte for byte.
+void expect_same_checkpoints(const fs::path& a, const fs::path& b, const std::string& what) {
+  const std::vector<fs::path> steps = checkpoint::list_checkpoints(a);
+  ASSERT_EQ(steps.size(), checkpoint::list_checkpoints(b).size()) << what;
+  ASSERT_FALSE(steps.empty()) << what;
+  for (const fs::path& step : steps) {
+    const fs::path other = b / step.filename();
+    for (const auto& entry : fs::directory_iterator(step)) {
+      const std::string name = entry.path().filename().string();
+      if (name == "meta.json") {
+        EXPECT_EQ(meta_without_config(step), meta_without_config(other)) << what << " " << step;
+      } else {
+        EXPECT_EQ(file_bytes(entry.path()), file_bytes(other / name))
+            << what << " " << step.filename() << "/" << name;
+      }
+    }
+  }
+}
+
+struct Case {
+  std::string name;
+  TrainConfig config;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  TrainConfig c = tiny_config(2, 1);
+  c.steps = 5;
+  out.push_back({"stage 1 bf16", c});
+  c = tiny_config(3, 3, Precision::kFP32);
+  c.steps = 4;
+  out.push_back({"stage 3 fp32, 3 ranks", c});
+  // HSDP: node 1's ranks hold copies and write nothing.
+  c = tiny_config(4, 2);
+  c.steps = 4;
+  c.launch.comm.node_ranks = 2;
+  c.shard_within_node = true;
+  out.push_back({"HSDP", c});
+  // Streaming DiLoCo: exchanges in flight at some boundaries (sent after 2 and 4, merged a
+  // step later), saved with the outer state.
+  c = tiny_config(4, 1);
+  c.micro_batch = 2;
+  c.grad_accum = 2;
+  c.accumulate = AccumulatePolicy::kReduce;
+  c.islands = 2;
+  c.outer_every = 4;
+  c.fragments = 2;
+  c.outer_delay = 1;
+  c.steps = 7;
+  out.push_back({"streaming islands", c});
+  return out;
+}
+
+TEST(AsyncSave, WritesTheBytesOfASynchronousSave) {
+  for (Case& k : cases()) {
+    TempDir tmp;
+    TrainConfig sync = k.config;
+    sync.checkpoint_every = 1;
+    sync.checkpoint_dir = (tmp.path() / "sync").string();
+    TrainConfig async = sync;
+    async.checkpoint_dir = (tmp.path() / "async").string();
+    async.checkpoint_async = true;
+    const TrainResult a = run(async);
+    const TrainResult s = run(sync);
+    EXPECT_EQ(a.weights_sha256, s.weights_sha256) << k.name;
+    expect_same_checkpoints(sync.checkpoint_dir, async.checkpoint_dir, k.name);
+    // Every save waited for the last, so every step committed one.
+    EXPECT_EQ(a.saves.requested, k.config.steps) << k.name;
+    EXPECT_EQ(a.saves.committed, k.config.steps) << k.name;
+    EXPECT_EQ(a.saves.skipped, 0) << k.name;
+    // The writer's times: every save but the run's last, written synchronously.
+    EXPECT_EQ(a.saves.write_seconds.size(), static_cast<size_t>(k.config.steps - 1)) << k.name;
+  }
+}
+
+// A continuation from an asynchronous checkpoint is the uninterrupted run.
+TEST(AsyncSave, AResumeContinuesTheUninterruptedRun) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 3);
+  c.steps = 6;
+  const TrainResult whole = run(c);
+  c.checkpoint_dir = tmp.path().string();
+  c.checkpoint_every = 1;
+  c.checkpoint_async = true;
+  c.stop_after = 4;
+  (void)run(c);
+  EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000004");
+  c.stop_after = 0;
+  c.resume = "latest";
+  EXPECT_EQ(run(c).weights_sha256, whole.weights_sha256);
+}
+
+// A write that fails in the background is named at the boundary that finds it; the run
+// stops as after a failed synchronous save, and the previous checkpoint stays `latest`.
+TEST(AsyncSave, AFailedBackgroundWriteIsNamedAndKeepsThePreviousCheckpoint) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(3, 2);
+  c.steps = 8;
+  c.checkpoint_dir = tmp.path().string();
+  c.checkpoint_every = 2;
+  c.checkpoint_async = true;
+  c.inject = {parse_injection("io@4:1")};
+  const TrainResult r = run(c);
+  ASSERT_TRUE(r.stopped.has_value());
+  EXPECT_EQ(r.stopped->reason, EarlyStop::Reason::kCheckpointFailed);
+  // Found at a boundary after step 4 (at the latest at 6, where the next save waits for it).
+  EXPECT_GE(r.stopped->after_step, 5);
+  EXPECT_LE(r.stopped->after_step, 6);
+  EXPECT_NE(r.stopped->message.find("checkpoint at step 4 not committed: rank(s) 1 could not"),
+            std::string::npos)
+      << r.stopped->message;
+  EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000002");
+  EXPECT_FALSE(fs::exists(tmp.path() / "step_00000004"));
+  EXPECT_FALSE(fs::exists(tmp.path() / ".tmp.step_00000004"));
+  EXPECT_EQ(r.saves.committed, 1);
+}
+
+// A slow write (2 s) keeps the save of step 1 in flight: under --checkpoint-busy skip the
+// saves due meanwhile are skipped and counted; under wait every one is committed.
+TEST(AsyncSave, ASaveDueWhileOneIsInFlightIsSkippedOrWaitsAsTheUserChose) {
+  for (bool skip : {true, false}) {
+    TempDir tmp;
+    TrainConfig c = tiny_config(2, 1);
+    c.steps = 6;
+    c.checkpoint_dir = tmp.path().string();
+    c.checkpoint_every = 1;
+    c.checkpoint_async = true;
+    c.checkpoint_skip_busy = skip;
+    c.inject = {parse_injection("slowio@1:0")};
+    const TrainResult r = run(c);
+    ASSERT_FALSE(r.stopped.has_value());
+    EXPECT_EQ(r.saves.requested, 6);
+    EXPECT_EQ(r.saves.requested, r.saves.committed + r.saves.skipped);
+    EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000006");
+    EXPECT_TRUE(fs::exists(tmp.path() / "step_00000001"));
+    if (skip) {
+      // Steps 2-5 take far less than 2 s: their saves find step 1's still writing.
+      EXPECT_GE(r.saves.skipped, 3) << "skipped " << r.saves.skipped;
+      EXPECT_FALSE(fs::exists(tmp.path() / "step_00000002"));
+    } else {
+      EXPECT_EQ(r.saves.skipped, 0);
+      EXPECT_EQ(checkpoint::list_checkpoints(tmp.path()).size(), 6u);
+    }
+    const nlohmann::json j = report_json(r)["checkpoints"];
+    EXPECT_EQ(j["async"], true);
+    EXPECT_EQ(j["skipped"], r.saves.skipped);
+    EXPECT_EQ(j["committed"], r.saves.committed);
+  }
+}
+
+// --keep prunes committed checkpoints only: the save in flight is a temporary, never
+// counted or removed.
+TEST(AsyncSave, KeepPrunesOnlyCommittedCheckpoints) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 0);
+  c.steps = 7;
+  c.checkpoint_dir = tmp.path().string();
+  c.checkpoint_every = 1;
+  c.checkpoint_async = true;
+  c.keep = 2;
+  (void)run(c);
+  std::vector<std::string> names;
+  for (const fs::path& p : checkpoint::list_checkpoints(tmp.path())) {
+    names.push_back(p.filename().string());
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"step_00000006", "step_00000007"}));
+  for (const auto& e : fs::directory_iterator(tmp.path())) {
+    EXPECT_NE(e.path().filename().string().rfind(".tmp", 0), 0u) << e.path();
+  }
+}
+
+// The staging buffer is the shard's tensors: the file's size less its header, in the ledger.
+TEST(AsyncSave, StagingIsTheShardsBytesInTheLedger) {
+  TempDir tmp;
+  TrainConfig c = tiny_config(2, 3);
+  c.checkpoint_dir = tmp.path().string();
+  c.checkpoint_async = true;
+  c.checkpoint_every = 1;
+  const TrainResult r = run(c);
+  const fs::path shard = tmp.path() / "step_00000003" / "rank_00001.safetensors";
+  const std::string bytes = file_bytes(shard);
+  ASSERT_GT(bytes.size(), 8u);
+  uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = header << 8 | static_cast<unsigned char>(bytes[i]);
+  const auto staging = static_cast<int>(MemCategory::kCheckpointStaging);
+  EXPECT_EQ(r.ranks[1].peak[staging], bytes.size() - 8 - header);
+  // A synchronous run stages nothing.
+  c.checkpoint_async = false;
+  c.checkpoint_dir = (tmp.path() / "sync").string();
+  EXPECT_EQ(run(c).ranks[1].peak[staging], 0u);
+}
+
+}  // namespace
+}  // namespace zerodp
