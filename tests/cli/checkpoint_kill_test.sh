@@ -60,6 +60,44 @@ else
   check_recovers "$d" step_00000002 "offloaded, killed at shard-written"
 fi
 
+# Asynchronous saves: a kill in the writer thread after it wrote step 3's shard (not yet
+# committed) leaves `latest` at step 2.
+d=$tmp/async
+"$zerodp" "${common[@]}" "${backend[@]}" --steps 2 --checkpoint-dir "$d" >/dev/null
+ZERODP_FAILPOINT=shard-written timeout 120 "$zerodp" "${common[@]}" "${backend[@]}" --steps 4 \
+  --checkpoint-dir "$d" --checkpoint-every 1 --checkpoint-async --resume latest >/dev/null 2>&1
+rc=$?
+if [[ $rc != 137 ]]; then
+  say_fail "async, killed at shard-written: exit $rc, expected 137 (SIGKILL)"
+else
+  check_recovers "$d" step_00000002 "async, killed in the writer at shard-written"
+fi
+
+# kill -9 at moments of an asynchronous run saving every step: `latest` always loads, and
+# the continuation ends with the uninterrupted run's weights.
+weights() { /usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["final"]["weights_sha256"])' "$1"; }
+"$zerodp" "${common[@]}" "${backend[@]}" --steps 40 --report "$tmp/whole.json" >/dev/null
+for pause in 0.3 0.6 0.9; do
+  d=$tmp/async-kill-$pause
+  "$zerodp" "${common[@]}" "${backend[@]}" --steps 40 --checkpoint-dir "$d" --checkpoint-every 1 \
+    --checkpoint-async >/dev/null 2>&1 &
+  pid=$!
+  sleep "$pause"
+  kill -9 "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  if [[ ! -f $d/latest ]]; then echo "async kill after ${pause}s: no checkpoint yet"; continue; fi
+  got=$(cat "$d/latest")
+  if ! timeout 120 "$zerodp" "${common[@]}" "${backend[@]}" --steps 40 --checkpoint-dir "$d" \
+      --resume latest --report "$tmp/cont.json" >"$tmp/out" 2>&1; then
+    say_fail "async kill after ${pause}s: the continuation from $got failed:"; cat "$tmp/out"; continue
+  fi
+  if [[ $(weights "$tmp/cont.json") != "$(weights "$tmp/whole.json")" ]]; then
+    say_fail "async kill after ${pause}s: the continuation from $got differs from the whole run"
+  else
+    echo "ok: async kill after ${pause}s: latest $got loaded and continued to the whole run's weights"
+  fi
+done
+
 if [[ -n $mpirun ]]; then
   backend=(--backend mpi)
   for spec in shard-written:1 shard-written:0 meta-written:0; do

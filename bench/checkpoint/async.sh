@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# What a checkpoint costs the steps (issue: asynchronous checkpoints): the same run with no
+# checkpoints, with a synchronous save every step and with --checkpoint-async every step,
+# alternated, the best of 2. Prints tokens/s (the steps' own, from the report), their ratio
+# to the run without checkpoints, and the mean stall per save (the training thread's time in
+# it; the run's last save, synchronous in every mode, left out) and, asynchronous, the
+# writer's mean time per save.
+#
+#   bench/checkpoint/async.sh [ZERODP] [SIZE] [STEPS] [RANKS]   (defaults: build/release, small, 20, 2)
+set -euo pipefail
+zerodp=${1:-build/release/cli/zerodp}
+size=${2:-small}
+steps=${3:-20}
+ranks=${4:-2}
+out=$(mktemp -d /tmp/zerodp-ckbench.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+common=(train --size "$size" --data synthetic --steps "$steps" --ranks "$ranks" --stage 2
+        --no-progress)
+
+# tokens/s, mean stall, mean write of one run
+measure() {
+  local mode=$1 dir=$out/ck-$1
+  rm -rf "$dir"
+  local flags=()
+  case $mode in
+    sync) flags=(--checkpoint-dir "$dir" --checkpoint-every 1) ;;
+    async) flags=(--checkpoint-dir "$dir" --checkpoint-every 1 --checkpoint-async) ;;
+  esac
+  "$zerodp" "${common[@]}" "${flags[@]}" --report "$out/r.json" >/dev/null
+  /usr/bin/python3 - "$out/r.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+steps = r["steps"][1:]  # the first step warms up
+tps = sum(s["tokens"] for s in steps) / sum(s["seconds"] for s in steps)
+ck = r.get("checkpoints")
+stall = write = float("nan")
+if ck and len(ck["stall_seconds"]) > 1:
+    s = ck["stall_seconds"][:-1]
+    stall = sum(s) / len(s)
+if ck and ck["write_seconds"]:
+    write = sum(ck["write_seconds"]) / len(ck["write_seconds"])
+print(tps, stall, write)
+PY
+}
+
+declare -A tps stall write
+for mode in none sync async; do tps[$mode]=0; done
+for _ in 1 2; do
+  for mode in none sync async; do
+    read -r t s w < <(measure "$mode")
+    if /usr/bin/python3 -c "import sys; sys.exit(0 if $t > ${tps[$mode]} else 1)"; then
+      tps[$mode]=$t stall[$mode]=$s write[$mode]=$w
+    fi
+  done
+done
+shard=$(du -sb "$out/ck-sync/$(cat "$out/ck-sync/latest")" | cut -f1)
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); $size, $ranks ranks, stage 2, $steps steps, a checkpoint of $shard bytes"
+printf '%-6s %12s %10s %14s %14s\n' mode tokens/s "÷ none" "stall/save s" "write/save s"
+for mode in none sync async; do
+  printf '%-6s %12.0f %10.3f %14.4f %14.4f\n' "$mode" "${tps[$mode]}" \
+    "$(/usr/bin/python3 -c "print(${tps[$mode]} / ${tps[none]})")" "${stall[$mode]}" "${write[$mode]}"
+done
+/usr/bin/python3 -c "print(f'async stall / sync stall: {${stall[async]} / ${stall[sync]}:.3f}')"
