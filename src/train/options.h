@@ -53,6 +53,8 @@ struct OptionSpec {
 };
 
 std::span<const OptionSpec> option_table();
+// Its DiLoCo part (options_islands.cc), which option_table() includes.
+std::span<const OptionSpec> island_option_table();
 // The entry of `key`; throws std::logic_error for a key the table lacks.
 const OptionSpec& option_spec(std::string_view key);
 
