@@ -2,7 +2,7 @@
 # What a checkpoint costs the steps (issue: asynchronous checkpoints): the same run with no
 # checkpoints, with a synchronous save every step and with --checkpoint-async every step,
 # alternated, the best of 2. Prints tokens/s (the steps' own, from the report), their ratio
-# to the run without checkpoints, and the mean stall per save (the training thread's time in
+# to the run without checkpoints (over the steps' seconds and the saves' stalls), and the mean stall per save (the training thread's time in
 # it; the run's last save, synchronous in every mode, left out) and, asynchronous, the
 # writer's mean time per save.
 #
@@ -31,8 +31,11 @@ measure() {
 import json, sys
 r = json.load(open(sys.argv[1]))
 steps = r["steps"][1:]  # the first step warms up
-tps = sum(s["tokens"] for s in steps) / sum(s["seconds"] for s in steps)
 ck = r.get("checkpoints")
+# A step's seconds leave its save out: the saves' stalls after steps 2..N-1 are added (the
+# last save, synchronous in every mode, is not).
+stalls = sum(ck["stall_seconds"][1:-1]) if ck else 0.0
+tps = sum(s["tokens"] for s in steps) / (sum(s["seconds"] for s in steps) + stalls)
 stall = write = float("nan")
 if ck and len(ck["stall_seconds"]) > 1:
     s = ck["stall_seconds"][:-1]
