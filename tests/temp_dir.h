@@ -1,8 +1,11 @@
-// A fresh directory under the system temp dir, removed with its contents on scope exit.
+// A fresh directory under the system temp dir, removed with its contents on scope exit, and
+// a file's bytes.
 #pragma once
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <unistd.h>
@@ -29,5 +32,11 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// A file's whole contents (empty when it cannot be read).
+inline std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
 
 }  // namespace zerodp::testing

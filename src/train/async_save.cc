@@ -27,12 +27,14 @@ double seconds_since(Clock::time_point start) {
 
 uint64_t staging_bytes(const RankTrainer& trainer) {
   if (!trainer.group().primary()) return 0;  // an HSDP replica writes no shard
-  const ShardedState& state = trainer.state();
+  // The shard's tensors as the file declares them, an outer exchange in flight included.
   const bool outer = trainer.config().islands > 1 && trainer.comm().rank() < trainer.group().size();
-  const uint64_t per_element =
-      dtype_size(state.dtype()) + (state.fp32() ? 0 : 4) + 8 + (outer ? 12 : 0);
   uint64_t bytes = 0;
-  for (const UnitState& u : state.units()) bytes += per_element * u.own.count();
+  for (const safetensors::TensorDecl& t : shard_tensors(trainer.state(), outer, true)) {
+    uint64_t n = safetensors::element_size(t.type);
+    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    bytes += n;
+  }
   return bytes;
 }
 

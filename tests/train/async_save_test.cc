@@ -22,14 +22,10 @@ namespace zerodp {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::file_bytes;
 using testing::run;
 using testing::TempDir;
 using testing::tiny_config;
-
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // meta.json without the run's options (which name the directory and --checkpoint-async).
 nlohmann::json meta_without_config(const fs::path& dir) {

@@ -26,6 +26,7 @@
 namespace zerodp {
 namespace {
 
+using testing::file_bytes;
 using testing::run;
 using testing::tiny_config;
 
@@ -182,11 +183,6 @@ TEST(Islands, TheReportCountsTheOuterStateAndItsBytes) {
           << t;
     }
   }
-}
-
-std::string file_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // A checkpoint in the middle of a round holds every island's states and the outer state;

@@ -22,6 +22,7 @@
 namespace zerodp {
 namespace {
 
+using testing::file_bytes;
 using testing::run;
 using testing::tiny_config;
 
@@ -112,11 +113,6 @@ TEST(Invariance, ALocalPreSumIsNotInvariant) {
   four.launch.ranks = 4;
   four.grad_accum = kMicroBatches / 4;
   EXPECT_NE(run(two).weights_sha256, run(four).weights_sha256);
-}
-
-std::string file_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // A checkpoint written on 4 ranks continues on 3, 2 and 6 (the micro-batches per rank
