@@ -117,9 +117,18 @@ std::string stop_note(const TrainResult& r) {
   }
   std::string note = fmt::format("interrupted by {} after step {} of {}", signal_name(stop.signal),
                                  stop.after_step, r.config.steps);
-  const std::string& saved = r.steps.empty() ? std::string() : r.steps.back().checkpoint;
+  std::string saved;
+  for (auto s = r.steps.rbegin(); s != r.steps.rend() && saved.empty(); ++s) saved = s->checkpoint;
+  if (r.saves.abandoned) {
+    note += fmt::format(
+        "; the save of step {} was still being written after --checkpoint-signal-wait {:g}s "
+        "and was abandoned",
+        *r.saves.abandoned, r.config.checkpoint_signal_wait);
+  }
   if (!saved.empty()) {
     note += fmt::format("; checkpoint committed: {} (continue with --resume latest)", saved);
+  } else if (r.saves.abandoned) {
+    note += "; no checkpoint committed by this run";
   } else {
     note += "; no checkpoint (pass --checkpoint-dir DIR to save on interrupt)";
   }

@@ -1,6 +1,7 @@
 // async_save.h is the contract.
 #include "train/async_save.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -12,12 +13,16 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/store.h"
 #include "comm/ledger.h"
+#include "core/error.h"
 #include "train/trace.h"
 
 namespace zerodp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// What the writer hands write(2) at once: an abandoned save stops within one piece.
+constexpr size_t kWritePiece = size_t{16} << 20;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -103,6 +108,49 @@ std::optional<int64_t> AsyncSaver::poll(bool wait) {
     stall_ += seconds_since(t0);
     return std::nullopt;
   }
+  return commit(stall_ + seconds_since(t0));
+}
+
+std::optional<int64_t> AsyncSaver::finish_on_signal(double limit) {
+  if (!busy()) return std::nullopt;
+  const Clock::time_point t0 = Clock::now();
+  const auto deadline =
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit));
+  bool done = false;
+  {
+    MutexLock lock(mu_);
+    cv_.wait_until(mu_, deadline, [this]() REQUIRES(mu_) { return done_; });
+    done = done_;
+  }
+  Communicator& comm = trainer_.comm();
+  CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
+  // One agreement: a rank still writing at its deadline abandons the save for everyone.
+  if (comm.sum_control(done ? 0.0 : 1.0) == 0) return commit(stall_ + seconds_since(t0));
+  {
+    MutexLock lock(mu_);
+    abandon_ = true;
+  }
+  cv_.notify_all();
+  {
+    MutexLock lock(mu_);
+    cv_.wait(mu_, [this]() REQUIRES(mu_) { return done_; });
+    done_ = false;
+    abandon_ = false;
+  }
+  // Every writer has stopped: the temporary is nobody's.
+  (void)comm.sum_control(0.0);
+  if (ticket_->owner) {
+    std::error_code ec;
+    std::filesystem::remove_all(ticket_->temp, ec);
+  }
+  stats_.abandoned = ticket_->step;
+  stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
+  ticket_.reset();
+  return std::nullopt;
+}
+
+int64_t AsyncSaver::commit(double stall_so_far) {
+  const Clock::time_point t0 = Clock::now();
   ShardWritten written;
   {
     MutexLock lock(mu_);
@@ -116,11 +164,11 @@ std::optional<int64_t> AsyncSaver::poll(bool wait) {
   try {
     finish_save(trainer_, ticket, written);
   } catch (...) {
-    stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
+    stats_.stall_seconds.push_back(stall_so_far + seconds_since(t0));
     throw;
   }
   ++stats_.committed;
-  stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
+  stats_.stall_seconds.push_back(stall_so_far + seconds_since(t0));
   return ticket.step;
 }
 
@@ -157,13 +205,29 @@ ShardWritten AsyncSaver::write(const Job& job) {
   ShardWritten w;
   const int rank = trainer_.comm().rank();
   try {
+    const auto check_abandoned = [&] {
+      if (abandoning())
+        throw IoError(fmt::format("the write of {} was abandoned", t.file.string()));
+    };
     if (t.writer) {
-      trainer_.faults().shard_write(t.step, t.file);
+      // A slow disk, injected: waited out unless the save is abandoned meanwhile.
+      if (const double delay = trainer_.faults().shard_write_delay(t.step); delay > 0) {
+        MutexLock lock(mu_);
+        cv_.wait_for(mu_, std::chrono::duration<double>(delay),
+                     [this]() REQUIRES(mu_) { return abandon_; });
+      }
+      check_abandoned();
+      trainer_.faults().shard_write_failure(t.step, t.file);
       safetensors::Writer out(t.file, job.tensors, shard_metadata());
-      out.write({staging_.data(), job.bytes});
+      // In pieces, so that an abandoned save stops within one.
+      for (size_t at = 0; at < job.bytes; at += kWritePiece) {
+        check_abandoned();
+        out.write({staging_.data() + at, std::min(kWritePiece, job.bytes - at)});
+      }
       w.sha = out.finish();
       w.bytes = std::filesystem::file_size(t.file);
     }
+    check_abandoned();
     if (rank == 0) w.history = checkpoint::write_history(t.temp, job.history);
   } catch (const std::exception& e) {
     w.error = e.what();

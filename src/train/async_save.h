@@ -54,6 +54,11 @@ class AsyncSaver {
   // `wait`, once this rank's has), agrees on it and commits it; returns its step.
   // CheckpointNotCommitted on every rank when a write failed.
   std::optional<int64_t> poll(bool wait);
+  // Every rank, at the boundary where a signal stops the run: waits for the save in flight
+  // at most `limit` seconds. Written in time on every rank, it is committed and its step
+  // returned. Else it is abandoned: the writers stop at their next piece, the temporary is
+  // removed, latest stays where it was, and stats' `abandoned` names the step.
+  std::optional<int64_t> finish_on_signal(double limit);
   // Every rank, at step `step`'s boundary, nothing in flight: begins its save and hands the
   // copy to the writer. `history`: rank 0's steps up to `step`.
   void start(int64_t step, std::vector<checkpoint::StepHistory> history);
@@ -69,6 +74,12 @@ class AsyncSaver {
   void writer_loop();
   // The writer's part: the shard from staging, the history, fsynced.
   ShardWritten write(const Job& job);
+  // Training thread: the save in flight, every rank's write done, agreed and committed.
+  int64_t commit(double stall_so_far);
+  bool abandoning() {
+    MutexLock lock(mu_);
+    return abandon_;
+  }
 
   RankTrainer& trainer_;
   Buffer<std::byte> staging_;
@@ -81,6 +92,7 @@ class AsyncSaver {
   std::optional<Job> job_ GUARDED_BY(mu_);  // handed over, not yet taken by the writer
   bool done_ GUARDED_BY(mu_) = false;       // the save's write finished
   bool quit_ GUARDED_BY(mu_) = false;
+  bool abandon_ GUARDED_BY(mu_) = false;  // stop writing at the next piece
   ShardWritten written_ GUARDED_BY(mu_);
   double write_seconds_ GUARDED_BY(mu_) = 0;
   std::thread writer_;  // last: it starts once the rest exists

@@ -193,6 +193,9 @@ struct TrainConfig {
   // flight waits for it, or with checkpoint_skip_busy is skipped.
   bool checkpoint_async = false;
   bool checkpoint_skip_busy = false;
+  // On a signal, how long the save in flight may still take: written in time it is
+  // committed and the signal's step saved; else it is abandoned and the run ends at once.
+  double checkpoint_signal_wait = 30;
   std::string resume;  // "" = a fresh start; "latest" = newest in checkpoint_dir; or a path
   // A fresh start takes its weights from this safetensors file instead of the init function
   // (train/initial_weights.h); a resume takes the checkpoint's. "" = the init function.

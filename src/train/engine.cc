@@ -253,6 +253,16 @@ void save_at_boundary(RankTrainer& trainer, int64_t s, bool last_step, bool inte
     return checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(step)).string();
   };
   if (async != nullptr) {
+    if (interrupted && async->busy()) {
+      // The signal's own save follows only a save in flight that finished in time: a disk
+      // too slow for that would hold the stop up as long again.
+      if (const std::optional<int64_t> committed =
+              async->finish_on_signal(cfg.checkpoint_signal_wait)) {
+        rec.checkpoint = dir(*committed);
+      } else {
+        return;
+      }
+    }
     const bool wait = ending || (due && !cfg.checkpoint_skip_busy);
     if (const std::optional<int64_t> committed = async->poll(wait))
       rec.checkpoint = dir(*committed);

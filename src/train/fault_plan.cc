@@ -61,9 +61,17 @@ void FaultPlan::gradients_reduced(int64_t step, ShardedState& state) const {
 }
 
 void FaultPlan::shard_write(int64_t step, const std::filesystem::path& file) const {
-  if (at(Injection::Kind::kSlowIo, step)) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(kSlowWriteSeconds));
+  if (const double delay = shard_write_delay(step); delay > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
   }
+  shard_write_failure(step, file);
+}
+
+double FaultPlan::shard_write_delay(int64_t step) const {
+  return at(Injection::Kind::kSlowIo, step) ? kSlowWriteSeconds : 0;
+}
+
+void FaultPlan::shard_write_failure(int64_t step, const std::filesystem::path& file) const {
   if (at(Injection::Kind::kIo, step)) {
     throw IoError(fmt::format("cannot write {}: injected failure (--inject io@{}:{})",
                               file.string(), step, rank_));

@@ -28,6 +28,11 @@ class FaultPlan {
   // Throws IoError naming `file`, or sleeps kSlowWriteSeconds.
   static constexpr double kSlowWriteSeconds = 2;
   void shard_write(int64_t step, const std::filesystem::path& file) const;
+  // The slowio delay of step `step`'s shard write (0 when none), for a writer that waits
+  // it out on its own terms (an abandoned background write stops waiting).
+  double shard_write_delay(int64_t step) const;
+  // shard_write's failure alone.
+  void shard_write_failure(int64_t step, const std::filesystem::path& file) const;
 
  private:
   bool at(Injection::Kind kind, int64_t step) const;

@@ -560,6 +560,18 @@ const OptionSpec kOptions[] = {
      .record = [](const TrainConfig& c) -> json {
        return c.checkpoint_skip_busy ? "skip" : "wait";
      }},
+    {.key = "checkpoint_signal_wait",
+     .section = kCheckpoints,
+     .help = "--checkpoint-async: on SIGINT/SIGTERM, how long the save in flight may still "
+             "take; written in time it is committed and the interrupted step saved, else it is "
+             "abandoned (latest stays at the last committed) and the run ends at once",
+     .advice = "use a duration of 0 or more, below --collective-timeout, e.g. 30 or 2.5s",
+     .type = "DURATION",
+     .read =
+         [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
+           c.checkpoint_signal_wait = parse_seconds(t, o.flag(), 0, kCollectiveTimeoutMax);
+         },
+     .record = [](const TrainConfig& c) -> json { return c.checkpoint_signal_wait; }},
     {.key = "keep",
      .section = kCheckpoints,
      .help = "Committed checkpoints to keep, newest first (0 = all)",

@@ -208,6 +208,8 @@ nlohmann::json report_json(const TrainResult& r) {
                             {key::kRequested, r.saves.requested},
                             {key::kSkipped, r.saves.skipped},
                             {key::kCommitted, r.saves.committed},
+                            {key::kAbandoned, r.saves.abandoned ? nlohmann::json(*r.saves.abandoned)
+                                                                : nlohmann::json()},
                             {key::kStallSeconds, r.saves.stall_seconds},
                             {key::kWriteSeconds, r.saves.write_seconds}};
   }

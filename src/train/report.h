@@ -41,6 +41,7 @@ inline constexpr char kCheckpoints[] = "checkpoints";
 inline constexpr char kAsync[] = "async";
 inline constexpr char kRequested[] = "requested";
 inline constexpr char kCommitted[] = "committed";
+inline constexpr char kAbandoned[] = "abandoned";  // the step a signal abandoned, or null
 inline constexpr char kStallSeconds[] = "stall_seconds";
 inline constexpr char kWriteSeconds[] = "write_seconds";
 // A step (`steps[i]`, `history[i]`, a --metrics line); `final` has `loss` and `val_loss` too.

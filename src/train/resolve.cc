@@ -75,6 +75,14 @@ void resolve_config(TrainConfig& c) {
         "memory, which offload exists to avoid (reading them from the file as the update "
         "goes is not built yet); leave --checkpoint-async out");
   }
+  // Ranks whose write finished wait for the others in a collective, which must outlast it.
+  if (c.checkpoint_async && c.checkpoint_signal_wait >= c.launch.comm.timeout_seconds) {
+    throw InvalidArgument(fmt::format(
+        "--checkpoint-signal-wait {:g}s is not below --collective-timeout {:g}s: the ranks "
+        "done writing wait for the rest in a collective; lower it, or raise "
+        "--collective-timeout",
+        c.checkpoint_signal_wait, c.launch.comm.timeout_seconds));
+  }
   if (c.warmup == -1) c.warmup = c.schedule == "cosine" ? c.steps / 20 : 0;
   // --steps 0 runs no schedule at all.
   if (c.schedule == "cosine" && c.warmup >= c.steps && c.steps > 0) {
@@ -202,6 +210,9 @@ const IdleRule kIdleRules[] = {
     {"checkpoint_busy", [](const TrainConfig& c) { return !c.checkpoint_async; },
      "it says what a save due during an asynchronous one does; add --checkpoint-async",
      [](const TrainConfig& c) { return std::string(c.checkpoint_skip_busy ? "skip" : "wait"); }},
+    {"checkpoint_signal_wait", [](const TrainConfig& c) { return !c.checkpoint_async; },
+     "it bounds the wait for an asynchronous save on a signal; add --checkpoint-async",
+     [](const TrainConfig& c) { return fmt::format("{:g}", c.checkpoint_signal_wait); }},
     {"outer_every", no_islands, "it spaces DiLoCo's outer steps; add --islands K",
      [](const TrainConfig& c) { return std::to_string(c.outer_every); }},
     {"outer_lr", no_islands, "it sizes DiLoCo's outer step; add --islands K",

@@ -95,6 +95,8 @@ struct SaveStats {
   int64_t requested = 0;
   int64_t skipped = 0;
   int64_t committed = 0;
+  // The save in flight when a signal came and not written within --checkpoint-signal-wait.
+  std::optional<int64_t> abandoned;
   std::vector<double> stall_seconds;
   std::vector<double> write_seconds;
 };

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/store.h"
+#include "core/stop_flag.h"
 #include "temp_dir.h"
 #include "train/report.h"
 #include "train_testing.h"
@@ -181,6 +182,48 @@ TEST(AsyncSave, ASaveDueWhileOneIsInFlightIsSkippedOrWaitsAsTheUserChose) {
     EXPECT_EQ(j["async"], true);
     EXPECT_EQ(j["skipped"], r.saves.skipped);
     EXPECT_EQ(j["committed"], r.saves.committed);
+  }
+}
+
+// A signal while a save is in flight: a write that ends within --checkpoint-signal-wait is
+// committed and the interrupted step saved after it; one that does not (a 2 s write, a 0.3 s
+// bound) is abandoned within the bound, its temporary removed, latest left where it was.
+TEST(AsyncSave, ASignalFinishesTheSaveInFlightOrAbandonsItWithinTheBound) {
+  for (const double bound : {0.3, 10.0}) {
+    SCOPED_TRACE(fmt::format("--checkpoint-signal-wait {}", bound));
+    TempDir tmp;
+    TrainConfig c = tiny_config(2, 2);
+    c.steps = 8;
+    c.checkpoint_dir = tmp.path().string();
+    c.checkpoint_every = 2;
+    c.checkpoint_async = true;
+    c.checkpoint_signal_wait = bound;
+    c.inject = {parse_injection("slowio@4:1"), parse_injection("term@5:0")};
+    const TrainResult r = run(c);
+    clear_stop_request();
+    ASSERT_TRUE(r.stopped.has_value());
+    EXPECT_EQ(r.stopped->reason, EarlyStop::Reason::kSignal);
+    EXPECT_EQ(r.stopped->after_step, 5);
+    for (const auto& e : fs::directory_iterator(tmp.path())) {
+      EXPECT_NE(e.path().filename().string().rfind(".tmp", 0), 0u) << e.path();
+    }
+    const nlohmann::json j = report_json(r)["checkpoints"];
+    ASSERT_FALSE(r.saves.stall_seconds.empty());
+    if (bound < 1) {
+      EXPECT_EQ(r.saves.abandoned, 4);
+      EXPECT_EQ(j["abandoned"], 4);
+      EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000002");
+      EXPECT_FALSE(fs::exists(tmp.path() / "step_00000005"));
+      // Well inside the injected 2 s: the writer stopped waiting when abandoned.
+      EXPECT_LT(r.saves.stall_seconds.back(), 1.5);
+      EXPECT_EQ(r.saves.requested, r.saves.committed + 1);
+    } else {
+      EXPECT_FALSE(r.saves.abandoned.has_value());
+      EXPECT_TRUE(j["abandoned"].is_null());
+      EXPECT_TRUE(fs::exists(tmp.path() / "step_00000004"));
+      EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000005");
+      EXPECT_EQ(r.steps.back().checkpoint, (tmp.path() / "step_00000005").string());
+    }
   }
 }
 
