@@ -466,6 +466,7 @@ nlohmann::json row_json(const Estimate& e, const TrainConfig& c, const Forecast&
         {"advised_outer_every",
          o.advised_every ? nlohmann::json(*o.advised_every) : nlohmann::json()}};
   }
+  if (c.checkpoint_async) row["checkpoint_staging_bytes"] = fc.checkpoint_staging;
   // Offload's keys only where it is asked for: rows without it read as they always did.
   if (e.offload != Offload::kNone) {
     row["offload"] = std::string(offload_name(c.offload));
@@ -616,6 +617,13 @@ int run_estimate(const Flags& f) {
       }
     }
     if (outer && !e.json) print_islands(e, n, *outer);
+    if (e.asked.checkpoint_async && !e.json) {
+      fmt::print(
+          "  -> --checkpoint-async: each rank stages its checkpoint shard, {} on rank 0 (in "
+          "the rows' needs)\n",
+          gb(checkpoint_staging_bytes(e.planned.units,
+                                      row_config(e.asked, n, e.stages.front(), e.offload), n, 0)));
+    }
     if (e.budget && !e.json) {
       if (cheapest) {
         fmt::print("  -> {} ranks: stage {} is the least communication whose {} fit {}\n", n,

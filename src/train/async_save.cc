@@ -35,7 +35,9 @@ uint64_t staging_bytes(const RankTrainer& trainer) {
   // The shard's tensors as the file declares them, an outer exchange in flight included.
   const bool outer = trainer.config().islands > 1 && trainer.comm().rank() < trainer.group().size();
   uint64_t bytes = 0;
-  for (const safetensors::TensorDecl& t : shard_tensors(trainer.state(), outer, true)) {
+  // An exchange is in flight at a boundary only when --outer-delay streams them.
+  const bool pending = outer && trainer.config().outer_delay > 0;
+  for (const safetensors::TensorDecl& t : shard_tensors(trainer.state(), outer, pending)) {
     uint64_t n = safetensors::element_size(t.type);
     for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
     bytes += n;

@@ -128,6 +128,7 @@ Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const Ste
   const IslandLayout l = island_layout(c, c.launch.ranks);
   TrainConfig island = c;
   island.islands = 1;
+  island.checkpoint_async = false;  // staged below, with the outer state
   island.launch.ranks = l.ranks;
   island.launch.comm.node_ranks = l.inside_node_ranks;
   Forecast f = forecast(island, m, in);
@@ -141,6 +142,8 @@ Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const Ste
     if (b.total() > o.burst.total()) o.burst = b;
   }
   f.need += o.state;
+  f.checkpoint_staging = checkpoint_staging_bytes(m.units, c, c.launch.ranks, 0);
+  f.need += f.checkpoint_staging;
   const uint64_t h = static_cast<uint64_t>(c.outer_every);
   f.comm.all_reduce += o.round.all_reduce / h;
   f.comm.cross_all_reduce += o.round.cross_all_reduce / h;
@@ -184,7 +187,8 @@ Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs&
   if (m.model) {
     f.transients = transient_bytes(*m.model, transient_plan(c, shards), 0);
   }
-  f.need = f.states.total() + (f.transients ? f.transients->total() : 0);
+  f.checkpoint_staging = checkpoint_staging_bytes(m.units, c, n, 0);
+  f.need = f.states.total() + (f.transients ? f.transients->total() : 0) + f.checkpoint_staging;
   // Offload moves master, adam_m and adam_v of every rank to disk: what memory keeps of all
   // ranks' states is their params and grads (their grads alone with the params).
   const StateBytes a =

@@ -82,6 +82,7 @@ struct Forecast {
   std::optional<StepTime> time;              // given flops or compute seconds, with a model
   double io = 0;                             // the offload file's seconds per step, given a disk
   int disk_sharers = 0;                      // ranks sharing the disk's bandwidth, given a disk
+  uint64_t checkpoint_staging = 0;           // --checkpoint-async's, rank 0's (in `need`)
   // --islands (train/outer_step.h), rank 0's: the outer state (in `need`), a round's bytes
   // (every fragment's exchange; `comm` holds its share per step, round / H), the largest
   // exchange's (the burst a link sees) and, given a link between nodes, a round's seconds

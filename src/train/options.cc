@@ -542,7 +542,9 @@ const OptionSpec kOptions[] = {
      .help = "Write checkpoints in the background: each rank copies its shard into staging "
              "memory (its size in the memory ledger) at the step, a thread writes it while "
              "training goes on, and a later step commits it once every rank's files are "
-             "durable; the files are a synchronous save's (docs/checkpoint_format.md)",
+             "durable; the files are a synchronous save's (docs/checkpoint_format.md); "
+             "estimate: add the staging to each row's need",
+     .commands = kBoth,
      .form = Form::kSwitch,
      .read = [](TrainConfig& c, const std::string&,
                 const OptionSpec&) { c.checkpoint_async = true; },

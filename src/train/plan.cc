@@ -212,6 +212,19 @@ FragmentShare fragment_share(std::span<const uint64_t> unit_numel, const IslandL
 
 }  // namespace
 
+uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const TrainConfig& c,
+                                  int world, int rank) {
+  check_rank(world, rank);
+  const int shards = shard_ranks(c, world);
+  // HSDP: node 0's ranks write the one copy.
+  if (!c.checkpoint_async || (c.islands == 1 && rank >= shards)) return 0;
+  uint64_t per_element = c.precision == Precision::kFP32 ? 4 + 8 : 2 + 4 + 8;
+  if (c.islands > 1 && rank < shards) per_element += c.outer_delay > 0 ? 12 : 8;
+  uint64_t own = 0;
+  for (uint64_t numel : unit_numel) own += own_count(numel, shards, shard_index(c, world, rank));
+  return own * per_element;
+}
+
 uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {
   if (l.islands == 1) return 0;
   uint64_t own = 0;

@@ -129,6 +129,13 @@ IslandLayout island_layout(const TrainConfig& c, int world);
 // the exchange buffer of its largest fragment (quantized: also the block maxima, its codes,
 // and a payload of its own and every island's).
 uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
+// --checkpoint-async's staging on rank `rank` (train/async_save.h): the tensors of the shard
+// file it writes, its own ranges' params, fp32 master (16-bit runs), adam_m and adam_v, and
+// on island 0's ranks the outer weights and momentum (and the exchange in flight when
+// --outer-delay streams them). 0 without --checkpoint-async, and on an HSDP replica, which
+// writes no shard.
+uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const TrainConfig& c,
+                                  int world, int rank);
 struct CommBytes;
 // What fragment f's exchange moves for rank `rank`: one fp32 all-reduce over its column of
 // the fragment's part of its own ranges (quantized: an all-reduce of the block maxima inside

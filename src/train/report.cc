@@ -137,6 +137,10 @@ nlohmann::json plan_json(const TrainResult& r) {
       plan_states.back()[name(MemCategory::kOuterState)] =
           outer_state_bytes(r.unit_numel, island_layout(c, r.world_size), rank);
     }
+    if (c.checkpoint_async && !c.checkpoint_dir.empty()) {
+      plan_states.back()[name(MemCategory::kCheckpointStaging)] =
+          checkpoint_staging_bytes(r.unit_numel, c, r.world_size, rank);
+    }
   }
   nlohmann::json j{{key::kModelStateBytes, plan_states}, {key::kCommBytesPerStep, plan_comm}};
   if (c.islands > 1) j[key::kCommBytesPerOuterStep] = plan_outer;

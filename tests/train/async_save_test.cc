@@ -16,6 +16,7 @@
 #include "checkpoint/store.h"
 #include "core/stop_flag.h"
 #include "temp_dir.h"
+#include "train/plan.h"
 #include "train/report.h"
 #include "train_testing.h"
 
@@ -107,6 +108,15 @@ TEST(AsyncSave, WritesTheBytesOfASynchronousSave) {
     EXPECT_EQ(a.saves.skipped, 0) << k.name;
     // The writer's times: every save but the run's last, written synchronously.
     EXPECT_EQ(a.saves.write_seconds.size(), static_cast<size_t>(k.config.steps - 1)) << k.name;
+    // The staging every rank allocated is the planner's (preflight, report, estimate).
+    const auto staging = static_cast<size_t>(MemCategory::kCheckpointStaging);
+    const nlohmann::json plan = report_json(a)["plan"]["model_state_bytes"];
+    for (int rank = 0; rank < a.world_size; ++rank) {
+      const uint64_t planned = checkpoint_staging_bytes(a.unit_numel, async, a.world_size, rank);
+      EXPECT_EQ(a.ranks[static_cast<size_t>(rank)].peak[staging], planned)
+          << k.name << " rank " << rank;
+      EXPECT_EQ(plan[static_cast<size_t>(rank)]["checkpoint_staging"], planned) << k.name;
+    }
   }
 }
 
