@@ -7,6 +7,7 @@
 # writer's mean time per save.
 #
 #   bench/checkpoint/async.sh [ZERODP] [SIZE] [STEPS] [RANKS]   (defaults: build/release, small, 20, 2)
+#   ZERODP_CKBENCH_FLAGS="--offload optimizer --offload-dir /var/tmp" ...: more train flags
 set -euo pipefail
 zerodp=${1:-build/release/cli/zerodp}
 size=${2:-small}
@@ -14,8 +15,9 @@ steps=${3:-20}
 ranks=${4:-2}
 out=$(mktemp -d /tmp/zerodp-ckbench.XXXXXX)
 trap 'rm -rf "$out"' EXIT
+read -r -a extra <<<"${ZERODP_CKBENCH_FLAGS:-}"
 common=(train --size "$size" --data synthetic --steps "$steps" --ranks "$ranks" --stage 2
-        --no-progress)
+        --no-progress "${extra[@]}")
 
 # tokens/s, mean stall, mean write of one run
 measure() {
@@ -57,7 +59,7 @@ for _ in 1 2; do
   done
 done
 shard=$(du -sb "$out/ck-sync/$(cat "$out/ck-sync/latest")" | cut -f1)
-echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); $size, $ranks ranks, stage 2, $steps steps, a checkpoint of $shard bytes"
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); $size, $ranks ranks, stage 2, $steps steps, a checkpoint of $shard bytes${extra[*]:+; ${extra[*]}}"
 printf '%-6s %12s %10s %14s %14s\n' mode tokens/s "÷ none" "stall/save s" "write/save s"
 for mode in none sync async; do
   printf '%-6s %12.0f %10.3f %14.4f %14.4f\n' "$mode" "${tps[$mode]}" \

@@ -14,6 +14,8 @@
 #include "checkpoint/store.h"
 #include "comm/ledger.h"
 #include "core/error.h"
+#include "train/offload.h"
+#include "train/plan.h"
 #include "train/trace.h"
 
 namespace zerodp {
@@ -32,6 +34,7 @@ double seconds_since(Clock::time_point start) {
 
 uint64_t staging_bytes(const RankTrainer& trainer) {
   if (!trainer.group().primary()) return 0;  // an HSDP replica writes no shard
+  if (trainer.offload() != nullptr) return kCheckpointReadPiece + kOffloadAlign;
   // The shard's tensors as the file declares them, an outer exchange in flight included.
   const bool outer = trainer.config().islands > 1 && trainer.comm().rank() < trainer.group().size();
   uint64_t bytes = 0;
@@ -50,7 +53,11 @@ AsyncSaver::AsyncSaver(RankTrainer& trainer, SaveStats& stats)
       staging_(trainer.ledger(), MemCategory::kCheckpointStaging,
                static_cast<size_t>(staging_bytes(trainer))),
       stats_(stats),
-      writer_([this] { writer_loop(); }) {}
+      writer_([this] { writer_loop(); }) {
+  if (OffloadTier* tier = trainer_.offload()) {
+    tier->set_before_write([this](size_t u) { wait_for_unit(u); });
+  }
+}
 
 AsyncSaver::~AsyncSaver() {
   {
@@ -59,6 +66,15 @@ AsyncSaver::~AsyncSaver() {
   }
   cv_.notify_all();
   writer_.join();
+  if (OffloadTier* tier = trainer_.offload()) tier->set_before_write(nullptr);
+}
+
+void AsyncSaver::wait_for_unit(size_t u) {
+  MutexLock lock(mu_);
+  if (!reading_ || units_read_ > u) return;
+  const Clock::time_point t0 = Clock::now();
+  cv_.wait(mu_, [&]() REQUIRES(mu_) { return !reading_ || units_read_ > u; });
+  update_waits_ += seconds_since(t0);
 }
 
 void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> history) {
@@ -70,8 +86,10 @@ void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> histor
   SaveTicket ticket = begin_save(trainer_, step);
   std::vector<safetensors::TensorDecl> tensors;
   size_t at = 0;
-  if (ticket.writer) {
+  const bool from_offload = ticket.writer && trainer_.offload() != nullptr;
+  if (ticket.writer)
     tensors = shard_tensors(trainer_.state(), ticket.outer != nullptr, ticket.pending);
+  if (ticket.writer && !from_offload) {
     stream_shard(trainer_.state(), trainer_.store(), ticket.outer, ticket.pending,
                  [&](std::span<const std::byte> b) {
                    if (b.size() > staging_.size() - at) {
@@ -87,8 +105,13 @@ void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> histor
     job_ = Job{.ticket = &*ticket_,
                .tensors = std::move(tensors),
                .bytes = at,
-               .history = std::move(history)};
+               .history = std::move(history),
+               .from_offload = from_offload};
     done_ = false;
+    // From here until the writer has read a unit, the next update waits before rewriting it.
+    reading_ = from_offload;
+    units_read_ = 0;
+    update_waits_ = 0;
   }
   cv_.notify_all();
   stall_ = seconds_since(t0);
@@ -156,6 +179,7 @@ int64_t AsyncSaver::commit(double stall_so_far) {
   ShardWritten written;
   {
     MutexLock lock(mu_);
+    stall_so_far += update_waits_;
     written = std::move(written_);
     stats_.write_seconds.push_back(write_seconds_);
     done_ = false;
@@ -202,8 +226,47 @@ void AsyncSaver::writer_loop() {
   }
 }
 
+void AsyncSaver::write_from_offload(safetensors::Writer& out, const std::function<void()>& check) {
+  OffloadTier& tier = *trainer_.offload();
+  const ShardedState& state = trainer_.state();
+  const auto at = reinterpret_cast<uintptr_t>(staging_.data());
+  const std::span<std::byte> bounce(
+      staging_.data() + ((at + kOffloadAlign - 1) / kOffloadAlign * kOffloadAlign - at),
+      kCheckpointReadPiece);
+  // The file's order (shard_tensors): per unit its params, master (16-bit), adam_m, adam_v.
+  std::vector<unsigned> arrays{StateStore::kParams};
+  if (!state.fp32()) arrays.push_back(StateStore::kMaster);
+  arrays.push_back(StateStore::kAdamM);
+  arrays.push_back(StateStore::kAdamV);
+  for (size_t i = 0; i < state.units().size(); ++i) {
+    const UnitState& u = state.units()[i];
+    for (unsigned a : arrays) {
+      tier.read_out(i, a, u.opt_own, u.own.count(), bounce, [&](std::span<const std::byte> b) {
+        check();
+        out.write(b);
+      });
+    }
+    {
+      MutexLock lock(mu_);
+      units_read_ = i + 1;
+    }
+    cv_.notify_all();
+  }
+}
+
 ShardWritten AsyncSaver::write(const Job& job) {
   const SaveTicket& t = *job.ticket;
+  // However the write ends, the update must not wait for reads that will not come.
+  struct ReadsEnd {
+    AsyncSaver& s;
+    ~ReadsEnd() {
+      {
+        MutexLock lock(s.mu_);
+        s.reading_ = false;
+      }
+      s.cv_.notify_all();
+    }
+  } reads_end{*this};
   ShardWritten w;
   const int rank = trainer_.comm().rank();
   try {
@@ -221,10 +284,14 @@ ShardWritten AsyncSaver::write(const Job& job) {
       check_abandoned();
       trainer_.faults().shard_write_failure(t.step, t.file);
       safetensors::Writer out(t.file, job.tensors, shard_metadata());
-      // In pieces, so that an abandoned save stops within one.
-      for (size_t at = 0; at < job.bytes; at += kWritePiece) {
-        check_abandoned();
-        out.write({staging_.data() + at, std::min(kWritePiece, job.bytes - at)});
+      if (job.from_offload) {
+        write_from_offload(out, check_abandoned);
+      } else {
+        // In pieces, so that an abandoned save stops within one.
+        for (size_t at = 0; at < job.bytes; at += kWritePiece) {
+          check_abandoned();
+          out.write({staging_.data() + at, std::min(kWritePiece, job.bytes - at)});
+        }
       }
       w.sha = out.finish();
       w.bytes = std::filesystem::file_size(t.file);

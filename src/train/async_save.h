@@ -17,9 +17,16 @@
 // finds it and ends the run as a failed synchronous save does, the previous checkpoint kept.
 // The files are the bytes a synchronous save of that step writes: the same tensors, copied
 // at the same boundary.
+//
+// With --offload the states are not copied: the writer reads them from the offload file
+// (and the parameters from memory) through a bounce buffer of kCheckpointReadPiece, unit by
+// unit, while the next update waits, before it rewrites a unit, until the writer has read
+// that unit's old values (OffloadTier::set_before_write). The staging is then the bounce
+// buffer alone, and a slow write shows as the update's wait (in the save's stall).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -70,10 +77,15 @@ class AsyncSaver {
     std::vector<safetensors::TensorDecl> tensors;
     size_t bytes = 0;  // staged
     std::vector<checkpoint::StepHistory> history;
+    bool from_offload = false;  // read from the offload tier, not staged
   };
   void writer_loop();
   // The writer's part: the shard from staging, the history, fsynced.
   ShardWritten write(const Job& job);
+  // Writer: the shard read out of the offload tier, unit by unit, into `out`.
+  void write_from_offload(safetensors::Writer& out, const std::function<void()>& check);
+  // The update's thread, before it rewrites unit `u` (offloaded): until the writer has read it.
+  void wait_for_unit(size_t u);
   // Training thread: the save in flight, every rank's write done, agreed and committed.
   int64_t commit(double stall_so_far);
   bool abandoning() {
@@ -93,6 +105,10 @@ class AsyncSaver {
   bool done_ GUARDED_BY(mu_) = false;       // the save's write finished
   bool quit_ GUARDED_BY(mu_) = false;
   bool abandon_ GUARDED_BY(mu_) = false;  // stop writing at the next piece
+  // Offloaded: whether the writer may still read old values, and how many units it has read.
+  bool reading_ GUARDED_BY(mu_) = false;
+  size_t units_read_ GUARDED_BY(mu_) = 0;
+  double update_waits_ GUARDED_BY(mu_) = 0;  // the update's waits for the writer, this save
   ShardWritten written_ GUARDED_BY(mu_);
   double write_seconds_ GUARDED_BY(mu_) = 0;
   std::thread writer_;  // last: it starts once the rest exists

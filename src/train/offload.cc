@@ -247,11 +247,41 @@ void OffloadTier::stream(std::span<const Job> jobs, Access access,
     }
     if ((job.arrays & kParams) && p.params == nullptr)
       p.params = u.params.at(u.params_opt + w.use_begin);
+    if (writing && p.first && before_write_) before_write_(job.unit);
     f(p);
     if (writing) writes[s] = issue(k, true);
   }
   wait(writes[0]);
   wait(writes[1]);
+}
+
+void OffloadTier::read_out(size_t unit, unsigned array, size_t begin, size_t count,
+                           std::span<std::byte> bounce,
+                           const std::function<void(std::span<const std::byte>)>& sink) {
+  size_t r = 0;
+  while (r < regions_.size() && (regions_[r].arrays & array) == 0) ++r;
+  if (r == regions_.size()) {
+    // Not in the file: the parameters in memory (at fp32 also the master).
+    UnitState& u = state_.units()[unit];
+    const size_t bytes = count * dtype_size(state_.dtype());
+    sink(std::span(static_cast<const std::byte*>(u.params.at(u.params_opt + begin)), bytes));
+    return;
+  }
+  if (bounce.size() < kOffloadAlign || bounce.size() % kOffloadAlign != 0 ||
+      reinterpret_cast<uintptr_t>(bounce.data()) % kOffloadAlign != 0) {
+    throw std::logic_error("offload: read_out's bounce buffer is not whole aligned blocks");
+  }
+  // Byte range [b0, b1) of the region, read in aligned windows (the region is padded to
+  // whole blocks, so the last window stays inside it).
+  const uint64_t eb = regions_[r].element_bytes;
+  const uint64_t base = offset(unit, r, 0);
+  const uint64_t b0 = begin * eb, b1 = (begin + count) * eb;
+  for (uint64_t at = b0 / kOffloadAlign * kOffloadAlign; at < b1; at += bounce.size()) {
+    const uint64_t bytes = std::min<uint64_t>(bounce.size(), round_up(b1 - at, kOffloadAlign));
+    file_.read_async(base + at, bounce.first(bytes)).wait();
+    const uint64_t from = std::max(at, b0), to = std::min(at + bytes, b1);
+    sink(std::span<const std::byte>(bounce.data() + (from - at), to - from));
+  }
 }
 
 }  // namespace zerodp

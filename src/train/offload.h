@@ -66,6 +66,20 @@ class OffloadTier final : public StateStore {
   void stream(std::span<const Job> jobs, Access access,
               const std::function<void(Piece&)>& f) override;
 
+  // --checkpoint-async's hook: called with a unit's index on the streaming thread before a
+  // writing stream changes any of that unit's arrays (in the file or the params' memory); a
+  // save still reading the unit's old values (read_out) waits there. Set while no stream runs.
+  void set_before_write(std::function<void(size_t unit)> f) { before_write_ = std::move(f); }
+  // Elements [begin, begin + count) of unit `unit`'s optimizer range of one array (kParams,
+  // kMaster, kAdamM or kAdamV), handed to `sink` in order, without staging them whole: from
+  // the file through `bounce` (kOffloadAlign-aligned, whole blocks), each read queued on the
+  // file's worker in order with the streams' I/O, or straight from the params' memory. Any
+  // thread; the caller keeps the streams from writing those elements meanwhile. Its reads are
+  // not in counters().
+  void read_out(size_t unit, unsigned array, size_t begin, size_t count,
+                std::span<std::byte> bounce,
+                const std::function<void(std::span<const std::byte>)>& sink);
+
   const StateFile& file() const { return file_; }
   uint64_t piece_elements() const { return piece_; }
   // What the tier has moved and how long the caller waited for it, since the start.
@@ -115,6 +129,7 @@ class OffloadTier final : public StateStore {
   std::byte* aligned_ = nullptr;  // staging_, aligned to StateFile::kDirectAlign
   std::byte* bounce_ = nullptr;   // after the two slots: one piece of parameters
   Counters counters_;
+  std::function<void(size_t)> before_write_;
 };
 
 }  // namespace zerodp

@@ -218,6 +218,7 @@ uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const Tr
   const int shards = shard_ranks(c, world);
   // HSDP: node 0's ranks write the one copy.
   if (!c.checkpoint_async || (c.islands == 1 && rank >= shards)) return 0;
+  if (c.offload != Offload::kNone) return kCheckpointReadPiece + kOffloadAlign;
   uint64_t per_element = c.precision == Precision::kFP32 ? 4 + 8 : 2 + 4 + 8;
   if (c.islands > 1 && rank < shards) per_element += c.outer_delay > 0 ? 12 : 8;
   uint64_t own = 0;

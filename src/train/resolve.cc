@@ -1,6 +1,8 @@
 // resolve_config, the rules between options and config_json: what turns the options given
 // into the run's configuration and back. The table of options is options.cc; the parsers and
 // the refusals train and estimate share are config.cc.
+#include <algorithm>
+
 #include <fmt/core.h>
 
 #include "core/error.h"
@@ -69,13 +71,13 @@ void resolve_config(TrainConfig& c) {
                                       c.checkpoint_every > 0 ? "--checkpoint-every" : "--keep",
                                       c.checkpoint_every > 0 ? c.checkpoint_every : c.keep));
   }
-  if (c.checkpoint_async && c.offload != Offload::kNone) {
-    throw InvalidArgument(
-        "--checkpoint-async with --offload: the offloaded states would be copied whole into "
-        "memory, which offload exists to avoid (reading them from the file as the update "
-        "goes is not built yet); leave --checkpoint-async out");
+  // Ranks whose write finished wait for the others in a collective, which must outlast it:
+  // the default gives way to a short --collective-timeout, a value given does not.
+  const bool wait_given = c.given && c.given->count("checkpoint_signal_wait") > 0;
+  if (!wait_given) {
+    c.checkpoint_signal_wait =
+        std::min(c.checkpoint_signal_wait, c.launch.comm.timeout_seconds / 2);
   }
-  // Ranks whose write finished wait for the others in a collective, which must outlast it.
   if (c.checkpoint_async && c.checkpoint_signal_wait >= c.launch.comm.timeout_seconds) {
     throw InvalidArgument(fmt::format(
         "--checkpoint-signal-wait {:g}s is not below --collective-timeout {:g}s: the ranks "

@@ -73,6 +73,19 @@ else
   check_recovers "$d" step_00000002 "async, killed in the writer at shard-written"
 fi
 
+# Asynchronous and offloaded (the writer reads the states from the scratch file): the same.
+d=$tmp/async-offload
+"$zerodp" "${common[@]}" "${backend[@]}" "${offload[@]}" --steps 2 --checkpoint-dir "$d" >/dev/null
+ZERODP_FAILPOINT=shard-written timeout 120 "$zerodp" "${common[@]}" "${backend[@]}" \
+  "${offload[@]}" --steps 4 --checkpoint-dir "$d" --checkpoint-every 1 --checkpoint-async \
+  --resume latest >/dev/null 2>&1
+rc=$?
+if [[ $rc != 137 ]]; then
+  say_fail "async offloaded, killed at shard-written: exit $rc, expected 137 (SIGKILL)"
+else
+  check_recovers "$d" step_00000002 "async offloaded, killed in the writer at shard-written"
+fi
+
 # kill -9 at moments of an asynchronous run saving every step: `latest` always loads, and
 # the continuation ends with the uninterrupted run's weights.
 weights() { /usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["final"]["weights_sha256"])' "$1"; }

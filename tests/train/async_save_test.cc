@@ -86,6 +86,20 @@ std::vector<Case> cases() {
   c.outer_delay = 1;
   c.steps = 7;
   out.push_back({"streaming islands", c});
+  // Offloaded: read from the file as the next update waits, not staged.
+  c = tiny_config(2, 1);
+  c.steps = 4;
+  c.offload = Offload::kOptimizer;
+  out.push_back({"offload optimizer, stage 1 bf16", c});
+  c = tiny_config(3, 3, Precision::kFP32);
+  c.steps = 4;
+  c.offload = Offload::kParams;
+  out.push_back({"offload optimizer,params, stage 3 fp32", c});
+  c = tiny_config(2, 0);
+  c.steps = 4;
+  c.offload = Offload::kOptimizer;
+  c.offload_overlap = true;
+  out.push_back({"offload optimizer, stage 0, overlapped update", c});
   return out;
 }
 
@@ -95,6 +109,7 @@ TEST(AsyncSave, WritesTheBytesOfASynchronousSave) {
     TrainConfig sync = k.config;
     sync.checkpoint_every = 1;
     sync.checkpoint_dir = (tmp.path() / "sync").string();
+    if (sync.offload != Offload::kNone) sync.offload_dir = tmp.path().string();
     TrainConfig async = sync;
     async.checkpoint_dir = (tmp.path() / "async").string();
     async.checkpoint_async = true;
@@ -118,6 +133,28 @@ TEST(AsyncSave, WritesTheBytesOfASynchronousSave) {
       EXPECT_EQ(plan[static_cast<size_t>(rank)]["checkpoint_staging"], planned) << k.name;
     }
   }
+}
+
+// Offloaded states are read from the file while training goes on: with the writer held up
+// 2 s before it reads, the next update waits for it before rewriting a unit, so the files
+// are still the step's (a synchronous save's bytes) and the wait is in the save's stall.
+TEST(AsyncSave, AnOffloadedUpdateWaitsForTheWriterToReadTheOldValues) {
+  TempDir tmp;
+  TrainConfig sync = tiny_config(2, 3);
+  sync.steps = 4;
+  sync.offload = Offload::kOptimizer;
+  sync.offload_dir = tmp.path().string();
+  sync.checkpoint_every = 1;
+  sync.checkpoint_dir = (tmp.path() / "sync").string();
+  TrainConfig async = sync;
+  async.checkpoint_dir = (tmp.path() / "async").string();
+  async.checkpoint_async = true;
+  async.inject = {parse_injection("slowio@2:1")};
+  const TrainResult a = run(async);
+  (void)run(sync);
+  expect_same_checkpoints(sync.checkpoint_dir, async.checkpoint_dir, "slow offloaded write");
+  ASSERT_EQ(a.saves.stall_seconds.size(), 4u);
+  EXPECT_GT(a.saves.stall_seconds[1], 1.0) << "step 3's update waited for step 2's reads";
 }
 
 // A continuation from an asynchronous checkpoint is the uninterrupted run.
