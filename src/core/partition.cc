@@ -29,6 +29,15 @@ Partition Partition::from_counts(std::span<const size_t> counts) {
   return p;
 }
 
+Partition Partition::aligned(size_t length, int world, size_t grain) {
+  if (grain < 1) {
+    throw InvalidArgument(fmt::format("partition: grain {} is invalid; use 1 or more", grain));
+  }
+  Partition p((length + grain - 1) / grain, world);
+  for (size_t& o : p.offsets_) o = std::min(o * grain, length);
+  return p;
+}
+
 int Partition::owner(size_t index) const {
   if (index >= length()) {
     throw InvalidArgument(

@@ -27,6 +27,10 @@ class Partition {
   Partition(size_t length, int world);
   // Explicit counts per rank, in rank order.
   static Partition from_counts(std::span<const size_t> counts);
+  // Cut only at multiples of `grain` (and at `length`): the ceil(length / grain) grains split
+  // as the balanced split splits elements, the last grain short. grain 1 is the balanced split.
+  // --optimizer-states int8 shards so, so that no block of 8-bit moments spans two ranks.
+  static Partition aligned(size_t length, int world, size_t grain);
 
   size_t length() const { return offsets_.empty() ? 0 : offsets_.back(); }
   int world_size() const { return static_cast<int>(offsets_.size()) - 1; }

@@ -72,3 +72,32 @@ TEST(Partition, EqualityComparesEveryRange) {
 
 }  // namespace
 }  // namespace zerodp
+
+namespace zerodp {
+namespace {
+
+// Aligned: every cut a multiple of the grain, the grains balanced like elements, grain 1 the
+// balanced split itself.
+TEST(Partition, AlignedCutsOnlyAtMultiplesOfTheGrain) {
+  for (size_t length : {0u, 1u, 255u, 256u, 1000u, 4097u, 100000u}) {
+    for (int world : {1, 2, 3, 7, 64}) {
+      for (size_t grain : {1u, 3u, 256u}) {
+        const Partition p = Partition::aligned(length, world, grain);
+        ASSERT_EQ(p.world_size(), world);
+        ASSERT_EQ(p.length(), length);
+        const size_t grains = (length + grain - 1) / grain;
+        const Partition g(grains, world);
+        for (int r = 0; r < world; ++r) {
+          EXPECT_TRUE(p.offset(r) % grain == 0 || p.offset(r) == length)
+              << length << " " << world << " " << grain << " rank " << r;
+          EXPECT_EQ(p.offset(r), std::min(g.offset(r) * grain, length));
+        }
+      }
+      EXPECT_EQ(Partition::aligned(length, world, 1), Partition(length, world));
+    }
+  }
+  EXPECT_THROW((void)Partition::aligned(10, 2, 0), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace zerodp

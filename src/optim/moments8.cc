@@ -1,0 +1,184 @@
+// moments8.h is the contract.
+#include "optim/moments8.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "core/error.h"
+
+namespace zerodp {
+namespace {
+
+// A code's values, the midpoints between neighbours, and for each of the 65536 values of a
+// float's top 16 bits the number of midpoints below the bucket's lowest value: encoding
+// starts there and steps over the one or two midpoints the bucket may still straddle.
+struct Code {
+  std::array<float, 256> values{};
+  std::array<float, 255> midpoints{};
+  std::vector<uint8_t> start;
+};
+
+// `per_decade(i)` midpoints of the linear grid on [0.1, 1] scaled into decade i
+// ([10^(i-7), 10^(i-6)]), for i in [first, 7).
+void add_decades(std::vector<double>& out, int first, int (*per_decade)(int), double sign) {
+  for (int i = first; i < 7; ++i) {
+    const int n = per_decade(i);
+    for (int k = 0; k < n; ++k) {
+      out.push_back(sign * std::pow(10.0, i - 6) * (0.1 + 0.9 * (k + 0.5) / n));
+    }
+  }
+}
+
+Code make_code(bool is_signed) {
+  std::vector<double> v;
+  if (is_signed) {
+    v = {0.0, 1.0, -1.0, std::pow(10.0, -6) * 0.55};
+    for (double sign : {1.0, -1.0})
+      add_decades(
+          v, 1, [](int i) { return 1 << i; }, sign);
+  } else {
+    v = {1.0, 1e-7};
+    add_decades(
+        v, 0, [](int i) { return 2 << i; }, 1.0);
+  }
+  if (v.size() != 256) throw std::logic_error("moment code: not 256 values");
+  std::sort(v.begin(), v.end());
+  Code c;
+  for (size_t i = 0; i < 256; ++i) c.values[i] = static_cast<float>(v[i]);
+  for (size_t i = 0; i < 255; ++i) {
+    c.midpoints[i] = static_cast<float>((static_cast<double>(c.values[i]) + c.values[i + 1]) / 2);
+  }
+  c.start.resize(size_t{1} << 16);
+  for (uint32_t b = 0; b < (1u << 16); ++b) {
+    // The bucket's lowest value: its smallest magnitude when positive, largest when negative.
+    const uint32_t bits = (b << 16) | ((b & 0x8000u) ? 0xFFFFu : 0u);
+    const float lowest = std::bit_cast<float>(bits);
+    c.start[b] = static_cast<uint8_t>(
+        std::lower_bound(c.midpoints.begin(), c.midpoints.end(), lowest) - c.midpoints.begin());
+  }
+  return c;
+}
+
+const Code& code(bool is_signed) {
+  static const Code signed_code = make_code(true);
+  static const Code unsigned_code = make_code(false);
+  return is_signed ? signed_code : unsigned_code;
+}
+
+uint8_t encode(const Code& c, float y) {
+  unsigned i = c.start[std::bit_cast<uint32_t>(y) >> 16];
+  while (i < 255 && c.midpoints[i] < y) ++i;
+  return static_cast<uint8_t>(i);
+}
+
+float quantize_block(const Code& c, std::span<const float> x, uint8_t* codes) {
+  float absmax = 0;
+  for (float e : x) absmax = std::max(absmax, std::fabs(e));
+  if (absmax == 0) {
+    // Decodes to zeros whatever the codes: the scale is 0.
+    std::fill(codes, codes + x.size(), uint8_t{0});
+    return 0;
+  }
+  for (size_t i = 0; i < x.size(); ++i) codes[i] = encode(c, x[i] / absmax);
+  return absmax;
+}
+
+void dequantize_block(const Code& c, const uint8_t* codes, float scale, std::span<float> out) {
+  for (size_t i = 0; i < out.size(); ++i) out[i] = c.values[codes[i]] * scale;
+}
+
+void check_run(const QuantizedMoments& q, size_t count) {
+  const size_t blocks = moment_blocks(count, q.first);
+  if (q.m.size() != count || q.v.size() != count || q.m_scale.size() != blocks ||
+      q.v_scale.size() != blocks) {
+    throw InvalidArgument(fmt::format(
+        "int8 moments: a run of {} elements in {} blocks got {} and {} codes, {} and {} scales",
+        count, blocks, q.m.size(), q.v.size(), q.m_scale.size(), q.v_scale.size()));
+  }
+}
+
+// Calls f(begin, end, block) for each block of a run of `count` elements.
+template <typename F>
+void for_each_block(size_t count, size_t first, F f) {
+  for (size_t b = 0, k = 0; b < count; ++k) {
+    const size_t e = std::min(count, k == 0 ? first : b + kMomentBlock);
+    f(b, e, k);
+    b = e;
+  }
+}
+
+}  // namespace
+
+std::span<const float> moment_code(bool is_signed) { return code(is_signed).values; }
+
+uint8_t encode_moment(float normalized, bool is_signed) {
+  return encode(code(is_signed), normalized);
+}
+
+float quantize_moment_block(std::span<const float> x, bool is_signed, uint8_t* codes) {
+  return quantize_block(code(is_signed), x, codes);
+}
+
+void dequantize_moment_block(const uint8_t* codes, float scale, bool is_signed,
+                             std::span<float> out) {
+  dequantize_block(code(is_signed), codes, scale, out);
+}
+
+size_t moment_blocks(size_t count, size_t first) {
+  if (first < 1 || first > kMomentBlock) {
+    throw InvalidArgument(
+        fmt::format("int8 moments: a first block of {} elements; use 1..{}", first, kMomentBlock));
+  }
+  if (count <= first) return count > 0 ? 1 : 0;
+  return 1 + (count - first + kMomentBlock - 1) / kMomentBlock;
+}
+
+void dequantize_moments(const QuantizedMoments& q, std::span<float> m, std::span<float> v) {
+  check_run(q, m.size());
+  const Code& sc = code(true);
+  const Code& uc = code(false);
+  for_each_block(m.size(), q.first, [&](size_t b, size_t e, size_t k) {
+    dequantize_block(sc, q.m.data() + b, q.m_scale[k], m.subspan(b, e - b));
+    dequantize_block(uc, q.v.data() + b, q.v_scale[k], v.subspan(b, e - b));
+  });
+}
+
+void quantize_moments(std::span<const float> m, std::span<const float> v,
+                      const QuantizedMoments& q) {
+  check_run(q, m.size());
+  const Code& sc = code(true);
+  const Code& uc = code(false);
+  for_each_block(m.size(), q.first, [&](size_t b, size_t e, size_t k) {
+    q.m_scale[k] = quantize_block(sc, m.subspan(b, e - b), q.m.data() + b);
+    q.v_scale[k] = quantize_block(uc, v.subspan(b, e - b), q.v.data() + b);
+  });
+}
+
+void adamw8_update(std::span<float> master, std::span<const float> grad, const QuantizedMoments& q,
+                   bool decay, const AdamWConfig& config, int64_t step, float grad_scale) {
+  check_run(q, master.size());
+  if (grad.size() != master.size()) {
+    throw InvalidArgument(fmt::format("int8 moments: {} gradients for {} master weights",
+                                      grad.size(), master.size()));
+  }
+  const Code& sc = code(true);
+  const Code& uc = code(false);
+  std::array<float, kMomentBlock> m, v;
+  for_each_block(master.size(), q.first, [&](size_t b, size_t e, size_t k) {
+    const size_t n = e - b;
+    const std::span<float> mb(m.data(), n), vb(v.data(), n);
+    dequantize_block(sc, q.m.data() + b, q.m_scale[k], mb);
+    dequantize_block(uc, q.v.data() + b, q.v_scale[k], vb);
+    adamw_update({.master = master.subspan(b, n), .m = mb, .v = vb, .grad = grad.subspan(b, n)},
+                 decay, config, step, grad_scale);
+    q.m_scale[k] = quantize_block(sc, mb, q.m.data() + b);
+    q.v_scale[k] = quantize_block(uc, vb, q.v.data() + b);
+  });
+}
+
+}  // namespace zerodp
