@@ -5,6 +5,8 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include <fmt/core.h>
@@ -19,7 +21,8 @@ namespace {
 // starts there and steps over the one or two midpoints the bucket may still straddle.
 struct Code {
   std::array<float, 256> values{};
-  std::array<float, 255> midpoints{};
+  // 255 midpoints, then +inf so that index 255 compares false.
+  std::array<float, 256> midpoints{};
   std::vector<uint8_t> start;
 };
 
@@ -53,13 +56,24 @@ Code make_code(bool is_signed) {
   for (size_t i = 0; i < 255; ++i) {
     c.midpoints[i] = static_cast<float>((static_cast<double>(c.values[i]) + c.values[i + 1]) / 2);
   }
+  c.midpoints[255] = std::numeric_limits<float>::infinity();
+  const auto below = [&](float x) {
+    return static_cast<size_t>(std::lower_bound(c.midpoints.begin(), c.midpoints.begin() + 255, x) -
+                               c.midpoints.begin());
+  };
   c.start.resize(size_t{1} << 16);
   for (uint32_t b = 0; b < (1u << 16); ++b) {
-    // The bucket's lowest value: its smallest magnitude when positive, largest when negative.
-    const uint32_t bits = (b << 16) | ((b & 0x8000u) ? 0xFFFFu : 0u);
-    const float lowest = std::bit_cast<float>(bits);
-    c.start[b] = static_cast<uint8_t>(
-        std::lower_bound(c.midpoints.begin(), c.midpoints.end(), lowest) - c.midpoints.begin());
+    // The bucket's lowest and highest values (by magnitude the other way round when negative).
+    const bool negative = (b & 0x8000u) != 0;
+    const float lowest = std::bit_cast<float>((b << 16) | (negative ? 0xFFFFu : 0u));
+    const float highest = std::bit_cast<float>((b << 16) | (negative ? 0u : 0xFFFFu));
+    c.start[b] = static_cast<uint8_t>(below(lowest));
+    // encode() steps over one midpoint at most: the codes' gaps are wider than a bucket
+    // (2^-7 of its value) everywhere in [-1, 1].
+    if (std::fabs(highest) <= 1.0f &&
+        below(highest) + (c.midpoints[below(highest)] == highest) > c.start[b] + size_t{1}) {
+      throw std::logic_error(fmt::format("moment code: bucket {:#x} holds two midpoints", b));
+    }
   }
   return c;
 }
@@ -70,10 +84,11 @@ const Code& code(bool is_signed) {
   return is_signed ? signed_code : unsigned_code;
 }
 
+// The number of midpoints below y: the bucket's count, plus one if y is past the one
+// midpoint the bucket may hold.
 uint8_t encode(const Code& c, float y) {
-  unsigned i = c.start[std::bit_cast<uint32_t>(y) >> 16];
-  while (i < 255 && c.midpoints[i] < y) ++i;
-  return static_cast<uint8_t>(i);
+  const unsigned i = c.start[std::bit_cast<uint32_t>(y) >> 16];
+  return static_cast<uint8_t>(i + (c.midpoints[i] < y ? 1u : 0u));
 }
 
 float quantize_block(const Code& c, std::span<const float> x, uint8_t* codes) {
@@ -84,7 +99,9 @@ float quantize_block(const Code& c, std::span<const float> x, uint8_t* codes) {
     std::fill(codes, codes + x.size(), uint8_t{0});
     return 0;
   }
-  for (size_t i = 0; i < x.size(); ++i) codes[i] = encode(c, x[i] / absmax);
+  // One reciprocal per block: a multiply per element, the same bits on every CPU.
+  const float inverse = 1.0f / absmax;
+  for (size_t i = 0; i < x.size(); ++i) codes[i] = encode(c, x[i] * inverse);
   return absmax;
 }
 
@@ -166,19 +183,28 @@ void adamw8_update(std::span<float> master, std::span<const float> grad, const Q
     throw InvalidArgument(fmt::format("int8 moments: {} gradients for {} master weights",
                                       grad.size(), master.size()));
   }
-  const Code& sc = code(true);
-  const Code& uc = code(false);
-  std::array<float, kMomentBlock> m, v;
-  for_each_block(master.size(), q.first, [&](size_t b, size_t e, size_t k) {
-    const size_t n = e - b;
-    const std::span<float> mb(m.data(), n), vb(v.data(), n);
-    dequantize_block(sc, q.m.data() + b, q.m_scale[k], mb);
-    dequantize_block(uc, q.v.data() + b, q.v_scale[k], vb);
-    adamw_update({.master = master.subspan(b, n), .m = mb, .v = vb, .grad = grad.subspan(b, n)},
-                 decay, config, step, grad_scale);
-    q.m_scale[k] = quantize_block(sc, mb, q.m.data() + b);
-    q.v_scale[k] = quantize_block(uc, vb, q.v.data() + b);
-  });
+  // Chunks of whole blocks: decoded into fp32, updated by one call of the fp32 kernel (its
+  // coefficients computed once per chunk), encoded back.
+  constexpr size_t kChunkBlocks = 16;
+  std::array<float, kChunkBlocks * kMomentBlock> m, v;
+  const size_t n = master.size();
+  const size_t blocks = moment_blocks(n, q.first);
+  const auto block_begin = [&](size_t k) {
+    return k == 0 ? 0 : std::min(n, q.first + (k - 1) * kMomentBlock);
+  };
+  for (size_t k0 = 0; k0 < blocks; k0 += kChunkBlocks) {
+    const size_t k1 = std::min(blocks, k0 + kChunkBlocks);
+    const size_t b = block_begin(k0), e = block_begin(k1);
+    const std::span<float> mc(m.data(), e - b), vc(v.data(), e - b);
+    const QuantizedMoments part{q.m.subspan(b, e - b), q.v.subspan(b, e - b),
+                                q.m_scale.subspan(k0, k1 - k0), q.v_scale.subspan(k0, k1 - k0),
+                                k0 == 0 ? q.first : kMomentBlock};
+    dequantize_moments(part, mc, vc);
+    adamw_update(
+        {.master = master.subspan(b, e - b), .m = mc, .v = vc, .grad = grad.subspan(b, e - b)},
+        decay, config, step, grad_scale);
+    quantize_moments(mc, vc, part);
+  }
 }
 
 }  // namespace zerodp
