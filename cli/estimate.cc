@@ -191,6 +191,7 @@ void read_model(const Flags& f, Estimate& e) {
           f.params));
     }
     e.planned.units.push_back(static_cast<uint64_t>(phi));
+    e.planned.tensors = {{e.planned.units[0]}};
     e.model = fmt::format("{} parameters (one flat buffer)", e.planned.units[0]);
     return;
   }
@@ -202,6 +203,7 @@ void read_model(const Flags& f, Estimate& e) {
   }
   e.built = std::make_shared<const Model>(make_gpt(g));
   for (const auto& u : *e.built) e.planned.units.push_back(u->numel());
+  e.planned.tensors = unit_tensors(*e.built);
   e.planned.model = e.built.get();
   e.planned.layers = g.layers;
   e.planned.seq_len = g.seq_len;

@@ -171,6 +171,10 @@ struct TrainConfig {
   float min_lr_ratio = 0.1f;
   float clip = 1.0f;  // 0 = off
   float weight_decay = 0.1f;
+  // Adam's moments in 8 bits (optim/moments8.h): blocks of codes with an fp32 scale each,
+  // for tensors of kMomentMinNumel elements or more; the units' partitions are then cut on
+  // the block grid (Partition::aligned) so no block spans two ranks.
+  bool int8_moments = false;
   bool decay_all = false;
   // Evaluation and output.
   int64_t eval_every = 0;  // 0 = only at the end

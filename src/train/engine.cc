@@ -423,6 +423,7 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
     result.unit_names.push_back(u->name());
     result.unit_numel.push_back(u->numel());
   }
+  result.unit_tensors = unit_tensors(trainer.model());
   std::vector<double> secs;
   uint64_t tokens = 0;
   double total = 0;

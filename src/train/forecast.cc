@@ -183,7 +183,9 @@ Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs&
   const int shards = shard_ranks(c, n);
   const bool accumulator = fp32_accumulator(c);
   Forecast f;
-  f.states = max_model_state_bytes(m.units, shards, c.stage, c.precision, accumulator, c.offload);
+  const UnitTensors* int8 = c.int8_moments ? &m.tensors : nullptr;
+  f.states =
+      max_model_state_bytes(m.units, shards, c.stage, c.precision, accumulator, c.offload, int8);
   if (m.model) {
     f.transients = transient_bytes(*m.model, transient_plan(c, shards), 0);
   }
@@ -192,7 +194,7 @@ Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs&
   // Offload moves master, adam_m and adam_v of every rank to disk: what memory keeps of all
   // ranks' states is their params and grads (their grads alone with the params).
   const StateBytes a =
-      all_ranks_model_state_bytes(m.units, shards, c.stage, c.precision, accumulator);
+      all_ranks_model_state_bytes(m.units, shards, c.stage, c.precision, accumulator, int8);
   const uint64_t kept = c.offload == Offload::kParams      ? a.grads
                         : c.offload == Offload::kOptimizer ? a.params + a.grads
                                                            : a.total();

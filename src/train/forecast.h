@@ -41,6 +41,8 @@ struct StepInputs {
 // allocates them. Without one (`zerodp estimate --params`), one flat buffer and no transients.
 struct PlannedModel {
   std::vector<uint64_t> units{};
+  // Each unit's tensors' sizes (--optimizer-states int8); one per unit without a model.
+  UnitTensors tensors{};
   const Model* model = nullptr;
   int layers = 0, seq_len = 0, embd = 0;  // for the FLOPs per token; 0 without a model
 };

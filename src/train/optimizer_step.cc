@@ -7,6 +7,7 @@
 
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
+#include "optim/moments8.h"
 #include "train/flat.h"
 
 namespace zerodp {
@@ -111,15 +112,35 @@ void OptimizerStep::update(double lr, double coef) {
   works_.clear();
 }
 
+namespace {
+
+// The 8-bit moments of elements [b, b + len) of the optimizer range, in segment `s`.
+QuantizedMoments quantized_moments(UnitState& u, const DecaySegment& s, size_t b, size_t len) {
+  // `b` is the segment's start or on the grid: whole blocks from the segment's first on.
+  const size_t first = b == s.begin ? s.first : kMomentBlock;
+  const size_t block = b == s.begin ? 0 : 1 + (b - s.begin - s.first) / kMomentBlock;
+  const size_t blocks = moment_blocks(len, first);
+  const size_t at = s.at + (b - s.begin);
+  return {.m = u.m_codes.span().subspan(at, len),
+          .v = u.v_codes.span().subspan(at, len),
+          .m_scale = u.m_scales.span().subspan(s.block_at + block, blocks),
+          .v_scale = u.v_scales.span().subspan(s.block_at + block, blocks),
+          .first = first};
+}
+
+}  // namespace
+
 void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<float> chunk,
                                   bool gathers) {
   std::vector<UnitState>& units = state_.units();
   // 16-bit parameters are rounded from the master, never read (at fp32 they are the master).
   const unsigned unread = state_.fp32() ? 0u : StateStore::kParams;
+  // 8-bit moments are the unit's own buffers, read by segment (update_range), not streamed.
+  const unsigned arrays = state_.int8_moments() ? StateStore::kMaster | StateStore::kParams
+                                                : StateStore::kAll | StateStore::kParams;
   std::vector<StateStore::Job> jobs;
   for (size_t i = 0; i < units.size(); ++i) {
-    jobs.push_back(
-        {i, {0, units[i].opt_range.count()}, StateStore::kAll | StateStore::kParams, unread});
+    jobs.push_back({i, {0, units[i].opt_range.count()}, arrays, unread});
   }
   size_t done = 0;  // units whose update (and gather) is finished
   const auto finished = [&](size_t upto) {
@@ -177,12 +198,15 @@ void OptimizerStep::update_range(UnitState& u, size_t begin, std::span<float> ma
                                  size_t params_at, const AdamWConfig& ac, float coef,
                                  std::span<float> chunk) {
   const size_t end = begin + master.size();
+  const bool int8 = state_.int8_moments();
   for (const DecaySegment& s : u.decay) {
     const size_t lo = std::max(s.begin, begin), hi = std::min(s.end, end);
     // AdamW is elementwise: chunk by chunk (widening the gradient into the chunk unless it is
-    // fp32 already) gives the same bits as one pass.
-    for (size_t b = lo; b < hi; b += chunk.size()) {
-      const size_t len = std::min(chunk.size(), hi - b);
+    // fp32 already) gives the same bits as one pass; with 8-bit moments, blockwise, so a
+    // chunk ends on the unit's block grid.
+    for (size_t b = lo, len = 0; b < hi; b += len) {
+      len = std::min(chunk.size(), hi - b);
+      if (s.quantized && b + len < hi) len -= (u.opt_range.begin + b + len) % kMomentBlock;
       std::span<const float> grad;
       if (u.grads.dtype == DType::kF32) {
         grad = std::span<const float>(static_cast<const float*>(u.grads.data()) + u.grads_opt + b,
@@ -192,9 +216,16 @@ void OptimizerStep::update_range(UnitState& u, size_t begin, std::span<float> ma
         widen(u.grads.data(), u.grads.dtype, u.grads_opt + b, piece);
         grad = piece;
       }
+      if (s.quantized) {
+        adamw8_update(master.subspan(b - begin, len), grad, quantized_moments(u, s, b, len),
+                      s.decay, ac, adam_step_, coef);
+        continue;
+      }
+      // 8-bit runs keep the fp32 tensors' moments apart, segment after segment.
+      const size_t at = int8 ? s.at + (b - s.begin) : b - begin;
       const AdamWShard shard{.master = master.subspan(b - begin, len),
-                             .m = m.subspan(b - begin, len),
-                             .v = v.subspan(b - begin, len),
+                             .m = (int8 ? u.adam_m.span() : m).subspan(at, len),
+                             .v = (int8 ? u.adam_v.span() : v).subspan(at, len),
                              .grad = grad,
                              .offset = u.opt_range.begin + b};
       adamw_update(shard, s.decay, ac, adam_step_, coef);

@@ -500,6 +500,21 @@ const OptionSpec kOptions[] = {
            if (!(c.clip >= 0) || !std::isfinite(c.clip)) o.refuse(fmt::format("{}", c.clip));
          },
      .record = [](const TrainConfig& c) -> json { return c.clip; }},
+    {.key = "optimizer_states",
+     .section = kOptimization,
+     .help = "Adam's moments: fp32, or int8 (blocks of 256 with an fp32 scale each, a "
+             "dynamic-exponent code; tensors under 4096 elements stay fp32): about 2 bytes per "
+             "parameter instead of 8, the same bits at every stage and rank count; the master "
+             "weights stay fp32 (docs/optimizer_states.md)",
+     .commands = kBoth,
+     .advice = "use fp32 or int8",
+     .type = "STATES",
+     .read =
+         [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
+           if (t != "fp32" && t != "int8") o.refuse(t);
+           c.int8_moments = t == "int8";
+         },
+     .record = [](const TrainConfig& c) -> json { return c.int8_moments ? "int8" : "fp32"; }},
     {.key = "weight_decay",
      .section = kOptimization,
      .help = "AdamW decoupled weight decay",

@@ -8,6 +8,7 @@
 #include "comm/quantize.h"
 #include "core/error.h"
 #include "core/units.h"
+#include "optim/moments8.h"
 #include "train/stage_plan.h"
 
 namespace zerodp {
@@ -31,10 +32,32 @@ uint64_t own_count(uint64_t numel, int world, int rank) {
   return numel / n + (static_cast<uint64_t>(rank) < numel % n ? 1 : 0);
 }
 
+// Rank `rank`'s range of Partition::aligned(numel, world, grain), in closed form.
+struct OwnRange {
+  uint64_t begin = 0, count = 0;
+};
+OwnRange own_range(uint64_t numel, int world, int rank, uint64_t grain) {
+  const uint64_t n = static_cast<uint64_t>(world), r = static_cast<uint64_t>(rank);
+  const uint64_t grains = (numel + grain - 1) / grain;
+  const uint64_t b = r * (grains / n) + std::min(r, grains % n);
+  const uint64_t e = b + grains / n + (r < grains % n ? 1 : 0);
+  const uint64_t begin = std::min(b * grain, numel);
+  return {begin, std::min(e * grain, numel) - begin};
+}
+uint64_t own_count(uint64_t numel, int world, int rank, uint64_t grain) {
+  return grain == 1 ? own_count(numel, world, rank) : own_range(numel, world, rank, grain).count;
+}
+
 // The sum of f(own_count(numel, world, k)) over the `count` ranks k = first, first + step, ...,
 // in closed form: every count is numel / world, or one more below rank numel % world.
 template <typename F>
-uint64_t sum_over_ranks(uint64_t numel, int world, int first, int count, int step, F f) {
+uint64_t sum_over_ranks(uint64_t numel, int world, int first, int count, int step, F f,
+                        uint64_t grain = 1) {
+  if (grain > 1) {  // aligned partitions (--optimizer-states int8): rank by rank
+    uint64_t sum = 0;
+    for (int k = 0; k < count; ++k) sum += f(own_count(numel, world, first + k * step, grain));
+    return sum;
+  }
   const uint64_t n = static_cast<uint64_t>(world);
   const uint64_t rem = numel % n;
   const uint64_t k0 = static_cast<uint64_t>(first);
@@ -46,16 +69,34 @@ uint64_t sum_over_ranks(uint64_t numel, int world, int first, int count, int ste
 
 }  // namespace
 
+uint64_t int8_moment_bytes(std::span<const uint64_t> tensors, uint64_t begin, uint64_t end) {
+  uint64_t bytes = 0, at = 0;
+  for (uint64_t t : tensors) {
+    const uint64_t b = std::max(at, begin), e = std::min(at + t, end);
+    at += t;
+    if (b >= e) continue;
+    if (!moments_quantized(t)) {
+      bytes += (e - b) * 4;
+      continue;
+    }
+    const uint64_t first = std::min<uint64_t>(kMomentBlock - b % kMomentBlock, e - b);
+    bytes += (e - b) + 4 * moment_blocks(e - b, first);
+  }
+  return bytes;
+}
+
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                             Precision precision, int rank, bool fp32_accumulator,
-                             Offload offload) {
+                             Precision precision, int rank, bool fp32_accumulator, Offload offload,
+                             const UnitTensors* int8) {
   check_rank(world, rank);
   const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce, fp32_accumulator);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
   const uint64_t gw = sp.grads_fp32 ? 4 : w;
+  const uint64_t grain = int8 != nullptr ? kMomentBlock : 1;
   StateBytes b;
-  for (uint64_t numel : unit_numel) {
-    const uint64_t own = own_count(numel, world, rank);
+  for (size_t i = 0; i < unit_numel.size(); ++i) {
+    const uint64_t numel = unit_numel[i];
+    const uint64_t own = own_count(numel, world, rank, grain);
     const uint64_t opt = StagePlan::count(sp.optimizer, own, numel);
     const uint64_t params = StagePlan::count(sp.params, own, numel);
     b.grads += StagePlan::count(sp.grads, own, numel) * gw;
@@ -72,21 +113,54 @@ StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, in
       continue;
     }
     b.master += precision == Precision::kFP32 ? 0 : opt * 4;
+    if (int8 != nullptr) {
+      const uint64_t begin =
+          sp.optimizer == StagePlan::Extent::kOwn ? own_range(numel, world, rank, grain).begin : 0;
+      const uint64_t moments = int8_moment_bytes((*int8)[i], begin, begin + opt);
+      b.adam_m += moments;
+      b.adam_v += moments;
+      continue;
+    }
     b.adam_m += opt * 4;
     b.adam_v += opt * 4;
   }
   return b;
 }
 
+UnitTensors unit_tensors(const Model& model) {
+  UnitTensors out;
+  for (const auto& u : model) {
+    out.emplace_back();
+    for (const TensorSpec& t : u->tensors()) out.back().push_back(t.numel);
+  }
+  return out;
+}
+
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                                 Precision precision, bool fp32_accumulator, Offload offload) {
-  // Balanced partitions give rank 0 the largest range of every unit.
-  return model_state_bytes(unit_numel, world, stage, precision, 0, fp32_accumulator, offload);
+                                 Precision precision, bool fp32_accumulator, Offload offload,
+                                 const UnitTensors* int8) {
+  // Balanced partitions give rank 0 the largest range of every unit (aligned ones too: the
+  // first ranks hold the extra grain, the last grain is the short one).
+  return model_state_bytes(unit_numel, world, stage, precision, 0, fp32_accumulator, offload, int8);
 }
 
 StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                                       Precision precision, bool fp32_accumulator) {
+                                       Precision precision, bool fp32_accumulator,
+                                       const UnitTensors* int8) {
   check_rank(world, 0);
+  if (int8 != nullptr) {  // blocks split by ranks: summed rank by rank
+    StateBytes sum;
+    for (int r = 0; r < world; ++r) {
+      const StateBytes b = model_state_bytes(unit_numel, world, stage, precision, r,
+                                             fp32_accumulator, Offload::kNone, int8);
+      sum.params += b.params;
+      sum.grads += b.grads;
+      sum.master += b.master;
+      sum.adam_m += b.adam_m;
+      sum.adam_v += b.adam_v;
+    }
+    return sum;
+  }
   const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce, fp32_accumulator);
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
   const uint64_t gw = sp.grads_fp32 ? 4 : w;
@@ -129,7 +203,8 @@ CommModes comm_modes_of(const TrainConfig& c) {
                    .qwz_block = c.qwz ? static_cast<size_t>(c.qwz_block) : 0,
                    .qgz_bits = c.launch.comm.qgz_bits,
                    .qgz_block = c.launch.comm.qgz_block,
-                   .shard_within_node = c.shard_within_node};
+                   .shard_within_node = c.shard_within_node,
+                   .grain = c.int8_moments ? kMomentBlock : 1};
 }
 
 int shard_ranks(const TrainConfig& c, int world) {
@@ -382,7 +457,7 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
     const int local = rank % per_node;
     const int node = rank / per_node;
     for (uint64_t numel : unit_numel) {
-      const uint64_t own = own_count(numel, per_node, local);
+      const uint64_t own = own_count(numel, per_node, local, modes.grain);
       const uint64_t piece = own_count(own, nodes, node);
       const uint64_t cross = (static_cast<uint64_t>(nodes - 1) * piece + own - piece) * w;
       b.reduce_scatter += reductions * (static_cast<uint64_t>(per_node - 1) * own * w + cross);
@@ -391,28 +466,33 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
     }
     return b;
   }
+  // The unit's partition cuts on the grain (--optimizer-states int8); an all-reduce splits
+  // the buffer its own way, balanced.
+  const uint64_t g = reduce == StagePlan::Reduce::kAllReduce ? 1 : modes.grain;
   for (uint64_t numel : unit_numel) {
-    const uint64_t own = own_count(numel, world, rank);
+    const uint64_t own = own_count(numel, world, rank, g);
     uint64_t rs = peers * own * w;  // from each peer, its copy of my range
-    const uint64_t all_payloads = sum_over_ranks(numel, world, 0, world, 1, payload);
+    const uint64_t all_payloads = sum_over_ranks(numel, world, 0, world, 1, payload, g);
     uint64_t ag = all_payloads - payload(own);  // every range but mine
     // The same from the peers on other nodes only.
     uint64_t rs_away = away * own * w;
-    uint64_t ag_away = all_payloads - sum_over_ranks(numel, world, first, per_node, 1, payload);
+    uint64_t ag_away = all_payloads - sum_over_ranks(numel, world, first, per_node, 1, payload, g);
     if (levels) {
       // The ranges of my local index on every node: what crosses nodes for me.
       uint64_t column = 0;
-      for (int r = rank % per_node; r < world; r += per_node) column += own_count(numel, world, r);
+      for (int r = rank % per_node; r < world; r += per_node) {
+        column += own_count(numel, world, r, g);
+      }
       rs_away = other_nodes * own * w;  // each other node's partial of my range
       rs = static_cast<uint64_t>(per_node - 1) * column * w + rs_away;
       ag_away =
-          sum_over_ranks(numel, world, rank % per_node, nodes, per_node, payload) - payload(own);
+          sum_over_ranks(numel, world, rank % per_node, nodes, per_node, payload, g) - payload(own);
     }
     // qgZ quantizes every gradient reduce-scatter, and stage 0's all-reduce's half of one.
     if (modes.qgz_bits != 0) {
       rs_away = other_nodes * qgz_payload(own);
       rs = static_cast<uint64_t>(per_node - 1) *
-               sum_over_ranks(numel, world, rank % per_node, nodes, per_node, qgz_payload) +
+               sum_over_ranks(numel, world, rank % per_node, nodes, per_node, qgz_payload, g) +
            rs_away;
     }
     if (reduce == StagePlan::Reduce::kAllReduce) {
@@ -443,10 +523,10 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
   TransientLayout l;
   uint64_t max_numel = 0, max_own = 0, max_saved = 0, max_opt = 0;
   for (const auto& u : model) {
-    max_opt = std::max(
-        max_opt, StagePlan::count(sp.optimizer, own_count(u->numel(), p.world, rank), u->numel()));
+    const uint64_t own = own_count(u->numel(), p.world, rank, p.grain);
+    max_opt = std::max(max_opt, StagePlan::count(sp.optimizer, own, u->numel()));
     max_numel = std::max<uint64_t>(max_numel, u->numel());
-    max_own = std::max<uint64_t>(max_own, own_count(u->numel(), p.world, rank));
+    max_own = std::max<uint64_t>(max_own, own);
     max_saved = std::max<uint64_t>(max_saved, u->saved_count(shape, compute));
     l.input_grads = std::max<uint64_t>(l.input_grads, u->input_count(shape));
     l.scratch = std::max<uint64_t>(l.scratch, u->scratch_count(shape));
@@ -454,7 +534,7 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
     if (!p.checkpoint_activations) l.saved.push_back(u->saved_count(shape, compute));
     if (sp.accumulate_full) l.accum_full.push_back(u->numel());
     if (sp.fp32_accumulator && !sp.grads_fp32) {
-      l.accumulator.push_back(own_count(u->numel(), p.world, rank));
+      l.accumulator.push_back(own);
     }
     if (p.hpz_node_ranks > 0 && sp.gather_before_compute) {
       l.hpz.push_back(own_count(u->numel(), p.hpz_node_ranks, rank % p.hpz_node_ranks));
@@ -477,7 +557,7 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
     if (p.qwz_block > 0) {
       std::vector<uint64_t> numel;
       for (const auto& u : model) numel.push_back(u->numel());
-      l.qwz_staging = qwz_staging_bytes(numel, p.world, p.qwz_block);
+      l.qwz_staging = qwz_staging_bytes(numel, p.world, p.qwz_block, p.grain);
     }
   }
   if (p.offload != Offload::kNone) {
@@ -606,12 +686,13 @@ uint64_t hpz_copy_bytes(std::span<const uint64_t> unit_numel, int node_ranks, in
   return elements * (precision == Precision::kFP32 ? 4 : 2);
 }
 
-uint64_t qwz_staging_bytes(std::span<const uint64_t> unit_numel, int world, size_t block) {
+uint64_t qwz_staging_bytes(std::span<const uint64_t> unit_numel, int world, size_t block,
+                           uint64_t grain) {
   const BlockQuant q{.bits = QuantBits::kInt8, .block = block};
   uint64_t staging = 0;
   for (uint64_t n : unit_numel) {
     uint64_t bytes = 0;
-    for (int k = 0; k < world; ++k) bytes += quantized_bytes(own_count(n, world, k), q);
+    for (int k = 0; k < world; ++k) bytes += quantized_bytes(own_count(n, world, k, grain), q);
     staging = std::max(staging, bytes);
   }
   return staging;
@@ -641,7 +722,8 @@ TransientPlan transient_plan(const TrainConfig& cfg, int world, uint64_t feature
           cfg.hpz ? (cfg.launch.comm.node_ranks > 0 ? cfg.launch.comm.node_ranks : world) : 0,
       .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.qwz_block) : 0,
       .offload = cfg.offload,
-      .offload_piece = cfg.offload_piece};
+      .offload_piece = cfg.offload_piece,
+      .grain = cfg.int8_moments ? kMomentBlock : 1};
 }
 
 }  // namespace zerodp

@@ -47,22 +47,34 @@ inline uint64_t offload_block_elements(Offload o, Precision p) {
 // Every function below costs O(units) per call, whatever the world size, so a loop over
 // ranks stays linear in the ranks.
 
+// --optimizer-states int8 (optim/moments8.h): per unit, its tensors' element counts in order
+// (Unit::tensors()), which decide which moments are quantized and where their blocks fall; a
+// model known only by its units' sizes is one tensor per unit. The units' partitions are then
+// Partition::aligned on kMomentBlock.
+using UnitTensors = std::vector<std::vector<uint64_t>>;
+UnitTensors unit_tensors(const Model& model);
+
 // Rank `rank`'s persistent model states: params and grads in the run's precision (2 bytes,
 // or 4 at fp32), fp32 master (none at fp32) and Adam moments; each full or the rank's
 // partition range of every unit, as the stage's switches say. `fp32_accumulator` (the
 // canonical order with A > 1, config.h): at stages 2-3 the grads are held in fp32.
 // `offload`: what is counted in `nvme`, on disk, instead (kParams only at stage 3).
+// `int8`: 8-bit moments (codes, one fp32 scale per block, small tensors fp32), aligned
+// partitions.
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                              Precision precision, int rank, bool fp32_accumulator = false,
-                             Offload offload = Offload::kNone);
+                             Offload offload = Offload::kNone, const UnitTensors* int8 = nullptr);
 // The largest over ranks (rank 0 holds the largest ranges).
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                                  Precision precision, bool fp32_accumulator = false,
-                                 Offload offload = Offload::kNone);
+                                 Offload offload = Offload::kNone,
+                                 const UnitTensors* int8 = nullptr);
 // The sum over all `world` ranks of model_state_bytes, in closed form: the ranges of a unit
-// add up to the unit, so a sharded state sums to one copy and a replicated one to `world`.
+// add up to the unit, so a sharded state sums to one copy and a replicated one to `world`
+// (with int8 moments rank by rank: how blocks split depends on the ranks).
 StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
-                                       Precision precision, bool fp32_accumulator = false);
+                                       Precision precision, bool fp32_accumulator = false,
+                                       const UnitTensors* int8 = nullptr);
 
 // The ZeRO paper's per-rank model-state bytes: every sharded state Φ/N, unrounded (real
 // partitions are whole elements, which model_state_bytes counts). What the report sets the
@@ -96,6 +108,8 @@ struct CommModes {
   // HSDP (TrainConfig::shard_within_node): units partitioned over the T ranks of a node,
   // reductions by node_reduce_scatter, gathers inside the node.
   bool shard_within_node = false;
+  // The units' partitions cut on multiples of this (--optimizer-states int8: kMomentBlock).
+  uint64_t grain = 1;
 };
 // A run's modes, from its options.
 CommModes comm_modes_of(const TrainConfig& c);
@@ -195,6 +209,7 @@ struct TransientPlan {
   size_t qwz_block = 0;              // qwZ's elements per scale (0 = off)
   Offload offload = Offload::kNone;  // the staging of the offload file's pieces
   uint64_t offload_piece = 0;        // elements per piece; 0 = kOffloadPiece
+  uint64_t grain = 1;                // the units' partitions (CommModes::grain)
 };
 struct TransientLayout {
   // Activations, fp32 unless said: the stream between units (unit u's input, then the
@@ -293,6 +308,7 @@ TransientPlan transient_plan(const TrainConfig& cfg, int world, uint64_t feature
 // payload for one gather slot, sized for the largest unit.
 uint64_t hpz_copy_bytes(std::span<const uint64_t> unit_numel, int node_ranks, int rank,
                         Precision precision);
-uint64_t qwz_staging_bytes(std::span<const uint64_t> unit_numel, int world, size_t block);
+uint64_t qwz_staging_bytes(std::span<const uint64_t> unit_numel, int world, size_t block,
+                           uint64_t grain = 1);
 
 }  // namespace zerodp

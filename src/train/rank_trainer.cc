@@ -89,7 +89,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                               .islands = cfg.islands}),
       state_(model_, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg)),
              cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed,
-             group_.size(), group_.index(), ledger_, cfg.offload),
+             group_.size(), group_.index(), ledger_, cfg.offload, cfg.int8_moments),
       offload_(cfg.offload != Offload::kNone
                    ? std::optional<OffloadTier>(std::in_place, state_, cfg.offload, cfg.offload_dir,
                                                 comm.rank(), layout_.offload_piece, ledger_)

@@ -115,7 +115,8 @@ nlohmann::json plan_json(const TrainResult& r) {
   for (int rank = 0; rank < r.world_size; ++rank) {
     const StateBytes s =
         model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
-                          shard_index(c, r.world_size, rank), fp32_accumulator(c), c.offload);
+                          shard_index(c, r.world_size, rank), fp32_accumulator(c), c.offload,
+                          c.int8_moments ? &r.unit_tensors : nullptr);
     plan_states.push_back({{name(MemCategory::kParams), s.params},
                            {name(MemCategory::kGrads), s.grads},
                            {name(MemCategory::kMaster), s.master},
@@ -304,7 +305,8 @@ std::string formula_table(const TrainResult& r) {
   for (const auto& rank : r.ranks) {
     const StateBytes plan =
         model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
-                          shard_index(c, r.world_size, rank.rank), fp32_accumulator(c), c.offload);
+                          shard_index(c, r.world_size, rank.rank), fp32_accumulator(c), c.offload,
+                          c.int8_moments ? &r.unit_tensors : nullptr);
     uint64_t states = 0;
     for (int k = 0; k <= static_cast<int>(MemCategory::kAdamV); ++k) states += rank.model_state[k];
     uint64_t comm = 0;

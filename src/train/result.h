@@ -140,6 +140,8 @@ struct TrainResult {
   uint64_t process_peak_rss_bytes = 0;
   std::vector<std::string> unit_names;
   std::vector<uint64_t> unit_numel;
+  // Each unit's tensors' sizes: with --optimizer-states int8 what the planner lays blocks on.
+  std::vector<std::vector<uint64_t>> unit_tensors;
   std::vector<float> final_weights;  // with config.keep_final_weights: canonical order
   // Set when the run stopped early: a signal (train/stop.h) or --max-skips. The steps,
   // checkpoint (a signal, with --checkpoint-dir) and summary are those of the steps taken.

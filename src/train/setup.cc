@@ -141,13 +141,14 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
   const Model model = make_model ? make_model() : build_model(cfg);
   std::vector<uint64_t> numel;
   for (const auto& u : model) numel.push_back(u->numel());
+  const UnitTensors tensors = unit_tensors(model);
   const bool local = cfg.launch.backend == Backend::kLocal;
   const TransientPlan plan = transient_plan(cfg, data, shard_ranks(cfg, world));
   // A rank's memory and disk bytes with `offload`.
   const auto bytes = [&](int r, Offload offload) {
-    const StateBytes s =
-        model_state_bytes(numel, shard_ranks(cfg, world), cfg.stage, cfg.precision,
-                          shard_index(cfg, world, r), fp32_accumulator(cfg), offload);
+    const StateBytes s = model_state_bytes(numel, shard_ranks(cfg, world), cfg.stage, cfg.precision,
+                                           shard_index(cfg, world, r), fp32_accumulator(cfg),
+                                           offload, cfg.int8_moments ? &tensors : nullptr);
     TransientPlan p = plan;
     p.offload = offload;
     const uint64_t outer =

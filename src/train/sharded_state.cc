@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "models/init.h"
+#include "optim/moments8.h"
 #include "train/flat.h"
 
 namespace zerodp {
@@ -62,12 +63,45 @@ void initialize(UnitState& u, uint64_t seed, Range skip) {
   }
 }
 
+// Where each tensor's moments live (DecaySegment), and the int8 buffers sized to hold them:
+// quantized tensors' blocks are their parts of the unit's kMomentBlock grid, starting at
+// zero (Adam's moments start at 0).
+void lay_out_moments(UnitState& u, MemoryLedger& ledger, bool int8, bool allocate) {
+  size_t fp32 = 0, codes = 0, blocks = 0;
+  for (DecaySegment& s : u.decay) {
+    const size_t n = s.end - s.begin;
+    if (s.quantized) {
+      const size_t global = u.opt_range.begin + s.begin;
+      s.first = std::min(kMomentBlock - global % kMomentBlock, n);
+      s.at = codes;
+      s.block_at = blocks;
+      codes += n;
+      blocks += moment_blocks(n, s.first);
+    } else {
+      s.at = fp32;
+      fp32 += n;
+    }
+  }
+  if (!allocate) return;
+  u.adam_m = Buffer<float>(ledger, MemCategory::kAdamM, int8 ? fp32 : u.opt_range.count());
+  u.adam_v = Buffer<float>(ledger, MemCategory::kAdamV, int8 ? fp32 : u.opt_range.count());
+  if (!int8) return;
+  u.m_codes = Buffer<uint8_t>(ledger, MemCategory::kAdamM, codes);
+  u.v_codes = Buffer<uint8_t>(ledger, MemCategory::kAdamV, codes);
+  u.m_scales = Buffer<float>(ledger, MemCategory::kAdamM, blocks);
+  u.v_scales = Buffer<float>(ledger, MemCategory::kAdamV, blocks);
+  // Zero moments: the code of 0 with scale 0 (any code decodes to 0 under scale 0; the
+  // first moment's own zero keeps a fresh state's bytes plain).
+  std::ranges::fill(u.m_codes.span(), encode_moment(0.0f, true));
+  std::ranges::fill(u.v_codes.span(), encode_moment(0.0f, false));
+}
+
 }  // namespace
 
 ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision precision,
                            bool products_read_bf16, bool decay_all, uint64_t seed, int world,
-                           int rank, MemoryLedger& ledger, Offload offload)
-    : plan_(plan), dtype_(param_dtype(precision)) {
+                           int rank, MemoryLedger& ledger, Offload offload, bool int8_moments)
+    : plan_(plan), dtype_(param_dtype(precision)), int8_moments_(int8_moments) {
   using E = StagePlan;
   units_.resize(model.size());
   for (size_t i = 0; i < model.size(); ++i) {
@@ -75,7 +109,8 @@ ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision 
     u.unit = model[i].get();
     u.numel = u.unit->numel();
     max_numel_ = std::max(max_numel_, u.numel);
-    u.part = Partition(u.numel, world);
+    u.part =
+        int8_moments ? Partition::aligned(u.numel, world, kMomentBlock) : Partition(u.numel, world);
     u.own = u.part.range(rank);
     u.held = E::held(plan.params, u.own, u.numel);
     u.opt_range = E::held(plan.optimizer, u.own, u.numel);
@@ -89,10 +124,8 @@ ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision 
     u.grads = Flat(ledger, MemCategory::kGrads, plan.grads_fp32 ? DType::kF32 : dtype_,
                    E::held(plan.grads, u.own, u.numel).count());
     const size_t opt = u.opt_range.count();
-    if (offload == Offload::kNone) {
-      if (!fp32()) u.master = Buffer<float>(ledger, MemCategory::kMaster, opt);
-      u.adam_m = Buffer<float>(ledger, MemCategory::kAdamM, opt);
-      u.adam_v = Buffer<float>(ledger, MemCategory::kAdamV, opt);
+    if (offload == Offload::kNone && !fp32()) {
+      u.master = Buffer<float>(ledger, MemCategory::kMaster, opt);
     }
     for (const TensorSpec& t : u.unit->tensors()) {
       if (products_read_bf16 && t.use == TensorUse::kProductOperand) continue;
@@ -107,10 +140,13 @@ ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision 
       const size_t b = std::max(t.offset, u.opt_range.begin);
       const size_t e = std::min(t.offset + t.numel, u.opt_range.end);
       if (b < e) {
-        u.decay.push_back(
-            {b - u.opt_range.begin, e - u.opt_range.begin, decay_all || t.weight_decay});
+        u.decay.push_back({.begin = b - u.opt_range.begin,
+                           .end = e - u.opt_range.begin,
+                           .decay = decay_all || t.weight_decay,
+                           .quantized = int8_moments && moments_quantized(t.numel)});
       }
     }
+    lay_out_moments(u, ledger, int8_moments, offload == Offload::kNone);
     // 16-bit parameters beside an offloaded master: the tier writes both from one pass.
     const bool tier_rounds = offload == Offload::kOptimizer && !fp32();
     initialize(u, seed, tier_rounds ? u.opt_range : Range{});

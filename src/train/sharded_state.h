@@ -7,6 +7,9 @@
 //           accumulator, StagePlan::grads_fp32)
 //   master  fp32 (none at fp32: the params are the master)            Φ_u, or c_u at stages 1-3
 //   adam_m, adam_v  fp32                                              as master
+//                   --optimizer-states int8 (optim/moments8.h): tensors of kMomentMinNumel
+//                   elements or more as one byte each plus an fp32 scale per block, the rest
+//                   fp32; the partition is then cut on the block grid (Partition::aligned)
 // Every offset the step needs ("where does my own range start in this buffer") is computed
 // here once, when the buffers are allocated, and read from UnitState.
 #pragma once
@@ -47,11 +50,18 @@ struct Flat {
   }
 };
 
-// A segment of the optimizer range with one weight-decay setting.
+// One tensor's part of the optimizer range: its weight decay, and where its moments live.
 struct DecaySegment {
   size_t begin = 0;  // relative to the optimizer range
   size_t end = 0;
   bool decay = true;
+  // fp32 moments: from element `at` of adam_m / adam_v. Quantized: codes from element `at`
+  // of m_codes / v_codes, scales from `block_at` of m_scales / v_scales, the first block
+  // `first` elements long (the rest of its grid cell).
+  bool quantized = false;
+  size_t at = 0;
+  size_t block_at = 0;
+  size_t first = 0;
 };
 
 struct UnitState {
@@ -65,8 +75,10 @@ struct UnitState {
   Flat grads;       // all of the unit, or the own range
   // The optimizer range; empty at fp32, which updates `params`, and under offload.
   Buffer<float> master;
-  Buffer<float> adam_m;  // empty under offload
+  Buffer<float> adam_m;  // empty under offload; with int8 moments the fp32 tensors' only
   Buffer<float> adam_v;
+  Buffer<uint8_t> m_codes, v_codes;  // int8 moments (charged to adam_m / adam_v)
+  Buffer<float> m_scales, v_scales;
   // Where ranges start inside the buffers (element offsets).
   size_t params_own = 0;  // own range in params
   size_t params_opt = 0;  // optimizer range in params (the fp32 master)
@@ -90,9 +102,10 @@ class ShardedState {
   // weights from their stored copy, so product operands need no widening.
   // `offload`: master, adam_m and adam_v (with kParams also the parameter shards) are left
   // unallocated: the OffloadTier holds them.
+  // `int8_moments`: --optimizer-states int8.
   ShardedState(const Model& model, const StagePlan& plan, Precision precision,
                bool products_read_bf16, bool decay_all, uint64_t seed, int world, int rank,
-               MemoryLedger& ledger, Offload offload = Offload::kNone);
+               MemoryLedger& ledger, Offload offload = Offload::kNone, bool int8_moments = false);
 
   std::vector<UnitState>& units() { return units_; }
   const std::vector<UnitState>& units() const { return units_; }
@@ -100,12 +113,14 @@ class ShardedState {
   DType dtype() const { return dtype_; }
   bool fp32() const { return dtype_ == DType::kF32; }
   size_t max_numel() const { return max_numel_; }
+  bool int8_moments() const { return int8_moments_; }
   uint64_t params() const;
 
  private:
   StagePlan plan_;
   DType dtype_;
   size_t max_numel_ = 0;
+  bool int8_moments_ = false;
   std::vector<UnitState> units_;
 };
 

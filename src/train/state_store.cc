@@ -1,5 +1,7 @@
 #include "train/state_store.h"
 
+#include <stdexcept>
+
 namespace zerodp {
 
 void MemoryStore::stream(std::span<const Job> jobs, Access, const std::function<void(Piece&)>& f) {
@@ -18,6 +20,9 @@ void MemoryStore::stream(std::span<const Job> jobs, Access, const std::function<
             .v = {},
             .params = nullptr};
     if (job.arrays & kMaster) p.master = u.master_values().subspan(job.range.begin, n);
+    if ((job.arrays & (kAdamM | kAdamV)) && state_.int8_moments()) {
+      throw std::logic_error("MemoryStore: 8-bit moments are read by segment, not streamed");
+    }
     if (job.arrays & kAdamM) p.m = u.adam_m.span().subspan(job.range.begin, n);
     if (job.arrays & kAdamV) p.v = u.adam_v.span().subspan(job.range.begin, n);
     if (job.arrays & kParams) p.params = u.params.at(u.params_opt + job.range.begin);
