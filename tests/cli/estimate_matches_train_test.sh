@@ -20,7 +20,10 @@ for case in "3 0 bf16 1 -" "3 1 fp16 2 -" "4 2 bf16 2 --checkpoint-activations" 
   "4 1 bf16 2 --node-ranks=2,--qgz=int8" "3 1 fp32 1 --qgz=int4" \
   "4 0 bf16 2 --node-ranks=2,--qgz=int4,--qgz-block=64" "3 0 fp16 1 --qgz=int8,--accumulate=local" \
   "4 1 bf16 2 --node-ranks=2,--shard-within-node" "6 3 fp16 1 --node-ranks=3,--shard-within-node" \
-  "6 2 bf16 2 --node-ranks=2,--shard-within-node,--accumulate=local"; do
+  "6 2 bf16 2 --node-ranks=2,--shard-within-node,--accumulate=local" \
+  "3 1 bf16 1 --optimizer-states=int8" "3 0 fp16 2 --optimizer-states=int8,--invariant=on" \
+  "4 3 bf16 2 --optimizer-states=int8,--node-ranks=2,--collectives=two-level,--hpz,--qgz=int4" \
+  "4 2 bf16 1 --optimizer-states=int8,--node-ranks=2,--shard-within-node"; do
   read -r n stage precision accum ckpt <<<"$case"
   extra=()
   [[ $ckpt != - ]] && IFS=, read -r -a extra <<<"$ckpt"

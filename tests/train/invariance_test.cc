@@ -90,6 +90,23 @@ INSTANTIATE_TEST_SUITE_P(Precisions, Invariance,
                            return std::string(precision_name(p.param));
                          });
 
+// 8-bit moments (optim/moments8.h) keep it: their blocks lie on the unit's grid and the
+// partitions are cut on it, so no rank count or stage changes a block or its scale.
+TEST(Invariance, Int8MomentsGiveTheSameBitsOnEveryDivisorAndStage) {
+  TrainConfig c = invariant_config(1, 0, Precision::kBF16);
+  c.int8_moments = true;
+  const Outcome want = outcome_of(run(c));
+  c.int8_moments = false;
+  EXPECT_NE(outcome_of(run(c)).weights, want.weights) << "the moments' precision must matter";
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int n : {2, 3, 4, 12}) {
+      TrainConfig k = invariant_config(n, stage, Precision::kBF16);
+      k.int8_moments = true;
+      expect_same(want, outcome_of(run(k)), fmt::format("int8 stage {} N={}", stage, n));
+    }
+  }
+}
+
 // One rank accumulating 8 micro-batches is 8 ranks with one each, for both model kinds.
 TEST(Invariance, OneRankTimesEightEqualsEightRanksTimesOne) {
   for (const char* model : {"gpt", "mlp"}) {

@@ -3,7 +3,9 @@
 #include <fmt/core.h>
 #include <gtest/gtest.h>
 
+#include "models/gpt.h"
 #include "train/plan.h"
+#include "train/report.h"
 #include "train_testing.h"
 
 namespace zerodp {
@@ -114,6 +116,44 @@ TEST(StageAccounting, ModelStateBytesEqualTheZeroFormulaPerRank) {
       }
     }
   }
+}
+
+// --optimizer-states int8: per rank the ledger holds, for each tensor's part of its optimizer
+// range, one byte per element and an fp32 scale per block of the unit's 256-element grid
+// (tensors under 4096 elements fp32), in partitions cut on that grid, as the planner says;
+// the comm of the steps too (the report's formula table). A GPT small's moments shrink to
+// about a quarter.
+TEST(StageAccounting, Int8MomentsAreCountedExactly) {
+  for (int n : {1, 3, 4}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      TrainConfig c = tiny_config(n, stage);
+      c.int8_moments = true;
+      const TrainResult r = run(c);
+      ASSERT_FALSE(r.unit_tensors.empty());
+      for (const auto& rank : r.ranks) {
+        auto at = [&](MemCategory k) { return rank.model_state[static_cast<int>(k)]; };
+        const std::string where = fmt::format("N={} stage {} rank {}", n, stage, rank.rank);
+        const StateBytes plan = model_state_bytes(r.unit_numel, n, stage, c.precision, rank.rank,
+                                                  false, Offload::kNone, &r.unit_tensors);
+        EXPECT_EQ(plan.params, at(MemCategory::kParams)) << where;
+        EXPECT_EQ(plan.grads, at(MemCategory::kGrads)) << where;
+        EXPECT_EQ(plan.master, at(MemCategory::kMaster)) << where;
+        EXPECT_EQ(plan.adam_m, at(MemCategory::kAdamM)) << where;
+        EXPECT_EQ(plan.adam_v, at(MemCategory::kAdamV)) << where;
+        EXPECT_EQ(formula_table(r).find("DIFF"), std::string::npos) << where;
+      }
+    }
+  }
+  const Model gpt = make_gpt({.layers = 12, .heads = 12, .embd = 768, .seq_len = 256});
+  std::vector<uint64_t> numel;
+  for (const auto& u : gpt) numel.push_back(u->numel());
+  const UnitTensors tensors = unit_tensors(gpt);
+  const StateBytes fp32 = model_state_bytes(numel, 4, 1, Precision::kBF16, 0);
+  const StateBytes int8 =
+      model_state_bytes(numel, 4, 1, Precision::kBF16, 0, false, Offload::kNone, &tensors);
+  const double ratio = static_cast<double>(int8.adam_m) / static_cast<double>(fp32.adam_m);
+  EXPECT_GT(ratio, 0.25);  // a byte per element and the scales
+  EXPECT_LT(ratio, 0.26);
 }
 
 // Comm bytes of the training steps, summed over ranks, equal the formulas of docs/zero.md

@@ -309,3 +309,10 @@ expect "--checkpoint-storage node-local does nothing here: it says where --check
   train --size tiny --data synthetic --checkpoint-storage node-local
 expect "--checkpoint-storage 'nfs' is unknown; use shared" \
   train --size tiny --data synthetic --checkpoint-storage nfs
+# --optimizer-states: fp32 or int8, and int8 only where its codes and scales are carried.
+expect "--optimizer-states int4 is invalid; use fp32 or int8" \
+  train --size tiny --data synthetic --optimizer-states int4
+expect "--optimizer-states int8 with --offload (the offload file): 8-bit moments are not carried there yet" \
+  train --size tiny --data synthetic --optimizer-states int8 --offload optimizer --offload-dir /tmp
+expect "--optimizer-states int8 with --checkpoint-dir (the checkpoint format)" \
+  train --size tiny --data synthetic --optimizer-states int8 --checkpoint-dir /tmp/zerodp-never
