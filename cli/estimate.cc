@@ -629,7 +629,8 @@ int run_estimate(const Flags& f) {
           "  -> --checkpoint-async: each rank stages its checkpoint shard, {} on rank 0 (in "
           "the rows' needs)\n",
           gb(checkpoint_staging_bytes(e.planned.units,
-                                      row_config(e.asked, n, e.stages.front(), e.offload), n, 0)));
+                                      row_config(e.asked, n, e.stages.front(), e.offload), n, 0,
+                                      &e.planned.tensors)));
     }
     if (e.budget && !e.json) {
       if (cheapest) {

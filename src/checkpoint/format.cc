@@ -51,6 +51,7 @@ std::string to_json(const Meta& m) {
   j["units"] = units;
   j["config"] = m.config;
   j["optimizer"] = {{"kind", "adamw"}, {"step", m.adam_step}};
+  if (m.int8_moments) j["optimizer"]["moments"] = "int8";
   j["lr_schedule"] = {{"step", m.step}, {"lr_next", m.lr_next}};
   if (m.loss_scaler) {
     j["loss_scaler"] = {{"scale", m.loss_scaler->scale},
@@ -299,6 +300,13 @@ Meta parse_meta(std::string_view text, std::string_view what) {
   }
   const Json& opt = f.at(j, "", "optimizer");
   m.adam_step = f.get<int64_t>(opt, "optimizer", "step");
+  if (opt.contains("moments")) {
+    const std::string moments = f.get<std::string>(opt, "optimizer", "moments");
+    if (moments != "int8" && moments != "fp32") {
+      f.fail("optimizer.moments", fmt::format("is \"{}\", expected fp32 or int8", moments));
+    }
+    m.int8_moments = moments == "int8";
+  }
   if (m.adam_step < 0 || static_cast<uint64_t>(m.adam_step) > m.step) {
     f.fail("optimizer.step", fmt::format("is {}, expected 0..step ({})", m.adam_step, m.step));
   }

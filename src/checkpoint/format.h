@@ -89,6 +89,12 @@ struct Meta {
   std::map<std::string, std::string> config;
   // Optimizer and schedule.
   int64_t adam_step = 0;  // AdamW's counter: applied steps (skipped ones do not count)
+  // --optimizer-states int8: each shard holds, per unit, "adam_m8"/"adam_v8" (one code byte
+  // per element of its range; 0 for elements of fp32-moment tensors), "adam_m8_scale"/
+  // "adam_v8_scale" (fp32, one per block of the range, in order) and "adam_m"/"adam_v"
+  // (fp32, only the range's elements of tensors whose moments stay fp32). Written in
+  // meta.json as optimizer.moments "int8"; absent: fp32.
+  bool int8_moments = false;
   double lr_next = 0;     // informational: the learning rate of step + 1 as saved
   std::optional<ScalerMeta> loss_scaler;  // fp16 only
   // Data: the sampler's cursor and what it means.

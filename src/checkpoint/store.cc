@@ -26,6 +26,27 @@ constexpr std::string_view kReplacedPrefix = ".tmp.replaced.";
 constexpr std::string_view kStepPrefix = "step_";
 constexpr std::string_view kLatest = "latest";
 
+// An int8-moment shard's moment tensors (format.h, Meta::int8_moments): codes over the range,
+// scales and fp32 parts of whatever length the range's tensors give, m's and v's alike.
+// Returns how many tensors it checked.
+size_t expect_int8_moments(const safetensors::Reader& file, const std::string& unit,
+                           std::span<const int64_t> range) {
+  using safetensors::ElementType;
+  (void)file.expect(tensor_name(unit, "adam_m8"), ElementType::kU8, range);
+  (void)file.expect(tensor_name(unit, "adam_v8"), ElementType::kU8, range);
+  for (const char* kind : {"adam_m8_scale", "adam_m"}) {
+    const safetensors::TensorInfo* m = file.find(tensor_name(unit, kind));
+    const std::string v_kind = std::string(kind) == "adam_m" ? "adam_v" : "adam_v8_scale";
+    if (m == nullptr || m->shape.size() != 1) {
+      throw CorruptData(fmt::format("{}: tensor \"{}\" is missing or not one-dimensional",
+                                    file.path().string(), tensor_name(unit, kind)));
+    }
+    (void)file.expect(tensor_name(unit, kind), ElementType::kF32, m->shape);
+    (void)file.expect(tensor_name(unit, v_kind), ElementType::kF32, m->shape);
+  }
+  return 6;
+}
+
 [[noreturn]] void io_fail(std::string_view what, const fs::path& path) {
   throw IoError(fmt::format("{} {}: {}", what, path.string(), std::strerror(errno)));
 }
@@ -322,9 +343,14 @@ Checkpoint::Checkpoint(const fs::path& dir, std::string_view this_host) : dir_(d
       const int64_t count = static_cast<int64_t>(unit.counts[static_cast<size_t>(r)]);
       const std::vector<int64_t> shape{count};
       (void)file.expect(tensor_name(unit.name, "params"), ptype, shape);
-      (void)file.expect(tensor_name(unit.name, "adam_m"), safetensors::ElementType::kF32, shape);
-      (void)file.expect(tensor_name(unit.name, "adam_v"), safetensors::ElementType::kF32, shape);
-      expected_tensors += 3;
+      if (meta_.int8_moments) {
+        expected_tensors += expect_int8_moments(file, unit.name, shape);
+      } else {
+        (void)file.expect(tensor_name(unit.name, "adam_m"), safetensors::ElementType::kF32, shape);
+        (void)file.expect(tensor_name(unit.name, "adam_v"), safetensors::ElementType::kF32, shape);
+        expected_tensors += 2;
+      }
+      ++expected_tensors;
       if (has_master()) {
         (void)file.expect(tensor_name(unit.name, "master"), safetensors::ElementType::kF32, shape);
         ++expected_tensors;
@@ -413,6 +439,33 @@ void Checkpoint::read(size_t unit, std::string_view kind, uint64_t first, std::s
     const safetensors::TensorInfo* t = files_[f]->find(name);
     files_[f]->read(*t, lo - b, out.subspan((lo - first) * esize, (hi - lo) * esize));
   }
+}
+
+void Checkpoint::read_rank(int rank, size_t unit, std::string_view kind, uint64_t first,
+                           std::span<std::byte> out, int island) const {
+  const size_t f = static_cast<size_t>(island) * static_cast<size_t>(meta_.world_size) +
+                   static_cast<size_t>(rank);
+  const std::string name = tensor_name(meta_.units.at(unit).name, kind);
+  if (f >= files_.size() || !files_[f]) {
+    throw CorruptData(fmt::format("{}: rank {}'s shard is not on this host", dir_.string(), rank));
+  }
+  const safetensors::TensorInfo* t = files_[f]->find(name);
+  if (t == nullptr) {
+    throw CorruptData(fmt::format("{}: no tensor \"{}\"", files_[f]->path().string(), name));
+  }
+  files_[f]->read(*t, first, out);
+}
+
+uint64_t Checkpoint::length(int rank, size_t unit, std::string_view kind, int island) const {
+  const size_t f = static_cast<size_t>(island) * static_cast<size_t>(meta_.world_size) +
+                   static_cast<size_t>(rank);
+  if (f >= files_.size() || !files_[f]) return 0;
+  const safetensors::TensorInfo* t = files_[f]->find(tensor_name(meta_.units.at(unit).name, kind));
+  uint64_t n = t != nullptr ? 1 : 0;
+  if (t != nullptr) {
+    for (int64_t d : t->shape) n *= static_cast<uint64_t>(d);
+  }
+  return n;
 }
 
 void Checkpoint::read_master(size_t unit, uint64_t first, std::span<float> out, int island) const {

@@ -122,6 +122,12 @@ class Checkpoint {
   // "outer_momentum") is island 0's.
   void read(size_t unit, std::string_view kind, uint64_t first, std::span<std::byte> out,
             int island = 0) const;
+  // Elements [first, first + n) of rank `rank`'s own tensor `kind` of `unit`, in that file's
+  // indexing: for tensors whose length is not the rank's range (an int8 checkpoint's scales
+  // and fp32 moments, Meta::int8_moments), which the caller maps. length(): its elements.
+  void read_rank(int rank, size_t unit, std::string_view kind, uint64_t first,
+                 std::span<std::byte> out, int island = 0) const;
+  uint64_t length(int rank, size_t unit, std::string_view kind, int island = 0) const;
   // The unit's fp32 master weights (fp32 checkpoints: its params) over [first, first+count).
   void read_master(size_t unit, uint64_t first, std::span<float> out, int island = 0) const;
   // Whether the shards hold tensors of `kind` (island 0's, unit 0's).

@@ -155,6 +155,23 @@ size_t moment_blocks(size_t count, size_t first) {
   return 1 + (count - first + kMomentBlock - 1) / kMomentBlock;
 }
 
+MomentCounts moment_counts(std::span<const uint64_t> tensors, uint64_t begin, uint64_t end) {
+  MomentCounts c;
+  uint64_t at = 0;
+  for (uint64_t t : tensors) {
+    const uint64_t b = std::max(at, begin), e = std::min(at + t, end);
+    at += t;
+    if (b >= e) continue;
+    if (!moments_quantized(t)) {
+      c.fp32 += e - b;
+      continue;
+    }
+    c.codes += e - b;
+    c.blocks += moment_blocks(e - b, std::min<uint64_t>(kMomentBlock - b % kMomentBlock, e - b));
+  }
+  return c;
+}
+
 void dequantize_moments(const QuantizedMoments& q, std::span<float> m, std::span<float> v) {
   check_run(q, m.size());
   const Code& sc = code(true);

@@ -61,6 +61,16 @@ void dequantize_moment_block(const uint8_t* codes, float scale, bool is_signed,
 // (1..kMomentBlock; the grid cell's remainder) and the rest are whole but the last.
 size_t moment_blocks(size_t count, size_t first);
 
+// What elements [begin, end) of a unit whose tensors have `tensors` elements each (in order,
+// from element 0) hold of 8-bit moments: codes (elements of quantized tensors), blocks (their
+// parts of the kMomentBlock grid) and fp32 elements (the other tensors'). Additive over cuts
+// on block boundaries (grid lines and tensor boundaries).
+struct MomentCounts {
+  uint64_t codes = 0, blocks = 0, fp32 = 0;
+  uint64_t bytes() const { return codes + 4 * blocks + 4 * fp32; }  // one moment's
+};
+MomentCounts moment_counts(std::span<const uint64_t> tensors, uint64_t begin, uint64_t end);
+
 // A run of one tensor's elements whose moments are quantized: codes per element, scales per
 // block, the first block `first` elements long.
 struct QuantizedMoments {

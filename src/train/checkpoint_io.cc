@@ -18,6 +18,7 @@
 #include "core/version.h"
 #include "train/flat.h"
 #include "train/model_kind.h"
+#include "train/moments_io.h"
 #include "train/trace.h"
 
 namespace zerodp {
@@ -32,6 +33,7 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
   m.world_size = world;
   m.islands = cfg.islands;
   m.stage = cfg.stage;
+  m.int8_moments = trainer.state().int8_moments();
   m.precision = std::string(precision_name(cfg.precision));
   m.model_kind = cfg.model;
   if (const ModelKind& kind = model_kind(cfg.model); kind.shape != nullptr) {
@@ -79,8 +81,12 @@ std::vector<safetensors::TensorDecl> shard_tensors(const ShardedState& state, bo
         {tensor_name(u.unit->name(), "params"), st::element_type_of(state.dtype()), shape});
     if (!state.fp32())
       decls.push_back({tensor_name(u.unit->name(), "master"), st::ElementType::kF32, shape});
-    decls.push_back({tensor_name(u.unit->name(), "adam_m"), st::ElementType::kF32, shape});
-    decls.push_back({tensor_name(u.unit->name(), "adam_v"), st::ElementType::kF32, shape});
+    if (state.int8_moments()) {
+      int8_moment_decls(u, decls);
+    } else {
+      decls.push_back({tensor_name(u.unit->name(), "adam_m"), st::ElementType::kF32, shape});
+      decls.push_back({tensor_name(u.unit->name(), "adam_v"), st::ElementType::kF32, shape});
+    }
     if (outer) {
       for (const char* kind : {"outer_params", "outer_momentum", "outer_pending"}) {
         if (kind != std::string_view("outer_pending") || pending) {
@@ -107,8 +113,10 @@ void stream_shard(const ShardedState& state, StateStore& store, const OuterStep*
     const Range own{u.opt_own, u.opt_own + n};
     std::vector<StateStore::Job> jobs{{i, own, StateStore::kParams}};
     if (!state.fp32()) jobs.push_back({i, own, StateStore::kMaster});
-    jobs.push_back({i, own, StateStore::kAdamM});
-    jobs.push_back({i, own, StateStore::kAdamV});
+    if (!state.int8_moments()) {
+      jobs.push_back({i, own, StateStore::kAdamM});
+      jobs.push_back({i, own, StateStore::kAdamV});
+    }
     store.stream(jobs, StateStore::Access::kRead, [&](StateStore::Piece& p) {
       if (p.params != nullptr) {
         sink(std::span(static_cast<const std::byte*>(p.params), p.count * psize));
@@ -118,6 +126,7 @@ void stream_shard(const ShardedState& state, StateStore& store, const OuterStep*
                                                                     : p.v)));
       }
     });
+    if (state.int8_moments()) stream_int8_moments(u, sink);
     if (outer != nullptr) {
       sink(std::as_bytes(outer->global(i)));
       sink(std::as_bytes(outer->momentum(i)));
@@ -320,10 +329,14 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
       read_params(held.begin, held.count(), u.params.data());
     }
     const size_t n = u.opt_range.count();
+    // 8-bit moments on either side: moments_io.h maps and converts them.
+    const bool moments8 = m.int8_moments || state.int8_moments();
     std::vector<StateStore::Job> jobs;
     if (!fp32) jobs.push_back({i, {0, n}, StateStore::kMaster});
-    jobs.push_back({i, {0, n}, StateStore::kAdamM});
-    jobs.push_back({i, {0, n}, StateStore::kAdamV});
+    if (!moments8) {
+      jobs.push_back({i, {0, n}, StateStore::kAdamM});
+      jobs.push_back({i, {0, n}, StateStore::kAdamV});
+    }
     store.stream(jobs, StateStore::Access::kWrite, [&](StateStore::Piece& p) {
       const size_t at = u.opt_range.begin + p.begin;
       if (!p.master.empty()) {
@@ -334,6 +347,7 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
                   std::as_writable_bytes(first_moment ? p.m : p.v), island);
       }
     });
+    if (moments8) load_moments(state, store, ckpt, i);
     if (outer != nullptr) {
       ckpt.read(i, "outer_params", u.own.begin, std::as_writable_bytes(outer->global(i)));
       ckpt.read(i, "outer_momentum", u.own.begin, std::as_writable_bytes(outer->momentum(i)));

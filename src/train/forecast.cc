@@ -142,7 +142,7 @@ Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const Ste
     if (b.total() > o.burst.total()) o.burst = b;
   }
   f.need += o.state;
-  f.checkpoint_staging = checkpoint_staging_bytes(m.units, c, c.launch.ranks, 0);
+  f.checkpoint_staging = checkpoint_staging_bytes(m.units, c, c.launch.ranks, 0, &m.tensors);
   f.need += f.checkpoint_staging;
   const uint64_t h = static_cast<uint64_t>(c.outer_every);
   f.comm.all_reduce += o.round.all_reduce / h;
@@ -189,7 +189,7 @@ Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs&
   if (m.model) {
     f.transients = transient_bytes(*m.model, transient_plan(c, shards), 0);
   }
-  f.checkpoint_staging = checkpoint_staging_bytes(m.units, c, n, 0);
+  f.checkpoint_staging = checkpoint_staging_bytes(m.units, c, n, 0, &m.tensors);
   f.need = f.states.total() + (f.transients ? f.transients->total() : 0) + f.checkpoint_staging;
   // Offload moves master, adam_m and adam_v of every rank to disk: what memory keeps of all
   // ranks' states is their params and grads (their grads alone with the params).

@@ -69,22 +69,6 @@ uint64_t sum_over_ranks(uint64_t numel, int world, int first, int count, int ste
 
 }  // namespace
 
-uint64_t int8_moment_bytes(std::span<const uint64_t> tensors, uint64_t begin, uint64_t end) {
-  uint64_t bytes = 0, at = 0;
-  for (uint64_t t : tensors) {
-    const uint64_t b = std::max(at, begin), e = std::min(at + t, end);
-    at += t;
-    if (b >= e) continue;
-    if (!moments_quantized(t)) {
-      bytes += (e - b) * 4;
-      continue;
-    }
-    const uint64_t first = std::min<uint64_t>(kMomentBlock - b % kMomentBlock, e - b);
-    bytes += (e - b) + 4 * moment_blocks(e - b, first);
-  }
-  return bytes;
-}
-
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                              Precision precision, int rank, bool fp32_accumulator, Offload offload,
                              const UnitTensors* int8) {
@@ -116,7 +100,7 @@ StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, in
     if (int8 != nullptr) {
       const uint64_t begin =
           sp.optimizer == StagePlan::Extent::kOwn ? own_range(numel, world, rank, grain).begin : 0;
-      const uint64_t moments = int8_moment_bytes((*int8)[i], begin, begin + opt);
+      const uint64_t moments = moment_counts((*int8)[i], begin, begin + opt).bytes();
       b.adam_m += moments;
       b.adam_v += moments;
       continue;
@@ -288,17 +272,28 @@ FragmentShare fragment_share(std::span<const uint64_t> unit_numel, const IslandL
 }  // namespace
 
 uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const TrainConfig& c,
-                                  int world, int rank) {
+                                  int world, int rank, const UnitTensors* tensors) {
   check_rank(world, rank);
   const int shards = shard_ranks(c, world);
   // HSDP: node 0's ranks write the one copy.
   if (!c.checkpoint_async || (c.islands == 1 && rank >= shards)) return 0;
   if (c.offload != Offload::kNone) return kCheckpointReadPiece + kOffloadAlign;
-  uint64_t per_element = c.precision == Precision::kFP32 ? 4 + 8 : 2 + 4 + 8;
+  const bool int8 = c.int8_moments && tensors != nullptr;
+  // Params and master per element; the fp32 moments' 8 unless they are 8-bit (moments_io.h:
+  // a code byte per element of each, scales and the small tensors' fp32 parts).
+  uint64_t per_element = (c.precision == Precision::kFP32 ? 4 : 2 + 4) + (int8 ? 2 : 8);
   if (c.islands > 1 && rank < shards) per_element += c.outer_delay > 0 ? 12 : 8;
-  uint64_t own = 0;
-  for (uint64_t numel : unit_numel) own += own_count(numel, shards, shard_index(c, world, rank));
-  return own * per_element;
+  const uint64_t grain = c.int8_moments ? kMomentBlock : 1;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < unit_numel.size(); ++i) {
+    const OwnRange own = own_range(unit_numel[i], shards, shard_index(c, world, rank), grain);
+    bytes += own.count * per_element;
+    if (int8) {
+      const MomentCounts m = moment_counts((*tensors)[i], own.begin, own.begin + own.count);
+      bytes += 2 * 4 * (m.blocks + m.fp32);
+    }
+  }
+  return bytes;
 }
 
 uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {

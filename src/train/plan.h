@@ -151,8 +151,9 @@ uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLay
 // With --offload the states are read from the file through a bounce buffer of this many
 // bytes (plus kOffloadAlign to align it): the staging.
 inline constexpr uint64_t kCheckpointReadPiece = uint64_t{16} << 20;
+// `tensors`: the units' tensors, which 8-bit moments need (--optimizer-states int8).
 uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const TrainConfig& c,
-                                  int world, int rank);
+                                  int world, int rank, const UnitTensors* tensors = nullptr);
 struct CommBytes;
 // What fragment f's exchange moves for rank `rank`: one fp32 all-reduce over its column of
 // the fragment's part of its own ranges (quantized: an all-reduce of the block maxima inside

@@ -140,7 +140,7 @@ nlohmann::json plan_json(const TrainResult& r) {
     }
     if (c.checkpoint_async && !c.checkpoint_dir.empty()) {
       plan_states.back()[name(MemCategory::kCheckpointStaging)] =
-          checkpoint_staging_bytes(r.unit_numel, c, r.world_size, rank);
+          checkpoint_staging_bytes(r.unit_numel, c, r.world_size, rank, &r.unit_tensors);
     }
   }
   nlohmann::json j{{key::kModelStateBytes, plan_states}, {key::kCommBytesPerStep, plan_comm}};

@@ -74,9 +74,7 @@ void resolve_config(TrainConfig& c) {
   if (c.int8_moments) {
     // Not built yet: each needs the codes and scales where it keeps fp32 moments today.
     const char* with = c.offload != Offload::kNone ? "--offload (the offload file)"
-                       : !c.checkpoint_dir.empty() ? "--checkpoint-dir (the checkpoint format)"
                        : c.islands > 1             ? "--islands (DiLoCo's outer step)"
-                       : !c.resume.empty()         ? "--resume"
                                                    : nullptr;
     if (with != nullptr) {
       throw InvalidArgument(fmt::format(

@@ -153,7 +153,7 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
     p.offload = offload;
     const uint64_t outer =
         (cfg.islands > 1 ? outer_state_bytes(numel, island_layout(cfg, world), r) : 0) +
-        (cfg.checkpoint_dir.empty() ? 0 : checkpoint_staging_bytes(numel, cfg, world, r));
+        (cfg.checkpoint_dir.empty() ? 0 : checkpoint_staging_bytes(numel, cfg, world, r, &tensors));
     return std::pair(
         s.total() + outer + transient_bytes(model, p, shard_index(cfg, world, r)).total(), s.nvme);
   };

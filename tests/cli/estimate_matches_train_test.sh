@@ -52,14 +52,16 @@ PY
   fi
 done
 # --checkpoint-async: each rank's staging of its shard, in estimate's peak as in train's.
-for case in "3 1 bf16" "4 3 fp32"; do
-  read -r n stage precision <<<"$case"
+for case in "3 1 bf16 -" "4 3 fp32 -" "3 2 bf16 --optimizer-states=int8"; do
+  read -r n stage precision more <<<"$case"
+  extra=()
+  [[ $more != - ]] && extra=("$more")
   rm -rf "$tmp/ck"
   "$zerodp" train --size tiny --data synthetic --steps 2 --micro-batch 2 --no-progress \
     --ranks "$n" --stage "$stage" --precision "$precision" --checkpoint-dir "$tmp/ck" \
-    --checkpoint-every 1 --checkpoint-async --report "$tmp/r.json" >/dev/null
+    --checkpoint-every 1 --checkpoint-async "${extra[@]}" --report "$tmp/r.json" >/dev/null
   "$zerodp" estimate "${shape[@]}" --ranks "$n" --stage "$stage" --precision "$precision" \
-    --micro-batch 2 --checkpoint-async --json >"$tmp/e.json"
+    --micro-batch 2 --checkpoint-async "${extra[@]}" --json >"$tmp/e.json"
   if /usr/bin/env python3 - "$tmp/r.json" "$tmp/e.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); e = json.load(open(sys.argv[2]))[0]
@@ -67,7 +69,7 @@ rank0 = r["ranks"][0]
 assert rank0["peak_bytes"]["checkpoint_staging"] == e["checkpoint_staging_bytes"] > 0, (rank0["peak_bytes"]["checkpoint_staging"], e["checkpoint_staging_bytes"])
 assert rank0["peak_bytes"]["total"] == e["peak_bytes"], (rank0["peak_bytes"]["total"], e["peak_bytes"])
 PY
-  then echo "ok: N=$n stage $stage $precision --checkpoint-async: staging and peak"
+  then echo "ok: N=$n stage $stage $precision $more --checkpoint-async: staging and peak"
   else echo "FAIL: N=$n stage $stage $precision --checkpoint-async"; fail=1
   fi
 done

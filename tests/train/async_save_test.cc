@@ -86,6 +86,11 @@ std::vector<Case> cases() {
   c.outer_delay = 1;
   c.steps = 7;
   out.push_back({"streaming islands", c});
+  // 8-bit moments: codes, scales and fp32 parts (train/moments_io.h).
+  c = tiny_config(3, 2);
+  c.steps = 4;
+  c.int8_moments = true;
+  out.push_back({"int8 moments, stage 2, 3 ranks", c});
   // Offloaded: read from the file as the next update waits, not staged.
   c = tiny_config(2, 1);
   c.steps = 4;
@@ -127,7 +132,7 @@ TEST(AsyncSave, WritesTheBytesOfASynchronousSave) {
     const auto staging = static_cast<size_t>(MemCategory::kCheckpointStaging);
     const nlohmann::json plan = report_json(a)["plan"]["model_state_bytes"];
     for (int rank = 0; rank < a.world_size; ++rank) {
-      const uint64_t planned = checkpoint_staging_bytes(a.unit_numel, async, a.world_size, rank);
+      const uint64_t planned = checkpoint_staging_bytes(a.unit_numel, async, a.world_size, rank, &a.unit_tensors);
       EXPECT_EQ(a.ranks[static_cast<size_t>(rank)].peak[staging], planned)
           << k.name << " rank " << rank;
       EXPECT_EQ(plan[static_cast<size_t>(rank)]["checkpoint_staging"], planned) << k.name;

@@ -336,6 +336,49 @@ TEST(Reshard, AnotherPrecisionLoadsTheMasterWeights) {
   }
 }
 
+// --optimizer-states int8 (train/moments_io.h): a checkpoint holds the codes and scales, so a
+// continuation on other ranks and another stage is the run that never stopped; an fp32
+// checkpoint continues with 8-bit moments (encoded as a step would) and an 8-bit one with
+// fp32 moments (decoded), each the same bits on every rank count.
+TEST(Reshard, Int8MomentsResumeBitExactAnywhereAndConvertBothWays) {
+  const auto config = [](int ranks, int stage, bool int8) {
+    TrainConfig c = tiny_config(ranks, stage);
+    c.micro_batch = 2;
+    c.grad_accum = 12 / ranks;
+    c.accumulate = AccumulatePolicy::kReduce;
+    c.invariant = true;
+    c.steps = 6;
+    c.int8_moments = int8;
+    return c;
+  };
+  TempDir tmp;
+  const std::string whole = run(config(2, 1, true)).weights_sha256;
+  for (bool int8 : {true, false}) {
+    TrainConfig first = config(2, 1, int8);
+    first.checkpoint_dir = (tmp.path() / (int8 ? "int8" : "fp32")).string();
+    first.stop_after = 3;
+    (void)run(first);
+    // Continued with the other moments: the same bits on every rank count and stage.
+    std::string converted;
+    for (auto [n, stage] : {std::pair{3, 3}, std::pair{4, 0}}) {
+      const std::string where =
+          fmt::format("from {} on N={} stage {}", int8 ? "int8" : "fp32", n, stage);
+      TrainConfig same = config(n, stage, int8);
+      same.resume = (tmp.path() / (int8 ? "int8" : "fp32") / "step_00000003").string();
+      if (int8) {
+        EXPECT_EQ(run(same).weights_sha256, whole) << where;
+      }
+      TrainConfig other = config(n, stage, !int8);
+      other.resume = same.resume;
+      const TrainResult r = run(other);
+      ASSERT_FALSE(r.stopped.has_value()) << where;
+      EXPECT_TRUE(std::isfinite(r.steps.back().loss)) << where;
+      if (converted.empty()) converted = r.weights_sha256;
+      EXPECT_EQ(r.weights_sha256, converted) << where;
+    }
+  }
+}
+
 // --- the protocol ---------------------------------------------------------------------
 
 TEST(Protocol, KeepDeletesOnlyOlderCommittedCheckpoints) {

@@ -314,5 +314,5 @@ expect "--optimizer-states int4 is invalid; use fp32 or int8" \
   train --size tiny --data synthetic --optimizer-states int4
 expect "--optimizer-states int8 with --offload (the offload file): 8-bit moments are not carried there yet" \
   train --size tiny --data synthetic --optimizer-states int8 --offload optimizer --offload-dir /tmp
-expect "--optimizer-states int8 with --checkpoint-dir (the checkpoint format)" \
-  train --size tiny --data synthetic --optimizer-states int8 --checkpoint-dir /tmp/zerodp-never
+expect "--optimizer-states int8 with --islands (DiLoCo's outer step)" \
+  train --size tiny --data synthetic --ranks 2 --optimizer-states int8 --islands 2

@@ -1,0 +1,221 @@
+// moments_io.h is the contract.
+#include "train/moments_io.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "checkpoint/format.h"
+#include "optim/moments8.h"
+
+namespace zerodp {
+namespace {
+
+using checkpoint::Checkpoint;
+
+std::vector<uint64_t> tensor_sizes(const Unit& unit) {
+  std::vector<uint64_t> out;
+  for (const TensorSpec& t : unit.tensors()) out.push_back(t.numel);
+  return out;
+}
+
+// The segments' runs inside `r` (optimizer-range coordinates): f(segment, lo, hi, block), block
+// the index among the segment's blocks of the one holding lo (lo is the segment's start or on
+// the grid: a partition cut).
+template <typename F>
+void for_each_run(const UnitState& u, Range r, F f) {
+  for (const DecaySegment& s : u.decay) {
+    const size_t lo = std::max(s.begin, r.begin), hi = std::min(s.end, r.end);
+    if (lo >= hi) continue;
+    f(s, lo, hi, lo == s.begin ? 0 : 1 + (lo - s.begin - s.first) / kMomentBlock);
+  }
+}
+
+size_t blocks_of(const DecaySegment& s, size_t lo, size_t hi) {
+  return moment_blocks(hi - lo, lo == s.begin ? s.first : kMomentBlock);
+}
+
+Range own_in_opt(const UnitState& u) { return {u.opt_own, u.opt_own + u.own.count()}; }
+
+template <typename T>
+std::span<std::byte> bytes(std::span<T> x) {
+  return std::as_writable_bytes(x);
+}
+
+// A saved unit's moments that are not indexed by element (scales, fp32 parts): elements
+// [lo, hi) of the unit (block boundaries) map, in each saved rank's file, to what
+// moment_counts counts from that rank's start.
+class SavedMoments {
+ public:
+  SavedMoments(const Checkpoint& ckpt, size_t unit, std::vector<uint64_t> tensors)
+      : ckpt_(ckpt), unit_(unit), tensors_(std::move(tensors)) {
+    uint64_t at = 0;
+    for (uint64_t c : ckpt.meta().units.at(unit).counts) {
+      starts_.push_back(at);
+      at += c;
+    }
+    starts_.push_back(at);
+  }
+  // `blocks`: the scales (one per block), else the fp32 parts (one per element).
+  void read(std::string_view kind, bool blocks, uint64_t lo, uint64_t hi,
+            std::span<float> out) const {
+    const auto count = [&](uint64_t a, uint64_t b) {
+      const MomentCounts c = moment_counts(tensors_, a, b);
+      return blocks ? c.blocks : c.fp32;
+    };
+    for (size_t r = 0; r + 1 < starts_.size(); ++r) {
+      const uint64_t a = std::max(starts_[r], lo), b = std::min(starts_[r + 1], hi);
+      if (a >= b) continue;
+      const uint64_t n = count(a, b);
+      if (n == 0) continue;
+      ckpt_.read_rank(static_cast<int>(r), unit_, kind, count(starts_[r], a),
+                      bytes(out.subspan(count(lo, a), n)));
+    }
+  }
+  const std::vector<uint64_t>& tensors() const { return tensors_; }
+
+ private:
+  const Checkpoint& ckpt_;
+  size_t unit_;
+  std::vector<uint64_t> tensors_;
+  std::vector<uint64_t> starts_;
+};
+
+// A 16-bit-free fp32 run's moments decoded from the checkpoint's codes and scales: elements
+// [lo, hi) of one quantized tensor starting at `tensor_begin` and ending at `tensor_end`,
+// read by whole blocks.
+void decode_saved(const Checkpoint& ckpt, const SavedMoments& saved, size_t unit, bool first,
+                  uint64_t tensor_begin, uint64_t tensor_end, uint64_t lo, uint64_t hi,
+                  std::span<float> out) {
+  const uint64_t b0 = std::max(tensor_begin, lo / kMomentBlock * kMomentBlock);
+  const uint64_t b1 = std::min(tensor_end, (hi + kMomentBlock - 1) / kMomentBlock * kMomentBlock);
+  const size_t n = b1 - b0;
+  const size_t head = std::min<uint64_t>(kMomentBlock - b0 % kMomentBlock, n);
+  std::vector<uint8_t> codes(n), other(n);
+  std::vector<float> scales(moment_blocks(n, head)), other_scales(scales.size());
+  std::vector<float> values(n), ignored(n);
+  ckpt.read(unit, first ? "adam_m8" : "adam_v8", b0, bytes(std::span(codes)));
+  saved.read(first ? "adam_m8_scale" : "adam_v8_scale", true, b0, b1, scales);
+  // dequantize_moments takes both moments; the other one's are zeros here.
+  const QuantizedMoments q{first ? std::span(codes) : std::span(other),
+                           first ? std::span(other) : std::span(codes),
+                           first ? std::span(scales) : std::span(other_scales),
+                           first ? std::span(other_scales) : std::span(scales), head};
+  dequantize_moments(q, first ? std::span(values) : std::span(ignored),
+                     first ? std::span(ignored) : std::span(values));
+  std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(lo - b0), hi - lo, out.begin());
+}
+
+}  // namespace
+
+void int8_moment_decls(const UnitState& u, std::vector<safetensors::TensorDecl>& decls) {
+  using checkpoint::tensor_name;
+  namespace st = safetensors;
+  const Range own = own_in_opt(u);
+  const MomentCounts c =
+      moment_counts(tensor_sizes(*u.unit), u.own.begin, u.own.begin + u.own.count());
+  const auto add = [&](const char* kind, st::ElementType type, uint64_t n) {
+    decls.push_back({tensor_name(u.unit->name(), kind), type, {static_cast<int64_t>(n)}});
+  };
+  add("adam_m8", st::ElementType::kU8, own.count());
+  add("adam_v8", st::ElementType::kU8, own.count());
+  add("adam_m8_scale", st::ElementType::kF32, c.blocks);
+  add("adam_v8_scale", st::ElementType::kF32, c.blocks);
+  add("adam_m", st::ElementType::kF32, c.fp32);
+  add("adam_v", st::ElementType::kF32, c.fp32);
+}
+
+void stream_int8_moments(const UnitState& u,
+                         const std::function<void(std::span<const std::byte>)>& sink) {
+  UnitState& w = const_cast<UnitState&>(u);  // spans of its buffers; nothing is written
+  const Range own = own_in_opt(u);
+  const std::vector<std::byte> zeros(kMomentBlock);
+  for (bool first : {true, false}) {
+    const std::span<uint8_t> codes = first ? w.m_codes.span() : w.v_codes.span();
+    for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
+      if (s.quantized) {
+        sink(std::as_bytes(codes.subspan(s.at + (lo - s.begin), hi - lo)));
+        return;
+      }
+      for (size_t k = lo; k < hi; k += kMomentBlock) {
+        sink(std::span(zeros).first(std::min(kMomentBlock, hi - k)));
+      }
+    });
+  }
+  for (bool first : {true, false}) {
+    const std::span<float> scales = first ? w.m_scales.span() : w.v_scales.span();
+    for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t block) {
+      if (s.quantized) {
+        sink(std::as_bytes(scales.subspan(s.block_at + block, blocks_of(s, lo, hi))));
+      }
+    });
+  }
+  for (bool first : {true, false}) {
+    const std::span<float> values = first ? w.adam_m.span() : w.adam_v.span();
+    for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
+      if (!s.quantized) sink(std::as_bytes(values.subspan(s.at + (lo - s.begin), hi - lo)));
+    });
+  }
+}
+
+void load_moments(ShardedState& state, StateStore& store, const Checkpoint& ckpt, size_t i) {
+  UnitState& u = state.units()[i];
+  const bool saved8 = ckpt.meta().int8_moments;
+  const SavedMoments saved(ckpt, i, tensor_sizes(*u.unit));
+  const size_t base = u.opt_range.begin;
+  if (state.int8_moments()) {
+    for_each_run(
+        u, {0, u.opt_range.count()}, [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
+          const size_t n = hi - lo;
+          const uint64_t g0 = base + lo, g1 = base + hi;
+          if (s.quantized && saved8) {  // the saving run's codes and scales, as they were
+            ckpt.read(i, "adam_m8", g0, bytes(u.m_codes.span().subspan(s.at, n)));
+            ckpt.read(i, "adam_v8", g0, bytes(u.v_codes.span().subspan(s.at, n)));
+            const size_t blocks = moment_blocks(n, s.first);
+            saved.read("adam_m8_scale", true, g0, g1,
+                       u.m_scales.span().subspan(s.block_at, blocks));
+            saved.read("adam_v8_scale", true, g0, g1,
+                       u.v_scales.span().subspan(s.block_at, blocks));
+          } else if (s.quantized) {  // fp32 moments, encoded as a step would
+            std::vector<float> m(n), v(n);
+            ckpt.read(i, "adam_m", g0, bytes(std::span(m)));
+            ckpt.read(i, "adam_v", g0, bytes(std::span(v)));
+            const size_t blocks = moment_blocks(n, s.first);
+            quantize_moments(m, v,
+                             {u.m_codes.span().subspan(s.at, n), u.v_codes.span().subspan(s.at, n),
+                              u.m_scales.span().subspan(s.block_at, blocks),
+                              u.v_scales.span().subspan(s.block_at, blocks), s.first});
+          } else if (saved8) {
+            saved.read("adam_m", false, g0, g1, u.adam_m.span().subspan(s.at, n));
+            saved.read("adam_v", false, g0, g1, u.adam_v.span().subspan(s.at, n));
+          } else {
+            ckpt.read(i, "adam_m", g0, bytes(u.adam_m.span().subspan(s.at, n)));
+            ckpt.read(i, "adam_v", g0, bytes(u.adam_v.span().subspan(s.at, n)));
+          }
+        });
+    return;
+  }
+  // An fp32 run from 8-bit moments: decoded, tensor by tensor, into the store's pieces.
+  const size_t n = u.opt_range.count();
+  const std::vector<StateStore::Job> jobs{{i, {0, n}, StateStore::kAdamM},
+                                          {i, {0, n}, StateStore::kAdamV}};
+  store.stream(jobs, StateStore::Access::kWrite, [&](StateStore::Piece& p) {
+    const bool first = !p.m.empty();
+    const std::span<float> out = first ? p.m : p.v;
+    const uint64_t g0 = base + p.begin, g1 = g0 + p.count;
+    uint64_t at = 0;
+    for (uint64_t t : saved.tensors()) {
+      const uint64_t lo = std::max(at, g0), hi = std::min(at + t, g1);
+      if (lo < hi) {
+        const std::span<float> part = out.subspan(lo - g0, hi - lo);
+        if (moments_quantized(t)) {
+          decode_saved(ckpt, saved, i, first, at, at + t, lo, hi, part);
+        } else {
+          saved.read(first ? "adam_m" : "adam_v", false, lo, hi, part);
+        }
+      }
+      at += t;
+    }
+  });
+}
+
+}  // namespace zerodp
