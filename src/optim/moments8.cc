@@ -91,9 +91,17 @@ uint8_t encode(const Code& c, float y) {
   return static_cast<uint8_t>(i + (c.midpoints[i] < y ? 1u : 0u));
 }
 
+// max |x|: the largest of the magnitudes' bit patterns, which order as the magnitudes do (a
+// NaN's is larger than any number's, so a NaN block keeps a NaN scale), as an integer
+// reduction the compiler vectorizes.
+float abs_max(std::span<const float> x) {
+  uint32_t m = 0;
+  for (float e : x) m = std::max(m, std::bit_cast<uint32_t>(e) & 0x7FFFFFFFu);
+  return std::bit_cast<float>(m);
+}
+
 float quantize_block(const Code& c, std::span<const float> x, uint8_t* codes) {
-  float absmax = 0;
-  for (float e : x) absmax = std::max(absmax, std::fabs(e));
+  const float absmax = abs_max(x);
   if (absmax == 0) {
     // Decodes to zeros whatever the codes: the scale is 0.
     std::fill(codes, codes + x.size(), uint8_t{0});
