@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <stdexcept>
 
 #include <fmt/core.h>
 
@@ -77,6 +78,10 @@ StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, in
   const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
   const uint64_t gw = sp.grads_fp32 ? 4 : w;
   const uint64_t grain = int8 != nullptr ? kMomentBlock : 1;
+  if (int8 != nullptr && int8->size() != unit_numel.size()) {
+    throw std::logic_error(fmt::format("model_state_bytes: tensors of {} units for {} units",
+                                       int8->size(), unit_numel.size()));
+  }
   StateBytes b;
   for (size_t i = 0; i < unit_numel.size(); ++i) {
     const uint64_t numel = unit_numel[i];
@@ -278,7 +283,7 @@ uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const Tr
   // HSDP: node 0's ranks write the one copy.
   if (!c.checkpoint_async || (c.islands == 1 && rank >= shards)) return 0;
   if (c.offload != Offload::kNone) return kCheckpointReadPiece + kOffloadAlign;
-  const bool int8 = c.int8_moments && tensors != nullptr;
+  const bool int8 = c.int8_moments && tensors != nullptr && tensors->size() == unit_numel.size();
   // Params and master per element; the fp32 moments' 8 unless they are 8-bit (moments_io.h:
   // a code byte per element of each, scales and the small tensors' fp32 parts).
   uint64_t per_element = (c.precision == Precision::kFP32 ? 4 : 2 + 4) + (int8 ? 2 : 8);
