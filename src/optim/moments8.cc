@@ -23,8 +23,7 @@ struct Code {
   std::array<float, 256> values{};
   // 255 midpoints, then +inf so that index 255 compares false.
   std::array<float, 256> midpoints{};
-  // 32-bit entries, so the vectorized encoder can gather them.
-  std::vector<uint32_t> start;
+  std::vector<uint8_t> start;
 };
 
 // `per_decade(i)` midpoints of the linear grid on [0.1, 1] scaled into decade i
@@ -68,7 +67,7 @@ Code make_code(bool is_signed) {
     const bool negative = (b & 0x8000u) != 0;
     const float lowest = std::bit_cast<float>((b << 16) | (negative ? 0xFFFFu : 0u));
     const float highest = std::bit_cast<float>((b << 16) | (negative ? 0u : 0xFFFFu));
-    c.start[b] = static_cast<uint32_t>(below(lowest));
+    c.start[b] = static_cast<uint8_t>(below(lowest));
     // encode() steps over one midpoint at most: the codes' gaps are wider than a bucket
     // (2^-7 of its value) everywhere in [-1, 1].
     if (std::fabs(highest) <= 1.0f &&
@@ -92,94 +91,6 @@ uint8_t encode(const Code& c, float y) {
   return static_cast<uint8_t>(i + (c.midpoints[i] < y ? 1u : 0u));
 }
 
-// The per-element loops, branch-free so that the compiler vectorizes them with gathers where
-// the CPU has them. Compiled portable and, on x86-64, for AVX-512 and for AVX2; the same
-// operations in the same order, so every path gives the same bits (a multiply, a shift, two
-// table reads and a comparison per code; a table read and a multiply per value).
-[[gnu::always_inline]] inline void encode_body(const uint32_t* start, const float* mid,
-                                               const float* x, float inverse, uint8_t* codes,
-                                               size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float y = x[i] * inverse;
-    const uint32_t k = start[std::bit_cast<uint32_t>(y) >> 16];
-    codes[i] = static_cast<uint8_t>(k + (mid[k] < y ? 1u : 0u));
-  }
-}
-[[gnu::always_inline]] inline void decode_body(const float* values, const uint8_t* codes,
-                                               float scale, float* out, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = values[codes[i]] * scale;
-}
-
-void encode_portable(const uint32_t* start, const float* mid, const float* x, float inverse,
-                     uint8_t* codes, size_t n) {
-  encode_body(start, mid, x, inverse, codes, n);
-}
-void decode_portable(const float* values, const uint8_t* codes, float scale, float* out, size_t n) {
-  decode_body(values, codes, scale, out, n);
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#define ZERODP_MOMENTS_SIMD 1
-[[gnu::target("avx512f,avx512bw,avx512vl")]] void encode_avx512(const uint32_t* start,
-                                                                const float* mid, const float* x,
-                                                                float inverse, uint8_t* codes,
-                                                                size_t n) {
-  encode_body(start, mid, x, inverse, codes, n);
-}
-[[gnu::target("avx512f,avx512bw,avx512vl")]] void decode_avx512(const float* values,
-                                                                const uint8_t* codes, float scale,
-                                                                float* out, size_t n) {
-  decode_body(values, codes, scale, out, n);
-}
-[[gnu::target("avx2")]] void encode_avx2(const uint32_t* start, const float* mid, const float* x,
-                                         float inverse, uint8_t* codes, size_t n) {
-  encode_body(start, mid, x, inverse, codes, n);
-}
-[[gnu::target("avx2")]] void decode_avx2(const float* values, const uint8_t* codes, float scale,
-                                         float* out, size_t n) {
-  decode_body(values, codes, scale, out, n);
-}
-#endif
-
-enum class Path { kPortable, kAvx2, kAvx512 };
-Path path() {
-#ifdef ZERODP_MOMENTS_SIMD
-  static const Path p = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
-                            ? Path::kAvx512
-                        : __builtin_cpu_supports("avx2") ? Path::kAvx2
-                                                         : Path::kPortable;
-  return p;
-#else
-  return Path::kPortable;
-#endif
-}
-
-void encode_run(const Code& c, const float* x, float inverse, uint8_t* codes, size_t n) {
-  switch (path()) {
-#ifdef ZERODP_MOMENTS_SIMD
-    case Path::kAvx512:
-      return encode_avx512(c.start.data(), c.midpoints.data(), x, inverse, codes, n);
-    case Path::kAvx2:
-      return encode_avx2(c.start.data(), c.midpoints.data(), x, inverse, codes, n);
-#endif
-    default:
-      return encode_portable(c.start.data(), c.midpoints.data(), x, inverse, codes, n);
-  }
-}
-
-void decode_run(const Code& c, const uint8_t* codes, float scale, float* out, size_t n) {
-  switch (path()) {
-#ifdef ZERODP_MOMENTS_SIMD
-    case Path::kAvx512:
-      return decode_avx512(c.values.data(), codes, scale, out, n);
-    case Path::kAvx2:
-      return decode_avx2(c.values.data(), codes, scale, out, n);
-#endif
-    default:
-      return decode_portable(c.values.data(), codes, scale, out, n);
-  }
-}
-
 // max |x|: the largest of the magnitudes' bit patterns, which order as the magnitudes do (a
 // NaN's is larger than any number's, so a NaN block keeps a NaN scale), as an integer
 // reduction the compiler vectorizes.
@@ -189,7 +100,6 @@ float abs_max(std::span<const float> x) {
   return std::bit_cast<float>(m);
 }
 
-template <bool kPortable = false>
 float quantize_block(const Code& c, std::span<const float> x, uint8_t* codes) {
   const float absmax = abs_max(x);
   if (absmax == 0) {
@@ -198,16 +108,13 @@ float quantize_block(const Code& c, std::span<const float> x, uint8_t* codes) {
     return 0;
   }
   // One reciprocal per block: a multiply per element, the same bits on every CPU.
-  if constexpr (kPortable) {
-    encode_portable(c.start.data(), c.midpoints.data(), x.data(), 1.0f / absmax, codes, x.size());
-  } else {
-    encode_run(c, x.data(), 1.0f / absmax, codes, x.size());
-  }
+  const float inverse = 1.0f / absmax;
+  for (size_t i = 0; i < x.size(); ++i) codes[i] = encode(c, x[i] * inverse);
   return absmax;
 }
 
 void dequantize_block(const Code& c, const uint8_t* codes, float scale, std::span<float> out) {
-  decode_run(c, codes, scale, out.data(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = c.values[codes[i]] * scale;
 }
 
 void check_run(const QuantizedMoments& q, size_t count) {
@@ -233,28 +140,6 @@ void for_each_block(size_t count, size_t first, F f) {
 }  // namespace
 
 std::span<const float> moment_code(bool is_signed) { return code(is_signed).values; }
-
-std::string_view moment_kernel_path() {
-  switch (path()) {
-    case Path::kAvx512:
-      return "avx512";
-    case Path::kAvx2:
-      return "avx2";
-    default:
-      return "portable";
-  }
-}
-
-namespace portable {
-float quantize_moment_block(std::span<const float> x, bool is_signed, uint8_t* codes) {
-  return quantize_block<true>(code(is_signed), x, codes);
-}
-void dequantize_moment_block(const uint8_t* codes, float scale, bool is_signed,
-                             std::span<float> out) {
-  const Code& c = code(is_signed);
-  decode_portable(c.values.data(), codes, scale, out.data(), out.size());
-}
-}  // namespace portable
 
 uint8_t encode_moment(float normalized, bool is_signed) {
   return encode(code(is_signed), normalized);

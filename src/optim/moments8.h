@@ -37,7 +37,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string_view>
 
 #include "optim/adamw.h"
 
@@ -57,15 +56,6 @@ uint8_t encode_moment(float normalized, bool is_signed);
 float quantize_moment_block(std::span<const float> x, bool is_signed, uint8_t* codes);
 void dequantize_moment_block(const uint8_t* codes, float scale, bool is_signed,
                              std::span<float> out);
-
-// The encoder's and decoder's path on this CPU: "avx512", "avx2" or "portable"; all give the
-// same bits. The portable ones, for tests to compare with the dispatched ones.
-std::string_view moment_kernel_path();
-namespace portable {
-float quantize_moment_block(std::span<const float> x, bool is_signed, uint8_t* codes);
-void dequantize_moment_block(const uint8_t* codes, float scale, bool is_signed,
-                             std::span<float> out);
-}  // namespace portable
 
 // How many blocks a run of `count` elements holds when its first block has `first` elements
 // (1..kMomentBlock; the grid cell's remainder) and the rest are whole but the last.

@@ -109,27 +109,6 @@ TEST(Moments8, ASecondMomentDecodesToZeroOnlyInAnAllZeroBlock) {
   for (float x : out) EXPECT_EQ(x, 0.0f);
 }
 
-// The vectorized encoder and decoder (AVX-512 or AVX2 gathers) give the portable loop's bits.
-TEST(Moments8, EveryKernelPathGivesThePortableBits) {
-  std::mt19937 rng(21);
-  std::uniform_real_distribution<float> exponent(-12, 2), sign(-1, 1);
-  std::vector<uint8_t> a(kMomentBlock), b(kMomentBlock);
-  std::vector<float> x(kMomentBlock), da(kMomentBlock), db(kMomentBlock);
-  for (int trial = 0; trial < 200; ++trial) {
-    for (bool is_signed : {true, false}) {
-      for (float& e : x) e = std::pow(10.0f, exponent(rng)) * (is_signed && sign(rng) < 0 ? -1 : 1);
-      if (trial % 7 == 0) x[static_cast<size_t>(trial) % kMomentBlock] = 0.0f;
-      const float sa = quantize_moment_block(x, is_signed, a.data());
-      const float sb = portable::quantize_moment_block(x, is_signed, b.data());
-      ASSERT_EQ(sa, sb);
-      ASSERT_EQ(a, b) << moment_kernel_path() << " trial " << trial;
-      dequantize_moment_block(a.data(), sa, is_signed, da);
-      portable::dequantize_moment_block(a.data(), sa, is_signed, db);
-      ASSERT_EQ(da, db) << moment_kernel_path();
-    }
-  }
-}
-
 TEST(Moments8, BlockCountsFollowTheGrid) {
   EXPECT_EQ(moment_blocks(0, 256), 0u);
   EXPECT_EQ(moment_blocks(10, 256), 1u);
