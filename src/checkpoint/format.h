@@ -95,7 +95,7 @@ struct Meta {
   // (fp32, only the range's elements of tensors whose moments stay fp32). Written in
   // meta.json as optimizer.moments "int8"; absent: fp32.
   bool int8_moments = false;
-  double lr_next = 0;     // informational: the learning rate of step + 1 as saved
+  double lr_next = 0;                     // informational: the learning rate of step + 1 as saved
   std::optional<ScalerMeta> loss_scaler;  // fp16 only
   // Data: the sampler's cursor and what it means.
   uint64_t data_epoch = 0;

@@ -230,29 +230,32 @@ void OffloadTier::stream(std::span<const Job> jobs, Access access,
             .m = {},
             .v = {},
             .params = nullptr};
-    for (size_t r = 0; r < regions_.size(); ++r) {
-      const unsigned asked = regions_[r].arrays & job.arrays;
-      if (asked == 0) continue;
-      std::byte* at = slot(static_cast<int>(s), r) + skip * regions_[r].element_bytes;
-      const std::span<float> view(reinterpret_cast<float*>(at), len);
-      if (asked & kMaster) p.master = view;
-      if (asked & kAdamM) p.m = view;
-      if (asked & kAdamV) p.v = view;
-      if (asked & kParams) p.params = at;
-    }
-    // What the file does not hold lives in the params' memory (at fp32 they are the master).
-    UnitState& u = state_.units()[job.unit];
-    if ((job.arrays & kMaster) && p.master.empty()) {
-      p.master = {static_cast<float*>(u.params.data()) + u.params_opt + w.use_begin, len};
-    }
-    if ((job.arrays & kParams) && p.params == nullptr)
-      p.params = u.params.at(u.params_opt + w.use_begin);
+    point_piece(p, job.arrays, static_cast<int>(s), skip);
     if (writing && p.first && before_write_) before_write_(job.unit);
     f(p);
     if (writing) writes[s] = issue(k, true);
   }
   wait(writes[0]);
   wait(writes[1]);
+}
+
+void OffloadTier::point_piece(Piece& p, unsigned arrays, int s, size_t skip) {
+  for (size_t r = 0; r < regions_.size(); ++r) {
+    const unsigned asked = regions_[r].arrays & arrays;
+    if (asked == 0) continue;
+    std::byte* at = slot(s, r) + skip * regions_[r].element_bytes;
+    const std::span<float> view(reinterpret_cast<float*>(at), p.count);
+    if (asked & kMaster) p.master = view;
+    if (asked & kAdamM) p.m = view;
+    if (asked & kAdamV) p.v = view;
+    if (asked & kParams) p.params = at;
+  }
+  // What the file does not hold lives in the params' memory (at fp32 they are the master).
+  UnitState& u = state_.units()[p.unit];
+  if ((arrays & kMaster) && p.master.empty()) {
+    p.master = {static_cast<float*>(u.params.data()) + u.params_opt + p.begin, p.count};
+  }
+  if ((arrays & kParams) && p.params == nullptr) p.params = u.params.at(u.params_opt + p.begin);
 }
 
 void OffloadTier::read_out(size_t unit, unsigned array, size_t begin, size_t count,

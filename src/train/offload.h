@@ -114,6 +114,9 @@ class OffloadTier final : public StateStore {
   static std::vector<Region> regions_for(bool fp32, bool params);
   // Region r of staging slot s.
   std::byte* slot(int s, size_t r);
+  // Points piece `p` (its unit, begin and count set) at the `arrays` it asked for: slot `s`'s
+  // regions from element `skip` of the window, or the params' memory.
+  void point_piece(Piece& p, unsigned arrays, int s, size_t skip);
   // The file offset of region r of unit u at element e.
   uint64_t offset(size_t u, size_t r, size_t e) const;
 

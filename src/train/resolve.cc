@@ -36,6 +36,40 @@ void check_islands(TrainConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// --optimizer-states int8's combinations, and the bound on an asynchronous save at a signal.
+void resolve_states_and_saves(TrainConfig& c) {
+  if (c.int8_moments) {
+    // Not built yet: each needs the codes and scales where it keeps fp32 moments today.
+    const char* with = c.offload != Offload::kNone ? "--offload (the offload file)"
+                       : c.islands > 1             ? "--islands (DiLoCo's outer step)"
+                                                   : nullptr;
+    if (with != nullptr) {
+      throw InvalidArgument(fmt::format(
+          "--optimizer-states int8 with {}: 8-bit moments are not carried there yet; use "
+          "--optimizer-states fp32 for that run",
+          with));
+    }
+  }
+  // Ranks whose write finished wait for the others in a collective, which must outlast it:
+  // the default gives way to a short --collective-timeout, a value given does not.
+  const bool wait_given = c.given && c.given->count("checkpoint_signal_wait") > 0;
+  if (!wait_given) {
+    c.checkpoint_signal_wait =
+        std::min(c.checkpoint_signal_wait, c.launch.comm.timeout_seconds / 2);
+  }
+  if (c.checkpoint_async && c.checkpoint_signal_wait >= c.launch.comm.timeout_seconds) {
+    throw InvalidArgument(fmt::format(
+        "--checkpoint-signal-wait {:g}s is not below --collective-timeout {:g}s: the ranks "
+        "done writing wait for the rest in a collective; lower it, or raise "
+        "--collective-timeout",
+        c.checkpoint_signal_wait, c.launch.comm.timeout_seconds));
+  }
+}
+
+}  // namespace
+
 void resolve_config(TrainConfig& c) {
   model_kind(c.model).resolve(c);
   if (c.grad_accum == 0) c.grad_accum = 1;
@@ -71,32 +105,7 @@ void resolve_config(TrainConfig& c) {
                                       c.checkpoint_every > 0 ? "--checkpoint-every" : "--keep",
                                       c.checkpoint_every > 0 ? c.checkpoint_every : c.keep));
   }
-  if (c.int8_moments) {
-    // Not built yet: each needs the codes and scales where it keeps fp32 moments today.
-    const char* with = c.offload != Offload::kNone ? "--offload (the offload file)"
-                       : c.islands > 1             ? "--islands (DiLoCo's outer step)"
-                                                   : nullptr;
-    if (with != nullptr) {
-      throw InvalidArgument(fmt::format(
-          "--optimizer-states int8 with {}: 8-bit moments are not carried there yet; use "
-          "--optimizer-states fp32 for that run",
-          with));
-    }
-  }
-  // Ranks whose write finished wait for the others in a collective, which must outlast it:
-  // the default gives way to a short --collective-timeout, a value given does not.
-  const bool wait_given = c.given && c.given->count("checkpoint_signal_wait") > 0;
-  if (!wait_given) {
-    c.checkpoint_signal_wait =
-        std::min(c.checkpoint_signal_wait, c.launch.comm.timeout_seconds / 2);
-  }
-  if (c.checkpoint_async && c.checkpoint_signal_wait >= c.launch.comm.timeout_seconds) {
-    throw InvalidArgument(fmt::format(
-        "--checkpoint-signal-wait {:g}s is not below --collective-timeout {:g}s: the ranks "
-        "done writing wait for the rest in a collective; lower it, or raise "
-        "--collective-timeout",
-        c.checkpoint_signal_wait, c.launch.comm.timeout_seconds));
-  }
+  resolve_states_and_saves(c);
   if (c.warmup == -1) c.warmup = c.schedule == "cosine" ? c.steps / 20 : 0;
   // --steps 0 runs no schedule at all.
   if (c.schedule == "cosine" && c.warmup >= c.steps && c.steps > 0) {

@@ -132,7 +132,8 @@ TEST(AsyncSave, WritesTheBytesOfASynchronousSave) {
     const auto staging = static_cast<size_t>(MemCategory::kCheckpointStaging);
     const nlohmann::json plan = report_json(a)["plan"]["model_state_bytes"];
     for (int rank = 0; rank < a.world_size; ++rank) {
-      const uint64_t planned = checkpoint_staging_bytes(a.unit_numel, async, a.world_size, rank, &a.unit_tensors);
+      const uint64_t planned =
+          checkpoint_staging_bytes(a.unit_numel, async, a.world_size, rank, &a.unit_tensors);
       EXPECT_EQ(a.ranks[static_cast<size_t>(rank)].peak[staging], planned)
           << k.name << " rank " << rank;
       EXPECT_EQ(plan[static_cast<size_t>(rank)]["checkpoint_staging"], planned) << k.name;
