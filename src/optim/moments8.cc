@@ -180,6 +180,19 @@ MomentCounts moment_counts(std::span<const uint64_t> tensors, uint64_t begin, ui
   return c;
 }
 
+void dequantize_moment_run(std::span<const uint8_t> codes, std::span<const float> scales,
+                           size_t first, bool is_signed, std::span<float> out) {
+  if (codes.size() != out.size() || scales.size() != moment_blocks(out.size(), first)) {
+    throw InvalidArgument(
+        fmt::format("int8 moments: a run of {} elements got {} codes and {} scales", out.size(),
+                    codes.size(), scales.size()));
+  }
+  const Code& c = code(is_signed);
+  for_each_block(out.size(), first, [&](size_t b, size_t e, size_t k) {
+    dequantize_block(c, codes.data() + b, scales[k], out.subspan(b, e - b));
+  });
+}
+
 void dequantize_moments(const QuantizedMoments& q, std::span<float> m, std::span<float> v) {
   check_run(q, m.size());
   const Code& sc = code(true);

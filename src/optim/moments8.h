@@ -79,6 +79,9 @@ struct QuantizedMoments {
   size_t first = kMomentBlock;
 };
 
+// One moment of a run (codes and block scales, the first block `first` long) into fp32.
+void dequantize_moment_run(std::span<const uint8_t> codes, std::span<const float> scales,
+                           size_t first, bool is_signed, std::span<float> out);
 // Both moments of a run, into fp32 (and back: the codes and scales of `m` and `v`).
 void dequantize_moments(const QuantizedMoments& q, std::span<float> m, std::span<float> v);
 void quantize_moments(std::span<const float> m, std::span<const float> v,

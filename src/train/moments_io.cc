@@ -26,12 +26,8 @@ void for_each_run(const UnitState& u, Range r, F f) {
   for (const DecaySegment& s : u.decay) {
     const size_t lo = std::max(s.begin, r.begin), hi = std::min(s.end, r.end);
     if (lo >= hi) continue;
-    f(s, lo, hi, lo == s.begin ? 0 : 1 + (lo - s.begin - s.first) / kMomentBlock);
+    f(s, lo, hi, s.block_index(lo));
   }
-}
-
-size_t blocks_of(const DecaySegment& s, size_t lo, size_t hi) {
-  return moment_blocks(hi - lo, lo == s.begin ? s.first : kMomentBlock);
 }
 
 Range own_in_opt(const UnitState& u) { return {u.opt_own, u.opt_own + u.own.count()}; }
@@ -80,9 +76,8 @@ class SavedMoments {
   std::vector<uint64_t> starts_;
 };
 
-// A 16-bit-free fp32 run's moments decoded from the checkpoint's codes and scales: elements
-// [lo, hi) of one quantized tensor starting at `tensor_begin` and ending at `tensor_end`,
-// read by whole blocks.
+// One moment of elements [lo, hi) of a quantized tensor ([tensor_begin, tensor_end) of the
+// unit) decoded from the checkpoint's codes and scales, read by whole blocks.
 void decode_saved(const Checkpoint& ckpt, const SavedMoments& saved, size_t unit, bool first,
                   uint64_t tensor_begin, uint64_t tensor_end, uint64_t lo, uint64_t hi,
                   std::span<float> out) {
@@ -90,18 +85,11 @@ void decode_saved(const Checkpoint& ckpt, const SavedMoments& saved, size_t unit
   const uint64_t b1 = std::min(tensor_end, (hi + kMomentBlock - 1) / kMomentBlock * kMomentBlock);
   const size_t n = b1 - b0;
   const size_t head = std::min<uint64_t>(kMomentBlock - b0 % kMomentBlock, n);
-  std::vector<uint8_t> codes(n), other(n);
-  std::vector<float> scales(moment_blocks(n, head)), other_scales(scales.size());
-  std::vector<float> values(n), ignored(n);
+  std::vector<uint8_t> codes(n);
+  std::vector<float> scales(moment_blocks(n, head)), values(n);
   ckpt.read(unit, first ? "adam_m8" : "adam_v8", b0, bytes(std::span(codes)));
   saved.read(first ? "adam_m8_scale" : "adam_v8_scale", true, b0, b1, scales);
-  // dequantize_moments takes both moments; the other one's are zeros here.
-  const QuantizedMoments q{first ? std::span(codes) : std::span(other),
-                           first ? std::span(other) : std::span(codes),
-                           first ? std::span(scales) : std::span(other_scales),
-                           first ? std::span(other_scales) : std::span(scales), head};
-  dequantize_moments(q, first ? std::span(values) : std::span(ignored),
-                     first ? std::span(ignored) : std::span(values));
+  dequantize_moment_run(codes, scales, head, first, values);
   std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(lo - b0), hi - lo, out.begin());
 }
 
@@ -126,11 +114,10 @@ void int8_moment_decls(const UnitState& u, std::vector<safetensors::TensorDecl>&
 
 void stream_int8_moments(const UnitState& u,
                          const std::function<void(std::span<const std::byte>)>& sink) {
-  UnitState& w = const_cast<UnitState&>(u);  // spans of its buffers; nothing is written
   const Range own = own_in_opt(u);
   const std::vector<std::byte> zeros(kMomentBlock);
   for (bool first : {true, false}) {
-    const std::span<uint8_t> codes = first ? w.m_codes.span() : w.v_codes.span();
+    const std::span<const uint8_t> codes = first ? u.m_codes.span() : u.v_codes.span();
     for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
       if (s.quantized) {
         sink(std::as_bytes(codes.subspan(s.at + (lo - s.begin), hi - lo)));
@@ -142,15 +129,15 @@ void stream_int8_moments(const UnitState& u,
     });
   }
   for (bool first : {true, false}) {
-    const std::span<float> scales = first ? w.m_scales.span() : w.v_scales.span();
+    const std::span<const float> scales = first ? u.m_scales.span() : u.v_scales.span();
     for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t block) {
       if (s.quantized) {
-        sink(std::as_bytes(scales.subspan(s.block_at + block, blocks_of(s, lo, hi))));
+        sink(std::as_bytes(scales.subspan(s.block_at + block, s.block_count(lo, hi))));
       }
     });
   }
   for (bool first : {true, false}) {
-    const std::span<float> values = first ? w.adam_m.span() : w.adam_v.span();
+    const std::span<const float> values = first ? u.adam_m.span() : u.adam_v.span();
     for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
       if (!s.quantized) sink(std::as_bytes(values.subspan(s.at + (lo - s.begin), hi - lo)));
     });

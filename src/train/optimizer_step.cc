@@ -117,15 +117,14 @@ namespace {
 // The 8-bit moments of elements [b, b + len) of the optimizer range, in segment `s`.
 QuantizedMoments quantized_moments(UnitState& u, const DecaySegment& s, size_t b, size_t len) {
   // `b` is the segment's start or on the grid: whole blocks from the segment's first on.
-  const size_t first = b == s.begin ? s.first : kMomentBlock;
-  const size_t block = b == s.begin ? 0 : 1 + (b - s.begin - s.first) / kMomentBlock;
-  const size_t blocks = moment_blocks(len, first);
+  const size_t block = s.block_index(b);
+  const size_t blocks = s.block_count(b, b + len);
   const size_t at = s.at + (b - s.begin);
   return {.m = u.m_codes.span().subspan(at, len),
           .v = u.v_codes.span().subspan(at, len),
           .m_scale = u.m_scales.span().subspan(s.block_at + block, blocks),
           .v_scale = u.v_scales.span().subspan(s.block_at + block, blocks),
-          .first = first};
+          .first = b == s.begin ? s.first : kMomentBlock};
 }
 
 }  // namespace

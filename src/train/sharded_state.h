@@ -22,6 +22,7 @@
 #include "core/partition.h"
 #include "memory/ledger.h"
 #include "models/unit.h"
+#include "optim/moments8.h"
 #include "tensor/dtype.h"
 #include "train/config.h"
 #include "train/stage_plan.h"
@@ -62,6 +63,14 @@ struct DecaySegment {
   size_t at = 0;
   size_t block_at = 0;
   size_t first = 0;
+  // Quantized: the index, among the segment's blocks, of the one starting at `b` (the
+  // segment's start or a grid line), and the blocks of [b, e).
+  size_t block_index(size_t b) const {
+    return b == begin ? 0 : 1 + (b - begin - first) / kMomentBlock;
+  }
+  size_t block_count(size_t b, size_t e) const {
+    return moment_blocks(e - b, b == begin ? first : kMomentBlock);
+  }
 };
 
 struct UnitState {
