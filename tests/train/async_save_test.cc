@@ -55,6 +55,21 @@ void expect_same_checkpoints(const fs::path& a, const fs::path& b, const std::st
   }
 }
 
+// `c` saving into `dir` every `every` steps, in the background.
+TrainConfig saving_async(TrainConfig c, const fs::path& dir, int64_t every) {
+  c.checkpoint_dir = dir.string();
+  c.checkpoint_every = every;
+  c.checkpoint_async = true;
+  return c;
+}
+
+// Nothing temporary is left in `dir`: every save was committed or removed.
+void expect_no_temporaries(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    EXPECT_NE(e.path().filename().string().rfind(".tmp", 0), 0u) << e.path();
+  }
+}
+
 struct Case {
   std::string name;
   TrainConfig config;
@@ -169,9 +184,7 @@ TEST(AsyncSave, AResumeContinuesTheUninterruptedRun) {
   TrainConfig c = tiny_config(2, 3);
   c.steps = 6;
   const TrainResult whole = run(c);
-  c.checkpoint_dir = tmp.path().string();
-  c.checkpoint_every = 1;
-  c.checkpoint_async = true;
+  c = saving_async(c, tmp.path(), 1);
   c.stop_after = 4;
   (void)run(c);
   EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000004");
@@ -186,9 +199,7 @@ TEST(AsyncSave, AFailedBackgroundWriteIsNamedAndKeepsThePreviousCheckpoint) {
   TempDir tmp;
   TrainConfig c = tiny_config(3, 2);
   c.steps = 8;
-  c.checkpoint_dir = tmp.path().string();
-  c.checkpoint_every = 2;
-  c.checkpoint_async = true;
+  c = saving_async(c, tmp.path(), 2);
   c.inject = {parse_injection("io@4:1")};
   const TrainResult r = run(c);
   ASSERT_TRUE(r.stopped.has_value());
@@ -212,9 +223,7 @@ TEST(AsyncSave, ASaveDueWhileOneIsInFlightIsSkippedOrWaitsAsTheUserChose) {
     TempDir tmp;
     TrainConfig c = tiny_config(2, 1);
     c.steps = 6;
-    c.checkpoint_dir = tmp.path().string();
-    c.checkpoint_every = 1;
-    c.checkpoint_async = true;
+    c = saving_async(c, tmp.path(), 1);
     c.checkpoint_skip_busy = skip;
     c.inject = {parse_injection("slowio@1:0")};
     const TrainResult r = run(c);
@@ -247,9 +256,7 @@ TEST(AsyncSave, ASignalFinishesTheSaveInFlightOrAbandonsItWithinTheBound) {
     TempDir tmp;
     TrainConfig c = tiny_config(2, 2);
     c.steps = 8;
-    c.checkpoint_dir = tmp.path().string();
-    c.checkpoint_every = 2;
-    c.checkpoint_async = true;
+    c = saving_async(c, tmp.path(), 2);
     c.checkpoint_signal_wait = bound;
     c.inject = {parse_injection("slowio@4:1"), parse_injection("term@5:0")};
     const TrainResult r = run(c);
@@ -257,9 +264,7 @@ TEST(AsyncSave, ASignalFinishesTheSaveInFlightOrAbandonsItWithinTheBound) {
     ASSERT_TRUE(r.stopped.has_value());
     EXPECT_EQ(r.stopped->reason, EarlyStop::Reason::kSignal);
     EXPECT_EQ(r.stopped->after_step, 5);
-    for (const auto& e : fs::directory_iterator(tmp.path())) {
-      EXPECT_NE(e.path().filename().string().rfind(".tmp", 0), 0u) << e.path();
-    }
+    expect_no_temporaries(tmp.path());
     const nlohmann::json j = report_json(r)["checkpoints"];
     ASSERT_FALSE(r.saves.stall_seconds.empty());
     if (bound < 1) {
@@ -286,9 +291,7 @@ TEST(AsyncSave, KeepPrunesOnlyCommittedCheckpoints) {
   TempDir tmp;
   TrainConfig c = tiny_config(2, 0);
   c.steps = 7;
-  c.checkpoint_dir = tmp.path().string();
-  c.checkpoint_every = 1;
-  c.checkpoint_async = true;
+  c = saving_async(c, tmp.path(), 1);
   c.keep = 2;
   (void)run(c);
   std::vector<std::string> names;
@@ -296,18 +299,13 @@ TEST(AsyncSave, KeepPrunesOnlyCommittedCheckpoints) {
     names.push_back(p.filename().string());
   }
   EXPECT_EQ(names, (std::vector<std::string>{"step_00000006", "step_00000007"}));
-  for (const auto& e : fs::directory_iterator(tmp.path())) {
-    EXPECT_NE(e.path().filename().string().rfind(".tmp", 0), 0u) << e.path();
-  }
+  expect_no_temporaries(tmp.path());
 }
 
 // The staging buffer is the shard's tensors: the file's size less its header, in the ledger.
 TEST(AsyncSave, StagingIsTheShardsBytesInTheLedger) {
   TempDir tmp;
-  TrainConfig c = tiny_config(2, 3);
-  c.checkpoint_dir = tmp.path().string();
-  c.checkpoint_async = true;
-  c.checkpoint_every = 1;
+  TrainConfig c = saving_async(tiny_config(2, 3), tmp.path(), 1);
   const TrainResult r = run(c);
   const fs::path shard = tmp.path() / "step_00000003" / "rank_00001.safetensors";
   const std::string bytes = file_bytes(shard);
