@@ -267,11 +267,6 @@ void read_run(const Flags& f, Estimate& e) {
     e.stages.erase(std::unique(e.stages.begin(), e.stages.end()), e.stages.end());
   }
   e.budget = c.memory_per_rank;
-  if (c.int8_moments && c.offload != Offload::kNone) {
-    throw InvalidArgument(
-        "--optimizer-states int8 with --offload: 8-bit moments are not carried in the offload "
-        "file yet; estimate one or the other");
-  }
   read_ranks(f, e);
   const CommOptions& comm = c.launch.comm;
   if (!c.accumulate_default) check_invariant_policy(c.invariant, c.accumulate);

@@ -14,6 +14,7 @@
 #include "checkpoint/store.h"
 #include "comm/ledger.h"
 #include "core/error.h"
+#include "train/moments_io.h"
 #include "train/offload.h"
 #include "train/plan.h"
 #include "train/trace.h"
@@ -233,19 +234,21 @@ void AsyncSaver::write_from_offload(safetensors::Writer& out, const std::functio
   const std::span<std::byte> bounce(
       staging_.data() + ((at + kOffloadAlign - 1) / kOffloadAlign * kOffloadAlign - at),
       kCheckpointReadPiece);
-  // The file's order (shard_tensors): per unit its params, master (16-bit), adam_m, adam_v.
+  // The file's order (shard_tensors): per unit its params, master (16-bit), adam_m, adam_v
+  // (8-bit: their codes, then the scales and fp32 parts memory holds).
   std::vector<unsigned> arrays{StateStore::kParams};
   if (!state.fp32()) arrays.push_back(StateStore::kMaster);
   arrays.push_back(StateStore::kAdamM);
   arrays.push_back(StateStore::kAdamV);
+  const auto write = [&](std::span<const std::byte> b) {
+    check();
+    out.write(b);
+  };
   for (size_t i = 0; i < state.units().size(); ++i) {
     const UnitState& u = state.units()[i];
-    for (unsigned a : arrays) {
-      tier.read_out(i, a, u.opt_own, u.own.count(), bounce, [&](std::span<const std::byte> b) {
-        check();
-        out.write(b);
-      });
-    }
+    for (unsigned a : arrays) tier.read_out(i, a, u.opt_own, u.own.count(), bounce, write);
+    // The update rewrites the scales with the codes: it waits for units_read_ below.
+    if (state.int8_moments()) stream_int8_moments_in_memory(u, write);
     {
       MutexLock lock(mu_);
       units_read_ = i + 1;

@@ -126,7 +126,7 @@ void stream_shard(const ShardedState& state, StateStore& store, const OuterStep*
                                                                     : p.v)));
       }
     });
-    if (state.int8_moments()) stream_int8_moments(u, sink);
+    if (state.int8_moments()) stream_int8_moments(u, i, store, sink);
     if (outer != nullptr) {
       sink(std::as_bytes(outer->global(i)));
       sink(std::as_bytes(outer->momentum(i)));

@@ -112,22 +112,38 @@ void int8_moment_decls(const UnitState& u, std::vector<safetensors::TensorDecl>&
   add("adam_v", st::ElementType::kF32, c.fp32);
 }
 
-void stream_int8_moments(const UnitState& u,
+void stream_int8_moments(const UnitState& u, size_t i, StateStore& store,
                          const std::function<void(std::span<const std::byte>)>& sink) {
   const Range own = own_in_opt(u);
-  const std::vector<std::byte> zeros(kMomentBlock);
-  for (bool first : {true, false}) {
-    const std::span<const uint8_t> codes = first ? u.m_codes.span() : u.v_codes.span();
-    for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
-      if (s.quantized) {
-        sink(std::as_bytes(codes.subspan(s.at + (lo - s.begin), hi - lo)));
-        return;
-      }
-      for (size_t k = lo; k < hi; k += kMomentBlock) {
-        sink(std::span(zeros).first(std::min(kMomentBlock, hi - k)));
-      }
-    });
+  if (store.on_disk()) {
+    // The file's codes, as they are: it holds 0 at the fp32 tensors' elements (offload.h).
+    for (const StateStore::Arrays a : {StateStore::kAdamM, StateStore::kAdamV}) {
+      const StateStore::Job job{i, own, a};
+      store.stream(std::span(&job, 1), StateStore::Access::kRead, [&](StateStore::Piece& p) {
+        sink(std::as_bytes(a == StateStore::kAdamM ? p.m8 : p.v8));
+      });
+    }
+  } else {
+    const std::vector<std::byte> zeros(kMomentBlock);
+    for (bool first : {true, false}) {
+      const std::span<const uint8_t> codes = (first ? u.m_codes : u.v_codes).span();
+      for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
+        if (s.quantized) {
+          sink(std::as_bytes(codes.subspan(s.at + (lo - s.begin), hi - lo)));
+          return;
+        }
+        for (size_t k = lo; k < hi; k += kMomentBlock) {
+          sink(std::span(zeros).first(std::min(kMomentBlock, hi - k)));
+        }
+      });
+    }
   }
+  stream_int8_moments_in_memory(u, sink);
+}
+
+void stream_int8_moments_in_memory(const UnitState& u,
+                                   const std::function<void(std::span<const std::byte>)>& sink) {
+  const Range own = own_in_opt(u);
   for (bool first : {true, false}) {
     const std::span<const float> scales = first ? u.m_scales.span() : u.v_scales.span();
     for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t block) {
@@ -144,45 +160,71 @@ void stream_int8_moments(const UnitState& u,
   }
 }
 
+namespace {
+
+// Unit i's 8-bit moments of elements `r` of its optimizer range from `ckpt`: the codes into
+// `m8`/`v8` (the offload file's piece of `r`) or, when those are empty, u's memory.
+void load_int8_range(UnitState& u, const Checkpoint& ckpt, const SavedMoments& saved, size_t i,
+                     Range r, std::span<uint8_t> m8, std::span<uint8_t> v8) {
+  const bool saved8 = ckpt.meta().int8_moments;
+  const size_t base = u.opt_range.begin;
+  for_each_run(u, r, [&](const DecaySegment& s, size_t lo, size_t hi, size_t block) {
+    const size_t n = hi - lo;
+    const uint64_t g0 = base + lo, g1 = base + hi;
+    if (s.quantized) {
+      const QuantizedMoments q{
+          .m = u.codes(true, s, lo, n, m8, r.begin),
+          .v = u.codes(false, s, lo, n, v8, r.begin),
+          .m_scale = u.m_scales.span().subspan(s.block_at + block, s.block_count(lo, hi)),
+          .v_scale = u.v_scales.span().subspan(s.block_at + block, s.block_count(lo, hi)),
+          .first = lo == s.begin ? s.first : kMomentBlock};
+      if (saved8) {  // the saving run's codes and scales, as they were
+        ckpt.read(i, "adam_m8", g0, bytes(q.m));
+        ckpt.read(i, "adam_v8", g0, bytes(q.v));
+        saved.read("adam_m8_scale", true, g0, g1, q.m_scale);
+        saved.read("adam_v8_scale", true, g0, g1, q.v_scale);
+      } else {  // fp32 moments, encoded as a step would
+        std::vector<float> m(n), v(n);
+        ckpt.read(i, "adam_m", g0, bytes(std::span(m)));
+        ckpt.read(i, "adam_v", g0, bytes(std::span(v)));
+        quantize_moments(m, v, q);
+      }
+      return;
+    }
+    const std::span<float> m = u.adam_m.span().subspan(s.at + (lo - s.begin), n);
+    const std::span<float> v = u.adam_v.span().subspan(s.at + (lo - s.begin), n);
+    if (saved8) {
+      saved.read("adam_m", false, g0, g1, m);
+      saved.read("adam_v", false, g0, g1, v);
+    } else {
+      ckpt.read(i, "adam_m", g0, bytes(m));
+      ckpt.read(i, "adam_v", g0, bytes(v));
+    }
+  });
+}
+
+}  // namespace
+
 void load_moments(ShardedState& state, StateStore& store, const Checkpoint& ckpt, size_t i) {
   UnitState& u = state.units()[i];
-  const bool saved8 = ckpt.meta().int8_moments;
   const SavedMoments saved(ckpt, i, tensor_sizes(*u.unit));
   const size_t base = u.opt_range.begin;
+  const size_t n = u.opt_range.count();
+  if (state.int8_moments() && !store.on_disk()) {
+    load_int8_range(u, ckpt, saved, i, {0, n}, {}, {});
+    return;
+  }
   if (state.int8_moments()) {
-    for_each_run(
-        u, {0, u.opt_range.count()}, [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
-          const size_t n = hi - lo;
-          const uint64_t g0 = base + lo, g1 = base + hi;
-          if (s.quantized && saved8) {  // the saving run's codes and scales, as they were
-            ckpt.read(i, "adam_m8", g0, bytes(u.m_codes.span().subspan(s.at, n)));
-            ckpt.read(i, "adam_v8", g0, bytes(u.v_codes.span().subspan(s.at, n)));
-            const size_t blocks = moment_blocks(n, s.first);
-            saved.read("adam_m8_scale", true, g0, g1,
-                       u.m_scales.span().subspan(s.block_at, blocks));
-            saved.read("adam_v8_scale", true, g0, g1,
-                       u.v_scales.span().subspan(s.block_at, blocks));
-          } else if (s.quantized) {  // fp32 moments, encoded as a step would
-            std::vector<float> m(n), v(n);
-            ckpt.read(i, "adam_m", g0, bytes(std::span(m)));
-            ckpt.read(i, "adam_v", g0, bytes(std::span(v)));
-            const size_t blocks = moment_blocks(n, s.first);
-            quantize_moments(m, v,
-                             {u.m_codes.span().subspan(s.at, n), u.v_codes.span().subspan(s.at, n),
-                              u.m_scales.span().subspan(s.block_at, blocks),
-                              u.v_scales.span().subspan(s.block_at, blocks), s.first});
-          } else if (saved8) {
-            saved.read("adam_m", false, g0, g1, u.adam_m.span().subspan(s.at, n));
-            saved.read("adam_v", false, g0, g1, u.adam_v.span().subspan(s.at, n));
-          } else {
-            ckpt.read(i, "adam_m", g0, bytes(u.adam_m.span().subspan(s.at, n)));
-            ckpt.read(i, "adam_v", g0, bytes(u.adam_v.span().subspan(s.at, n)));
-          }
-        });
+    // The offload file's codes, piece by piece (0 at the fp32 tensors' elements).
+    const StateStore::Job job{i, {0, n}, StateStore::kAdamM | StateStore::kAdamV};
+    store.stream(std::span(&job, 1), StateStore::Access::kWrite, [&](StateStore::Piece& p) {
+      std::ranges::fill(p.m8, uint8_t{0});
+      std::ranges::fill(p.v8, uint8_t{0});
+      load_int8_range(u, ckpt, saved, i, {p.begin, p.begin + p.count}, p.m8, p.v8);
+    });
     return;
   }
   // An fp32 run from 8-bit moments: decoded, tensor by tensor, into the store's pieces.
-  const size_t n = u.opt_range.count();
   const std::vector<StateStore::Job> jobs{{i, {0, n}, StateStore::kAdamM},
                                           {i, {0, n}, StateStore::kAdamV}};
   store.stream(jobs, StateStore::Access::kWrite, [&](StateStore::Piece& p) {

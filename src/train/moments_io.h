@@ -30,9 +30,14 @@ namespace zerodp {
 
 // The moment tensors of unit `u`'s own range, appended in the file's order.
 void int8_moment_decls(const UnitState& u, std::vector<safetensors::TensorDecl>& decls);
-// Their bytes, in that order.
-void stream_int8_moments(const UnitState& u,
+// Their bytes, in that order: unit `u` (index i) of a state whose codes are in `store`
+// when it is the offload file's.
+void stream_int8_moments(const UnitState& u, size_t i, StateStore& store,
                          const std::function<void(std::span<const std::byte>)>& sink);
+// Of those, what memory holds whether or not the codes are offloaded: the scales and the fp32
+// parts, in the file's order (after the codes).
+void stream_int8_moments_in_memory(const UnitState& u,
+                                   const std::function<void(std::span<const std::byte>)>& sink);
 // Unit `i`'s moments from `ckpt` into `state` (through `store` when they are fp32 there),
 // whichever of the checkpoint and the state holds 8-bit moments.
 void load_moments(ShardedState& state, StateStore& store, const checkpoint::Checkpoint& ckpt,

@@ -24,13 +24,13 @@ uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
 }  // namespace
 
-std::vector<OffloadTier::Region> OffloadTier::regions_for(bool fp32, bool params) {
+std::vector<OffloadTier::Region> OffloadTier::regions_for(bool fp32, bool params, bool int8) {
   std::vector<Region> r;
   if (params && !fp32) r.push_back({kParams, 2});
   if (!fp32) r.push_back({kMaster, 4});
   if (fp32 && params) r.push_back({kMaster | kParams, 4});
-  r.push_back({kAdamM, 4});
-  r.push_back({kAdamV, 4});
+  r.push_back({kAdamM, int8 ? 1u : 4u});
+  r.push_back({kAdamV, int8 ? 1u : 4u});
   return r;
 }
 
@@ -38,7 +38,7 @@ OffloadTier::OffloadTier(ShardedState& state, Offload offload, const std::filesy
                          int rank, uint64_t piece, MemoryLedger& ledger)
     : state_(state),
       params_(offload == Offload::kParams),
-      regions_(regions_for(state.fp32(), params_)),
+      regions_(regions_for(state.fp32(), params_, state.int8_moments())),
       piece_(piece),
       // Elements per block of the narrowest region: every piece is whole blocks in each.
       block_(kOffloadAlign / std::min_element(regions_.begin(), regions_.end(),
@@ -90,18 +90,26 @@ uint64_t OffloadTier::offset(size_t u, size_t r, size_t e) const {
 
 void OffloadTier::initialize(uint64_t seed) {
   const bool fp32 = state_.fp32();
-  if (fp32 && !params_) return;  // the params are the master, initialized in memory
+  const bool int8 = state_.int8_moments();
+  // fp32 moments start as the reserved file reads, zero; 8-bit codes as in memory.
+  const unsigned moments = int8 ? kAdamM | kAdamV : 0u;
+  // At fp32 the params are the master, initialized in memory unless they are here.
+  const unsigned weights = fp32 && !params_ ? 0u : kMaster | kParams;
+  if ((weights | moments) == 0) return;
   // The master's values, rounded into the 16-bit parameters too: into the file's region
   // with them offloaded, else into memory (ShardedState left the optimizer range to this).
   std::vector<Job> jobs;
   for (size_t i = 0; i < state_.units().size(); ++i) {
-    jobs.push_back({i, {0, state_.units()[i].opt_range.count()}, kMaster | kParams});
+    jobs.push_back({i, {0, state_.units()[i].opt_range.count()}, weights | moments});
   }
   stream(jobs, Access::kWrite, [&](Piece& p) {
     const UnitState& u = state_.units()[p.unit];
-    const size_t b = u.opt_range.begin + p.begin;
-    initialize_range(seed, *u.unit, b, b + p.size(), p.master);
-    if (!fp32) narrow(p.master, p.params, state_.dtype(), 0);
+    if (weights != 0) {
+      const size_t b = u.opt_range.begin + p.begin;
+      initialize_range(seed, *u.unit, b, b + p.size(), p.master);
+      if (!fp32) narrow(p.master, p.params, state_.dtype(), 0);
+    }
+    if (int8) fill_codes_of_zero(u, p.begin, p.m8, p.v8);
   });
 }
 
@@ -229,6 +237,8 @@ void OffloadTier::stream(std::span<const Job> jobs, Access access,
             .master = {},
             .m = {},
             .v = {},
+            .m8 = {},
+            .v8 = {},
             .params = nullptr};
     point_piece(p, job.arrays, static_cast<int>(s), skip);
     if (writing && p.first && before_write_) before_write_(job.unit);
@@ -245,9 +255,13 @@ void OffloadTier::point_piece(Piece& p, unsigned arrays, int s, size_t skip) {
     if (asked == 0) continue;
     std::byte* at = slot(s, r) + skip * regions_[r].element_bytes;
     const std::span<float> view(reinterpret_cast<float*>(at), p.count);
+    const std::span<uint8_t> codes(reinterpret_cast<uint8_t*>(at), p.count);
+    const bool int8 = state_.int8_moments();
     if (asked & kMaster) p.master = view;
-    if (asked & kAdamM) p.m = view;
-    if (asked & kAdamV) p.v = view;
+    if ((asked & kAdamM) && int8) p.m8 = codes;
+    if ((asked & kAdamM) && !int8) p.m = view;
+    if ((asked & kAdamV) && int8) p.v8 = codes;
+    if ((asked & kAdamV) && !int8) p.v = view;
     if (asked & kParams) p.params = at;
   }
   // What the file does not hold lives in the params' memory (at fp32 they are the master).

@@ -8,9 +8,11 @@
 // (at stage 3 that is the parameter shard), each padded to whole kOffloadAlign blocks
 // (train/plan.h): the 16-bit parameters (optimizer,params only), master (16-bit runs; at fp32
 // the parameters are the master, so it is there only when they are offloaded), adam_m,
-// adam_v. A piece is an aligned window of kOffloadPiece elements (fewer for small units) of
-// one unit, a whole number of blocks in every region, so every read and write is aligned
-// for O_DIRECT.
+// adam_v. With --optimizer-states int8 the moments' regions hold their codes, a byte per
+// element (0 at elements of the tensors whose moments stay fp32); the block scales and those
+// small tensors' fp32 moments are a few percent of the codes and stay in memory. A piece is
+// an aligned window of kOffloadPiece elements (fewer for small units) of one unit, a whole
+// number of blocks in every region, so every read and write is aligned for O_DIRECT.
 //
 // The values streamed are the values an in-memory run holds, byte for byte: the tier moves
 // bits, it never converts them, so an offloaded run is bit-identical to the same run without.
@@ -111,7 +113,7 @@ class OffloadTier final : public StateStore {
     unsigned arrays = 0;
     uint64_t element_bytes = 4;
   };
-  static std::vector<Region> regions_for(bool fp32, bool params);
+  static std::vector<Region> regions_for(bool fp32, bool params, bool int8);
   // Region r of staging slot s.
   std::byte* slot(int s, size_t r);
   // Points piece `p` (its unit, begin and count set) at the `arrays` it asked for: slot `s`'s

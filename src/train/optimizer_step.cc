@@ -114,14 +114,15 @@ void OptimizerStep::update(double lr, double coef) {
 
 namespace {
 
-// The 8-bit moments of elements [b, b + len) of the optimizer range, in segment `s`.
-QuantizedMoments quantized_moments(UnitState& u, const DecaySegment& s, size_t b, size_t len) {
+// The 8-bit moments of elements [b, b + len) of the optimizer range, in segment `s`; their
+// codes in the unit's memory, or in the store's piece `p`.
+QuantizedMoments quantized_moments(UnitState& u, const DecaySegment& s, size_t b, size_t len,
+                                   const StateStore::Piece& p) {
   // `b` is the segment's start or on the grid: whole blocks from the segment's first on.
   const size_t block = s.block_index(b);
   const size_t blocks = s.block_count(b, b + len);
-  const size_t at = s.at + (b - s.begin);
-  return {.m = u.m_codes.span().subspan(at, len),
-          .v = u.v_codes.span().subspan(at, len),
+  return {.m = u.codes(true, s, b, len, p.m8, p.begin),
+          .v = u.codes(false, s, b, len, p.v8, p.begin),
           .m_scale = u.m_scales.span().subspan(s.block_at + block, blocks),
           .v_scale = u.v_scales.span().subspan(s.block_at + block, blocks),
           .first = b == s.begin ? s.first : kMomentBlock};
@@ -134,9 +135,11 @@ void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<f
   std::vector<UnitState>& units = state_.units();
   // 16-bit parameters are rounded from the master, never read (at fp32 they are the master).
   const unsigned unread = state_.fp32() ? 0u : StateStore::kParams;
-  // 8-bit moments are the unit's own buffers, read by segment (update_range), not streamed.
-  const unsigned arrays = state_.int8_moments() ? StateStore::kMaster | StateStore::kParams
-                                                : StateStore::kAll | StateStore::kParams;
+  // 8-bit moments in memory are the unit's own buffers, read by segment (update_piece), not
+  // streamed; offloaded, their codes are.
+  const unsigned arrays = state_.int8_moments() && !store_.on_disk()
+                              ? StateStore::kMaster | StateStore::kParams
+                              : StateStore::kAll | StateStore::kParams;
   std::vector<StateStore::Job> jobs;
   for (size_t i = 0; i < units.size(); ++i) {
     jobs.push_back({i, {0, units[i].opt_range.count()}, arrays, unread});
@@ -153,7 +156,7 @@ void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<f
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t before = store_.bytes_moved();
   store_.stream(jobs, StateStore::Access::kReadWrite, [&](StateStore::Piece& p) {
-    update_range(units[p.unit], p.begin, p.master, p.m, p.v, p.params, 0, ac, coef, chunk);
+    update_piece(units[p.unit], p, ac, coef, chunk);
     if (p.last) finished(p.unit + 1);
   });
   finished(units.size());
@@ -192,11 +195,10 @@ OptimizerStep::~OptimizerStep() {
   if (updater_.joinable()) updater_.join();
 }
 
-void OptimizerStep::update_range(UnitState& u, size_t begin, std::span<float> master,
-                                 std::span<float> m, std::span<float> v, void* params,
-                                 size_t params_at, const AdamWConfig& ac, float coef,
-                                 std::span<float> chunk) {
-  const size_t end = begin + master.size();
+void OptimizerStep::update_piece(UnitState& u, StateStore::Piece& p, const AdamWConfig& ac,
+                                 float coef, std::span<float> chunk) {
+  const std::span<float> master = p.master;
+  const size_t begin = p.begin, end = begin + master.size();
   const bool int8 = state_.int8_moments();
   for (const DecaySegment& s : u.decay) {
     const size_t lo = std::max(s.begin, begin), hi = std::min(s.end, end);
@@ -216,21 +218,21 @@ void OptimizerStep::update_range(UnitState& u, size_t begin, std::span<float> ma
         grad = piece;
       }
       if (s.quantized) {
-        adamw8_update(master.subspan(b - begin, len), grad, quantized_moments(u, s, b, len),
+        adamw8_update(master.subspan(b - begin, len), grad, quantized_moments(u, s, b, len, p),
                       s.decay, ac, adam_step_, coef);
         continue;
       }
       // 8-bit runs keep the fp32 tensors' moments apart, segment after segment.
       const size_t at = int8 ? s.at + (b - s.begin) : b - begin;
       const AdamWShard shard{.master = master.subspan(b - begin, len),
-                             .m = (int8 ? u.adam_m.span() : m).subspan(at, len),
-                             .v = (int8 ? u.adam_v.span() : v).subspan(at, len),
+                             .m = (int8 ? u.adam_m.span() : p.m).subspan(at, len),
+                             .v = (int8 ? u.adam_v.span() : p.v).subspan(at, len),
                              .grad = grad,
                              .offset = u.opt_range.begin + b};
       adamw_update(shard, s.decay, ac, adam_step_, coef);
     }
   }
-  if (!state_.fp32()) narrow(master, params, state_.dtype(), params_at);
+  if (!state_.fp32()) narrow(master, p.params, state_.dtype(), 0);
 }
 
 void OptimizerStep::gather(UnitState& u) {

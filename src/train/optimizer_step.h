@@ -86,12 +86,11 @@ class OptimizerStep {
  private:
   void update(double lr, double coef);
   void stream_update(const AdamWConfig& ac, float coef, std::span<float> chunk, bool gathers);
-  // AdamW on elements [begin, begin + master.size()) of u's optimizer range, whose master and
-  // moments are the spans given; then those parameters rounded into `params` (16-bit runs),
-  // which holds them from element `params_at` on.
-  void update_range(UnitState& u, size_t begin, std::span<float> master, std::span<float> m,
-                    std::span<float> v, void* params, size_t params_at, const AdamWConfig& ac,
-                    float coef, std::span<float> chunk);
+  // AdamW on the store's piece of u's optimizer range (its master and moments; 8-bit moments'
+  // scales, and their codes unless the piece holds them, from u's memory); then those
+  // parameters rounded into the piece's (16-bit runs).
+  void update_piece(UnitState& u, StateStore::Piece& p, const AdamWConfig& ac, float coef,
+                    std::span<float> chunk);
   void gather(UnitState& u);
 
   const TrainConfig& cfg_;

@@ -378,9 +378,9 @@ const OptionSpec kOptions[] = {
      .record = [](const TrainConfig& c) -> json { return c.offload_dir; }},
     {.key = "offload_piece",
      .section = kParallelism,
-     .help = "Elements per staged piece of --offload (a multiple of 1024, of 2048 with params; "
-             "0 = 1048576, 4 MiB per array): larger pieces, longer sequential I/O, more "
-             "staging memory",
+     .help = "Elements per staged piece of --offload (a multiple of 1024, of 2048 with params, "
+             "of 4096 with --optimizer-states int8; 0 = 1048576, 4 MiB per fp32 array): larger "
+             "pieces, longer sequential I/O, more staging memory",
      .advice = "use a multiple of 1024 elements, e.g. 1048576, or 0 for the default",
      .read = [](TrainConfig& c, const std::string& t,
                 const OptionSpec& o) { c.offload_piece = whole<uint64_t>(t, o); },

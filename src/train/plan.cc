@@ -89,29 +89,30 @@ StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, in
     const uint64_t opt = StagePlan::count(sp.optimizer, own, numel);
     const uint64_t params = StagePlan::count(sp.params, own, numel);
     b.grads += StagePlan::count(sp.grads, own, numel) * gw;
-    if (offload == Offload::kParams) {
-      // Stage 3 (config checks it): the parameters are the optimizer range.
-      const bool fp32 = precision == Precision::kFP32;
-      b.nvme += 3 * offload_region_bytes(opt) + (fp32 ? 0 : offload_region_bytes(params, w));
-      continue;
+    const bool fp32 = precision == Precision::kFP32;
+    if (offload == Offload::kNone) {
+      b.params += params * w;
+      b.master += fp32 ? 0 : opt * 4;
+    } else {
+      // The file: the master (at fp32 the parameters, and so only with them), the 16-bit
+      // parameters with them (stage 3, config checks it: the parameters are the optimizer
+      // range), the moments (8-bit: their codes; the scales and small tensors stay here).
+      if (offload == Offload::kOptimizer) b.params += params * w;
+      if (!fp32 || offload == Offload::kParams) b.nvme += offload_region_bytes(opt);
+      if (!fp32 && offload == Offload::kParams) b.nvme += offload_region_bytes(params, w);
+      b.nvme += 2 * offload_region_bytes(opt, int8 != nullptr ? 1 : 4);
     }
-    b.params += params * w;
-    if (offload == Offload::kOptimizer) {
-      const uint64_t arrays = precision == Precision::kFP32 ? 2 : 3;
-      b.nvme += arrays * offload_region_bytes(opt);
-      continue;
-    }
-    b.master += precision == Precision::kFP32 ? 0 : opt * 4;
     if (int8 != nullptr) {
       const uint64_t begin =
           sp.optimizer == StagePlan::Extent::kOwn ? own_range(numel, world, rank, grain).begin : 0;
-      const uint64_t moments = moment_counts((*int8)[i], begin, begin + opt).bytes();
-      b.adam_m += moments;
-      b.adam_v += moments;
-      continue;
+      MomentCounts moments = moment_counts((*int8)[i], begin, begin + opt);
+      if (offload != Offload::kNone) moments.codes = 0;
+      b.adam_m += moments.bytes();
+      b.adam_v += moments.bytes();
+    } else if (offload == Offload::kNone) {
+      b.adam_m += opt * 4;
+      b.adam_v += opt * 4;
     }
-    b.adam_m += opt * 4;
-    b.adam_v += opt * 4;
   }
   return b;
 }
@@ -562,9 +563,8 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
   }
   if (p.offload != Offload::kNone) {
     const bool params = p.offload == Offload::kParams;
-    l.offload_arrays = fp32 && !params ? 2 : 3;
-    l.offload_param_bytes = params && !fp32 ? 2 : 0;
-    const uint64_t per_block = offload_block_elements(p.offload, p.precision);
+    l.offload_element_bytes = offload_element_bytes(p.offload, p.precision, p.int8_moments);
+    const uint64_t per_block = offload_block_elements(p.offload, p.precision, p.int8_moments);
     const uint64_t piece = p.offload_piece > 0 ? p.offload_piece : kOffloadPiece;
     l.offload_piece =
         std::max(per_block, std::min(piece, (max_opt + per_block - 1) / per_block * per_block));
@@ -598,10 +598,9 @@ TransientBytes transient_bytes(const TransientLayout& l) {
   b.comm_buffers = static_cast<uint64_t>(l.buckets) * l.reduced * l.dtype_bytes +
                    static_cast<uint64_t>(l.gathered_slots) * l.qwz_staging;
   b.hpz_params = sum(l.hpz) * l.dtype_bytes;
-  if (l.offload_arrays > 0) {
-    b.offload_staging = 2 * (static_cast<uint64_t>(l.offload_arrays) * 4 + l.offload_param_bytes) *
-                            l.offload_piece +
-                        l.offload_bounce + kOffloadAlign;
+  if (l.offload_piece > 0) {
+    b.offload_staging =
+        2 * l.offload_element_bytes * l.offload_piece + l.offload_bounce + kOffloadAlign;
   }
   return b;
 }
@@ -723,7 +722,8 @@ TransientPlan transient_plan(const TrainConfig& cfg, int world, uint64_t feature
       .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.qwz_block) : 0,
       .offload = cfg.offload,
       .offload_piece = cfg.offload_piece,
-      .grain = cfg.int8_moments ? kMomentBlock : 1};
+      .grain = cfg.int8_moments ? kMomentBlock : 1,
+      .int8_moments = cfg.int8_moments};
 }
 
 }  // namespace zerodp

@@ -30,8 +30,9 @@ struct StateBytes {
 
 // The offload file's layout (train/offload.h): per unit, one region each for the 16-bit
 // parameters (optimizer,params only), master (16-bit runs, or fp32 with parameters: there
-// the master is the parameters), adam_m and adam_v of the optimizer range, every region
-// padded to whole kOffloadAlign-byte blocks so O_DIRECT can read any piece of it.
+// the master is the parameters), adam_m and adam_v of the optimizer range (fp32, or with
+// --optimizer-states int8 one code byte per element), every region padded to whole
+// kOffloadAlign-byte blocks so O_DIRECT can read any piece of it.
 inline constexpr uint64_t kOffloadAlign = 4096;
 // Elements per staged piece (4 MiB of fp32 per array): large enough that one read or write
 // runs at the disk's sequential speed, small enough that the staging stays a few MiB.
@@ -39,9 +40,19 @@ inline constexpr uint64_t kOffloadPiece = uint64_t{1} << 20;
 inline uint64_t offload_region_bytes(uint64_t elements, uint64_t element_bytes = 4) {
   return (elements * element_bytes + kOffloadAlign - 1) / kOffloadAlign * kOffloadAlign;
 }
-// A piece's elements must fill whole blocks in every region: 1024 fp32, 2048 16-bit.
-inline uint64_t offload_block_elements(Offload o, Precision p) {
+// A piece's elements must fill whole blocks in every region: 1024 fp32, 2048 16-bit, 4096
+// 8-bit codes.
+inline uint64_t offload_block_elements(Offload o, Precision p, bool int8_moments = false) {
+  if (int8_moments) return kOffloadAlign;
   return kOffloadAlign / (o == Offload::kParams && p != Precision::kFP32 ? 2 : 4);
+}
+// Bytes per element of the optimizer range summed over the file's regions: what one staged
+// piece holds per element.
+inline uint64_t offload_element_bytes(Offload o, Precision p, bool int8_moments = false) {
+  const bool fp32 = p == Precision::kFP32;
+  const uint64_t params = o == Offload::kParams && !fp32 ? 2 : 0;
+  const uint64_t master = !fp32 || o == Offload::kParams ? 4 : 0;
+  return params + master + (int8_moments ? 2 : 8);
 }
 
 // Every function below costs O(units) per call, whatever the world size, so a loop over
@@ -211,6 +222,7 @@ struct TransientPlan {
   Offload offload = Offload::kNone;  // the staging of the offload file's pieces
   uint64_t offload_piece = 0;        // elements per piece; 0 = kOffloadPiece
   uint64_t grain = 1;                // the units' partitions (CommModes::grain)
+  bool int8_moments = false;         // --optimizer-states int8 (the file's code regions)
 };
 struct TransientLayout {
   // Activations, fp32 unless said: the stream between units (unit u's input, then the
@@ -248,14 +260,11 @@ struct TransientLayout {
   // Bytes: qwZ's staging of every rank's int8 payload, one per gather slot, sized for the
   // largest unit (comm_buffers).
   uint64_t qwz_staging = 0;
-  // --offload: two slots (one computed on while the other's I/O runs) of `offload_arrays`
-  // fp32 arrays (master, adam_m, adam_v; at fp32 2 unless the parameters, which are the
-  // master there, are offloaded too) and, with 16-bit parameters offloaded, one array of
-  // `offload_param_bytes` per element, each of `offload_piece` elements; with parameters, one
-  // more piece of them (`offload_bounce` bytes) that stage 3's gathers read through; plus
-  // kOffloadAlign bytes to align them for O_DIRECT.
-  int offload_arrays = 0;
-  uint64_t offload_param_bytes = 0;
+  // --offload: two slots (one computed on while the other's I/O runs) of `offload_piece`
+  // elements of every region of the file, `offload_element_bytes` per element; with
+  // parameters, one more piece of them (`offload_bounce` bytes) that stage 3's gathers read
+  // through; plus kOffloadAlign bytes to align them for O_DIRECT.
+  uint64_t offload_element_bytes = 0;
   uint64_t offload_piece = 0;
   uint64_t offload_bounce = 0;
 };

@@ -40,17 +40,19 @@ namespace {
 
 // --optimizer-states int8's combinations, and the bound on an asynchronous save at a signal.
 void resolve_states_and_saves(TrainConfig& c) {
-  if (c.int8_moments) {
-    // Not built yet: each needs the codes and scales where it keeps fp32 moments today.
-    const char* with = c.offload != Offload::kNone ? "--offload (the offload file)"
-                       : c.islands > 1             ? "--islands (DiLoCo's outer step)"
-                                                   : nullptr;
-    if (with != nullptr) {
-      throw InvalidArgument(fmt::format(
-          "--optimizer-states int8 with {}: 8-bit moments are not carried there yet; use "
-          "--optimizer-states fp32 for that run",
-          with));
-    }
+  if (c.int8_moments && c.islands > 1) {
+    // Not built yet: DiLoCo's outer step needs the codes and scales where it keeps fp32
+    // moments today.
+    throw InvalidArgument(
+        "--optimizer-states int8 with --islands (DiLoCo's outer step): 8-bit moments are not "
+        "carried there yet; use --optimizer-states fp32 for that run");
+  }
+  if (c.int8_moments && c.offload != Offload::kNone && c.offload_piece % kOffloadAlign != 0) {
+    throw InvalidArgument(fmt::format(
+        "--offload-piece {} is not a multiple of 4096 elements, which --optimizer-states int8 "
+        "needs with --offload (the file's one-byte codes fill O_DIRECT's 4 KiB block at 4096); "
+        "use e.g. 1048576, or 0 for the default",
+        c.offload_piece));
   }
   // Ranks whose write finished wait for the others in a collective, which must outlast it:
   // the default gives way to a short --collective-timeout, a value given does not.

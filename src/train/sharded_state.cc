@@ -32,6 +32,27 @@ std::span<const float> UnitState::master_values() const {
   return const_cast<UnitState*>(this)->master_values();
 }
 
+std::span<uint8_t> UnitState::codes(bool first, const DecaySegment& s, size_t b, size_t len,
+                                    std::span<uint8_t> piece, size_t piece_begin) {
+  if (!piece.empty()) return piece.subspan(b - piece_begin, len);
+  return (first ? m_codes : v_codes).span().subspan(s.at + (b - s.begin), len);
+}
+
+void fill_codes_of_zero(const UnitState& u, size_t begin, std::span<uint8_t> m,
+                        std::span<uint8_t> v) {
+  std::ranges::fill(m, uint8_t{0});
+  std::ranges::fill(v, uint8_t{0});
+  const size_t end = begin + m.size();
+  for (const DecaySegment& s : u.decay) {
+    const size_t lo = std::max(s.begin, begin), hi = std::min(s.end, end);
+    if (!s.quantized || lo >= hi) continue;
+    std::fill(m.begin() + static_cast<std::ptrdiff_t>(lo - begin),
+              m.begin() + static_cast<std::ptrdiff_t>(hi - begin), encode_moment(0.0f, true));
+    std::fill(v.begin() + static_cast<std::ptrdiff_t>(lo - begin),
+              v.begin() + static_cast<std::ptrdiff_t>(hi - begin), encode_moment(0.0f, false));
+  }
+}
+
 namespace {
 
 // Every rank initializes exactly the ranges it holds, from the pure init function, so the
@@ -66,7 +87,7 @@ void initialize(UnitState& u, uint64_t seed, Range skip) {
 // Where each tensor's moments live (DecaySegment), and the int8 buffers sized to hold them:
 // quantized tensors' blocks are their parts of the unit's kMomentBlock grid, starting at
 // zero (Adam's moments start at 0).
-void lay_out_moments(UnitState& u, MemoryLedger& ledger, bool int8, bool allocate) {
+void lay_out_moments(UnitState& u, MemoryLedger& ledger, bool int8, bool offloaded) {
   size_t fp32 = 0, codes = 0, blocks = 0;
   for (DecaySegment& s : u.decay) {
     const size_t n = s.end - s.begin;
@@ -82,14 +103,16 @@ void lay_out_moments(UnitState& u, MemoryLedger& ledger, bool int8, bool allocat
       fp32 += n;
     }
   }
-  if (!allocate) return;
+  // Offloaded, the file holds the fp32 moments, or the codes (OffloadTier::initialize).
+  if (offloaded && !int8) return;
   u.adam_m = Buffer<float>(ledger, MemCategory::kAdamM, int8 ? fp32 : u.opt_range.count());
   u.adam_v = Buffer<float>(ledger, MemCategory::kAdamV, int8 ? fp32 : u.opt_range.count());
   if (!int8) return;
-  u.m_codes = Buffer<uint8_t>(ledger, MemCategory::kAdamM, codes);
-  u.v_codes = Buffer<uint8_t>(ledger, MemCategory::kAdamV, codes);
   u.m_scales = Buffer<float>(ledger, MemCategory::kAdamM, blocks);
   u.v_scales = Buffer<float>(ledger, MemCategory::kAdamV, blocks);
+  if (offloaded) return;
+  u.m_codes = Buffer<uint8_t>(ledger, MemCategory::kAdamM, codes);
+  u.v_codes = Buffer<uint8_t>(ledger, MemCategory::kAdamV, codes);
   // Zero moments: the code of 0 with scale 0 (any code decodes to 0 under scale 0; the
   // first moment's own zero keeps a fresh state's bytes plain).
   std::ranges::fill(u.m_codes.span(), encode_moment(0.0f, true));
@@ -146,7 +169,7 @@ ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision 
                            .quantized = int8_moments && moments_quantized(t.numel)});
       }
     }
-    lay_out_moments(u, ledger, int8_moments, offload == Offload::kNone);
+    lay_out_moments(u, ledger, int8_moments, offload != Offload::kNone);
     // 16-bit parameters beside an offloaded master: the tier writes both from one pass.
     const bool tier_rounds = offload == Offload::kOptimizer && !fp32();
     initialize(u, seed, tier_rounds ? u.opt_range : Range{});

@@ -84,10 +84,11 @@ struct UnitState {
   Flat grads;       // all of the unit, or the own range
   // The optimizer range; empty at fp32, which updates `params`, and under offload.
   Buffer<float> master;
-  Buffer<float> adam_m;  // empty under offload; with int8 moments the fp32 tensors' only
+  // Empty under offload; with int8 moments the fp32 tensors' only (offloaded too).
+  Buffer<float> adam_m;
   Buffer<float> adam_v;
-  Buffer<uint8_t> m_codes, v_codes;  // int8 moments (charged to adam_m / adam_v)
-  Buffer<float> m_scales, v_scales;
+  Buffer<uint8_t> m_codes, v_codes;  // int8 moments (charged to adam_m / adam_v); not offloaded
+  Buffer<float> m_scales, v_scales;  // int8 moments' block scales, offloaded or not
   // Where ranges start inside the buffers (element offsets).
   size_t params_own = 0;  // own range in params
   size_t params_opt = 0;  // optimizer range in params (the fp32 master)
@@ -102,7 +103,17 @@ struct UnitState {
   // The fp32 values the optimizer updates: master, or the params themselves at fp32.
   std::span<float> master_values();
   std::span<const float> master_values() const;
+  // The first (or second) moment's 8-bit codes of elements [b, b + len) of quantized segment
+  // `s`: the unit's own (m_codes, v_codes), or with the offload file's `piece` (its codes of
+  // the optimizer range from element `piece_begin`) a part of that.
+  std::span<uint8_t> codes(bool first, const DecaySegment& s, size_t b, size_t len,
+                           std::span<uint8_t> piece = {}, size_t piece_begin = 0);
 };
+
+// Zero moments' codes of elements [begin, begin + m.size()) of u's optimizer range, as the
+// offload file holds them: the code of 0 in quantized tensors, 0 in the others.
+void fill_codes_of_zero(const UnitState& u, size_t begin, std::span<uint8_t> m,
+                        std::span<uint8_t> v);
 
 class ShardedState {
  public:

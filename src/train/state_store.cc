@@ -18,6 +18,8 @@ void MemoryStore::stream(std::span<const Job> jobs, Access, const std::function<
             .master = {},
             .m = {},
             .v = {},
+            .m8 = {},
+            .v8 = {},
             .params = nullptr};
     if (job.arrays & kMaster) p.master = u.master_values().subspan(job.range.begin, n);
     if ((job.arrays & (kAdamM | kAdamV)) && state_.int8_moments()) {

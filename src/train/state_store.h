@@ -47,6 +47,10 @@ class StateStore {
     // file does not hold (kParams in memory; kMaster at fp32, which is the params) point into
     // the params' own memory.
     std::span<float> master, m, v;
+    // Offloaded 8-bit moments: kAdamM and kAdamV are their codes, one byte per element of
+    // the optimizer range (0 at elements of tensors whose moments stay fp32; those, and the
+    // scales, stay in the unit's memory). In memory the codes are never streamed.
+    std::span<uint8_t> m8, v8;
     void* params = nullptr;  // count elements of the state's dtype
     size_t size() const { return count; }
   };

@@ -23,13 +23,17 @@ for case in "3 0 bf16 1 -" "3 1 fp16 2 -" "4 2 bf16 2 --checkpoint-activations" 
   "6 2 bf16 2 --node-ranks=2,--shard-within-node,--accumulate=local" \
   "3 1 bf16 1 --optimizer-states=int8" "3 0 fp16 2 --optimizer-states=int8,--invariant=on" \
   "4 3 bf16 2 --optimizer-states=int8,--node-ranks=2,--collectives=two-level,--hpz,--qgz=int4" \
-  "4 2 bf16 1 --optimizer-states=int8,--node-ranks=2,--shard-within-node"; do
+  "4 2 bf16 1 --optimizer-states=int8,--node-ranks=2,--shard-within-node" \
+  "3 1 bf16 1 --offload=optimizer" "3 3 fp16 2 --optimizer-states=int8,--offload=optimizer"; do
   read -r n stage precision accum ckpt <<<"$case"
   extra=()
   [[ $ckpt != - ]] && IFS=, read -r -a extra <<<"$ckpt"
+  # Where the offload file goes is train's alone.
+  scratch=()
+  [[ $ckpt == *--offload* ]] && scratch=(--offload-dir "$tmp")
   "$zerodp" train --size tiny --data synthetic --steps 2 --micro-batch 2 --no-progress \
     --ranks "$n" --stage "$stage" --precision "$precision" --grad-accum "$accum" \
-    "${extra[@]}" --report "$tmp/r.json" >/dev/null
+    "${extra[@]}" "${scratch[@]}" --report "$tmp/r.json" >/dev/null
   "$zerodp" estimate "${shape[@]}" --ranks "$n" --stage "$stage" --precision "$precision" \
     --grad-accum "$accum" --micro-batch 2 "${extra[@]}" --json >"$tmp/e.json"
   if /usr/bin/env python3 - "$tmp/r.json" "$tmp/e.json" <<'PY'
@@ -38,6 +42,8 @@ r = json.load(open(sys.argv[1])); e = json.load(open(sys.argv[2]))[0]
 rank0 = r["ranks"][0]
 for k in ("params", "grads", "master", "adam_m", "adam_v"):
     assert rank0["model_state_bytes"][k] == e["model_state_bytes"][k], (k, rank0["model_state_bytes"][k], e["model_state_bytes"][k])
+# --offload: the file's bytes (the offload staging is in the peak below).
+assert rank0.get("nvme_bytes", 0) == e["model_state_bytes"].get("nvme", 0), (rank0.get("nvme_bytes"), e["model_state_bytes"].get("nvme"))
 steps = len(r["steps"])
 for k in ("all_reduce", "reduce_scatter", "all_gather"):
     assert rank0["comm"][k]["bytes"] == e["comm_bytes_per_step"][k] * steps, (k, rank0["comm"][k]["bytes"], e["comm_bytes_per_step"][k])

@@ -111,6 +111,9 @@ std::vector<Case> cases() {
   c.steps = 4;
   c.offload = Offload::kOptimizer;
   out.push_back({"offload optimizer, stage 1 bf16", c});
+  // The codes from the file, the scales and fp32 parts from memory.
+  c.int8_moments = true;
+  out.push_back({"offload optimizer, int8 moments, stage 1 bf16", c});
   c = tiny_config(3, 3, Precision::kFP32);
   c.steps = 4;
   c.offload = Offload::kParams;
@@ -158,24 +161,29 @@ TEST(AsyncSave, WritesTheBytesOfASynchronousSave) {
 
 // Offloaded states are read from the file while training goes on: with the writer held up
 // 2 s before it reads, the next update waits for it before rewriting a unit, so the files
-// are still the step's (a synchronous save's bytes) and the wait is in the save's stall.
+// are still the step's (a synchronous save's bytes) and the wait is in the save's stall;
+// with 8-bit moments also for the scales the update rewrites in memory.
 TEST(AsyncSave, AnOffloadedUpdateWaitsForTheWriterToReadTheOldValues) {
-  TempDir tmp;
-  TrainConfig sync = tiny_config(2, 3);
-  sync.steps = 4;
-  sync.offload = Offload::kOptimizer;
-  sync.offload_dir = tmp.path().string();
-  sync.checkpoint_every = 1;
-  sync.checkpoint_dir = (tmp.path() / "sync").string();
-  TrainConfig async = sync;
-  async.checkpoint_dir = (tmp.path() / "async").string();
-  async.checkpoint_async = true;
-  async.inject = {parse_injection("slowio@2:1")};
-  const TrainResult a = run(async);
-  (void)run(sync);
-  expect_same_checkpoints(sync.checkpoint_dir, async.checkpoint_dir, "slow offloaded write");
-  ASSERT_EQ(a.saves.stall_seconds.size(), 4u);
-  EXPECT_GT(a.saves.stall_seconds[1], 1.0) << "step 3's update waited for step 2's reads";
+  for (const bool int8 : {false, true}) {
+    TempDir tmp;
+    TrainConfig sync = tiny_config(2, 3);
+    sync.steps = 4;
+    sync.int8_moments = int8;
+    sync.offload = Offload::kOptimizer;
+    sync.offload_dir = tmp.path().string();
+    sync.checkpoint_every = 1;
+    sync.checkpoint_dir = (tmp.path() / "sync").string();
+    TrainConfig async = sync;
+    async.checkpoint_dir = (tmp.path() / "async").string();
+    async.checkpoint_async = true;
+    async.inject = {parse_injection("slowio@2:1")};
+    const TrainResult a = run(async);
+    (void)run(sync);
+    const std::string name = int8 ? "slow offloaded write, int8" : "slow offloaded write";
+    expect_same_checkpoints(sync.checkpoint_dir, async.checkpoint_dir, name);
+    ASSERT_EQ(a.saves.stall_seconds.size(), 4u) << name;
+    EXPECT_GT(a.saves.stall_seconds[1], 1.0) << name << ": step 3's update waited for step 2's";
+  }
 }
 
 // A continuation from an asynchronous checkpoint is the uninterrupted run.

@@ -34,11 +34,13 @@ struct Case {
   int grad_accum;
   uint64_t piece;  // elements per staged piece (0 = the default: one piece per tiny unit)
   Offload offload = Offload::kOptimizer;
+  bool int8 = false;  // --optimizer-states int8: the file holds the moments' codes
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << fmt::format("N={} stage {} {} A={} piece {} offload {}", c.ranks, c.stage,
-                     precision_name(c.precision), c.grad_accum, c.piece, offload_name(c.offload));
+  *os << fmt::format("N={} stage {} {} A={} piece {} offload {}{}", c.ranks, c.stage,
+                     precision_name(c.precision), c.grad_accum, c.piece, offload_name(c.offload),
+                     c.int8 ? " int8" : "");
 }
 
 std::vector<double> losses(const TrainResult& r) {
@@ -73,6 +75,7 @@ TEST_P(SameBits, AsTheInMemoryRunAndOnlyParamsAndGradsInMemory) {
   c.grad_accum = p.grad_accum;
   c.steps = 4;
   c.eval_every = 2;  // an evaluation between steps waits for an overlapped update
+  c.int8_moments = p.int8;
   const TrainResult memory = run(c);
   c.offload = p.offload;
   c.offload_dir = tmp.path().string();
@@ -86,14 +89,18 @@ TEST_P(SameBits, AsTheInMemoryRunAndOnlyParamsAndGradsInMemory) {
   EXPECT_TRUE(dir_is_empty(tmp.path())) << "the scratch files are unlinked at once";
 
   const std::vector<uint64_t> numel = unit_numel(c);
+  const UnitTensors tensors = disk.unit_tensors;
   uint64_t moved = 0;
   for (const RankSummary& r : disk.ranks) {
-    const StateBytes plan = model_state_bytes(numel, p.ranks, p.stage, p.precision, r.rank,
-                                              fp32_accumulator(c), p.offload);
+    const StateBytes plan =
+        model_state_bytes(numel, p.ranks, p.stage, p.precision, r.rank, fp32_accumulator(c),
+                          p.offload, p.int8 ? &tensors : nullptr);
     const auto at = [&](MemCategory k) { return r.model_state[static_cast<int>(k)]; };
     EXPECT_EQ(at(MemCategory::kMaster), 0u);
-    EXPECT_EQ(at(MemCategory::kAdamM), 0u);
-    EXPECT_EQ(at(MemCategory::kAdamV), 0u);
+    // 8-bit moments keep their block scales and the small tensors' fp32 moments in memory.
+    EXPECT_EQ(at(MemCategory::kAdamM), plan.adam_m);
+    EXPECT_EQ(at(MemCategory::kAdamV), plan.adam_v);
+    EXPECT_EQ(plan.adam_m > 0, p.int8);
     EXPECT_EQ(at(MemCategory::kParams), plan.params);
     if (p.offload == Offload::kParams) {
       EXPECT_EQ(at(MemCategory::kParams), 0u);
@@ -133,7 +140,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 3, Precision::kBF16, 1, 0, Offload::kParams},
                       Case{2, 3, Precision::kFP16, 2, 2048, Offload::kParams},
                       Case{3, 3, Precision::kFP32, 1, 1024, Offload::kParams},
-                      Case{3, 3, Precision::kBF16, 2, 4096, Offload::kParams}));
+                      Case{3, 3, Precision::kBF16, 2, 4096, Offload::kParams},
+                      // 8-bit moments: their codes in one-byte regions.
+                      Case{2, 1, Precision::kBF16, 1, 4096, Offload::kOptimizer, true},
+                      Case{3, 3, Precision::kFP32, 2, 0, Offload::kParams, true}));
 
 // At stages 0 and 3 with --offload-overlap the update runs beside the next forward;
 // the bits are the same, and so is the time counted (every update inside some step).
@@ -199,11 +209,13 @@ struct Crossing {
   Offload saved;
   Offload resumed;
   Precision precision = Precision::kBF16;
+  bool int8 = false;
 };
 
 void PrintTo(const Crossing& c, std::ostream* os) {
-  *os << fmt::format("N={} stage {} {} saved offloading {} resumed offloading {}", c.ranks, c.stage,
-                     precision_name(c.precision), offload_name(c.saved), offload_name(c.resumed));
+  *os << fmt::format("N={} stage {} {} saved offloading {} resumed offloading {}{}", c.ranks,
+                     c.stage, precision_name(c.precision), offload_name(c.saved),
+                     offload_name(c.resumed), c.int8 ? " int8" : "");
 }
 
 class Checkpoints : public ::testing::TestWithParam<Crossing> {};
@@ -217,7 +229,8 @@ TEST_P(Checkpoints, CrossBetweenTiers) {
   c.steps = 6;
   c.checkpoint_every = 3;
   c.offload_dir = tmp.path().string();
-  c.offload_piece = 2048;
+  c.offload_piece = p.int8 ? 4096 : 2048;
+  c.int8_moments = p.int8;
   c.checkpoint_dir = (tmp.path() / "memory").string();
   const TrainResult full = run(c);
 
@@ -250,7 +263,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Crossing{2, 3, Offload::kParams, Offload::kNone},
                       Crossing{3, 3, Offload::kNone, Offload::kParams},
                       Crossing{2, 3, Offload::kParams, Offload::kOptimizer, Precision::kFP16},
-                      Crossing{3, 3, Offload::kParams, Offload::kParams, Precision::kFP32}));
+                      Crossing{3, 3, Offload::kParams, Offload::kParams, Precision::kFP32},
+                      // The codes in the file are a shard's, 0 at the fp32 tensors' elements.
+                      Crossing{2, 1, Offload::kOptimizer, Offload::kNone, Precision::kBF16, true},
+                      Crossing{3, 3, Offload::kNone, Offload::kParams, Precision::kBF16, true}));
 
 TEST(OffloadRefusals, ADirectoryThatCannotHoldTheStatesIsRefusedBeforeAnyRankStarts) {
   TempDir tmp;

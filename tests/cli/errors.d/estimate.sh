@@ -117,4 +117,3 @@ fi
 expect "--ranks '' is invalid; use 1 or more" estimate --params 1e9 --ranks ""
 rows=$("$zerodp" estimate --params 1e9 --ranks 2 --stage 3,1,3 | grep -c '^ *2 ')
 if [[ $rows == 2 ]]; then echo "ok: --stage 3,1,3 prints stages 1 and 3 once"; else echo "FAIL: --stage 3,1,3 printed $rows rows"; fail=1; fi
-expect "--optimizer-states int8 with --offload" estimate --params 1e9 --optimizer-states int8 --offload optimizer
