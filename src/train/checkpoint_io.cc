@@ -347,7 +347,7 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
                   std::as_writable_bytes(first_moment ? p.m : p.v), island);
       }
     });
-    if (moments8) load_moments(state, store, ckpt, i);
+    if (moments8) load_moments(state, store, ckpt, i, island);
     if (outer != nullptr) {
       ckpt.read(i, "outer_params", u.own.begin, std::as_writable_bytes(outer->global(i)));
       ckpt.read(i, "outer_momentum", u.own.begin, std::as_writable_bytes(outer->momentum(i)));

@@ -42,8 +42,8 @@ std::span<std::byte> bytes(std::span<T> x) {
 // moment_counts counts from that rank's start.
 class SavedMoments {
  public:
-  SavedMoments(const Checkpoint& ckpt, size_t unit, std::vector<uint64_t> tensors)
-      : ckpt_(ckpt), unit_(unit), tensors_(std::move(tensors)) {
+  SavedMoments(const Checkpoint& ckpt, size_t unit, std::vector<uint64_t> tensors, int island)
+      : ckpt_(ckpt), unit_(unit), tensors_(std::move(tensors)), island_(island) {
     uint64_t at = 0;
     for (uint64_t c : ckpt.meta().units.at(unit).counts) {
       starts_.push_back(at);
@@ -64,15 +64,17 @@ class SavedMoments {
       const uint64_t n = count(a, b);
       if (n == 0) continue;
       ckpt_.read_rank(static_cast<int>(r), unit_, kind, count(starts_[r], a),
-                      bytes(out.subspan(count(lo, a), n)));
+                      bytes(out.subspan(count(lo, a), n)), island_);
     }
   }
   const std::vector<uint64_t>& tensors() const { return tensors_; }
+  int island() const { return island_; }
 
  private:
   const Checkpoint& ckpt_;
   size_t unit_;
   std::vector<uint64_t> tensors_;
+  int island_;
   std::vector<uint64_t> starts_;
 };
 
@@ -87,7 +89,7 @@ void decode_saved(const Checkpoint& ckpt, const SavedMoments& saved, size_t unit
   const size_t head = std::min<uint64_t>(kMomentBlock - b0 % kMomentBlock, n);
   std::vector<uint8_t> codes(n);
   std::vector<float> scales(moment_blocks(n, head)), values(n);
-  ckpt.read(unit, first ? "adam_m8" : "adam_v8", b0, bytes(std::span(codes)));
+  ckpt.read(unit, first ? "adam_m8" : "adam_v8", b0, bytes(std::span(codes)), saved.island());
   saved.read(first ? "adam_m8_scale" : "adam_v8_scale", true, b0, b1, scales);
   dequantize_moment_run(codes, scales, head, first, values);
   std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(lo - b0), hi - lo, out.begin());
@@ -179,14 +181,14 @@ void load_int8_range(UnitState& u, const Checkpoint& ckpt, const SavedMoments& s
           .v_scale = u.v_scales.span().subspan(s.block_at + block, s.block_count(lo, hi)),
           .first = lo == s.begin ? s.first : kMomentBlock};
       if (saved8) {  // the saving run's codes and scales, as they were
-        ckpt.read(i, "adam_m8", g0, bytes(q.m));
-        ckpt.read(i, "adam_v8", g0, bytes(q.v));
+        ckpt.read(i, "adam_m8", g0, bytes(q.m), saved.island());
+        ckpt.read(i, "adam_v8", g0, bytes(q.v), saved.island());
         saved.read("adam_m8_scale", true, g0, g1, q.m_scale);
         saved.read("adam_v8_scale", true, g0, g1, q.v_scale);
       } else {  // fp32 moments, encoded as a step would
         std::vector<float> m(n), v(n);
-        ckpt.read(i, "adam_m", g0, bytes(std::span(m)));
-        ckpt.read(i, "adam_v", g0, bytes(std::span(v)));
+        ckpt.read(i, "adam_m", g0, bytes(std::span(m)), saved.island());
+        ckpt.read(i, "adam_v", g0, bytes(std::span(v)), saved.island());
         quantize_moments(m, v, q);
       }
       return;
@@ -197,17 +199,18 @@ void load_int8_range(UnitState& u, const Checkpoint& ckpt, const SavedMoments& s
       saved.read("adam_m", false, g0, g1, m);
       saved.read("adam_v", false, g0, g1, v);
     } else {
-      ckpt.read(i, "adam_m", g0, bytes(m));
-      ckpt.read(i, "adam_v", g0, bytes(v));
+      ckpt.read(i, "adam_m", g0, bytes(m), saved.island());
+      ckpt.read(i, "adam_v", g0, bytes(v), saved.island());
     }
   });
 }
 
 }  // namespace
 
-void load_moments(ShardedState& state, StateStore& store, const Checkpoint& ckpt, size_t i) {
+void load_moments(ShardedState& state, StateStore& store, const Checkpoint& ckpt, size_t i,
+                  int island) {
   UnitState& u = state.units()[i];
-  const SavedMoments saved(ckpt, i, tensor_sizes(*u.unit));
+  const SavedMoments saved(ckpt, i, tensor_sizes(*u.unit), island);
   const size_t base = u.opt_range.begin;
   const size_t n = u.opt_range.count();
   if (state.int8_moments() && !store.on_disk()) {

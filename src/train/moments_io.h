@@ -38,9 +38,10 @@ void stream_int8_moments(const UnitState& u, size_t i, StateStore& store,
 // parts, in the file's order (after the codes).
 void stream_int8_moments_in_memory(const UnitState& u,
                                    const std::function<void(std::span<const std::byte>)>& sink);
-// Unit `i`'s moments from `ckpt` into `state` (through `store` when they are fp32 there),
-// whichever of the checkpoint and the state holds 8-bit moments.
+// Unit `i`'s moments from `ckpt` (with islands, `island`'s) into `state` (through `store` when
+// they are fp32 or offloaded there), whichever of the checkpoint and the state holds 8-bit
+// moments.
 void load_moments(ShardedState& state, StateStore& store, const checkpoint::Checkpoint& ckpt,
-                  size_t i);
+                  size_t i, int island = 0);
 
 }  // namespace zerodp

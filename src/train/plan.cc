@@ -232,14 +232,15 @@ IslandLayout island_layout(const TrainConfig& c, int world) {
           .gathers_params = c.stage <= 2,
           .gathers_master = c.stage == 0 && c.precision != Precision::kFP32,
           .param_bytes = c.precision == Precision::kFP32 ? 4u : 2u,
-          .quant_bits = c.outer_quant};
+          .quant_bits = c.outer_quant,
+          .grain = c.int8_moments ? kMomentBlock : 1};
 }
 
 namespace {
 
-// Rank `rank`'s part of fragment f: its own ranges of the units (Partition(numel, n),
-// index rank % n) within [f P / F, (f + 1) P / F), P the model's elements; and, quantized,
-// the fragment's blocks, those its elements touch and its payload's bytes.
+// Rank `rank`'s part of fragment f: its own ranges of the units (Partition(numel, n), cut on
+// the grain, index rank % n) within [f P / F, (f + 1) P / F), P the model's elements; and,
+// quantized, the fragment's blocks, those its elements touch and its payload's bytes.
 struct FragmentShare {
   uint64_t count = 0;
   uint64_t blocks = 0;
@@ -258,9 +259,9 @@ FragmentShare fragment_share(std::span<const uint64_t> unit_numel, const IslandL
   uint64_t at = 0;
   std::optional<uint64_t> last;  // the last block touched
   for (uint64_t numel : unit_numel) {
-    const Partition p(numel, l.ranks);
-    const uint64_t b = std::max(lo, at + p.offset(rank % l.ranks));
-    const uint64_t e = std::min(hi, at + p.offset(rank % l.ranks) + p.count(rank % l.ranks));
+    const OwnRange own = own_range(numel, l.ranks, rank % l.ranks, l.grain);
+    const uint64_t b = std::max(lo, at + own.begin);
+    const uint64_t e = std::min(hi, at + own.begin + own.count);
     if (b < e) {
       s.count += e - b;
       const uint64_t first = (b - lo) / block, end = (e - 1 - lo) / block + 1;
@@ -305,7 +306,7 @@ uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const Tr
 uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {
   if (l.islands == 1) return 0;
   uint64_t own = 0;
-  for (uint64_t numel : unit_numel) own += own_count(numel, l.ranks, rank % l.ranks);
+  for (uint64_t numel : unit_numel) own += own_count(numel, l.ranks, rank % l.ranks, l.grain);
   uint64_t largest = 0, blocks = 0, payload = 0;
   for (int f = 0; f < l.fragments; ++f) {
     const FragmentShare share = fragment_share(unit_numel, l, rank, f);
@@ -393,8 +394,8 @@ CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLay
       uint64_t others = 0, away = 0;  // elements of the island's other ranks, and off-node
       for (int q = 0; q < l.ranks; ++q) {
         if (q == local) continue;
-        others += own_count(numel, l.ranks, q);
-        if (q / t != local / t) away += own_count(numel, l.ranks, q);
+        others += own_count(numel, l.ranks, q, l.grain);
+        if (q / t != local / t) away += own_count(numel, l.ranks, q, l.grain);
       }
       b.all_gather += others * w;
       b.cross_all_gather += away * w;

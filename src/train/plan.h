@@ -147,6 +147,7 @@ struct IslandLayout {
   uint64_t param_bytes = 2;
   // --outer-quant: 0 (fp32 all-reduce), 8 or 4 (blocks of kOuterQuantBlock all-gathered).
   int quant_bits = 0;
+  uint64_t grain = 1;  // the units' partitions inside an island (CommModes::grain)
 };
 // InvalidArgument when the islands do not divide the world or do not fit the nodes.
 IslandLayout island_layout(const TrainConfig& c, int world);

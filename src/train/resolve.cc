@@ -40,13 +40,6 @@ namespace {
 
 // --optimizer-states int8's combinations, and the bound on an asynchronous save at a signal.
 void resolve_states_and_saves(TrainConfig& c) {
-  if (c.int8_moments && c.islands > 1) {
-    // Not built yet: DiLoCo's outer step needs the codes and scales where it keeps fp32
-    // moments today.
-    throw InvalidArgument(
-        "--optimizer-states int8 with --islands (DiLoCo's outer step): 8-bit moments are not "
-        "carried there yet; use --optimizer-states fp32 for that run");
-  }
   if (c.int8_moments && c.offload != Offload::kNone && c.offload_piece % kOffloadAlign != 0) {
     throw InvalidArgument(fmt::format(
         "--offload-piece {} is not a multiple of 4096 elements, which --optimizer-states int8 "

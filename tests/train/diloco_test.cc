@@ -258,6 +258,42 @@ TrainConfig streaming_config(int ranks, int stage) {
   return c;
 }
 
+// 8-bit inner moments (optim/moments8.h): the islands' partitions are cut on the block grid,
+// so the bits are the same for any ranks per island and stage, streamed or not; the planner
+// counts the outer state and traffic on those partitions (no DIFF in the formula table); and a
+// checkpoint mid-round, holding every island's codes and scales, resumes on other ranks.
+TEST(Islands, Int8MomentsKeepTheBitsAndResumeMidRound) {
+  namespace fs = std::filesystem;
+  testing::TempDir tmp;
+  TrainConfig base = streaming_config(2, 0);
+  base.int8_moments = true;
+  base.checkpoint_dir = (tmp.path() / "whole").string();
+  const TrainResult whole = run(base);
+  TrainConfig fp32 = base;
+  fp32.int8_moments = false;
+  fp32.checkpoint_dir.clear();
+  EXPECT_NE(run(fp32).weights_sha256, whole.weights_sha256) << "the moments must matter";
+  TrainConfig c = streaming_config(4, 3);
+  c.int8_moments = true;
+  c.checkpoint_dir = (tmp.path() / "four").string();
+  c.stop_after = 3;  // mid-round, fragment 1's exchange in flight
+  (void)run(c);
+  c.stop_after = 0;
+  c.resume = "latest";
+  c.launch.ranks = 8;
+  c.stage = 1;
+  c.grad_accum = 0;  // the checkpoint's batch
+  const TrainResult resumed = run(c);
+  EXPECT_EQ(resumed.weights_sha256, whole.weights_sha256);
+  const std::string table = formula_table(resumed);
+  EXPECT_EQ(table.find("DIFF"), std::string::npos) << table;
+  TrainConfig eight = streaming_config(8, 2);
+  eight.int8_moments = true;
+  const TrainResult r = run(eight);
+  EXPECT_EQ(r.weights_sha256, whole.weights_sha256);
+  EXPECT_EQ(formula_table(r).find("DIFF"), std::string::npos);
+}
+
 TEST(Streaming, AnyRanksPerIslandGiveTheSameBits) {
   const TrainResult want = run(streaming_config(2, 1));
   std::vector<bool> outer;

@@ -309,11 +309,9 @@ expect "--checkpoint-storage node-local does nothing here: it says where --check
   train --size tiny --data synthetic --checkpoint-storage node-local
 expect "--checkpoint-storage 'nfs' is unknown; use shared" \
   train --size tiny --data synthetic --checkpoint-storage nfs
-# --optimizer-states: fp32 or int8, and int8 only where its codes and scales are carried.
+# --optimizer-states: fp32 or int8; offloaded, int8 needs pieces of whole 4 KiB blocks of codes.
 expect "--optimizer-states int4 is invalid; use fp32 or int8" \
   train --size tiny --data synthetic --optimizer-states int4
 expect "--offload-piece 2048 is not a multiple of 4096 elements, which --optimizer-states int8 needs" \
   train --size tiny --data synthetic --optimizer-states int8 --offload optimizer --offload-dir /tmp \
   --offload-piece 2048
-expect "--optimizer-states int8 with --islands (DiLoCo's outer step)" \
-  train --size tiny --data synthetic --ranks 2 --optimizer-states int8 --islands 2
