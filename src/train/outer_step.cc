@@ -49,9 +49,9 @@ void OuterStep::for_each_block_run(int f, Fn&& fn) const {
   }
 }
 
-OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& island,
-                     Communicator& column, MemoryLedger& ledger)
-    : cfg_(cfg), state_(state), island_(island), column_(column) {
+OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& store,
+                     ShardGroup& island, Communicator& column, MemoryLedger& ledger)
+    : cfg_(cfg), state_(state), store_(store), island_(island), column_(column) {
   uint64_t total = 0;
   for (const UnitState& u : state_.units()) total += u.numel;
   fragments_.resize(static_cast<size_t>(cfg.fragments));
@@ -118,24 +118,45 @@ std::span<float> OuterStep::own_master(UnitState& u) {
   return u.master.span().subspan(u.opt_own, u.own.count());
 }
 
-void OuterStep::begin() {
-  for (size_t i = 0; i < state_.units().size(); ++i) {
-    const std::span<const float> master = own_master(state_.units()[i]);
-    std::copy(master.begin(), master.end(), global_[i].data());
+std::vector<StateStore::Job> OuterStep::master_jobs(int f, unsigned arrays) const {
+  std::vector<StateStore::Job> jobs;
+  for (const Piece& p : fragments_[static_cast<size_t>(f)]) {
+    const size_t begin = state_.units()[p.unit].opt_own + p.at;
+    jobs.push_back({p.unit, {begin, begin + p.count}, arrays});
   }
+  return jobs;
+}
+
+void OuterStep::begin() {
+  std::vector<StateStore::Job> jobs;
+  for (size_t i = 0; i < state_.units().size(); ++i) {
+    const UnitState& u = state_.units()[i];
+    jobs.push_back({i, {u.opt_own, u.opt_own + u.own.count()}, StateStore::kMaster});
+  }
+  store_.stream(jobs, StateStore::Access::kRead, [&](StateStore::Piece& p) {
+    std::copy(p.master.begin(), p.master.end(),
+              global_[p.unit].data() + (p.begin - state_.units()[p.unit].opt_own));
+  });
 }
 
 void OuterStep::send(int f, int64_t merge_at) {
   pending_ = f;
   merge_at_ = merge_at;
+  const std::vector<Piece>& pieces = fragments_[static_cast<size_t>(f)];
+  // Each job's place in the exchange buffer.
+  std::vector<size_t> starts;
   size_t at = 0;
-  for (const Piece& p : fragments_[static_cast<size_t>(f)]) {
-    const std::span<const float> master = own_master(state_.units()[p.unit]).subspan(p.at);
-    const float* g = global_[p.unit].data() + p.at;
-    float* d = exchange_.data() + at;
-    for (size_t e = 0; e < p.count; ++e) d[e] = g[e] - master[e];
+  for (const Piece& p : pieces) {
+    starts.push_back(at);
     at += p.count;
   }
+  const std::vector<StateStore::Job> jobs = master_jobs(f, StateStore::kMaster);
+  store_.stream(jobs, StateStore::Access::kRead, [&](StateStore::Piece& sp) {
+    const size_t skip = sp.begin - jobs[sp.job].range.begin;
+    const float* g = global_[sp.unit].data() + pieces[sp.job].at + skip;
+    float* d = exchange_.data() + starts[sp.job] + skip;
+    for (size_t e = 0; e < sp.count; ++e) d[e] = g[e] - sp.master[e];
+  });
   if (cfg_.outer_quant != 0) {
     send_quantized(f);
   } else {
@@ -201,21 +222,31 @@ void OuterStep::merge(float mix) {
   const float mu = cfg_.outer_momentum;
   const float lr = cfg_.outer_lr;
   std::vector<Work> gathers;
+  const std::vector<Piece>& pieces = fragments_[static_cast<size_t>(pending_)];
+  std::vector<size_t> starts;
   size_t at = 0;
-  for (const Piece& p : fragments_[static_cast<size_t>(pending_)]) {
-    UnitState& u = state_.units()[p.unit];
-    const std::span<float> master = own_master(u).subspan(p.at, p.count);
-    const float* avg = exchange_.data() + at;
-    float* g = global_[p.unit].data() + p.at;
-    float* m = momentum_[p.unit].data() + p.at;
-    for (size_t e = 0; e < p.count; ++e) {
+  for (const Piece& p : pieces) {
+    starts.push_back(at);
+    at += p.count;
+  }
+  // The master and the 16-bit params it rounds into, wherever the store keeps them (the
+  // params are read too: a fragment's piece need not fill the file's windows).
+  const std::vector<StateStore::Job> jobs =
+      master_jobs(pending_, StateStore::kMaster | (state_.fp32() ? 0u : StateStore::kParams));
+  store_.stream(jobs, StateStore::Access::kReadWrite, [&](StateStore::Piece& sp) {
+    const size_t skip = sp.begin - jobs[sp.job].range.begin;
+    const size_t within = pieces[sp.job].at + skip;  // in the unit's own range
+    const std::span<float> master = sp.master;
+    const float* avg = exchange_.data() + starts[sp.job] + skip;
+    float* g = global_[sp.unit].data() + within;
+    float* m = momentum_[sp.unit].data() + within;
+    for (size_t e = 0; e < sp.count; ++e) {
       m[e] = mu * m[e] + avg[e];
       g[e] = g[e] - lr * (avg[e] + mu * m[e]);
       master[e] = mix == 1.0f ? g[e] : mix * g[e] + (1.0f - mix) * master[e];
     }
-    at += p.count;
-    if (!state_.fp32()) narrow(master, u.params.data(), state_.dtype(), u.params_own + p.at);
-  }
+    if (!state_.fp32()) narrow(master, sp.params, state_.dtype(), 0);
+  });
   // The island's other copies: the params each rank holds whole (stages 0-2), and the
   // master at stage 0 (at fp32 the params are the master).
   for (size_t i : touched_[static_cast<size_t>(pending_)]) {

@@ -47,6 +47,7 @@
 #include "train/config.h"
 #include "train/shard_group.h"
 #include "train/sharded_state.h"
+#include "train/state_store.h"
 
 namespace zerodp {
 
@@ -59,8 +60,9 @@ Range fragment_range(uint64_t total, int fragments, int f);
 class OuterStep {
  public:
   // `column`: the ranks of this rank's index in every island, in island order.
-  OuterStep(const TrainConfig& cfg, ShardedState& state, ShardGroup& island, Communicator& column,
-            MemoryLedger& ledger);
+  // `store`: where the master weights (at fp32 the params) are, in memory or offloaded.
+  OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& store, ShardGroup& island,
+            Communicator& column, MemoryLedger& ledger);
   // Waits for an exchange still in flight (a run stopped mid-round): the column's thread
   // writes into the exchange buffer until it is done. Its error is dropped: the caller is
   // unwinding, and a failed peer aborts the column, which ends the wait.
@@ -111,7 +113,10 @@ class OuterStep {
     size_t count = 0;
     size_t payload = 0;  // bytes: the touched blocks' scales, then the packed codes
   };
-  // Unit u's own range of its fp32 master (the params themselves at fp32).
+  // The store's jobs for fragment f's pieces of the master (at fp32 the params), with
+  // `arrays` (kMaster, and kParams where the merge narrows into them).
+  std::vector<StateStore::Job> master_jobs(int f, unsigned arrays) const;
+  // Unit u's own range of its fp32 master in memory (stage 0's gather source).
   std::span<float> own_master(UnitState& u);
   // Fragment f's pseudo-gradient into the exchange buffer, its all-reduce issued.
   void send(int f, int64_t merge_at);
@@ -133,6 +138,7 @@ class OuterStep {
 
   const TrainConfig& cfg_;
   ShardedState& state_;
+  StateStore& store_;
   ShardGroup& island_;
   Communicator& column_;
   std::vector<Buffer<float>> global_, momentum_;

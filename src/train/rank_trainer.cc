@@ -108,7 +108,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       optimizer_(cfg, state_, group_, chunk_, store()),
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
   if (offload_) offload_->initialize(cfg.seed);
-  if (column != nullptr) outer_.emplace(cfg, state_, group_, *column, ledger_);
+  if (column != nullptr) outer_.emplace(cfg, state_, store(), group_, *column, ledger_);
   // Rank threads that each ask for all cores oversubscribe them; the cores are the ones the
   // process may run on (a host pinned to a cpuset has those, not the machine's).
   set_gemm_threads(std::max(1, usable_cores() / ranks_on_this_host(comm, cfg.launch)));

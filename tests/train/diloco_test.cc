@@ -294,6 +294,45 @@ TEST(Islands, Int8MomentsKeepTheBitsAndResumeMidRound) {
   EXPECT_EQ(formula_table(r).find("DIFF"), std::string::npos);
 }
 
+// --offload: the outer step reads and writes the master (and the 16-bit params it rounds
+// into) through the offload file; the run is the in-memory one, bit for bit, streamed or not,
+// and resumes mid-round from its checkpoint.
+TEST(Islands, OffloadedStatesGiveTheInMemoryBits) {
+  testing::TempDir tmp;
+  struct Case {
+    TrainConfig config;
+    Offload offload;
+    const char* name;
+  };
+  // Streamed with a delay, a merge mixes the island's own master in (--outer-mix 0.5).
+  const TrainConfig stage1 = streaming_config(4, 1);
+  const std::vector<Case> cases{
+      {stage1, Offload::kOptimizer, "streaming, stage 1 bf16"},
+      {island_config(4, 3), Offload::kParams, "stage 3 bf16, params offloaded"},
+      {island_config(2, 0, Precision::kFP32), Offload::kOptimizer, "stage 0 fp32"}};
+  for (const Case& k : cases) {
+    const TrainResult memory = run(k.config);
+    TrainConfig c = k.config;
+    c.offload = k.offload;
+    c.offload_dir = tmp.path().string();
+    c.offload_piece = 2048;  // several pieces per unit, fragments cutting them
+    const TrainResult disk = run(c);
+    EXPECT_EQ(disk.weights_sha256, memory.weights_sha256) << k.name;
+    EXPECT_EQ(outcome_of(disk).losses, outcome_of(memory).losses) << k.name;
+    EXPECT_EQ(disk.ranks[0].model_state[static_cast<int>(MemCategory::kMaster)], 0u) << k.name;
+  }
+  TrainConfig c = stage1;
+  c.offload = Offload::kOptimizer;
+  c.offload_dir = tmp.path().string();
+  c.offload_piece = 2048;
+  c.checkpoint_dir = (tmp.path() / "ckpt").string();
+  c.stop_after = 3;  // an exchange in flight
+  (void)run(c);
+  c.stop_after = 0;
+  c.resume = "latest";
+  EXPECT_EQ(run(c).weights_sha256, run(stage1).weights_sha256);
+}
+
 TEST(Streaming, AnyRanksPerIslandGiveTheSameBits) {
   const TrainResult want = run(streaming_config(2, 1));
   std::vector<bool> outer;
@@ -575,6 +614,14 @@ TEST(Islands, RefusalsNameWhatWouldWork) {
   c = streaming_config(4, 1);
   c.eval_every = 4;
   refused(c, "leave --eval-every out");
+  c = island_config(4, 0);
+  c.offload = Offload::kOptimizer;
+  c.offload_dir = "/tmp";
+  refused(c, "use --stage 1 or more, or --precision fp32");
+  c.stage = 1;
+  c.checkpoint_dir = "/tmp/unused";
+  c.checkpoint_async = true;
+  refused(c, "leave --checkpoint-async out");
 }
 
 }  // namespace
