@@ -7,6 +7,7 @@
 # blocks the file system answers without the disk), the median step and the final loss.
 #
 #   bench/optim/offload_states.sh ZERODP DIR [STEPS] [REPEAT]   (defaults: 4 steps, 1 repeat)
+#   ZERODP_OFFLOAD_FIRST=int8: start with int8 (the order alternates on every repeat).
 #   ZERODP_OFFLOAD_SHAPE: the model flags (default: the 2.0-billion-parameter GPT of
 #   docs/offload.md, --layers 40 --embd 2048 --heads 16 --seq-len 128: 24 GB of file at fp32).
 set -euo pipefail
@@ -21,8 +22,13 @@ trap 'rm -rf "$out"' EXIT
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); ${shape[*]}, $steps steps, 1 rank, stage 0, --offload-dir $dir"
 printf '%-6s %14s %14s %16s %10s %10s %10s\n' states "file B" "moments mem B" "update B (2..)" \
   "update s" "step med" loss
+swap=0
+[[ ${ZERODP_OFFLOAD_FIRST:-fp32} == int8 ]] && swap=1
 for ((k = 0; k < repeat; k++)); do
-  for states in fp32 int8; do
+  # Alternated: the host's disk rate drifts, so neither precision always runs first.
+  order=(fp32 int8)
+  if (((k + swap) % 2 == 1)); then order=(int8 fp32); fi
+  for states in "${order[@]}"; do
     report="$out/$states-$k.json"
     "$zerodp" train "${shape[@]}" --micro-batch 1 --ranks 1 --stage 0 --steps "$steps" \
       --lr 3e-4 --eval-batches 1 --no-progress --offload optimizer --offload-dir "$dir" \
