@@ -31,16 +31,23 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Offloaded, the staging is the bounce buffer and then, with an exchange in flight, its values.
+constexpr size_t kPendingAt = kCheckpointReadPiece + kOffloadAlign;
+
 }  // namespace
 
 uint64_t staging_bytes(const RankTrainer& trainer) {
   if (!trainer.group().primary()) return 0;  // an HSDP replica writes no shard
-  if (trainer.offload() != nullptr) return kCheckpointReadPiece + kOffloadAlign;
   // The shard's tensors as the file declares them, an outer exchange in flight included.
   const bool outer = trainer.config().islands > 1 && trainer.comm().rank() < trainer.group().size();
-  uint64_t bytes = 0;
   // An exchange is in flight at a boundary only when --outer-delay streams them.
   const bool pending = outer && trainer.config().outer_delay > 0;
+  if (trainer.offload() != nullptr) {
+    uint64_t own = 0;
+    for (const UnitState& u : trainer.state().units()) own += u.own.count();
+    return kPendingAt + (pending ? 4 * own : 0);
+  }
+  uint64_t bytes = 0;
   for (const safetensors::TensorDecl& t : shard_tensors(trainer.state(), outer, pending)) {
     uint64_t n = safetensors::element_size(t.type);
     for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
@@ -90,6 +97,15 @@ void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> histor
   const bool from_offload = ticket.writer && trainer_.offload() != nullptr;
   if (ticket.writer)
     tensors = shard_tensors(trainer_.state(), ticket.outer != nullptr, ticket.pending);
+  if (from_offload && ticket.outer != nullptr && ticket.pending) {
+    // The exchange in flight is rewritten by the next round's send: staged now.
+    auto* pending = reinterpret_cast<float*>(staging_.data() + kPendingAt);
+    for (size_t i = 0; i < trainer_.state().units().size(); ++i) {
+      const size_t n = trainer_.state().units()[i].own.count();
+      ticket.outer->pending_values(i, {pending, n});
+      pending += n;
+    }
+  }
   if (ticket.writer && !from_offload) {
     stream_shard(trainer_.state(), trainer_.store(), ticket.outer, ticket.pending,
                  [&](std::span<const std::byte> b) {
@@ -227,7 +243,8 @@ void AsyncSaver::writer_loop() {
   }
 }
 
-void AsyncSaver::write_from_offload(safetensors::Writer& out, const std::function<void()>& check) {
+void AsyncSaver::write_from_offload(const Job& job, safetensors::Writer& out,
+                                    const std::function<void()>& check) {
   OffloadTier& tier = *trainer_.offload();
   const ShardedState& state = trainer_.state();
   const auto at = reinterpret_cast<uintptr_t>(staging_.data());
@@ -244,11 +261,22 @@ void AsyncSaver::write_from_offload(safetensors::Writer& out, const std::functio
     check();
     out.write(b);
   };
+  const SaveTicket& t = *job.ticket;
+  const auto* pending = reinterpret_cast<const float*>(staging_.data() + kPendingAt);
   for (size_t i = 0; i < state.units().size(); ++i) {
     const UnitState& u = state.units()[i];
     for (unsigned a : arrays) tier.read_out(i, a, u.opt_own, u.own.count(), bounce, write);
-    // The update rewrites the scales with the codes: it waits for units_read_ below.
+    // The update rewrites the scales with the codes, and a merge the outer weights with the
+    // master: each waits for units_read_ below.
     if (state.int8_moments()) stream_int8_moments_in_memory(u, write);
+    if (t.outer != nullptr) {
+      write(std::as_bytes(t.outer->global(i)));
+      write(std::as_bytes(t.outer->momentum(i)));
+      if (t.pending) {
+        write(std::as_bytes(std::span(pending, u.own.count())));
+        pending += u.own.count();
+      }
+    }
     {
       MutexLock lock(mu_);
       units_read_ = i + 1;
@@ -288,7 +316,7 @@ ShardWritten AsyncSaver::write(const Job& job) {
       trainer_.faults().shard_write_failure(t.step, t.file);
       safetensors::Writer out(t.file, job.tensors, shard_metadata());
       if (job.from_offload) {
-        write_from_offload(out, check_abandoned);
+        write_from_offload(job, out, check_abandoned);
       } else {
         // In pieces, so that an abandoned save stops within one.
         for (size_t at = 0; at < job.bytes; at += kWritePiece) {

@@ -82,8 +82,10 @@ class AsyncSaver {
   void writer_loop();
   // The writer's part: the shard from staging, the history, fsynced.
   ShardWritten write(const Job& job);
-  // Writer: the shard read out of the offload tier, unit by unit, into `out`.
-  void write_from_offload(safetensors::Writer& out, const std::function<void()>& check);
+  // Writer: the shard read out of the offload tier, unit by unit, into `out` (the outer
+  // weights and momentum from memory, an exchange in flight from the staging).
+  void write_from_offload(const Job& job, safetensors::Writer& out,
+                          const std::function<void()>& check);
   // The update's thread, before it rewrites unit `u` (offloaded): until the writer has read it.
   void wait_for_unit(size_t u);
   // Training thread: the save in flight, every rank's write done, agreed and committed.

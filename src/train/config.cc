@@ -307,11 +307,6 @@ void check_island_modes(const TrainConfig& c) {
            "every rank holds the island's whole master, gathered in memory after a merge (not "
            "built for the offload file); use --stage 1 or more, or --precision fp32");
   }
-  if (c.offload != Offload::kNone && c.checkpoint_async) {
-    refuse("--offload and --checkpoint-async",
-           "the background writer does not read the outer state beside the file yet; save "
-           "synchronously (leave --checkpoint-async out)");
-  }
   if (c.outer_every % c.fragments != 0) {
     throw InvalidArgument(fmt::format(
         "--fragments {} does not divide --outer-every {}: each fragment's round is H steps, "

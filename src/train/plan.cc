@@ -284,13 +284,23 @@ uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const Tr
   const int shards = shard_ranks(c, world);
   // HSDP: node 0's ranks write the one copy.
   if (!c.checkpoint_async || (c.islands == 1 && rank >= shards)) return 0;
-  if (c.offload != Offload::kNone) return kCheckpointReadPiece + kOffloadAlign;
+  const uint64_t grain = c.int8_moments ? kMomentBlock : 1;
+  if (c.offload != Offload::kNone) {
+    // Island 0's ranks also stage the exchange in flight (the outer weights and momentum are
+    // read from memory unit by unit, before a merge rewrites them).
+    uint64_t pending = 0;
+    if (c.islands > 1 && rank < shards && c.outer_delay > 0) {
+      for (uint64_t numel : unit_numel) {
+        pending += 4 * own_count(numel, shards, shard_index(c, world, rank), grain);
+      }
+    }
+    return kCheckpointReadPiece + kOffloadAlign + pending;
+  }
   const bool int8 = c.int8_moments && tensors != nullptr && tensors->size() == unit_numel.size();
   // Params and master per element; the fp32 moments' 8 unless they are 8-bit (moments_io.h:
   // a code byte per element of each, scales and the small tensors' fp32 parts).
   uint64_t per_element = (c.precision == Precision::kFP32 ? 4 : 2 + 4) + (int8 ? 2 : 8);
   if (c.islands > 1 && rank < shards) per_element += c.outer_delay > 0 ? 12 : 8;
-  const uint64_t grain = c.int8_moments ? kMomentBlock : 1;
   uint64_t bytes = 0;
   for (size_t i = 0; i < unit_numel.size(); ++i) {
     const OwnRange own = own_range(unit_numel[i], shards, shard_index(c, world, rank), grain);

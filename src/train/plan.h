@@ -158,7 +158,7 @@ uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLay
 // --checkpoint-async's staging on rank `rank` (train/async_save.h): the tensors of the shard
 // file it writes, its own ranges' params, fp32 master (16-bit runs), adam_m and adam_v, and
 // on island 0's ranks the outer weights and momentum (and the exchange in flight when
-// --outer-delay streams them); with --offload the bounce buffer alone. 0 without
+// --outer-delay streams them); with --offload the bounce buffer (and that exchange). 0 without
 // --checkpoint-async, and on an HSDP replica, which writes no shard.
 // With --offload the states are read from the file through a bounce buffer of this many
 // bytes (plus kOffloadAlign to align it): the staging.

@@ -101,6 +101,10 @@ std::vector<Case> cases() {
   c.outer_delay = 1;
   c.steps = 7;
   out.push_back({"streaming islands", c});
+  // Offloaded islands: the outer state from memory beside the file, the exchange staged.
+  c.offload = Offload::kOptimizer;
+  c.offload_piece = 2048;
+  out.push_back({"streaming islands, offload optimizer", c});
   // 8-bit moments: codes, scales and fp32 parts (train/moments_io.h).
   c = tiny_config(3, 2);
   c.steps = 4;

@@ -618,10 +618,6 @@ TEST(Islands, RefusalsNameWhatWouldWork) {
   c.offload = Offload::kOptimizer;
   c.offload_dir = "/tmp";
   refused(c, "use --stage 1 or more, or --precision fp32");
-  c.stage = 1;
-  c.checkpoint_dir = "/tmp/unused";
-  c.checkpoint_async = true;
-  refused(c, "leave --checkpoint-async out");
 }
 
 }  // namespace
