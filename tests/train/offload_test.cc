@@ -143,6 +143,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{3, 3, Precision::kBF16, 2, 4096, Offload::kParams},
                       // 8-bit moments: their codes in one-byte regions.
                       Case{2, 1, Precision::kBF16, 1, 4096, Offload::kOptimizer, true},
+                      Case{2, 0, Precision::kFP16, 2, 0, Offload::kOptimizer, true},  // overlap
                       Case{3, 3, Precision::kFP32, 2, 0, Offload::kParams, true}));
 
 // At stages 0 and 3 with --offload-overlap the update runs beside the next forward;
