@@ -302,11 +302,6 @@ void check_island_modes(const TrainConfig& c) {
            "the islands already hold a replica each; shard inside each island with --stage");
   }
   if (c.hpz) refuse("--hpz", "not built for islands yet; leave --hpz out");
-  if (c.offload != Offload::kNone && c.stage == 0 && c.precision != Precision::kFP32) {
-    refuse("--offload at --stage 0",
-           "every rank holds the island's whole master, gathered in memory after a merge (not "
-           "built for the offload file); use --stage 1 or more, or --precision fp32");
-  }
   if (c.outer_every % c.fragments != 0) {
     throw InvalidArgument(fmt::format(
         "--fragments {} does not divide --outer-every {}: each fragment's round is H steps, "

@@ -90,6 +90,11 @@ OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& st
     momentum_.emplace_back(ledger, MemCategory::kOuterState, u.own.count());
   }
   exchange_ = Buffer<float>(ledger, MemCategory::kOuterState, largest);
+  if (gathers_offloaded_master()) {
+    size_t widest = 0;
+    for (const UnitState& u : state_.units()) widest = std::max(widest, u.numel);
+    whole_master_ = Buffer<float>(ledger, MemCategory::kOuterState, widest);
+  }
   if (cfg.outer_quant != 0) {
     size_t blocks = 0, payload = 0;
     for (const Quantized& q : quantized_) {
@@ -111,6 +116,26 @@ OuterStep::~OuterStep() {
     } catch (...) {  // NOLINT(bugprone-empty-catch): see the declaration
     }
   }
+}
+
+bool OuterStep::gathers_offloaded_master() const {
+  return store_.on_disk() && !state_.fp32() &&
+         state_.plan().optimizer == StagePlan::Extent::kFull && island_.size() > 1;
+}
+
+void OuterStep::gather_offloaded_master(size_t i) {
+  UnitState& u = state_.units()[i];
+  const std::span<float> whole = whole_master_.span().first(u.numel);
+  const std::span<float> own = whole.subspan(u.own.begin, u.own.count());
+  const StateStore::Job mine{i, {u.opt_own, u.opt_own + u.own.count()}, StateStore::kMaster};
+  store_.stream(std::span(&mine, 1), StateStore::Access::kRead, [&](StateStore::Piece& p) {
+    std::copy(p.master.begin(), p.master.end(), own.begin() + (p.begin - u.opt_own));
+  });
+  island_.all_gather_async(own, whole, u.part).wait();
+  const StateStore::Job all{i, {0, u.numel}, StateStore::kMaster};
+  store_.stream(std::span(&all, 1), StateStore::Access::kWrite, [&](StateStore::Piece& p) {
+    std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(p.begin), p.count, p.master.begin());
+  });
 }
 
 std::span<float> OuterStep::own_master(UnitState& u) {
@@ -249,14 +274,23 @@ void OuterStep::merge(float mix) {
   });
   // The island's other copies: the params each rank holds whole (stages 0-2), and the
   // master at stage 0 (at fp32 the params are the master).
+  // Whether to gather is the same on every rank of the island (a rank may own all of a
+  // small unit cut on the moments' grid, and another none of it).
+  const bool island = island_.size() > 1;
+  const bool whole_params = state_.plan().params == StagePlan::Extent::kFull;
+  const bool whole_master = state_.plan().optimizer == StagePlan::Extent::kFull;
   for (size_t i : touched_[static_cast<size_t>(pending_)]) {
     UnitState& u = state_.units()[i];
-    if (u.held.count() != u.own.count()) {
+    if (island && whole_params) {
       gathers.push_back(island_.all_gather_async(u.params.range(u.params_own, u.own.count()),
                                                  u.params.buffer(), u.part));
     }
-    if (!state_.fp32() && u.opt_range.count() != u.own.count()) {
-      gathers.push_back(island_.all_gather_async(own_master(u), u.master.span(), u.part));
+    if (island && !state_.fp32() && whole_master) {
+      if (store_.on_disk()) {
+        gather_offloaded_master(i);  // through one unit-sized buffer: a unit at a time
+      } else {
+        gathers.push_back(island_.all_gather_async(own_master(u), u.master.span(), u.part));
+      }
     }
   }
   for (Work& w : gathers) w.wait();

@@ -118,6 +118,10 @@ class OuterStep {
   std::vector<StateStore::Job> master_jobs(int f, unsigned arrays) const;
   // Unit u's own range of its fp32 master in memory (stage 0's gather source).
   std::span<float> own_master(UnitState& u);
+  // Stage 0 at 16 bits offloaded: the island's ranks each hold the whole master in the file,
+  // so a merge gathers unit i's through `whole_master_` and writes it back whole.
+  bool gathers_offloaded_master() const;
+  void gather_offloaded_master(size_t i);
   // Fragment f's pseudo-gradient into the exchange buffer, its all-reduce issued.
   void send(int f, int64_t merge_at);
   QuantBits quant_bits() const;
@@ -147,6 +151,7 @@ class OuterStep {
   // whose own pieces of it differ): those whose island copies a merge gathers again.
   std::vector<std::vector<size_t>> touched_;
   Buffer<float> exchange_;            // the fragment in flight's pseudo-gradient, then its average
+  Buffer<float> whole_master_;        // the largest unit's master (gathers_offloaded_master)
   std::vector<Quantized> quantized_;  // per fragment, with --outer-quant
   Buffer<float> amax_;                // a fragment's block maxima
   Buffer<int8_t> codes_;              // this rank's codes, and an island's unpacked

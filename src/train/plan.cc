@@ -231,6 +231,7 @@ IslandLayout island_layout(const TrainConfig& c, int world) {
           .across_node_ranks = n % t == 0 ? 1 : t / n,
           .gathers_params = c.stage <= 2,
           .gathers_master = c.stage == 0 && c.precision != Precision::kFP32,
+          .master_offloaded = c.offload != Offload::kNone,
           .param_bytes = c.precision == Precision::kFP32 ? 4u : 2u,
           .quant_bits = c.outer_quant,
           .grain = c.int8_moments ? kMomentBlock : 1};
@@ -326,7 +327,11 @@ uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLay
   }
   const uint64_t quantized =
       l.quant_bits == 0 ? 0 : 4 * blocks + largest + payload * static_cast<uint64_t>(l.islands + 1);
-  return 2 * 4 * own + 4 * largest + quantized;
+  uint64_t whole = 0;
+  if (l.gathers_master && l.master_offloaded && l.ranks > 1) {
+    for (uint64_t numel : unit_numel) whole = std::max(whole, 4 * numel);
+  }
+  return 2 * 4 * own + 4 * largest + quantized + whole;
 }
 
 CommBytes outer_round_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,

@@ -144,6 +144,8 @@ struct IslandLayout {
   // the optimizer updates it whole (stage 0 at 16 bits).
   bool gathers_params = false;
   bool gathers_master = false;
+  // Offloaded, that master is in the file: gathered through a buffer of the largest unit.
+  bool master_offloaded = false;
   uint64_t param_bytes = 2;
   // --outer-quant: 0 (fp32 all-reduce), 8 or 4 (blocks of kOuterQuantBlock all-gathered).
   int quant_bits = 0;
@@ -153,7 +155,8 @@ struct IslandLayout {
 IslandLayout island_layout(const TrainConfig& c, int world);
 // The outer state of rank `rank`: global weights and momentum, fp32, of its own ranges, and
 // the exchange buffer of its largest fragment (quantized: also the block maxima, its codes,
-// and a payload of its own and every island's).
+// and a payload of its own and every island's; an offloaded master gathered at stage 0: the
+// largest unit's fp32).
 uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
 // --checkpoint-async's staging on rank `rank` (train/async_save.h): the tensors of the shard
 // file it writes, its own ranges' params, fp32 master (16-bit runs), adam_m and adam_v, and
