@@ -279,20 +279,7 @@ void read_run(const Flags& f, Estimate& e) {
                             c.invariant, comm.two_level, c.hpz, c.qwz, comm.qgz_bits);
   }
   check_inter_node_link(comm);
-  // Island modes depend on the stage: rows of every stage (the default) leave out a stage
-  // train would refuse; a stage asked for by name is refused as train would.
-  const bool every_stage = !stages || *stages == "all";
-  for (auto it = e.stages.begin(); it != e.stages.end();) {
-    TrainConfig row = c;
-    row.stage = *it;
-    try {
-      check_island_modes(row);
-      ++it;
-    } catch (const InvalidArgument&) {
-      if (!every_stage || e.stages.size() == 1) throw;
-      it = e.stages.erase(it);
-    }
-  }
+  check_island_modes(c);
 }
 
 // What prices the step: compute, the links, the disk.
