@@ -170,16 +170,11 @@ void load_int8_range(UnitState& u, const Checkpoint& ckpt, const SavedMoments& s
                      Range r, std::span<uint8_t> m8, std::span<uint8_t> v8) {
   const bool saved8 = ckpt.meta().int8_moments;
   const size_t base = u.opt_range.begin;
-  for_each_run(u, r, [&](const DecaySegment& s, size_t lo, size_t hi, size_t block) {
+  for_each_run(u, r, [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
     const size_t n = hi - lo;
     const uint64_t g0 = base + lo, g1 = base + hi;
     if (s.quantized) {
-      const QuantizedMoments q{
-          .m = u.codes(true, s, lo, n, m8, r.begin),
-          .v = u.codes(false, s, lo, n, v8, r.begin),
-          .m_scale = u.m_scales.span().subspan(s.block_at + block, s.block_count(lo, hi)),
-          .v_scale = u.v_scales.span().subspan(s.block_at + block, s.block_count(lo, hi)),
-          .first = lo == s.begin ? s.first : kMomentBlock};
+      const QuantizedMoments q = u.quantized(s, lo, n, m8, v8, r.begin);
       if (saved8) {  // the saving run's codes and scales, as they were
         ckpt.read(i, "adam_m8", g0, bytes(q.m), saved.island());
         ckpt.read(i, "adam_v8", g0, bytes(q.v), saved.island());

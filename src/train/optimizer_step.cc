@@ -112,24 +112,6 @@ void OptimizerStep::update(double lr, double coef) {
   works_.clear();
 }
 
-namespace {
-
-// The 8-bit moments of elements [b, b + len) of the optimizer range, in segment `s`; their
-// codes in the unit's memory, or in the store's piece `p`.
-QuantizedMoments quantized_moments(UnitState& u, const DecaySegment& s, size_t b, size_t len,
-                                   const StateStore::Piece& p) {
-  // `b` is the segment's start or on the grid: whole blocks from the segment's first on.
-  const size_t block = s.block_index(b);
-  const size_t blocks = s.block_count(b, b + len);
-  return {.m = u.codes(true, s, b, len, p.m8, p.begin),
-          .v = u.codes(false, s, b, len, p.v8, p.begin),
-          .m_scale = u.m_scales.span().subspan(s.block_at + block, blocks),
-          .v_scale = u.v_scales.span().subspan(s.block_at + block, blocks),
-          .first = b == s.begin ? s.first : kMomentBlock};
-}
-
-}  // namespace
-
 void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<float> chunk,
                                   bool gathers) {
   std::vector<UnitState>& units = state_.units();
@@ -218,8 +200,8 @@ void OptimizerStep::update_piece(UnitState& u, StateStore::Piece& p, const AdamW
         grad = piece;
       }
       if (s.quantized) {
-        adamw8_update(master.subspan(b - begin, len), grad, quantized_moments(u, s, b, len, p),
-                      s.decay, ac, adam_step_, coef);
+        adamw8_update(master.subspan(b - begin, len), grad,
+                      u.quantized(s, b, len, p.m8, p.v8, p.begin), s.decay, ac, adam_step_, coef);
         continue;
       }
       // 8-bit runs keep the fp32 tensors' moments apart, segment after segment.

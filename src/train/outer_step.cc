@@ -31,7 +31,7 @@ QuantBits OuterStep::quant_bits() const {
 
 template <typename Fn>
 void OuterStep::for_each_block_run(int f, Fn&& fn) const {
-  size_t at = 0, k = 0;
+  size_t k = 0;
   bool first = true;
   uint64_t last = 0;
   for (const Piece& p : fragments_[static_cast<size_t>(f)]) {
@@ -42,10 +42,9 @@ void OuterStep::for_each_block_run(int f, Fn&& fn) const {
       if (!first && block != last) ++k;
       first = false;
       last = block;
-      fn(at + e, n, block, k);
+      fn(p.buffer_at + e, n, block, k);
       e += n;
     }
-    at += p.count;
   }
 }
 
@@ -71,7 +70,7 @@ OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& st
       if (lo < hi) {
         fragments_[static_cast<size_t>(f)].push_back(
             {i, static_cast<size_t>(lo - unit_at - u.own.begin), static_cast<size_t>(hi - lo),
-             lo - fr.begin});
+             lo - fr.begin, count});
         count += hi - lo;
       }
       unit_at += u.numel;
@@ -168,20 +167,14 @@ void OuterStep::send(int f, int64_t merge_at) {
   pending_ = f;
   merge_at_ = merge_at;
   const std::vector<Piece>& pieces = fragments_[static_cast<size_t>(f)];
-  // Each job's place in the exchange buffer.
-  std::vector<size_t> starts;
-  size_t at = 0;
-  for (const Piece& p : pieces) {
-    starts.push_back(at);
-    at += p.count;
-  }
   const std::vector<StateStore::Job> jobs = master_jobs(f, StateStore::kMaster);
   store_.stream(jobs, StateStore::Access::kRead, [&](StateStore::Piece& sp) {
     const size_t skip = sp.begin - jobs[sp.job].range.begin;
     const float* g = global_[sp.unit].data() + pieces[sp.job].at + skip;
-    float* d = exchange_.data() + starts[sp.job] + skip;
+    float* d = exchange_.data() + pieces[sp.job].buffer_at + skip;
     for (size_t e = 0; e < sp.count; ++e) d[e] = g[e] - sp.master[e];
   });
+  const size_t at = pieces.empty() ? 0 : pieces.back().buffer_at + pieces.back().count;
   if (cfg_.outer_quant != 0) {
     send_quantized(f);
   } else {
@@ -248,12 +241,6 @@ void OuterStep::merge(float mix) {
   const float lr = cfg_.outer_lr;
   std::vector<Work> gathers;
   const std::vector<Piece>& pieces = fragments_[static_cast<size_t>(pending_)];
-  std::vector<size_t> starts;
-  size_t at = 0;
-  for (const Piece& p : pieces) {
-    starts.push_back(at);
-    at += p.count;
-  }
   // The master and the 16-bit params it rounds into, wherever the store keeps them (the
   // params are read too: a fragment's piece need not fill the file's windows).
   const std::vector<StateStore::Job> jobs =
@@ -262,7 +249,7 @@ void OuterStep::merge(float mix) {
     const size_t skip = sp.begin - jobs[sp.job].range.begin;
     const size_t within = pieces[sp.job].at + skip;  // in the unit's own range
     const std::span<float> master = sp.master;
-    const float* avg = exchange_.data() + starts[sp.job] + skip;
+    const float* avg = exchange_.data() + pieces[sp.job].buffer_at + skip;
     float* g = global_[sp.unit].data() + within;
     float* m = momentum_[sp.unit].data() + within;
     for (size_t e = 0; e < sp.count; ++e) {
@@ -322,12 +309,11 @@ std::optional<int> OuterStep::in_flight(int64_t step) {
 void OuterStep::pending_values(size_t u, std::span<float> own) const {
   std::fill(own.begin(), own.end(), 0.0f);
   if (pending_ < 0) return;
-  size_t at = 0;
   for (const Piece& p : fragments_[static_cast<size_t>(pending_)]) {
     if (p.unit == u) {
-      std::copy_n(exchange_.data() + at, p.count, own.begin() + static_cast<std::ptrdiff_t>(p.at));
+      std::copy_n(exchange_.data() + p.buffer_at, p.count,
+                  own.begin() + static_cast<std::ptrdiff_t>(p.at));
     }
-    at += p.count;
   }
 }
 
@@ -345,12 +331,11 @@ void OuterStep::restore_pending(int64_t step, size_t u, std::span<const float> o
   pending_ = fragments_ending(cfg_, *sent).front();
   merge_at_ = *sent + cfg_.outer_delay;
   folded_ = true;
-  size_t at = 0;
   for (const Piece& p : fragments_[static_cast<size_t>(pending_)]) {
     if (p.unit == u) {
-      std::copy_n(own.begin() + static_cast<std::ptrdiff_t>(p.at), p.count, exchange_.data() + at);
+      std::copy_n(own.begin() + static_cast<std::ptrdiff_t>(p.at), p.count,
+                  exchange_.data() + p.buffer_at);
     }
-    at += p.count;
   }
 }
 

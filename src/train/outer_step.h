@@ -103,7 +103,8 @@ class OuterStep {
     size_t unit = 0;
     size_t at = 0;
     size_t count = 0;
-    uint64_t rel = 0;  // its first element's place in the fragment
+    uint64_t rel = 0;      // its first element's place in the fragment
+    size_t buffer_at = 0;  // its place in the exchange buffer (the fragment's pieces in order)
   };
   // With --outer-quant, fragment f's sizes: its blocks in the model, those this rank's
   // elements touch (one scale each in its payload), and its elements.

@@ -32,10 +32,19 @@ std::span<const float> UnitState::master_values() const {
   return const_cast<UnitState*>(this)->master_values();
 }
 
-std::span<uint8_t> UnitState::codes(bool first, const DecaySegment& s, size_t b, size_t len,
-                                    std::span<uint8_t> piece, size_t piece_begin) {
-  if (!piece.empty()) return piece.subspan(b - piece_begin, len);
-  return (first ? m_codes : v_codes).span().subspan(s.at + (b - s.begin), len);
+QuantizedMoments UnitState::quantized(const DecaySegment& s, size_t b, size_t len,
+                                      std::span<uint8_t> m8, std::span<uint8_t> v8,
+                                      size_t piece_begin) {
+  const auto codes = [&](std::span<uint8_t> piece, Buffer<uint8_t>& held_codes) {
+    if (!piece.empty()) return piece.subspan(b - piece_begin, len);
+    return held_codes.span().subspan(s.at + (b - s.begin), len);
+  };
+  const size_t block = s.block_at + s.block_index(b), blocks = s.block_count(b, b + len);
+  return {.m = codes(m8, m_codes),
+          .v = codes(v8, v_codes),
+          .m_scale = m_scales.span().subspan(block, blocks),
+          .v_scale = v_scales.span().subspan(block, blocks),
+          .first = b == s.begin ? s.first : kMomentBlock};
 }
 
 void fill_codes_of_zero(const UnitState& u, size_t begin, std::span<uint8_t> m,

@@ -103,11 +103,13 @@ struct UnitState {
   // The fp32 values the optimizer updates: master, or the params themselves at fp32.
   std::span<float> master_values();
   std::span<const float> master_values() const;
-  // The first (or second) moment's 8-bit codes of elements [b, b + len) of quantized segment
-  // `s`: the unit's own (m_codes, v_codes), or with the offload file's `piece` (its codes of
-  // the optimizer range from element `piece_begin`) a part of that.
-  std::span<uint8_t> codes(bool first, const DecaySegment& s, size_t b, size_t len,
-                           std::span<uint8_t> piece = {}, size_t piece_begin = 0);
+  // The 8-bit moments of elements [b, b + len) of quantized segment `s` (b its start or on
+  // the grid): the block scales, and the codes from the unit's own m_codes / v_codes or, given
+  // the offload file's piece (`m8`/`v8`, the optimizer range's codes from `piece_begin`), from
+  // that.
+  QuantizedMoments quantized(const DecaySegment& s, size_t b, size_t len,
+                             std::span<uint8_t> m8 = {}, std::span<uint8_t> v8 = {},
+                             size_t piece_begin = 0);
 };
 
 // Zero moments' codes of elements [begin, begin + m.size()) of u's optimizer range, as the
