@@ -140,7 +140,8 @@ void TransportCommunicator::run_broadcast(MutableBuffer buf, int root) {
     t_->broadcast_between(what, source, buf.bytes(), root);
   }
   if (t_->here_count() > 1) {
-    if (!t_->all_here()) t_->meet(fmt::format("{} #{} (received)", what, sequence_));
+    if (!t_->all_here())
+      t_->meet(fmt::format("{} #{} (received)", what, sequence_), Transport::Then::kReadPeers);
     if (source != buf.data) std::memcpy(buf.data, source, buf.bytes());
   }
   depart(what);
@@ -200,7 +201,7 @@ void TransportCommunicator::agree(std::string_view what, Fingerprint f, const vo
   }
   t_->publish(in, out, f);
   if (t_->here_count() == 1) return;
-  t_->meet(describe(f));
+  t_->meet(describe(f), Transport::Then::kReadPeers);
   for (int peer = t_->first_here(); peer < t_->first_here() + t_->here_count(); ++peer) {
     if (!(t_->fingerprint_of(peer) == f)) mismatch(f, peer, t_->fingerprint_of(peer));
   }
@@ -216,7 +217,9 @@ void TransportCommunicator::mismatch(const Fingerprint& f, int peer, const Finge
 
 // Waits until the other ranks here are done reading this rank's buffers.
 void TransportCommunicator::depart(std::string_view what) {
-  if (t_->here_count() > 1) t_->meet(fmt::format("{} #{} (completion)", what, sequence_));
+  if (t_->here_count() > 1) {
+    t_->meet(fmt::format("{} #{} (completion)", what, sequence_), Transport::Then::kDone);
+  }
 }
 
 void TransportCommunicator::gather_ranges(std::string_view what, Phase phase, MutableBuffer out,

@@ -36,6 +36,7 @@ class TransportCommunicator final : public Communicator {
   void abort(const std::string& reason) noexcept override { t_->abort(reason); }
 
  protected:
+  void collective_failed() noexcept override { t_->stop_reading(); }
   void run_reduce_scatter(ConstBuffer in, MutableBuffer out, const Partition& part,
                           ReduceOp op) override;
   void run_all_gather(ConstBuffer shard, MutableBuffer out, const Partition& part) override;

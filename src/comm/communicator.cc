@@ -95,6 +95,7 @@ class Communicator::Worker {
   // Both set before the first collective is pushed (which orders them before their reads).
   Communicator::TraceHook hook;
   const std::atomic<bool>* abort_flag = nullptr;
+  std::function<void()> on_failure;  // Communicator::collective_failed
 
  private:
   // Waits until `seconds` after `start`, or less: a requested stop ends the wait (the run
@@ -138,6 +139,7 @@ class Communicator::Worker {
           item.op();
         } catch (...) {
           error = std::current_exception();
+          if (on_failure) on_failure();
         }
         // After the op, not instead of it: the peers are in this collective too and must
         // not wait at its rendezvous for a rank that already gave up.
@@ -164,6 +166,7 @@ class Communicator::Worker {
 
 Communicator::Communicator(int rank, int size, const CommOptions& options)
     : rank_(rank), size_(size), options_(options), worker_(std::make_unique<Worker>()) {
+  worker_->on_failure = [this] { collective_failed(); };
   if (options.qgz_bits != 0 && options.qgz_bits != 4 && options.qgz_bits != 8) {
     throw InvalidArgument(fmt::format("qgZ: {} bits is not a quantization; use 8 or 4 (or 0: off)",
                                       options.qgz_bits));

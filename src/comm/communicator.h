@@ -250,6 +250,9 @@ class Communicator {
   virtual void run_gather_control(std::span<const double> mine, std::span<double> all) = 0;
   // Must be called by the backend's destructor before its members go away.
   void stop_worker();
+  // On the communication thread, as a collective throws: the backend lets go of what the
+  // collective held (its peers may wait on it before they free their buffers).
+  virtual void collective_failed() noexcept {}
   // split's backend part: this rank's communicator among `members` (world ranks, in the
   // group's order; this rank is members[index]), for split number `split_id` of this
   // communicator; InvalidArgument for a group the backend cannot make.

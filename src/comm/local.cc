@@ -88,7 +88,10 @@ class LocalTransport final : public Transport {
   void start(std::string_view) override {
     if (shared_->group.aborted()) shared_->group.throw_aborted();
   }
-  void meet(const std::string& what) override { shared_->group.arrive_and_wait(rank(), what); }
+  void meet(const std::string& what, Then then) override {
+    shared_->group.arrive_and_wait(rank(), what, then == Then::kReadPeers);
+  }
+  void stop_reading() noexcept override { shared_->group.leave(rank()); }
   void exchange(std::string_view what, Phase, const std::vector<Message>& sends,
                 const std::vector<Message>& recvs) override {
     if (!sends.empty() || !recvs.empty()) {

@@ -164,14 +164,17 @@ class MpiTransport final : public Transport {
   }
 
   // The barrier of this process's ranks; a failure there fails this transport.
-  void meet(const std::string& what) override {
+  void meet(const std::string& what, Then then) override {
     if (here_count() == 1) return;
     try {
-      group_->meet.arrive_and_wait(rank() % here_count(), what);
+      group_->meet.arrive_and_wait(rank() % here_count(), what, then == Then::kReadPeers);
     } catch (const CommError& e) {
       record_failure(e.what(), e.failed_rank());
       throw;
     }
+  }
+  void stop_reading() noexcept override {
+    if (here_count() > 1) group_->meet.leave(rank() % here_count());
   }
 
   void exchange(std::string_view what, Phase phase, const std::vector<Message>& sends,

@@ -407,7 +407,7 @@ void TransportCommunicator::all_gather_two_level(MutableBuffer out, const Partit
   // local peer here has received the shards of its local index from other processes into
   // its output: those are copied from there once all have them.
   if (t_->here_count() > 1 && !t_->all_here()) {
-    t_->meet(fmt::format("{} #{} (across nodes)", what, sequence_));
+    t_->meet(fmt::format("{} #{} (across nodes)", what, sequence_), Transport::Then::kReadPeers);
   }
   sends.clear();
   recvs.clear();
@@ -580,7 +580,7 @@ void TransportCommunicator::fold_node_pieces(ConstBuffer in, MutableBuffer out,
   }
   t_->exchange(what, Phase::kNodeReduceGather, sends, recvs);
   if (!peers_here) return;
-  t_->meet(fmt::format("{} #{} (folded)", what, sequence_));
+  t_->meet(fmt::format("{} #{} (folded)", what, sequence_), Transport::Then::kReadPeers);
   for (int q = 0; q < nodes; ++q) {
     if (q == node || pieces.count(q) == 0) continue;
     std::memcpy(out_bytes + pieces.offset(q) * w, t_->out_of(q * t + local) + pieces.offset(q) * w,

@@ -21,10 +21,17 @@ class ThreadGroup {
   ThreadGroup& operator=(const ThreadGroup&) = delete;
 
   int members() const { return members_; }
-  // Waits until every member has arrived. `what` names the collective for error messages.
+  // Waits until every member has arrived. `what` names the collective for error messages;
+  // `reads_after` says whether the member goes on to read its peers' buffers once all have
+  // met.
   // Throws CommError once the group is aborted, CommTimeout (after aborting the group)
-  // when a member is later than the timeout.
-  void arrive_and_wait(int member, const std::string& what) EXCLUDES(mu_);
+  // when a member is later than the timeout. A member that throws first waits (bounded by
+  // the timeout) until no peer is still reading, since its caller frees the buffers they
+  // read: readers reach their next barrier, or leave(), soon after an abort.
+  void arrive_and_wait(int member, const std::string& what, bool reads_after) EXCLUDES(mu_);
+  // The member stopped reading its peers' buffers without reaching the next barrier (its
+  // collective failed in between).
+  void leave(int member) EXCLUDES(mu_);
 
   // Records the first failure: `rank` (of the world; -1 when unknown) and its reason. Later
   // calls change nothing.
@@ -49,6 +56,13 @@ class ThreadGroup {
   std::atomic<int> arrived_{0};
   std::atomic<uint64_t> generation_{0};
   std::vector<std::atomic<uint64_t>> entered_;  // barriers each member entered, for diagnosis
+  std::vector<std::atomic<bool>> reading_;      // from a reads_after arrival to the next
+
+  // Sets the abort record unless one is set; says whether it did.
+  bool record_failure(int rank, const std::string& reason) REQUIRES(mu_);
+  void stop_reading(int member) EXCLUDES(mu_);
+  // Before a member leaves by throwing: returns once no other member reads.
+  void wait_for_readers(int member) EXCLUDES(mu_);
 
   std::atomic<bool> aborted_{false};
   mutable Mutex mu_;  // guards the fields below and the sleeping side of the barrier

@@ -121,7 +121,12 @@ class Transport {
   // starts the clock of its timeout.
   virtual void start(std::string_view what) = 0;
   // Waits until every rank here has called meet() as often (at once with none but this one).
-  virtual void meet(const std::string& what) = 0;
+  // `then`: whether this rank reads the published buffers of the ranks here before its next
+  // meet. A rank that fails out of a meet waits until none still reads its buffers.
+  enum class Then { kReadPeers, kDone };
+  virtual void meet(const std::string& what, Then then) = 0;
+  // This rank's collective failed between two meets: it no longer reads the ranks here.
+  virtual void stop_reading() noexcept = 0;
   // Posts every receive, then every send (messages to ranks that are not here only), and
   // waits for all of them; throws CommTimeout naming the ranks that did not answer.
   virtual void exchange(std::string_view what, Phase phase, const std::vector<Message>& sends,
