@@ -301,7 +301,6 @@ void check_island_modes(const TrainConfig& c) {
     refuse("--shard-within-node",
            "the islands already hold a replica each; shard inside each island with --stage");
   }
-  if (c.hpz) refuse("--hpz", "not built for islands yet; leave --hpz out");
   if (c.outer_every % c.fragments != 0) {
     throw InvalidArgument(fmt::format(
         "--fragments {} does not divide --outer-every {}: each fragment's round is H steps, "

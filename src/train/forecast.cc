@@ -114,7 +114,7 @@ double io_seconds(const TrainConfig& c, const PlannedModel& m, const StateBytes&
                                                            fp32_accumulator(c), Offload::kOptimizer)
                                          .nvme);
     if (c.precision != Precision::kFP32) read -= params;
-    read += params * c.grad_accum * (c.hpz && c.stage == 3 && c.launch.comm.node_ranks > 0 ? 1 : 2);
+    read += params * c.grad_accum * (c.hpz && c.stage == 3 ? 1 : 2);
   }
   return (read / disk.read + write / disk.write) * sharers;
 }

@@ -713,6 +713,14 @@ uint64_t qwz_staging_bytes(std::span<const uint64_t> unit_numel, int world, size
   return staging;
 }
 
+int hpz_node_ranks(const TrainConfig& cfg, int shard_ranks) {
+  if (!cfg.hpz) return 0;
+  const int t = cfg.launch.comm.node_ranks;
+  // An island and a node: one holds the other whole (IslandLayout), so the smaller is the
+  // ranks that share both.
+  return t > 0 ? std::min(t, shard_ranks) : shard_ranks;
+}
+
 TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world) {
   const auto* images = std::get_if<ImageDataset>(&data.train);
   return transient_plan(cfg, world, images ? static_cast<uint64_t>(images->pixels_per_image()) : 0);
@@ -720,26 +728,24 @@ TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int
 
 TransientPlan transient_plan(const TrainConfig& cfg, int world, uint64_t features_per_sample) {
   const bool text = features_per_sample == 0;
-  return TransientPlan{
-      .world = world,
-      .stage = cfg.stage,
-      .precision = cfg.precision,
-      .policy = cfg.accumulate,
-      .grad_accum = cfg.grad_accum,
-      .canonical = canonical_order(cfg),
-      .prefetch = cfg.prefetch,
-      .checkpoint_activations = cfg.checkpoint_activations,
-      .micro_batch = cfg.micro_batch,
-      .seq_len = text ? cfg.seq_len : 1,
-      .text = text,
-      .features_per_sample = features_per_sample,
-      .hpz_node_ranks =
-          cfg.hpz ? (cfg.launch.comm.node_ranks > 0 ? cfg.launch.comm.node_ranks : world) : 0,
-      .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.qwz_block) : 0,
-      .offload = cfg.offload,
-      .offload_piece = cfg.offload_piece,
-      .grain = cfg.int8_moments ? kMomentBlock : 1,
-      .int8_moments = cfg.int8_moments};
+  return TransientPlan{.world = world,
+                       .stage = cfg.stage,
+                       .precision = cfg.precision,
+                       .policy = cfg.accumulate,
+                       .grad_accum = cfg.grad_accum,
+                       .canonical = canonical_order(cfg),
+                       .prefetch = cfg.prefetch,
+                       .checkpoint_activations = cfg.checkpoint_activations,
+                       .micro_batch = cfg.micro_batch,
+                       .seq_len = text ? cfg.seq_len : 1,
+                       .text = text,
+                       .features_per_sample = features_per_sample,
+                       .hpz_node_ranks = hpz_node_ranks(cfg, world),
+                       .qwz_block = cfg.qwz ? static_cast<size_t>(cfg.qwz_block) : 0,
+                       .offload = cfg.offload,
+                       .offload_piece = cfg.offload_piece,
+                       .grain = cfg.int8_moments ? kMomentBlock : 1,
+                       .int8_moments = cfg.int8_moments};
 }
 
 }  // namespace zerodp

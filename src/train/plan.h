@@ -316,6 +316,11 @@ TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int
 // (cfg.seq_len tokens each), else an image of that many floats.
 TransientPlan transient_plan(const TrainConfig& cfg, int world, uint64_t features_per_sample = 0);
 
+// The ranks hpZ's node copy is partitioned over, with the states sharded over `shard_ranks`
+// (a DiLoCo island's ranks, else the world's): a node's, or the island's when the island is
+// part of a node. 0 without --hpz.
+int hpz_node_ranks(const TrainConfig& cfg, int shard_ranks);
+
 // The buffers stage 3's modes over nodes add, from the units' sizes alone (a model known only
 // by its parameter count has no layers to lay out; transient_layout counts the same): hpZ's
 // node copy of rank `rank` over nodes of `node_ranks`, and qwZ's staging of every rank's int8

@@ -98,7 +98,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       buf_(ledger_, layout_, state_.dtype()),
       hpz_(cfg.hpz && state_.plan().gather_before_compute
                ? std::optional<HpzCopy>(std::in_place, state_.units(), buf_.hpz,
-                                        cfg.launch.comm.node_ranks, comm.rank())
+                                        hpz_node_ranks(cfg, group_.size()), group_.index())
                : std::nullopt),
       qwz_(cfg.qwz && state_.plan().gather_before_compute
                ? std::optional<QuantizedGather>(std::in_place, state_.units(), buf_.qwz_staging,

@@ -306,6 +306,35 @@ TEST(Islands, Int8MomentsKeepTheBitsAndResumeMidRound) {
   }
 }
 
+// --hpz inside islands: each island keeps its node's copy of stage 3's gathered parameters,
+// over the ranks it shares a node with (the island's own when it is part of a node), so the
+// bits are the islands' without it; the copy is what the planner counts (no DIFF).
+TEST(Islands, HpzKeepsTheBitsAndItsCopyIsPlanned) {
+  // ranks, ranks per node: islands of 4 over nodes of 2 (an island is two nodes), of 2 in
+  // nodes of 2, and of 2 in nodes of 4 (two islands per node).
+  for (const auto& [ranks, per_node] : {std::pair{8, 2}, {4, 2}, {4, 4}}) {
+    TrainConfig c = island_config(ranks, 3);
+    c.launch.comm.node_ranks = per_node;
+    const std::string where = fmt::format("{} ranks, nodes of {}", ranks, per_node);
+    const TrainResult plain = run(c);
+    c.hpz = true;
+    const TrainResult hpz = run(c);
+    EXPECT_EQ(hpz.weights_sha256, plain.weights_sha256) << where;
+    const int n = ranks / kIslands;
+    const int shares = std::min(n, per_node);
+    for (size_t r = 0; r < hpz.ranks.size(); ++r) {
+      uint64_t copy = 0;
+      for (uint64_t numel : hpz.unit_numel) {
+        copy += Partition(numel, shares).count(static_cast<int>(r) % n % shares) * 2;
+      }
+      EXPECT_EQ(hpz.ranks[r].peak[static_cast<int>(MemCategory::kHpzParams)], copy)
+          << where << " rank " << r;
+    }
+    const std::string table = formula_table(hpz);
+    EXPECT_EQ(table.find("DIFF"), std::string::npos) << where << "\n" << table;
+  }
+}
+
 // --offload: the outer step reads and writes the master (and the 16-bit params it rounds
 // into) through the offload file; the run is the in-memory one, bit for bit, streamed or not,
 // and resumes mid-round from its checkpoint.
