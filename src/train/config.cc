@@ -286,12 +286,42 @@ std::string flag_of(std::string_view key) {
 }
 
 void default_island_nodes(TrainConfig& c, int world) {
-  if (c.islands > 1 && c.launch.comm.node_ranks == 0 && world % c.islands == 0) {
+  if (c.islands > 1 && !c.islands_in_turn && c.launch.comm.node_ranks == 0 &&
+      world % c.islands == 0) {
     c.launch.comm.node_ranks = world / c.islands;
   }
 }
 
+// What islands in turn do not do yet, each refused naming why.
+void check_islands_in_turn(const TrainConfig& c) {
+  if (!c.islands_in_turn) return;
+  if (c.islands < 2) {
+    throw InvalidArgument(fmt::format(
+        "--islands-in-turn runs several islands on the same ranks; --islands {} is not several. "
+        "Use --islands 2 or more",
+        c.islands));
+  }
+  const auto refuse = [](std::string_view flag, std::string_view why) {
+    throw InvalidArgument(
+        fmt::format("--islands-in-turn cannot be combined with {} yet: {}", flag, why));
+  };
+  if (!c.checkpoint_dir.empty() || !c.resume.empty()) {
+    refuse(c.resume.empty() ? "--checkpoint-dir" : "--resume",
+           "a checkpoint of islands in turn (every island's shards from each rank) is not built; "
+           "run the islands on ranks of their own to checkpoint");
+  }
+  if (!c.init_from.empty())
+    refuse("--init-from", "each island would need the weights; leave it out");
+  if (c.offload != Offload::kNone) refuse("--offload", "the states of every island stay in memory");
+  if (c.max_restarts > 0) {
+    refuse("--max-restarts",
+           "an elastic restart resumes from a checkpoint, which islands in turn "
+           "do not write yet");
+  }
+}
+
 void check_island_modes(const TrainConfig& c) {
+  check_islands_in_turn(c);
   if (c.islands == 1) return;
   const int k = c.islands;
   const auto refuse = [k](std::string_view flag, std::string_view why) {

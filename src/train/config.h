@@ -137,6 +137,10 @@ struct TrainConfig {
   // Nesterov step (outer_lr, outer_momentum) moves the global weights, and every island
   // restarts from them, its AdamW moments kept. 1 = off (every rank one data-parallel world).
   int islands = 1;
+  // Every island in turn on all the ranks (each rank holding every island's states): the
+  // bits of the islands on ranks of their own, with the memory of I islands' states but one
+  // rank's buffers, at I times the time per step. The world is then one island's ranks.
+  bool islands_in_turn = false;
   int64_t outer_every = 50;
   float outer_lr = 0.7f;
   float outer_momentum = 0.9f;

@@ -55,23 +55,29 @@ OwnGradients OptimizerStep::inspect() const {
   return g;
 }
 
-UpdateOutcome OptimizerStep::apply(int64_t step_index, double sum_squares, bool overflow) {
+UpdateOutcome OptimizerStep::apply(int64_t step_index, std::span<const double> sum_squares,
+                                   bool overflow, const std::function<void(size_t)>& activate) {
   const double scale = loss_scale();
-  UpdateOutcome out;
-  out.loss_scale = scaler_ ? std::optional<double>(scale) : std::nullopt;
-  out.grad_norm = std::sqrt(sum_squares) / scale;
-  const double coef = cfg_.clip > 0 ? clip_coefficient(out.grad_norm, cfg_.clip) : 1.0;
-  out.grad_norm_clipped = out.grad_norm * coef;
-  out.lr = lr_at(step_index);
-  if (overflow) {
-    out.skipped = true;
-    out.grad_norm_clipped = out.grad_norm;
-  } else {
-    ++adam_step_;
-    update(out.lr, coef / scale);
+  if (!overflow) ++adam_step_;
+  UpdateOutcome first;
+  for (size_t v = 0; v < sum_squares.size(); ++v) {
+    if (sum_squares.size() > 1) activate(v);
+    UpdateOutcome out;
+    out.loss_scale = scaler_ ? std::optional<double>(scale) : std::nullopt;
+    out.grad_norm = std::sqrt(sum_squares[v]) / scale;
+    const double coef = cfg_.clip > 0 ? clip_coefficient(out.grad_norm, cfg_.clip) : 1.0;
+    out.grad_norm_clipped = out.grad_norm * coef;
+    out.lr = lr_at(step_index);
+    if (overflow) {
+      out.skipped = true;
+      out.grad_norm_clipped = out.grad_norm;
+    } else {
+      update(out.lr, coef / scale);
+    }
+    if (v == 0) first = out;
   }
   if (scaler_) (void)scaler_->update(overflow);
-  return out;
+  return first;
 }
 
 // AdamW on the optimizer range; then the updated parameters are rounded into place and,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <span>
 #include <thread>
@@ -59,8 +60,12 @@ class OptimizerStep {
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   OwnGradients inspect() const;
   // Given the ranks' summed squares and whether any rank saw a non-finite value, updates the
-  // model (or skips the step) and advances the scaler.
-  UpdateOutcome apply(int64_t step_index, double sum_squares, bool overflow);
+  // model (or skips the step) and advances the scaler. Islands in turn: `sum_squares` has
+  // one entry per island the rank holds, each updated once activate(v) has put its states in
+  // place, with one AdamW counter and scaler for all (as islands on ranks of their own keep
+  // them one); the outcome is island 0's.
+  UpdateOutcome apply(int64_t step_index, std::span<const double> sum_squares, bool overflow,
+                      const std::function<void(size_t)>& activate);
   // The learning rate of step `step_index` (1-based): what a checkpoint records as next.
   double lr_at(int64_t step_index) const { return schedule_.lr_at(step_index - 1); }
 

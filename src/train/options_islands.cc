@@ -17,6 +17,15 @@ constexpr unsigned kBoth = kTrainCommand | kEstimateCommand;
 using namespace option_readers;
 
 const OptionSpec kIslandOptions[] = {
+    {.key = "islands_in_turn",
+     .section = kParallelism,
+     .help = "DiLoCo: run every island in turn on all the ranks, each rank holding every "
+             "island's states, instead of each island on ranks of its own: a cluster's run, "
+             "bit for bit, on fewer ranks (--islands; docs/diloco.md)",
+     .form = OptionSpec::Form::kSwitch,
+     .read = [](TrainConfig& c, const std::string&,
+                const OptionSpec&) { c.islands_in_turn = true; },
+     .record = [](const TrainConfig& c) -> json { return c.islands_in_turn; }},
     {.key = "islands",
      .section = kParallelism,
      .help = "DiLoCo: split the ranks into this many islands of consecutive ranks (each a node "

@@ -49,8 +49,14 @@ void OuterStep::for_each_block_run(int f, Fn&& fn) const {
 }
 
 OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& store,
-                     ShardGroup& island, Communicator& column, MemoryLedger& ledger)
-    : cfg_(cfg), state_(state), store_(store), island_(island), column_(column) {
+                     ShardGroup& island, Communicator& column, MemoryLedger& ledger,
+                     std::function<void(int)> activate)
+    : cfg_(cfg),
+      state_(state),
+      store_(store),
+      island_(island),
+      column_(column),
+      activate_(std::move(activate)) {
   uint64_t total = 0;
   for (const UnitState& u : state_.units()) total += u.numel;
   fragments_.resize(static_cast<size_t>(cfg.fragments));
@@ -168,21 +174,35 @@ void OuterStep::send(int f, int64_t merge_at) {
   merge_at_ = merge_at;
   const std::vector<Piece>& pieces = fragments_[static_cast<size_t>(f)];
   const std::vector<StateStore::Job> jobs = master_jobs(f, StateStore::kMaster);
-  store_.stream(jobs, StateStore::Access::kRead, [&](StateStore::Piece& sp) {
-    const size_t skip = sp.begin - jobs[sp.job].range.begin;
-    const float* g = global_[sp.unit].data() + pieces[sp.job].at + skip;
-    float* d = exchange_.data() + pieces[sp.job].buffer_at + skip;
-    for (size_t e = 0; e < sp.count; ++e) d[e] = g[e] - sp.master[e];
-  });
   const size_t at = pieces.empty() ? 0 : pieces.back().buffer_at + pieces.back().count;
-  if (cfg_.outer_quant != 0) {
-    send_quantized(f);
+  const bool quantized = cfg_.outer_quant != 0;
+  for (int v = 0; v < hosted(); ++v) {
+    if (hosted() > 1) activate_(v);
+    // In turn and unquantized, the islands' pseudo-gradients fold here, in island order, as
+    // the column's all-reduce folds them.
+    const bool fold = v > 0 && !quantized;
+    store_.stream(jobs, StateStore::Access::kRead, [&](StateStore::Piece& sp) {
+      const size_t skip = sp.begin - jobs[sp.job].range.begin;
+      const float* g = global_[sp.unit].data() + pieces[sp.job].at + skip;
+      float* d = exchange_.data() + pieces[sp.job].buffer_at + skip;
+      if (fold) {
+        for (size_t e = 0; e < sp.count; ++e) d[e] = d[e] + (g[e] - sp.master[e]);
+      } else {
+        for (size_t e = 0; e < sp.count; ++e) d[e] = g[e] - sp.master[e];
+      }
+    });
+    if (quantized) send_quantized(f, v);
+  }
+  if (quantized) return;
+  if (hosted() > 1) {
+    const auto divisor = static_cast<float>(cfg_.islands);
+    for (float& d : exchange_.span().first(at)) d /= divisor;
   } else {
     works_.push_back(column_.all_reduce_async(exchange_.span().first(at), ReduceOp::kAvg));
   }
 }
 
-void OuterStep::send_quantized(int f) {
+void OuterStep::send_quantized(int f, int island) {
   const Quantized& q = quantized_[static_cast<size_t>(f)];
   const std::span<float> amax = amax_.span().first(q.blocks);
   std::fill(amax.begin(), amax.end(), 0.0f);
@@ -201,12 +221,16 @@ void OuterStep::send_quantized(int f) {
   });
   pack_codes(codes, quant_bits(),
              {payload + q.touched * sizeof(float), code_bytes(q.count, quant_bits())});
+  folded_ = false;
+  if (hosted() > 1) {
+    std::memcpy(gathered_.data() + static_cast<size_t>(island) * q.payload, payload, q.payload);
+    return;
+  }
   const size_t islands = static_cast<size_t>(cfg_.islands);
   works_.push_back(
       column_.all_gather_async(ConstBuffer(payload, q.payload, DType::kU8),
                                MutableBuffer(gathered_.data(), q.payload * islands, DType::kU8),
                                Partition(q.payload * islands, cfg_.islands)));
-  folded_ = false;
 }
 
 void OuterStep::finish_exchange() {
@@ -237,6 +261,14 @@ void OuterStep::finish_exchange() {
 
 void OuterStep::merge(float mix) {
   finish_exchange();
+  for (int v = 0; v < hosted(); ++v) {
+    if (hosted() > 1) activate_(v);
+    merge_island(mix, v == 0);
+  }
+  pending_ = -1;
+}
+
+void OuterStep::merge_island(float mix, bool outer_update) {
   const float mu = cfg_.outer_momentum;
   const float lr = cfg_.outer_lr;
   std::vector<Work> gathers;
@@ -252,9 +284,13 @@ void OuterStep::merge(float mix) {
     const float* avg = exchange_.data() + pieces[sp.job].buffer_at + skip;
     float* g = global_[sp.unit].data() + within;
     float* m = momentum_[sp.unit].data() + within;
+    if (outer_update) {
+      for (size_t e = 0; e < sp.count; ++e) {
+        m[e] = mu * m[e] + avg[e];
+        g[e] = g[e] - lr * (avg[e] + mu * m[e]);
+      }
+    }
     for (size_t e = 0; e < sp.count; ++e) {
-      m[e] = mu * m[e] + avg[e];
-      g[e] = g[e] - lr * (avg[e] + mu * m[e]);
       master[e] = mix == 1.0f ? g[e] : mix * g[e] + (1.0f - mix) * master[e];
     }
     if (!state_.fp32()) narrow(master, sp.params, state_.dtype(), 0);
@@ -281,7 +317,6 @@ void OuterStep::merge(float mix) {
     }
   }
   for (Work& w : gathers) w.wait();
-  pending_ = -1;
 }
 
 bool OuterStep::after_step(int64_t step) {

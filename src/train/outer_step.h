@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
@@ -61,8 +62,11 @@ class OuterStep {
  public:
   // `column`: the ranks of this rank's index in every island, in island order.
   // `store`: where the master weights (at fp32 the params) are, in memory or offloaded.
+  // Islands in turn (--islands-in-turn): the column is this rank alone, which holds every
+  // island's states; activate(v) puts island v's in `state` (and in the store). The
+  // pseudo-gradients then fold in memory, in island order, as the column's all-reduce does.
   OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& store, ShardGroup& island,
-            Communicator& column, MemoryLedger& ledger);
+            Communicator& column, MemoryLedger& ledger, std::function<void(int)> activate);
   // Waits for an exchange still in flight (a run stopped mid-round): the column's thread
   // writes into the exchange buffer until it is done. Its error is dropped: the caller is
   // unwinding, and a failed peer aborts the column, which ends the wait.
@@ -126,8 +130,11 @@ class OuterStep {
   // Fragment f's pseudo-gradient into the exchange buffer, its all-reduce issued.
   void send(int f, int64_t merge_at);
   QuantBits quant_bits() const;
-  // The quantized exchange of the first `count` elements of the exchange buffer.
-  void send_quantized(int f);
+  // The islands this rank holds (islands in turn), else 1.
+  int hosted() const { return cfg_.islands_in_turn ? cfg_.islands : 1; }
+  // The quantized exchange of the first `count` elements of the exchange buffer, island
+  // `island`'s payload (the one this rank holds unless islands in turn).
+  void send_quantized(int f, int island);
   // Waits for the exchange in flight and, quantized, folds the islands' payloads into the
   // exchange buffer: then it holds the average.
   void finish_exchange();
@@ -138,6 +145,9 @@ class OuterStep {
   // The exchange's outer step and merge into the island's weights (`mix`: the global
   // weights' share).
   void merge(float mix);
+  // The merge into the active island's weights, after the outer update of the global
+  // weights and momentum when `outer_update` (once per merge, however many islands).
+  void merge_island(float mix, bool outer_update);
   // The step whose round end starts the exchange merged after `step`, if one is in flight.
   std::optional<int64_t> sent_before(int64_t step) const;
 
@@ -146,6 +156,7 @@ class OuterStep {
   StateStore& store_;
   ShardGroup& island_;
   Communicator& column_;
+  std::function<void(int)> activate_;
   std::vector<Buffer<float>> global_, momentum_;
   std::vector<std::vector<Piece>> fragments_;
   // The units each fragment overlaps in the model (the same on every rank of an island,

@@ -198,25 +198,25 @@ CommModes comm_modes_of(const TrainConfig& c) {
 }
 
 int shard_ranks(const TrainConfig& c, int world) {
-  if (c.islands > 1) return world / c.islands;
+  if (c.islands > 1) return c.islands_in_turn ? world : world / c.islands;
   return c.shard_within_node && c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : world;
 }
 
 int shard_index(const TrainConfig& c, int world, int rank) {
-  if (c.islands > 1) return rank % (world / c.islands);
+  if (c.islands > 1) return c.islands_in_turn ? rank : rank % (world / c.islands);
   return c.shard_within_node && c.launch.comm.node_ranks > 0 ? rank % c.launch.comm.node_ranks
                                                              : rank;
 }
 
 IslandLayout island_layout(const TrainConfig& c, int world) {
   const int k = c.islands;
-  if (k < 1 || world % k != 0) {
+  if (k < 1 || (world % k != 0 && !c.islands_in_turn)) {
     throw InvalidArgument(fmt::format(
         "--islands {} does not divide the {} ranks; every island has as many ranks: launch a "
         "multiple of {} ranks, or use a divisor of {}",
         k, world, k, world));
   }
-  const int n = world / k;
+  const int n = c.islands_in_turn ? world : world / k;
   const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : n;
   if (n % t != 0 && t % n != 0) {
     throw InvalidArgument(fmt::format(
@@ -225,6 +225,7 @@ IslandLayout island_layout(const TrainConfig& c, int world) {
         k, n, t, n));
   }
   return {.islands = k,
+          .in_turn = c.islands_in_turn,
           .fragments = c.fragments,
           .ranks = n,
           .inside_node_ranks = n % t == 0 ? t : 0,
@@ -351,7 +352,7 @@ CommBytes outer_round_bytes(std::span<const uint64_t> unit_numel, const IslandLa
 CommBytes outer_exchange_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l,
                                int rank, int f) {
   CommBytes b;
-  if (l.islands == 1) return b;
+  if (l.islands == 1 || l.in_turn) return b;  // in turn, the islands' exchange is in memory
   const int island = rank / l.ranks;
   // The column's nodes: islands sharing a node (across_node_ranks of them) exchange inside it.
   const int per_node = l.across_node_ranks > 0 ? l.across_node_ranks : l.islands;
@@ -416,6 +417,13 @@ CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLay
       b.cross_all_gather += away * w;
     }
     at += numel;
+  }
+  if (l.in_turn) {  // every island's, in turn on the same ranks
+    const auto k = static_cast<uint64_t>(l.islands);
+    b.all_reduce *= k;
+    b.cross_all_reduce *= k;
+    b.all_gather *= k;
+    b.cross_all_gather *= k;
   }
   return b;
 }

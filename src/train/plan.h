@@ -135,6 +135,7 @@ int shard_index(const TrainConfig& c, int world, int rank);
 // (a rank's peers of its index in every island): 0 = all on one node.
 struct IslandLayout {
   int islands = 1;
+  bool in_turn = false;       // every island in turn on the world's ranks (n = N)
   int fragments = 1;          // Streaming DiLoCo's (train/outer_step.h)
   int ranks = 0;              // n
   int inside_node_ranks = 0;  // within an island

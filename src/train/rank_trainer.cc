@@ -82,7 +82,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
              .T = std::holds_alternative<TokenDataset>(data.train) ? cfg.seq_len : 1},
       layout_(transient_layout(model_, transient_plan(cfg, data, group_.size()), group_.index())),
       sampler_(SamplerOptions{.dataset_size = dataset_size(data.train),
-                              .world_size = comm.size(),
+                              .world_size = comm.size() * (cfg.islands_in_turn ? cfg.islands : 1),
                               .micro_batch = cfg.micro_batch,
                               .grad_accum = cfg.grad_accum,
                               .seed = cfg.seed,
@@ -108,10 +108,30 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       optimizer_(cfg, state_, group_, chunk_, store()),
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
   if (offload_) offload_->initialize(cfg.seed);
-  if (column != nullptr) outer_.emplace(cfg, state_, store(), group_, *column, ledger_);
+  parked_.resize(cfg.islands_in_turn ? static_cast<size_t>(cfg.islands) : 1);
+  for (size_t v = 1; v < parked_.size(); ++v) {
+    // Every island starts from the same weights, as on ranks of their own.
+    ShardedState states(model_, state_.plan(), cfg.precision, products_read_bf16(cfg.precision),
+                        cfg.decay_all, cfg.seed, group_.size(), group_.index(), ledger_,
+                        cfg.offload, cfg.int8_moments);
+    parked_[v] = std::move(states.units());
+  }
+  virtual_rank_ = comm.rank();
+  if (column != nullptr) {
+    outer_.emplace(cfg, state_, store(), group_, *column, ledger_,
+                   [this](int v) { activate_island(v); });
+  }
   // Rank threads that each ask for all cores oversubscribe them; the cores are the ones the
   // process may run on (a host pinned to a cpuset has those, not the machine's).
   set_gemm_threads(std::max(1, usable_cores() / ranks_on_this_host(comm, cfg.launch)));
+}
+
+void RankTrainer::activate_island(int v) {
+  if (v == active_) return;
+  std::swap(state_.units(), parked_[static_cast<size_t>(active_)]);
+  std::swap(state_.units(), parked_[static_cast<size_t>(v)]);
+  active_ = v;
+  virtual_rank_ = v * comm_.size() + comm_.rank();
 }
 
 std::span<float> RankTrainer::saved_for(size_t ui) {
@@ -141,7 +161,7 @@ std::span<const BFloat16> RankTrainer::stored_bf16(size_t ui, int slot) const {
 }
 
 void RankTrainer::load_micro_batch(int64_t micro) {
-  const auto idx = sampler_.rank_samples(sampler_.position(), micro, comm_.rank());
+  const auto idx = sampler_.rank_samples(sampler_.position(), micro, virtual_rank_);
   sha256_update_u64_le(samples_hash_, idx);
   fill_micro_batch(data_.train, idx);
 }
@@ -242,18 +262,9 @@ void RankTrainer::backward() {
   reducer_.finish_micro_batch();
 }
 
-StepRecord RankTrainer::step(int64_t step_index) {
-  faults_.step_start(step_index);
-  const auto t0 = Clock::now();
-  CommPhaseScope phase(comm_.ledger(), CommPhase::kTrain);
-  StepRecord rec;
-  rec.step = step_index;
+void RankTrainer::island_pass(int64_t step_index, int island) {
+  activate_island(island);
   const int A = cfg_.grad_accum;
-  const int N = comm_.size();
-  const double scale = optimizer_.loss_scale();
-  // The canonical order seeds every micro-batch alike and divides by the step's
-  // micro-batches once, at the boundary (grad_reducer.h).
-  mb_.loss_grad_scale = static_cast<float>(state_.plan().fp32_accumulator ? scale : scale / A);
   losses_.resize(static_cast<size_t>(A));
   for (int a = 0; a < A; ++a) {
     load_micro_batch(a);
@@ -275,39 +286,70 @@ StepRecord RankTrainer::step(int64_t step_index) {
   }
   faults_.gradients_reduced(step_index, state_);
 
-  // The control exchange: each rank's sum of squares, the first unit (index + 1) whose owned
-  // gradient is not finite (so a stop can name it), its stop request and its micro-batches'
-  // losses. The request rides here because ranks see a signal at different moments, and
-  // this makes all of them stop after the same step.
+  // This island's part of the control exchange: the rank's sum of squares, the first unit
+  // (index + 1) whose owned gradient is not finite (so a stop can name it), its stop request
+  // and its micro-batches' losses. The request rides here because ranks see a signal at
+  // different moments, and this makes all of them stop after the same step.
   const OwnGradients own = optimizer_.inspect();
-  constexpr size_t kSquares = SquareSum::kExchangeDoubles;
-  constexpr size_t kHead = kSquares + 2;
-  const size_t fields = kHead + static_cast<size_t>(A);
   // Under --shard-within-node every node holds the same ranges: one node's squares count.
-  control_ = group_.primary() ? own.sum_squares.to_doubles() : SquareSum{}.to_doubles();
+  const std::vector<double> squares =
+      group_.primary() ? own.sum_squares.to_doubles() : SquareSum{}.to_doubles();
+  control_.insert(control_.end(), squares.begin(), squares.end());
   control_.push_back(static_cast<double>(own.first_bad_unit));
   control_.push_back(static_cast<double>(stop_requested()));
   control_.insert(control_.end(), losses_.begin(), losses_.end());
+}
+
+StepRecord RankTrainer::step(int64_t step_index) {
+  faults_.step_start(step_index);
+  const auto t0 = Clock::now();
+  CommPhaseScope phase(comm_.ledger(), CommPhase::kTrain);
+  StepRecord rec;
+  rec.step = step_index;
+  const int A = cfg_.grad_accum;
+  const int N = comm_.size();
+  const int hosted = hosted_islands();
+  const double scale = optimizer_.loss_scale();
+  // The canonical order seeds every micro-batch alike and divides by the step's
+  // micro-batches once, at the boundary (grad_reducer.h).
+  mb_.loss_grad_scale = static_cast<float>(state_.plan().fp32_accumulator ? scale : scale / A);
+  control_.clear();
+  for (int v = 0; v < hosted; ++v) island_pass(step_index, v);
+
+  // The control exchange: each rank's part for each island it holds.
+  constexpr size_t kSquares = SquareSum::kExchangeDoubles;
+  constexpr size_t kHead = kSquares + 2;
+  const size_t fields = kHead + static_cast<size_t>(A);
   std::vector<double> all;
   {
     const Tracer::Span span(tracer_, "verdict", "wait");
     all = comm_.gather_control(control_);
   }
-  // The norm is of the gradient of the states this rank shares: its island's (the world
-  // without --islands).
+  // The islands' world: rank R = v N + r is rank r's part for island v it holds (islands in
+  // turn), or simply rank r.
+  const int world = N * hosted;
+  const auto part_of = [&](int R) {
+    return &all[(static_cast<size_t>(R % N) * hosted + static_cast<size_t>(R / N)) * fields];
+  };
+  // The norm is of the gradient of the states a rank shares: its island's (the world
+  // without --islands), for each island it holds.
   const int n = outer_ ? group_.size() : N;
-  const int island_first = comm_.rank() / n * n;
-  SquareSum squares;
-  bool bad = false;
-  for (int r = 0; r < N; ++r) {
-    const double* mine = &all[static_cast<size_t>(r) * fields];
-    if (r >= island_first && r < island_first + n) {
-      squares.merge(SquareSum::from_doubles(std::span(mine, kSquares)));
+  std::vector<double> island_squares;
+  for (int v = 0; v < hosted; ++v) {
+    const int first = hosted > 1 ? v * N : comm_.rank() / n * n;
+    SquareSum squares;
+    for (int R = first; R < first + n; ++R) {
+      squares.merge(SquareSum::from_doubles(std::span(part_of(R), kSquares)));
     }
+    island_squares.push_back(squares.value());
+  }
+  bool bad = false;
+  for (int R = 0; R < world; ++R) {
+    const double* mine = part_of(R);
     const double first_bad = mine[kSquares];
     if (rec.bad_rank < 0 && first_bad > 0) {
       bad = true;
-      rec.bad_rank = r;
+      rec.bad_rank = R;
       rec.bad_unit = model_[static_cast<size_t>(first_bad) - 1]->name();
     }
     const int signal = static_cast<int>(mine[kSquares + 1]);
@@ -316,15 +358,17 @@ StepRecord RankTrainer::step(int64_t step_index) {
   // The step's loss: the M micro-batch losses in global order i = k * N + r, whatever N is.
   double loss_sum = 0;
   for (int k = 0; k < A; ++k) {
-    for (int r = 0; r < N; ++r) loss_sum += all[static_cast<size_t>(r) * fields + kHead + k];
+    for (int R = 0; R < world; ++R) loss_sum += part_of(R)[kHead + k];
   }
-  rec.loss = loss_sum / (static_cast<double>(A) * N);
+  rec.loss = loss_sum / (static_cast<double>(A) * world);
   // A non-finite value anywhere skips the step, with --islands in every island, so the
   // islands' AdamW counters and loss scales stay one (a checkpoint holds one of each).
   const bool overflow = bad || !std::isfinite(rec.loss);
   std::optional<Tracer::Span> span;
   if (!overflow) span.emplace(tracer_, "optimizer");
-  const UpdateOutcome out = optimizer_.apply(step_index, squares.value(), overflow);
+  const UpdateOutcome out =
+      optimizer_.apply(step_index, island_squares, overflow,
+                       [this](size_t v) { activate_island(static_cast<int>(v)); });
   // An overlapped update is timed in the step after it, which waits for it; the run's last
   // has no such step, so it is waited for here.
   const int64_t last = cfg_.stop_after > 0 ? std::min(cfg_.steps, cfg_.stop_after) : cfg_.steps;
@@ -340,9 +384,10 @@ StepRecord RankTrainer::step(int64_t step_index) {
     const Tracer::Span outer_span(tracer_, "outer step", "outer");
     rec.outer = outer_->after_step(step_index);
   }
+  activate_island(0);
   sampler_.advance();
   rec.tokens = static_cast<uint64_t>(shape_.B) * static_cast<uint64_t>(shape_.T) *
-               static_cast<uint64_t>(A) * static_cast<uint64_t>(N);
+               static_cast<uint64_t>(A) * static_cast<uint64_t>(world);
   rec.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return rec;
 }

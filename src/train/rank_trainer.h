@@ -98,8 +98,15 @@ class RankTrainer {
   const FaultPlan& faults() const { return faults_; }
   void set_tracer(Tracer* t) { tracer_ = t; }
   Tracer* tracer() const { return tracer_; }
+  // --islands-in-turn: the islands this rank holds states of (1 otherwise), and the one whose
+  // states state() shows. Outside step() that is island 0, whose weights a run reports.
+  int hosted_islands() const { return static_cast<int>(parked_.size()); }
+  void activate_island(int v);
 
  private:
+  // One island's forward and backward passes over the step's micro-batches, its gradient
+  // reduced; appends its part of the control exchange to control_.
+  void island_pass(int64_t step_index, int island);
   void load_micro_batch(int64_t micro);
   void fill_micro_batch(const Dataset& dataset, std::span<const uint64_t> idx);
   std::span<const float> weights_for(size_t ui, int slot);
@@ -146,6 +153,11 @@ class RankTrainer {
   TransientLayout layout_;
   DistributedSampler sampler_;
   ShardedState state_;
+  // Islands in turn: island v's units (the states) while another is active; the active
+  // one's are in state_, its slot empty. One empty slot without --islands-in-turn.
+  std::vector<std::vector<UnitState>> parked_;
+  int active_ = 0;
+  int virtual_rank_ = 0;  // this rank's in the active island's place in the islands' world
   std::optional<OffloadTier> offload_;
   MemoryStore memory_store_;  // the store when nothing is offloaded
   Buffers buf_;

@@ -20,6 +20,8 @@ namespace {
 void check_islands(TrainConfig& c) {
   if (c.islands == 1) return;
   const int k = c.islands;
+  check_island_modes(c);
+  if (c.islands_in_turn) return;  // every island on all the ranks: any world, one node
   if (c.launch.backend == Backend::kLocal && c.launch.ranks % k != 0) {
     throw InvalidArgument(fmt::format(
         "--islands {} does not divide --ranks {}: every island has as many ranks; use a divisor "
@@ -31,7 +33,6 @@ void check_islands(TrainConfig& c) {
     (void)island_layout(c, c.launch.ranks);  // islands that fit the nodes, or refused
     default_island_nodes(c, c.launch.ranks);
   }
-  check_island_modes(c);
 }
 
 }  // namespace

@@ -306,6 +306,61 @@ TEST(Islands, Int8MomentsKeepTheBitsAndResumeMidRound) {
   }
 }
 
+// Islands in turn (--islands-in-turn): every island on all the ranks, one after another,
+// gives the bits of the islands on ranks of their own (a cluster's run on fewer ranks), at
+// every stage, streamed and with 4-bit outer gradients; each rank holds every island's
+// states and one set of buffers.
+TEST(Islands, InTurnOnFewerRanksGiveTheClustersBits) {
+  const auto in_turn = [](TrainConfig c, int ranks, int stage) {
+    c.islands_in_turn = true;
+    c.launch.ranks = ranks;
+    c.stage = stage;
+    c.grad_accum = kIslandMicroBatches / ranks;
+    return c;
+  };
+  for (Precision p : {Precision::kBF16, Precision::kFP32}) {
+    const Outcome want = outcome_of(run(island_config(2, 0, p)));
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int ranks : {1, 2}) {
+        if (p == Precision::kFP32 && ranks == 1 && stage > 0) continue;
+        const std::string where = fmt::format("{} stage {}, 2 islands in turn on {} ranks",
+                                              precision_name(p), stage, ranks);
+        const Outcome got = outcome_of(run(in_turn(island_config(2, 0, p), ranks, stage)));
+        EXPECT_EQ(got.weights, want.weights) << where;
+        EXPECT_EQ(got.losses, want.losses) << where;
+        EXPECT_EQ(got.norms, want.norms) << where;
+        EXPECT_EQ(got.val_losses, want.val_losses) << where;
+      }
+    }
+  }
+  // Streaming DiLoCo with a delayed merge, and quantized outer gradients.
+  for (int bits : {0, 4}) {
+    TrainConfig cluster = streaming_config(4, 1);
+    cluster.outer_quant = bits;
+    const TrainResult whole = run(cluster);
+    const TrainResult turn = run(in_turn(cluster, 2, 3));
+    EXPECT_EQ(turn.weights_sha256, whole.weights_sha256) << "streaming, outer quant " << bits;
+    ASSERT_EQ(turn.steps.size(), whole.steps.size());
+    for (size_t i = 0; i < turn.steps.size(); ++i) {
+      EXPECT_EQ(turn.steps[i].loss, whole.steps[i].loss) << "step " << i + 1;
+      EXPECT_EQ(turn.steps[i].outer, whole.steps[i].outer) << "step " << i + 1;
+    }
+  }
+  // The memory: each rank holds the 2 islands' states, and the buffers of one rank of an
+  // island (the cluster's rank with the same index in an island of as many ranks).
+  const TrainConfig two = in_turn(island_config(4, 3), 2, 3);
+  const TrainResult turn = run(two);
+  const TrainResult cluster = run(island_config(4, 3));
+  for (size_t r = 0; r < turn.ranks.size(); ++r) {
+    for (int k = 0; k <= static_cast<int>(MemCategory::kAdamV); ++k) {
+      EXPECT_EQ(turn.ranks[r].model_state[k], 2 * cluster.ranks[r].model_state[k])
+          << "rank " << r << " " << mem_category_name(static_cast<MemCategory>(k));
+    }
+    EXPECT_EQ(turn.ranks[r].peak[static_cast<int>(MemCategory::kActivations)],
+              cluster.ranks[r].peak[static_cast<int>(MemCategory::kActivations)]);
+  }
+}
+
 // --hpz inside islands: each island keeps its node's copy of stage 3's gathered parameters,
 // over the ranks it shares a node with (the island's own when it is part of a node), so the
 // bits are the islands' without it; the copy is what the planner counts (no DIFF).
