@@ -224,7 +224,7 @@ void read_ranks(const Flags& f, Estimate& e) {
   const std::string* list = f.texts.given("ranks");
   sweep_values(option_spec("ranks"), list ? *list : "1,2,4,8", c, [&](const TrainConfig& row) {
     const int n = row.launch.ranks;
-    if (c.islands > 1 && n % c.islands != 0) {
+    if (c.islands > 1 && !c.islands_in_turn && n % c.islands != 0) {
       throw InvalidArgument(fmt::format(
           "--islands {} does not divide --ranks {}: every island has as many ranks; use rank "
           "counts that are multiples of it",
@@ -492,11 +492,18 @@ nlohmann::json row_json(const Estimate& e, const TrainConfig& c, const Forecast&
 // own ranges do not depend on it), and the advice on H.
 void print_islands(const Estimate& e, int n, const Forecast::Outer& o) {
   const TrainConfig& c = e.asked;
+  const std::string islands =
+      c.islands_in_turn
+          ? fmt::format(
+                "{} ranks holding {} islands in turn (the states {} times, the step {} "
+                "times as long)",
+                n, c.islands, c.islands, c.islands)
+          : fmt::format("{} ranks as {} islands of {}", n, c.islands, n / c.islands);
   fmt::print(
-      "  -> {} ranks as {} islands of {}: outer state {} per rank (in the rows' needs); a round "
+      "  -> {}: outer state {} per rank (in the rows' needs); a round "
       "of outer steps every --outer-every {} moves {} per rank ({} across nodes), {} per step; "
       "the largest exchange (--fragments {}) {}\n",
-      n, c.islands, n / c.islands, gb(o.state), c.outer_every, gb(o.exchange_round.total()),
+      islands, gb(o.state), c.outer_every, gb(o.exchange_round.total()),
       gb(o.exchange_round.cross_total()),
       gb(o.exchange_round.total() / static_cast<uint64_t>(c.outer_every)), c.fragments,
       gb(o.burst.total()));

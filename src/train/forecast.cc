@@ -133,6 +133,20 @@ Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const Ste
   island.launch.comm.node_ranks = l.inside_node_ranks;
   Forecast f = forecast(island, m, in);
   f.all_ranks *= static_cast<uint64_t>(l.islands);
+  if (l.in_turn) {
+    // Every rank holds each island's states and takes each island's step in turn: the
+    // states, their collectives and the step's time once per island; the buffers once.
+    const auto k = static_cast<uint64_t>(l.islands);
+    f.need += f.states.total() * (k - 1);
+    f.states = f.states.times(k);
+    f.comm = f.comm.times(k);
+    if (f.time) {
+      const double s = static_cast<double>(k);
+      StepTime& t = *f.time;
+      t = {t.compute * s, t.comm_overlap * s, t.comm_serial * s, t.forward * s,
+           t.backward_reduce * s};
+    }
+  }
   Forecast::Outer o;
   o.state = outer_state_bytes(m.units, l, 0);
   o.round = outer_round_bytes(m.units, l, 0);

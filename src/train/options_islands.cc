@@ -22,6 +22,7 @@ const OptionSpec kIslandOptions[] = {
      .help = "DiLoCo: run every island in turn on all the ranks, each rank holding every "
              "island's states, instead of each island on ranks of its own: a cluster's run, "
              "bit for bit, on fewer ranks (--islands; docs/diloco.md)",
+     .commands = kBoth,
      .form = OptionSpec::Form::kSwitch,
      .read = [](TrainConfig& c, const std::string&,
                 const OptionSpec&) { c.islands_in_turn = true; },

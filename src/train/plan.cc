@@ -208,6 +208,18 @@ int shard_index(const TrainConfig& c, int world, int rank) {
                                                              : rank;
 }
 
+int hosted_islands(const TrainConfig& c) {
+  return c.islands > 1 && c.islands_in_turn ? c.islands : 1;
+}
+
+StateBytes rank_model_state_bytes(const TrainConfig& c, std::span<const uint64_t> unit_numel,
+                                  int world, int rank, const UnitTensors* int8) {
+  return model_state_bytes(unit_numel, shard_ranks(c, world), c.stage, c.precision,
+                           shard_index(c, world, rank), fp32_accumulator(c), c.offload,
+                           c.int8_moments ? int8 : nullptr)
+      .times(static_cast<uint64_t>(hosted_islands(c)));
+}
+
 IslandLayout island_layout(const TrainConfig& c, int world) {
   const int k = c.islands;
   if (k < 1 || (world % k != 0 && !c.islands_in_turn)) {

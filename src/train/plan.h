@@ -26,6 +26,10 @@ struct StateBytes {
   // file's size. Not part of total(), which is memory.
   uint64_t nvme = 0;
   uint64_t total() const { return params + grads + master + adam_m + adam_v; }
+  // k copies (islands in turn hold every island's).
+  StateBytes times(uint64_t k) const {
+    return {params * k, grads * k, master * k, adam_m * k, adam_v * k, nvme * k};
+  }
 };
 
 // The offload file's layout (train/offload.h): per unit, one region each for the 16-bit
@@ -129,6 +133,12 @@ CommModes comm_modes_of(const TrainConfig& c);
 // shard_index(c, r) of them.
 int shard_ranks(const TrainConfig& c, int world);
 int shard_index(const TrainConfig& c, int world, int rank);
+// The islands whose states each rank holds: all of them with --islands-in-turn, else 1.
+int hosted_islands(const TrainConfig& c);
+// Rank `rank`'s model states in a world of `world` ranks of run `c`: its shard of each copy
+// it holds (`int8`: the units' tensors, for --optimizer-states int8).
+StateBytes rank_model_state_bytes(const TrainConfig& c, std::span<const uint64_t> unit_numel,
+                                  int world, int rank, const UnitTensors* int8);
 // --islands (train/outer_step.h): I islands of n = N / I consecutive ranks. Islands are
 // nodes unless --node-ranks T says otherwise: an island is then whole nodes (n % T == 0) or
 // a part of one (T % n == 0). The node layouts of an island's communicator and of the column
@@ -193,6 +203,10 @@ struct CommBytes {
   uint64_t total() const { return all_reduce + reduce_scatter + all_gather; }
   uint64_t cross_total() const {
     return cross_all_reduce + cross_reduce_scatter + cross_all_gather;
+  }
+  CommBytes times(uint64_t k) const {
+    return {all_reduce * k,       reduce_scatter * k,       all_gather * k,
+            cross_all_reduce * k, cross_reduce_scatter * k, cross_all_gather * k};
   }
 };
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,

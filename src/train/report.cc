@@ -102,7 +102,8 @@ PlannedComm planned_comm(const TrainResult& r, int rank) {
   const IslandLayout l = island_layout(c, r.world_size);
   modes.node_ranks = l.inside_node_ranks;
   return {comm_bytes_per_step(r.unit_numel, l.ranks, c.stage, c.precision, c.grad_accum,
-                              c.accumulate, canonical_order(c), rank % l.ranks, modes),
+                              c.accumulate, canonical_order(c), rank % l.ranks, modes)
+              .times(static_cast<uint64_t>(hosted_islands(c))),
           outer_round_bytes(r.unit_numel, l, rank)};
 }
 
@@ -114,9 +115,7 @@ nlohmann::json plan_json(const TrainResult& r) {
                  plan_outer = nlohmann::json::array();
   for (int rank = 0; rank < r.world_size; ++rank) {
     const StateBytes s =
-        model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
-                          shard_index(c, r.world_size, rank), fp32_accumulator(c), c.offload,
-                          c.int8_moments ? &r.unit_tensors : nullptr);
+        rank_model_state_bytes(c, r.unit_numel, r.world_size, rank, &r.unit_tensors);
     plan_states.push_back({{name(MemCategory::kParams), s.params},
                            {name(MemCategory::kGrads), s.grads},
                            {name(MemCategory::kMaster), s.master},
@@ -304,9 +303,7 @@ std::string formula_table(const TrainResult& r) {
   const double steps = static_cast<double>(std::max<size_t>(1, r.steps.size()));
   for (const auto& rank : r.ranks) {
     const StateBytes plan =
-        model_state_bytes(r.unit_numel, shard_ranks(c, r.world_size), c.stage, c.precision,
-                          shard_index(c, r.world_size, rank.rank), fp32_accumulator(c), c.offload,
-                          c.int8_moments ? &r.unit_tensors : nullptr);
+        rank_model_state_bytes(c, r.unit_numel, r.world_size, rank.rank, &r.unit_tensors);
     uint64_t states = 0;
     for (int k = 0; k <= static_cast<int>(MemCategory::kAdamV); ++k) states += rank.model_state[k];
     uint64_t comm = 0;

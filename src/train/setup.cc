@@ -146,9 +146,9 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
   const TransientPlan plan = transient_plan(cfg, data, shard_ranks(cfg, world));
   // A rank's memory and disk bytes with `offload`.
   const auto bytes = [&](int r, Offload offload) {
-    const StateBytes s = model_state_bytes(numel, shard_ranks(cfg, world), cfg.stage, cfg.precision,
-                                           shard_index(cfg, world, r), fp32_accumulator(cfg),
-                                           offload, cfg.int8_moments ? &tensors : nullptr);
+    TrainConfig with = cfg;
+    with.offload = offload;
+    const StateBytes s = rank_model_state_bytes(with, numel, world, r, &tensors);
     TransientPlan p = plan;
     p.offload = offload;
     const uint64_t outer =

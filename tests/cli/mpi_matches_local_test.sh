@@ -17,7 +17,8 @@ fail=0
 # ranks / that many processes, each running its ranks as threads: the same training still.
 # Offloaded parameter shards are read by each process's file workers. DiLoCo's islands split
 # the world into groups on both backends (islands of two nodes each, two-level and hpZ
-# inside; two islands in a node, hpZ's copy over each). Flags are split at
+# inside; two islands in a node, hpZ's copy over each; three islands in turn on every rank).
+# Flags are split at
 # commas; a + stands for a comma inside a flag's value.
 for case in "2 0 bf16 1 -" "2 3 bf16 1 -" "3 1 fp16 1 -" "3 2 fp32 1 -" \
   "3 3 bf16 1 --node-ranks=1" "4 0 fp16 1 --node-ranks=2,--collectives=two-level" \
@@ -31,7 +32,8 @@ for case in "2 0 bf16 1 -" "2 3 bf16 1 -" "3 1 fp16 1 -" "3 2 fp32 1 -" \
   "4 2 bf16 2 --islands=2,--outer-every=2" "4 1 fp32 1 --islands=4,--outer-every=1" \
   "4 3 bf16 1 --islands=2,--outer-every=4,--fragments=2,--outer-delay=1,--outer-quant=int4" \
   "8 3 fp16 2 --islands=2,--outer-every=2,--node-ranks=2,--collectives=two-level,--hpz,--qwz" \
-  "4 3 bf16 2 --islands=2,--outer-every=2,--node-ranks=4,--hpz"; do
+  "4 3 bf16 2 --islands=2,--outer-every=2,--node-ranks=4,--hpz" \
+  "2 2 bf16 1 --islands=3,--outer-every=2,--islands-in-turn,--outer-quant=int8"; do
   read -r n stage precision per extras <<<"$case"
   extra=()
   [[ $extras != - ]] && IFS=, read -r -a extra <<<"$extras"

@@ -359,6 +359,22 @@ TEST(Islands, InTurnOnFewerRanksGiveTheClustersBits) {
     EXPECT_EQ(turn.ranks[r].peak[static_cast<int>(MemCategory::kActivations)],
               cluster.ranks[r].peak[static_cast<int>(MemCategory::kActivations)]);
   }
+  // The planner counts it so: the report's formulas, and estimate's forecast.
+  const std::string table = formula_table(turn);
+  EXPECT_EQ(table.find("DIFF"), std::string::npos) << table;
+  TrainConfig resolved = turn.config;
+  const Model model = build_model(resolved);
+  PlannedModel m{.model = &model};
+  for (const auto& u : model) m.units.push_back(u->numel());
+  const Forecast fc = forecast(resolved, m);
+  uint64_t states = 0;
+  for (int k = 0; k <= static_cast<int>(MemCategory::kAdamV); ++k) {
+    states += turn.ranks[0].model_state[k];
+  }
+  EXPECT_EQ(fc.states.total(), states);
+  ASSERT_TRUE(fc.outer);
+  EXPECT_EQ(fc.outer->state, turn.ranks[0].peak[static_cast<int>(MemCategory::kOuterState)]);
+  EXPECT_EQ(fc.outer->exchange_round.total(), 0u) << "in turn, the islands meet in memory";
 }
 
 // --hpz inside islands: each island keeps its node's copy of stage 3's gathered parameters,
