@@ -324,8 +324,8 @@ ShardWritten AsyncSaver::write(const Job& job) {
           out.write({staging_.data() + at, std::min(kWritePiece, job.bytes - at)});
         }
       }
-      w.sha = out.finish();
-      w.bytes = std::filesystem::file_size(t.file);
+      const std::string sha = out.finish();
+      w.files.push_back({sha, std::filesystem::file_size(t.file)});
     }
     check_abandoned();
     if (rank == 0) w.history = checkpoint::write_history(t.temp, job.history);

@@ -271,34 +271,15 @@ void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& 
   }
 }
 
-void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
+namespace {
+
+// Island `island`'s states from the checkpoint into the trainer's (its active island's).
+void load_island_states(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt, int island) {
   ShardedState& state = trainer.state();
-  DistributedSampler& sampler = trainer.sampler();
   const checkpoint::Meta& m = ckpt.meta();
   const bool fp32 = state.fp32();
   const DType dtype = state.dtype();
   const auto saved_dtype = parse_precision(m.precision);
-  const TrainConfig& cfg = trainer.config();
-  if (m.islands != cfg.islands) {
-    throw InvalidArgument(fmt::format(
-        "{}: saved by {} island(s), this run has --islands {}; a DiLoCo run resumes with its "
-        "islands (each holds its own states), so use --islands {}",
-        ckpt.dir().string(), m.islands, cfg.islands, m.islands));
-  }
-  // DiLoCo's schedule is the checkpoint's: what is in flight depends on it.
-  for (const char* key : {"outer_every", "fragments", "outer_delay"}) {
-    const auto saved = m.config.find(key);
-    const std::string mine = config_json(cfg)[key].dump();
-    if (cfg.islands > 1 && saved != m.config.end() && saved->second != mine) {
-      throw InvalidArgument(fmt::format(
-          "{}: saved with {} {}, this run has {}; DiLoCo's schedule carries over a resume, so "
-          "use {} {}",
-          ckpt.dir().string(), flag_of(key), saved->second, mine, flag_of(key), saved->second));
-    }
-  }
-  // The island whose states this rank continues.
-  OuterStep* outer = trainer.outer();
-  const int island = outer != nullptr ? trainer.comm().rank() / trainer.group().size() : 0;
   std::vector<float> tmp;
   for (size_t i = 0; i < state.units().size(); ++i) {
     UnitState& u = state.units()[i];
@@ -348,14 +329,52 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
       }
     });
     if (moments8) load_moments(state, store, ckpt, i, island);
-    if (outer != nullptr) {
-      ckpt.read(i, "outer_params", u.own.begin, std::as_writable_bytes(outer->global(i)));
-      ckpt.read(i, "outer_momentum", u.own.begin, std::as_writable_bytes(outer->momentum(i)));
-      if (ckpt.holds("outer_pending")) {
-        std::vector<float> values(u.own.count());
-        ckpt.read(i, "outer_pending", u.own.begin, std::as_writable_bytes(std::span(values)));
-        outer->restore_pending(static_cast<int64_t>(m.step), i, values);
-      }
+  }
+}
+
+}  // namespace
+
+void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
+  ShardedState& state = trainer.state();
+  DistributedSampler& sampler = trainer.sampler();
+  const checkpoint::Meta& m = ckpt.meta();
+  const TrainConfig& cfg = trainer.config();
+  if (m.islands != cfg.islands) {
+    throw InvalidArgument(fmt::format(
+        "{}: saved by {} island(s), this run has --islands {}; a DiLoCo run resumes with its "
+        "islands (each holds its own states), so use --islands {}",
+        ckpt.dir().string(), m.islands, cfg.islands, m.islands));
+  }
+  // DiLoCo's schedule is the checkpoint's: what is in flight depends on it.
+  for (const char* key : {"outer_every", "fragments", "outer_delay"}) {
+    const auto saved = m.config.find(key);
+    const std::string mine = config_json(cfg)[key].dump();
+    if (cfg.islands > 1 && saved != m.config.end() && saved->second != mine) {
+      throw InvalidArgument(fmt::format(
+          "{}: saved with {} {}, this run has {}; DiLoCo's schedule carries over a resume, so "
+          "use {} {}",
+          ckpt.dir().string(), flag_of(key), saved->second, mine, flag_of(key), saved->second));
+    }
+  }
+  // The island whose states this rank continues (islands in turn: each it holds).
+  OuterStep* outer = trainer.outer();
+  const int hosted = trainer.hosted_islands();
+  for (int v = 0; v < hosted; ++v) {
+    trainer.activate_island(v);
+    const int island = hosted > 1         ? v
+                       : outer != nullptr ? trainer.comm().rank() / trainer.group().size()
+                                          : 0;
+    load_island_states(trainer, ckpt, island);
+  }
+  trainer.activate_island(0);
+  for (size_t i = 0; outer != nullptr && i < state.units().size(); ++i) {
+    const UnitState& u = state.units()[i];
+    ckpt.read(i, "outer_params", u.own.begin, std::as_writable_bytes(outer->global(i)));
+    ckpt.read(i, "outer_momentum", u.own.begin, std::as_writable_bytes(outer->momentum(i)));
+    if (ckpt.holds("outer_pending")) {
+      std::vector<float> values(u.own.count());
+      ckpt.read(i, "outer_pending", u.own.begin, std::as_writable_bytes(std::span(values)));
+      outer->restore_pending(static_cast<int64_t>(m.step), i, values);
     }
   }
   OptimizerCounters counters{.adam_step = m.adam_step, .scaler = std::nullopt};
@@ -543,30 +562,41 @@ void finish_save(RankTrainer& trainer, const SaveTicket& t, const ShardWritten& 
   std::string error = w.error;
   // Agreement: every rank's verdict, size and digest, and rank 0's of the history (every
   // host's meta.json lists it).
-  std::vector<double> mine{error.empty() ? 1.0 : 0.0, static_cast<double>(w.bytes)};
+  // Per rank: the verdict, then each shard's size and digest (one per island it holds),
+  // then the history's.
+  const size_t hosted = static_cast<size_t>(trainer.hosted_islands());
+  std::vector<double> mine{error.empty() ? 1.0 : 0.0};
   const auto digest = [&mine](const std::string& hex) {
     for (size_t i = 0; i < 64; i += 2) {
       mine.push_back(hex.empty() ? 0.0 : std::stoi(hex.substr(i, 2), nullptr, 16));
     }
   };
-  digest(w.sha);
+  for (size_t v = 0; v < hosted; ++v) {
+    const ShardWritten::File none;
+    const ShardWritten::File& f = v < w.files.size() ? w.files[v] : none;
+    mine.push_back(static_cast<double>(f.bytes));
+    digest(f.sha);
+  }
+  const size_t history_at = 1 + 33 * hosted;
   mine.push_back(static_cast<double>(w.history.bytes));
   digest(w.history.sha256);
   const std::vector<double> all = comm.gather_control(mine);
+  const auto entry = [&](int r) { return all.data() + static_cast<size_t>(r) * mine.size(); };
   std::vector<int> failed;
-  ck::Meta meta = t.meta;
   for (int r = 0; r < comm.size(); ++r) {
-    const double* v = all.data() + static_cast<size_t>(r) * mine.size();
-    if (v[0] != 1.0) {
-      failed.push_back(r);
-      continue;
-    }
-    if (r >= meta.shard_files()) continue;  // an HSDP replica's rank: no shard
-    meta.files.push_back({ck::rank_file_name(r), static_cast<uint64_t>(v[1]), hex_of(v + 2)});
-    if (cfg.node_local_checkpoints) meta.hosts.push_back(t.hosts[static_cast<size_t>(r)]);
+    if (entry(r)[0] != 1.0) failed.push_back(r);
   }
-  meta.files.push_back(
-      {std::string(ck::kHistoryFile), static_cast<uint64_t>(all[2 + 32]), hex_of(all.data() + 35)});
+  ck::Meta meta = t.meta;
+  // Shard R is rank R % N's (R / N)-th: islands in turn write island v's as v N + r; an HSDP
+  // replica's rank writes none.
+  const int n = comm.size();
+  for (int file = 0; failed.empty() && file < meta.shard_files(); ++file) {
+    const double* v = entry(file % n) + 1 + 33 * static_cast<size_t>(file / n);
+    meta.files.push_back({ck::rank_file_name(file), static_cast<uint64_t>(v[0]), hex_of(v + 1)});
+    if (cfg.node_local_checkpoints) meta.hosts.push_back(t.hosts[static_cast<size_t>(file % n)]);
+  }
+  meta.files.push_back({std::string(ck::kHistoryFile), static_cast<uint64_t>(all[history_at]),
+                        hex_of(all.data() + history_at + 1)});
   if (cfg.node_local_checkpoints) meta.hosts.push_back(t.hosts[0]);
   if (!failed.empty()) {
     // Every rank has finished with the temporary: what it holds can never be committed, and
@@ -607,13 +637,23 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
   const SaveTicket t = begin_save(trainer, step);
   ShardWritten w;
   try {
-    if (t.writer) {
-      trainer.faults().shard_write(step, t.file);
-      w.sha = write_shard(trainer.state(), trainer.store(), t.file, t.outer, t.pending);
-      w.bytes = std::filesystem::file_size(t.file);
+    for (int v = 0; t.writer && v < trainer.hosted_islands(); ++v) {
+      // Islands in turn: island v's shards are those of rank v N + r of the islands' world,
+      // so the checkpoint is the one islands on ranks of their own would write.
+      trainer.activate_island(v);
+      const std::filesystem::path file =
+          v == 0 ? t.file
+                 : t.temp / checkpoint::rank_file_name(v * trainer.comm().size() +
+                                                       trainer.comm().rank());
+      trainer.faults().shard_write(step, file);
+      const std::string sha = write_shard(trainer.state(), trainer.store(), file,
+                                          v == 0 ? t.outer : nullptr, v == 0 && t.pending);
+      w.files.push_back({sha, std::filesystem::file_size(file)});
     }
+    trainer.activate_island(0);
     if (trainer.comm().rank() == 0) w.history = checkpoint::write_history(t.temp, history);
   } catch (const std::exception& e) {
+    trainer.activate_island(0);
     w.error = e.what();
   }
   checkpoint::failpoint("shard-written", trainer.comm().rank());

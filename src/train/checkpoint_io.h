@@ -92,8 +92,13 @@ struct SaveTicket {
 SaveTicket begin_save(RankTrainer& trainer, int64_t step);
 // 2. This rank alone: its shard written and fsynced (rank 0: the history too).
 struct ShardWritten {
-  std::string sha;
-  uint64_t bytes = 0;
+  // The shards this rank wrote: one, or with --islands-in-turn one per island it holds (in
+  // island order); none under HSDP's replicas.
+  struct File {
+    std::string sha;
+    uint64_t bytes = 0;
+  };
+  std::vector<File> files;
   checkpoint::FileMeta history;  // rank 0's
   std::string error;             // empty: written
 };
@@ -110,6 +115,8 @@ StepRecord record_of(const checkpoint::StepHistory& h);
 // --grad-accum was given: A' = K / (N' b') on N' ranks of micro-batch b'. A rank count that
 // cannot split K evenly is refused, naming the counts that can. `default_policy`: the
 // accumulation policy is the default, chosen again for A'.
+// `world`: the ranks that split a step's samples (islands in turn: every island's share of
+// each rank, islands x ranks).
 void keep_global_batch(TrainConfig& cfg, const std::filesystem::path& from,
                        const checkpoint::Meta& m, int world, bool default_policy);
 

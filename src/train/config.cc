@@ -305,18 +305,17 @@ void check_islands_in_turn(const TrainConfig& c) {
     throw InvalidArgument(
         fmt::format("--islands-in-turn cannot be combined with {} yet: {}", flag, why));
   };
-  if (!c.checkpoint_dir.empty() || !c.resume.empty()) {
-    refuse(c.resume.empty() ? "--checkpoint-dir" : "--resume",
-           "a checkpoint of islands in turn (every island's shards from each rank) is not built; "
-           "run the islands on ranks of their own to checkpoint");
+  if (c.checkpoint_async) {
+    refuse("--checkpoint-async",
+           "the background writer stages one island's shard per rank; save synchronously");
   }
   if (!c.init_from.empty())
     refuse("--init-from", "each island would need the weights; leave it out");
   if (c.offload != Offload::kNone) refuse("--offload", "the states of every island stay in memory");
   if (c.max_restarts > 0) {
     refuse("--max-restarts",
-           "an elastic restart resumes from a checkpoint, which islands in turn "
-           "do not write yet");
+           "an elastic restart keeps whole islands on fewer ranks each; resume with --resume "
+           "instead");
   }
 }
 

@@ -610,7 +610,8 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     if (derive_batch && !resume_from.empty()) saved = checkpoint::read_meta(resume_from);
     // Under MPI the world is known once launched; each process holds its own cfg.
     if (saved && local)
-      keep_global_batch(cfg, resume_from, *saved, cfg.launch.ranks, default_policy);
+      keep_global_batch(cfg, resume_from, *saved, cfg.launch.ranks * hosted_islands(cfg),
+                        default_policy);
     // Local ranks are threads of this process: every one of them is checked here, once,
     // before any thread starts (MPI processes each check themselves below), and before the
     // calibration times products of the micro-batch's shapes.
@@ -640,7 +641,10 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       std::optional<TrainConfig> own;
       if (!local) {
         own.emplace(cfg);
-        if (saved) keep_global_batch(*own, resume_from, *saved, comm.size(), default_policy);
+        if (saved) {
+          keep_global_batch(*own, resume_from, *saved, comm.size() * hosted_islands(cfg),
+                            default_policy);
+        }
         default_island_nodes(*own, comm.size());
         // The process's first rank checks the memory of all of them.
         if (comm.rank() % here == 0)

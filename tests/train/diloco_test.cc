@@ -377,6 +377,49 @@ TEST(Islands, InTurnOnFewerRanksGiveTheClustersBits) {
   EXPECT_EQ(fc.outer->exchange_round.total(), 0u) << "in turn, the islands meet in memory";
 }
 
+// A checkpoint of islands in turn is the one the islands on ranks of their own write, shard
+// for shard (island v's shards are those of rank v N + r), so either resumes the other; here
+// mid-round with an exchange in flight.
+TEST(Islands, InTurnCheckpointsAreTheClustersAndResumeEitherWay) {
+  namespace fs = std::filesystem;
+  testing::TempDir tmp;
+  const TrainResult whole = run(streaming_config(4, 3));
+  TrainConfig cluster = streaming_config(4, 3);
+  cluster.checkpoint_dir = (tmp.path() / "cluster").string();
+  cluster.stop_after = 3;  // fragment 1's exchange in flight
+  (void)run(cluster);
+  TrainConfig turn = cluster;
+  turn.islands_in_turn = true;
+  turn.launch.ranks = 2;  // 2 islands of 2 ranks in turn on 2 ranks
+  turn.checkpoint_dir = (tmp.path() / "turn").string();
+  (void)run(turn);
+  const fs::path a = checkpoint::step_dir(cluster.checkpoint_dir, 3);
+  const fs::path b = checkpoint::step_dir(turn.checkpoint_dir, 3);
+  const checkpoint::Meta meta = checkpoint::read_meta(b);
+  ASSERT_EQ(meta.shard_files(), 4);
+  for (int r = 0; r < meta.shard_files(); ++r) {
+    const std::string name = checkpoint::rank_file_name(r);
+    EXPECT_EQ(sha256_file_hex(b / name), sha256_file_hex(a / name)) << name;
+  }
+  // The cluster's checkpoint continued in turn on one rank, and the one in turn on the
+  // cluster's four.
+  for (const auto& [from, ranks, in_turn] :
+       {std::tuple{cluster.checkpoint_dir, 1, true}, {turn.checkpoint_dir, 4, false}}) {
+    TrainConfig next = streaming_config(ranks, 1);
+    next.islands_in_turn = in_turn;
+    next.grad_accum = 0;  // the checkpoint's batch
+    next.checkpoint_dir = (tmp.path() / fmt::format("next{}", ranks)).string();
+    fs::copy(from, next.checkpoint_dir, fs::copy_options::recursive);
+    next.resume = "latest";
+    const TrainResult r = run(next);
+    EXPECT_EQ(r.weights_sha256, whole.weights_sha256) << "resumed on " << ranks;
+    ASSERT_EQ(r.steps.size(), whole.steps.size() - 3);
+    for (size_t k = 0; k < r.steps.size(); ++k) {
+      EXPECT_EQ(r.steps[k].loss, whole.steps[k + 3].loss) << "step " << k + 4;
+    }
+  }
+}
+
 // --hpz inside islands: each island keeps its node's copy of stage 3's gathered parameters,
 // over the ranks it shares a node with (the island's own when it is part of a node), so the
 // bits are the islands' without it; the copy is what the planner counts (no DIFF).
