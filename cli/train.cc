@@ -191,8 +191,13 @@ int run_train(Flags& f, Launch args) {
   // cut rank 0 off while it writes the report; rank 0 alone carries the job's exit code.
   if (!r.is_reporter) return 0;
   fmt::print("{}\n", r.data_description);
-  fmt::print("trained {} parameters for {} steps: stage {}, {} ranks ({}), {}\n", r.params,
-             r.steps.size(), r.config.stage, r.world_size, r.backend,
+  const std::string islands =
+      r.config.islands < 2 ? ""
+      : r.config.islands_in_turn
+          ? fmt::format(" holding {} islands in turn", r.config.islands)
+          : fmt::format(" as {} islands of {}", r.config.islands, r.world_size / r.config.islands);
+  fmt::print("trained {} parameters for {} steps: stage {}, {} ranks{} ({}), {}\n", r.params,
+             r.steps.size(), r.config.stage, r.world_size, islands, r.backend,
              precision_name(r.config.precision));
   if (!r.resumed_from.empty()) {
     fmt::print("continued from {}: steps {}..{}\n", r.resumed_from, r.first_step, r.config.steps);

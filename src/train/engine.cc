@@ -319,7 +319,11 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
     run.resumed_from = from->dir();
     from.reset();
   } else if (!cfg.init_from.empty()) {
-    load_initial_weights(trainer, cfg.init_from);
+    for (int v = 0; v < trainer.hosted_islands(); ++v) {  // every island starts from them
+      trainer.activate_island(v);
+      load_initial_weights(trainer, cfg.init_from);
+    }
+    trainer.activate_island(0);
   }
   // A fresh start's global weights are the ones every island starts from.
   if (OuterStep* outer = trainer.outer(); outer != nullptr && run.resumed_from.empty()) {

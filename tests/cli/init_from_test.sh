@@ -97,6 +97,18 @@ else
   echo "FAIL: fine-tuning bits: ${sha[*]} (scratch $scratch)"; fail=1
 fi
 
+# DiLoCo's islands start from the file too: two islands of two ranks, and the same two
+# islands in turn on two ranks, give the same bits.
+isl=(--stage 1 --steps 3 --islands 2 --outer-every 2 --grad-accum 1 --init-from w.safetensors)
+cluster=$("$zerodp" train "${tiny[@]}" "${isl[@]}" --ranks 4 2>&1 | grep -o 'weights sha256 [0-9a-f]*')
+turn=$("$zerodp" train "${tiny[@]}" "${isl[@]}" --ranks 2 --islands-in-turn 2>&1 |
+  grep -o 'weights sha256 [0-9a-f]*')
+if [[ -n $cluster && $cluster == "$turn" ]]; then
+  echo "ok: islands from the file, on ranks of their own and in turn: $cluster"
+else
+  echo "FAIL: islands from the file: '$cluster' on their own ranks, '$turn' in turn"; fail=1
+fi
+
 # Files that do not fit the model: refused before training, naming the tensor.
 refused() {  # refused NAME FILE PATTERN [FLAGS...]
   local name=$1 file=$2 pattern=$3
