@@ -18,9 +18,9 @@ namespace {
 // --islands: what DiLoCo's islands need of the other options. Islands are nodes unless
 // --node-ranks says otherwise (then an island is whole nodes, or a part of one).
 void check_islands(TrainConfig& c) {
+  check_island_modes(c);
   if (c.islands == 1) return;
   const int k = c.islands;
-  check_island_modes(c);
   if (c.islands_in_turn) return;  // every island on all the ranks: any world, one node
   if (c.launch.backend == Backend::kLocal && c.launch.ranks % k != 0) {
     throw InvalidArgument(fmt::format(

@@ -779,6 +779,19 @@ TEST(Islands, RefusalsNameWhatWouldWork) {
   c = streaming_config(4, 1);
   c.eval_every = 4;
   refused(c, "leave --eval-every out");
+  // Islands in turn: several islands, and what they do not do yet.
+  c = island_config(2, 1);
+  c.islands_in_turn = true;
+  c.islands = 1;
+  refused(c, "Use --islands 2 or more");
+  c = island_config(2, 1);
+  c.islands_in_turn = true;
+  c.offload = Offload::kOptimizer;
+  refused(c, "--islands-in-turn cannot be combined with --offload");
+  c = island_config(2, 1);
+  c.islands_in_turn = true;
+  c.max_restarts = 1;
+  refused(c, "resume with --resume instead");
 }
 
 }  // namespace
