@@ -54,11 +54,14 @@ asan: deps
 
 tsan: deps
 	@cmake --preset tsan >/dev/null
-	@cmake --build --preset tsan -j $(JOBS) --target comm_test memory_state_file_test
+	@cmake --build --preset tsan -j $(JOBS) --target comm_test memory_state_file_test \
+	  train_async_save_test
 	TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan.supp halt_on_error=1" \
 	  build/tsan/tests/comm/comm_test
 	TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan.supp halt_on_error=1" \
 	  build/tsan/tests/memory/memory_state_file_test
+	TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan.supp halt_on_error=1" \
+	  build/tsan/tests/train/train_async_save_test
 
 sanitize: asan tsan
 

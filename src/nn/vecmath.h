@@ -16,8 +16,14 @@ namespace zerodp::nn_detail {
 // as std::fma, which is exactly rounded wherever it runs (an instruction in the v3 and v4
 // clones, glibc's fmaf in the default one, slow but the same bits), and the build forbids
 // contracting anything else (-ffp-contract=off). So the bits do not depend on the clone.
+// Not under ThreadSanitizer, whose runtime is not set up yet when the loader runs the
+// clones' ifunc resolvers (instrumented, they crash the program before main).
+#if !defined(__SANITIZE_THREAD__)
 #define ZERODP_NN_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ZERODP_NN_CLONES
+#endif
 
 // exp(y) for y <= 0, by range reduction plus a degree-7 polynomial in fused multiply-adds
 // (relative error ~1e-7), flushed to 0 below -87 (exp(-87) = 1.6e-38: what it multiplies or
