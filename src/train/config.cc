@@ -309,7 +309,6 @@ void check_islands_in_turn(const TrainConfig& c) {
     refuse("--checkpoint-async",
            "the background writer stages one island's shard per rank; save synchronously");
   }
-  if (c.offload != Offload::kNone) refuse("--offload", "the states of every island stay in memory");
   if (c.max_restarts > 0) {
     refuse("--max-restarts",
            "an elastic restart keeps whole islands on fewer ranks each; resume with --resume "

@@ -55,7 +55,7 @@ RankSummary memory_summary(RankTrainer& trainer) {
   s.gemm_bf16_copy_bytes = gemm_bf16_copy_bytes();
   s.nvme_bytes = trainer.ledger().disk();
   if (OffloadTier* tier = trainer.offload()) {
-    const OffloadTier::Counters c = tier->counters();
+    const OffloadTier::Counters c = trainer.offload_counters();
     s.offload_bytes_read = c.bytes_read;
     s.offload_bytes_written = c.bytes_written;
     s.offload_wait_seconds = c.wait_seconds;

@@ -35,7 +35,8 @@ std::vector<OffloadTier::Region> OffloadTier::regions_for(bool fp32, bool params
 }
 
 OffloadTier::OffloadTier(ShardedState& state, Offload offload, const std::filesystem::path& dir,
-                         int rank, uint64_t piece, MemoryLedger& ledger)
+                         int rank, uint64_t piece, MemoryLedger& ledger, int island,
+                         OffloadTier* staging_of)
     : state_(state),
       params_(offload == Offload::kParams),
       regions_(regions_for(state.fp32(), params_, state.int8_moments())),
@@ -58,7 +59,11 @@ OffloadTier::OffloadTier(ShardedState& state, Offload offload, const std::filesy
         }
         return base;
       }()),
-      file_(dir, fmt::format("zerodp-offload-{}-rank{}", ::getpid(), rank), unit_base_.back(),
+      file_(dir,
+            island == 0
+                ? fmt::format("zerodp-offload-{}-rank{}", ::getpid(), rank)
+                : fmt::format("zerodp-offload-{}-rank{}-island{}", ::getpid(), rank, island),
+            unit_base_.back(),
             /*direct=*/true) {
   if (offload == Offload::kNone) throw std::logic_error("offload: a tier of nothing");
   if (piece_ == 0 || piece_ % block_ != 0) {
@@ -66,13 +71,18 @@ OffloadTier::OffloadTier(ShardedState& state, Offload offload, const std::filesy
                                        piece_, kOffloadAlign));
   }
   for (const Region& r : regions_) slot_bytes_ += piece_ * r.element_bytes;
+  ledger.add_disk(file_.size());
+  if (staging_of != nullptr) {
+    aligned_ = staging_of->aligned_;
+    bounce_ = staging_of->bounce_;
+    return;
+  }
   const uint64_t bounce = params_ ? piece_ * dtype_size(state.dtype()) : 0;
   staging_ = Buffer<std::byte>(ledger, MemCategory::kOffloadStaging,
                                2 * slot_bytes_ + bounce + kOffloadAlign);
   const auto at = reinterpret_cast<uintptr_t>(staging_.data());
   aligned_ = staging_.data() + (round_up(at, kOffloadAlign) - at);
   bounce_ = aligned_ + 2 * slot_bytes_;
-  ledger.add_disk(file_.size());
 }
 
 std::byte* OffloadTier::slot(int s, size_t r) {

@@ -39,9 +39,11 @@ class OffloadTier final : public StateStore {
   // model_state_bytes(..., offload) says, with the staging slots on `ledger` (offload_staging)
   // and the file's bytes noted as its disk bytes. `piece`: elements per staged window
   // (TransientLayout::offload_piece). Throws as StateFile does when the directory cannot
-  // hold the file.
+  // hold the file. Islands in turn (RankTrainer): island `island`'s tier streams through
+  // `staging_of`'s staging (island 0's), as no two islands' streams ever run at once.
   OffloadTier(ShardedState& state, Offload offload, const std::filesystem::path& dir, int rank,
-              uint64_t piece, MemoryLedger& ledger);
+              uint64_t piece, MemoryLedger& ledger, int island = 0,
+              OffloadTier* staging_of = nullptr);
 
   // Writes the starting master weights (and parameters) as the pure init function gives
   // them for every optimizer range; the moments start at zero, which the reserved file reads

@@ -90,11 +90,17 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       state_(model_, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg)),
              cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed,
              group_.size(), group_.index(), ledger_, cfg.offload, cfg.int8_moments),
-      offload_(cfg.offload != Offload::kNone
-                   ? std::optional<OffloadTier>(std::in_place, state_, cfg.offload, cfg.offload_dir,
-                                                comm.rank(), layout_.offload_piece, ledger_)
-                   : std::nullopt),
+      offload_([&] {
+        std::vector<std::unique_ptr<OffloadTier>> tiers;
+        if (cfg.offload != Offload::kNone) {
+          tiers.push_back(std::make_unique<OffloadTier>(
+              state_, cfg.offload, cfg.offload_dir, comm.rank(), layout_.offload_piece, ledger_));
+        }
+        return tiers;
+      }()),
       memory_store_(state_),
+      active_store_(offload_.empty() ? static_cast<StateStore*>(&memory_store_)
+                                     : offload_.front().get()),
       buf_(ledger_, layout_, state_.dtype()),
       hpz_(cfg.hpz && state_.plan().gather_before_compute
                ? std::optional<HpzCopy>(std::in_place, state_.units(), buf_.hpz,
@@ -107,7 +113,6 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       reducer_(state_, layout_, cfg.grad_accum, group_, ledger_, chunk_),
       optimizer_(cfg, state_, group_, chunk_, store()),
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
-  if (offload_) offload_->initialize(cfg.seed);
   parked_.resize(cfg.islands_in_turn ? static_cast<size_t>(cfg.islands) : 1);
   for (size_t v = 1; v < parked_.size(); ++v) {
     // Every island starts from the same weights, as on ranks of their own.
@@ -115,7 +120,19 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                         cfg.decay_all, cfg.seed, group_.size(), group_.index(), ledger_,
                         cfg.offload, cfg.int8_moments);
     parked_[v] = std::move(states.units());
+    // Its tier's file, streamed through island 0's staging (islands' streams never overlap).
+    if (!offload_.empty()) {
+      offload_.push_back(std::make_unique<OffloadTier>(
+          state_, cfg.offload, cfg.offload_dir, comm.rank(), layout_.offload_piece, ledger_,
+          static_cast<int>(v), offload_.front().get()));
+    }
   }
+  // A tier writes its island's starting master and the parameters rounded from it.
+  for (size_t v = 0; v < offload_.size(); ++v) {
+    activate_island(static_cast<int>(v));
+    offload_[v]->initialize(cfg.seed);
+  }
+  activate_island(0);
   virtual_rank_ = comm.rank();
   if (column != nullptr) {
     outer_.emplace(cfg, state_, store(), group_, *column, ledger_,
@@ -126,11 +143,27 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
   set_gemm_threads(std::max(1, usable_cores() / ranks_on_this_host(comm, cfg.launch)));
 }
 
+OffloadTier::Counters RankTrainer::offload_counters() const {
+  OffloadTier::Counters sum;
+  for (const auto& tier : offload_) {
+    const OffloadTier::Counters& c = tier->counters();
+    sum.bytes_read += c.bytes_read;
+    sum.bytes_written += c.bytes_written;
+    sum.wait_seconds += c.wait_seconds;
+    sum.update_bytes += c.update_bytes;
+    sum.update_seconds += c.update_seconds;
+  }
+  return sum;
+}
+
 void RankTrainer::activate_island(int v) {
   if (v == active_) return;
+  // An overlapped update (--offload-overlap) still streams the active island's states.
+  optimizer_.settle();
   std::swap(state_.units(), parked_[static_cast<size_t>(active_)]);
   std::swap(state_.units(), parked_[static_cast<size_t>(v)]);
   active_ = v;
+  if (!offload_.empty()) active_store_.point_at(offload_[static_cast<size_t>(v)].get());
   virtual_rank_ = v * comm_.size() + comm_.rank();
 }
 
@@ -194,8 +227,8 @@ void RankTrainer::wait_for_update(size_t i) {
 std::unique_ptr<GatherSource> RankTrainer::gather_source(bool backward) {
   if (backward && hpz_) return gather_from_node_copy(*hpz_, group_.comm());
   if (qwz_) return gather_quantized(*qwz_, group_.comm(), state_.units());
-  if (offload_ && offload_->holds_params()) {
-    return gather_from_file(*offload_, group_, state_.units());
+  if (OffloadTier* tier = offload(); tier != nullptr && tier->holds_params()) {
+    return gather_from_file(*tier, group_, state_.units());
   }
   return gather_from_owners(group_, state_.units());
 }

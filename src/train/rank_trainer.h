@@ -83,10 +83,17 @@ class RankTrainer {
   std::string samples_sha256() const { return samples_hash_.hex_digest(); }
   ShardedState& state() { return state_; }
   // Where master, adam_m and adam_v live under --offload optimizer; null when in memory.
-  OffloadTier* offload() { return offload_ ? &*offload_ : nullptr; }
-  const OffloadTier* offload() const { return offload_ ? &*offload_ : nullptr; }
+  // Islands in turn: the active island's.
+  OffloadTier* offload() {
+    return offload_.empty() ? nullptr : offload_[static_cast<size_t>(active_)].get();
+  }
+  const OffloadTier* offload() const {
+    return offload_.empty() ? nullptr : offload_[static_cast<size_t>(active_)].get();
+  }
+  // What every island's tier has moved (one tier but with islands in turn).
+  OffloadTier::Counters offload_counters() const;
   // Where the states live, memory or the offload file, to stream them from.
-  StateStore& store() { return offload_ ? static_cast<StateStore&>(*offload_) : memory_store_; }
+  StateStore& store() { return active_store_; }
   const ShardGroup& group() const { return group_; }
   const ShardedState& state() const { return state_; }
   // DiLoCo's outer step; null without --islands.
@@ -158,8 +165,28 @@ class RankTrainer {
   std::vector<std::vector<UnitState>> parked_;
   int active_ = 0;
   int virtual_rank_ = 0;  // this rank's in the active island's place in the islands' world
-  std::optional<OffloadTier> offload_;
+  // One tier per island the rank holds (offloaded), else none.
+  std::vector<std::unique_ptr<OffloadTier>> offload_;
   MemoryStore memory_store_;  // the store when nothing is offloaded
+  // The store the parts stream through: the memory store, or the active island's tier.
+  class ActiveStore final : public StateStore {
+   public:
+    explicit ActiveStore(StateStore* target) : target_(target) {}
+    void point_at(StateStore* target) { target_ = target; }
+    void stream(std::span<const Job> jobs, Access access,
+                const std::function<void(Piece&)>& f) override {
+      target_->stream(jobs, access, f);
+    }
+    bool on_disk() const override { return target_->on_disk(); }
+    uint64_t bytes_moved() const override { return target_->bytes_moved(); }
+    void count_update(uint64_t bytes, double seconds) override {
+      target_->count_update(bytes, seconds);
+    }
+
+   private:
+    StateStore* target_;
+  };
+  ActiveStore active_store_;
   Buffers buf_;
   std::optional<HpzCopy> hpz_;
   std::optional<QuantizedGather> qwz_;
