@@ -47,11 +47,15 @@ uint64_t staging_bytes(const RankTrainer& trainer) {
     for (const UnitState& u : trainer.state().units()) own += u.own.count();
     return kPendingAt + (pending ? 4 * own : 0);
   }
+  // Islands in turn stage every island's shard; island 0's holds the outer state.
   uint64_t bytes = 0;
-  for (const safetensors::TensorDecl& t : shard_tensors(trainer.state(), outer, pending)) {
-    uint64_t n = safetensors::element_size(t.type);
-    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-    bytes += n;
+  for (int v = 0; v < trainer.hosted_islands(); ++v) {
+    for (const safetensors::TensorDecl& t :
+         shard_tensors(trainer.state(), outer && v == 0, pending && v == 0)) {
+      uint64_t n = safetensors::element_size(t.type);
+      for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+      bytes += n;
+    }
   }
   return bytes;
 }
@@ -92,11 +96,14 @@ void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> histor
   const Tracer::Span span(trainer_.tracer(), "checkpoint copy", "checkpoint");
   ++stats_.requested;
   SaveTicket ticket = begin_save(trainer_, step);
-  std::vector<safetensors::TensorDecl> tensors;
+  std::vector<Shard> shards;
   size_t at = 0;
   const bool from_offload = ticket.writer && trainer_.offload() != nullptr;
-  if (ticket.writer)
-    tensors = shard_tensors(trainer_.state(), ticket.outer != nullptr, ticket.pending);
+  if (from_offload) {
+    shards.push_back(
+        {.file = ticket.file,
+         .tensors = shard_tensors(trainer_.state(), ticket.outer != nullptr, ticket.pending)});
+  }
   if (from_offload && ticket.outer != nullptr && ticket.pending) {
     // The exchange in flight is rewritten by the next round's send: staged now.
     auto* pending = reinterpret_cast<float*>(staging_.data() + kPendingAt);
@@ -106,22 +113,35 @@ void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> histor
       pending += n;
     }
   }
-  if (ticket.writer && !from_offload) {
-    stream_shard(trainer_.state(), trainer_.store(), ticket.outer, ticket.pending,
+  for (int v = 0; ticket.writer && !from_offload && v < trainer_.hosted_islands(); ++v) {
+    // Islands in turn: island v's shard is rank v N + r's (checkpoint_io.h).
+    trainer_.activate_island(v);
+    const OuterStep* outer = v == 0 ? ticket.outer : nullptr;
+    const bool pending = v == 0 && ticket.pending;
+    Shard shard{.file = v == 0
+                            ? ticket.file
+                            : ticket.temp / checkpoint::rank_file_name(v * trainer_.comm().size() +
+                                                                       trainer_.comm().rank()),
+                .tensors = shard_tensors(trainer_.state(), outer != nullptr, pending),
+                .begin = at};
+    stream_shard(trainer_.state(), trainer_.store(), outer, pending,
                  [&](std::span<const std::byte> b) {
                    if (b.size() > staging_.size() - at) {
+                     trainer_.activate_island(0);
                      throw std::logic_error("checkpoint staging: the shard outgrew its buffer");
                    }
                    std::memcpy(staging_.data() + at, b.data(), b.size());
                    at += b.size();
                  });
+    shard.bytes = at - shard.begin;
+    shards.push_back(std::move(shard));
   }
+  trainer_.activate_island(0);
   ticket_ = std::move(ticket);
   {
     MutexLock lock(mu_);
     job_ = Job{.ticket = &*ticket_,
-               .tensors = std::move(tensors),
-               .bytes = at,
+               .shards = std::move(shards),
                .history = std::move(history),
                .from_offload = from_offload};
     done_ = false;
@@ -312,20 +332,22 @@ ShardWritten AsyncSaver::write(const Job& job) {
         cv_.wait_for(mu_, std::chrono::duration<double>(delay),
                      [this]() REQUIRES(mu_) { return abandon_; });
       }
+    }
+    for (const Shard& shard : job.shards) {
       check_abandoned();
-      trainer_.faults().shard_write_failure(t.step, t.file);
-      safetensors::Writer out(t.file, job.tensors, shard_metadata());
+      trainer_.faults().shard_write_failure(t.step, shard.file);
+      safetensors::Writer out(shard.file, shard.tensors, shard_metadata());
       if (job.from_offload) {
         write_from_offload(job, out, check_abandoned);
       } else {
         // In pieces, so that an abandoned save stops within one.
-        for (size_t at = 0; at < job.bytes; at += kWritePiece) {
+        for (size_t at = 0; at < shard.bytes; at += kWritePiece) {
           check_abandoned();
-          out.write({staging_.data() + at, std::min(kWritePiece, job.bytes - at)});
+          out.write({staging_.data() + shard.begin + at, std::min(kWritePiece, shard.bytes - at)});
         }
       }
       const std::string sha = out.finish();
-      w.files.push_back({sha, std::filesystem::file_size(t.file)});
+      w.files.push_back({sha, std::filesystem::file_size(shard.file)});
     }
     check_abandoned();
     if (rank == 0) w.history = checkpoint::write_history(t.temp, job.history);

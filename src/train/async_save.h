@@ -72,10 +72,16 @@ class AsyncSaver {
 
  private:
   // A save handed to the writer: what to write where.
+  // One shard file: the rank's, or with --islands-in-turn each island's it holds, staged
+  // one after another.
+  struct Shard {
+    std::filesystem::path file;
+    std::vector<safetensors::TensorDecl> tensors;
+    size_t begin = 0, bytes = 0;  // in the staging
+  };
   struct Job {
     const SaveTicket* ticket = nullptr;  // ticket_, unchanged until the save is committed
-    std::vector<safetensors::TensorDecl> tensors;
-    size_t bytes = 0;  // staged
+    std::vector<Shard> shards;           // none on an HSDP replica
     std::vector<checkpoint::StepHistory> history;
     bool from_offload = false;  // read from the offload tier, not staged
   };

@@ -305,9 +305,10 @@ void check_islands_in_turn(const TrainConfig& c) {
     throw InvalidArgument(
         fmt::format("--islands-in-turn cannot be combined with {} yet: {}", flag, why));
   };
-  if (c.checkpoint_async) {
-    refuse("--checkpoint-async",
-           "the background writer stages one island's shard per rank; save synchronously");
+  if (c.checkpoint_async && c.offload != Offload::kNone) {
+    refuse("--checkpoint-async with --offload",
+           "the background writer reads one island's offload file while the next step "
+           "rewrites it; save synchronously, or keep the states in memory");
   }
   if (c.max_restarts > 0) {
     refuse("--max-restarts",

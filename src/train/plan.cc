@@ -313,15 +313,17 @@ uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const Tr
   const bool int8 = c.int8_moments && tensors != nullptr && tensors->size() == unit_numel.size();
   // Params and master per element; the fp32 moments' 8 unless they are 8-bit (moments_io.h:
   // a code byte per element of each, scales and the small tensors' fp32 parts).
-  uint64_t per_element = (c.precision == Precision::kFP32 ? 4 : 2 + 4) + (int8 ? 2 : 8);
-  if (c.islands > 1 && rank < shards) per_element += c.outer_delay > 0 ? 12 : 8;
+  const uint64_t per_element = (c.precision == Precision::kFP32 ? 4 : 2 + 4) + (int8 ? 2 : 8);
+  // Island 0's shard also holds the outer state (islands in turn: one of the rank's shards).
+  const uint64_t outer = c.islands > 1 && rank < shards ? (c.outer_delay > 0 ? 12 : 8) : 0;
+  const auto k = static_cast<uint64_t>(hosted_islands(c));
   uint64_t bytes = 0;
   for (size_t i = 0; i < unit_numel.size(); ++i) {
     const OwnRange own = own_range(unit_numel[i], shards, shard_index(c, world, rank), grain);
-    bytes += own.count * per_element;
+    bytes += own.count * (per_element * k + outer);
     if (int8) {
       const MomentCounts m = moment_counts((*tensors)[i], own.begin, own.begin + own.count);
-      bytes += 2 * 4 * (m.blocks + m.fp32);
+      bytes += k * 2 * 4 * (m.blocks + m.fp32);
     }
   }
   return bytes;

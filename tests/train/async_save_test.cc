@@ -101,6 +101,13 @@ std::vector<Case> cases() {
   c.outer_delay = 1;
   c.steps = 7;
   out.push_back({"streaming islands", c});
+  // The same islands in turn on 2 ranks: every island's shard staged and written (the
+  // files of ranks v N + r), 8-bit moments too.
+  TrainConfig turn = c;
+  turn.islands_in_turn = true;
+  turn.launch.ranks = 2;
+  turn.int8_moments = true;
+  out.push_back({"streaming islands in turn, int8 moments", turn});
   // Offloaded islands: the outer state from memory beside the file, the exchange staged.
   c.offload = Offload::kOptimizer;
   c.offload_piece = 2048;
