@@ -310,11 +310,6 @@ void check_islands_in_turn(const TrainConfig& c) {
            "the background writer reads one island's offload file while the next step "
            "rewrites it; save synchronously, or keep the states in memory");
   }
-  if (c.max_restarts > 0) {
-    refuse("--max-restarts",
-           "an elastic restart keeps whole islands on fewer ranks each; resume with --resume "
-           "instead");
-  }
 }
 
 void check_island_modes(const TrainConfig& c) {

@@ -107,21 +107,23 @@ Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
   // the world stays whole nodes (N' = P' x T: a node is lost, not one rank of it); when no
   // such N' is left, the survivors are one node of N' ranks.
   // With --islands the islands stay, each with its micro-batches per step, on fewer ranks
-  // each: n' < n dividing them (the same bits, docs/diloco.md), every island a node of n'.
+  // each: n' < n dividing them (the same bits, docs/diloco.md), every island a node of n';
+  // islands in turn go on in turn on n' ranks.
   const int micro_batches = ranks * cfg.grad_accum;
   const int per_node = cfg.launch.comm.node_ranks;
   int survivors = ranks - 1;
   if (cfg.islands > 1) {
-    const int n = ranks / cfg.islands;
+    const int n = cfg.islands_in_turn ? ranks : ranks / cfg.islands;
     int fewer = n - 1;
     while (fewer >= 1 && (n * cfg.grad_accum) % fewer != 0) --fewer;
     if (fewer < 1) {
-      refuse(
-          fmt::format("--islands {} of one rank each: losing a rank loses an island, and a "
-                      "restart keeps every island",
-                      cfg.islands));
+      refuse(cfg.islands_in_turn
+                 ? std::string("--islands-in-turn on one rank: no rank is left to go on")
+                 : fmt::format("--islands {} of one rank each: losing a rank loses an island, "
+                               "and a restart keeps every island",
+                               cfg.islands));
     }
-    survivors = cfg.islands * fewer;
+    survivors = cfg.islands_in_turn ? fewer : cfg.islands * fewer;
     cfg.launch.comm.node_ranks = fewer;
   } else if (per_node > 0) {
     while (survivors >= per_node && (micro_batches % survivors != 0 || survivors % per_node != 0))
@@ -141,7 +143,7 @@ Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
                   .grad_accum_before = cfg.grad_accum,
                   .resumed_step = static_cast<int64_t>(meta.step),
                   .checkpoint = latest->string()};
-  keep_global_batch(cfg, *latest, meta, survivors, default_policy);
+  keep_global_batch(cfg, *latest, meta, survivors * hosted_islands(cfg), default_policy);
   restart.grad_accum_after = cfg.grad_accum;
   cfg.launch.ranks = survivors;
   cfg.resume = "latest";

@@ -757,6 +757,16 @@ TEST(Islands, AnElasticRestartKeepsTheIslands) {
   EXPECT_EQ(r.restarts[0].ranks_after, 2);
   EXPECT_EQ(r.world_size, 2);
   EXPECT_EQ(r.weights_sha256, whole.weights_sha256);
+  // Islands in turn on 2 ranks go on in turn on 1.
+  TrainConfig turn = c;
+  turn.islands_in_turn = true;
+  turn.launch.ranks = 2;
+  turn.checkpoint_dir = (elastic_dir.path() / "turn").string();
+  turn.inject = {parse_injection("throw@4:1")};
+  const TrainResult t = run(turn);
+  ASSERT_EQ(t.restarts.size(), 1u);
+  EXPECT_EQ(t.restarts[0].ranks_after, 1);
+  EXPECT_EQ(t.weights_sha256, whole.weights_sha256);
   // Islands of one rank have none to lose.
   TrainConfig single = c;
   single.launch.ranks = 2;
@@ -806,10 +816,6 @@ TEST(Islands, RefusalsNameWhatWouldWork) {
   c.islands_in_turn = true;
   c.islands = 1;
   refused(c, "Use --islands 2 or more");
-  c = island_config(2, 1);
-  c.islands_in_turn = true;
-  c.max_restarts = 1;
-  refused(c, "resume with --resume instead");
 }
 
 }  // namespace
