@@ -492,13 +492,16 @@ nlohmann::json row_json(const Estimate& e, const TrainConfig& c, const Forecast&
 // own ranges do not depend on it), and the advice on H.
 void print_islands(const Estimate& e, int n, const Forecast::Outer& o) {
   const TrainConfig& c = e.asked;
+  if (c.islands_in_turn) {
+    fmt::print(
+        "  -> {} ranks holding {} islands in turn (the states {} times in the rows, the step {} "
+        "times as long): outer state {} per rank (in the rows' needs); the islands meet in "
+        "memory, no exchange crosses ranks\n",
+        n, c.islands, c.islands, c.islands, gb(o.state));
+    return;
+  }
   const std::string islands =
-      c.islands_in_turn
-          ? fmt::format(
-                "{} ranks holding {} islands in turn (the states {} times, the step {} "
-                "times as long)",
-                n, c.islands, c.islands, c.islands)
-          : fmt::format("{} ranks as {} islands of {}", n, c.islands, n / c.islands);
+      fmt::format("{} ranks as {} islands of {}", n, c.islands, n / c.islands);
   fmt::print(
       "  -> {}: outer state {} per rank (in the rows' needs); a round "
       "of outer steps every --outer-every {} moves {} per rank ({} across nodes), {} per step; "
