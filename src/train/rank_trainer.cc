@@ -382,7 +382,7 @@ StepRecord RankTrainer::step(int64_t step_index) {
     const double first_bad = mine[kSquares];
     if (rec.bad_rank < 0 && first_bad > 0) {
       bad = true;
-      rec.bad_rank = R;
+      rec.bad_rank = R % N;  // the rank it happened on (in turn, in one of its islands)
       rec.bad_unit = model_[static_cast<size_t>(first_bad) - 1]->name();
     }
     const int signal = static_cast<int>(mine[kSquares + 1]);
