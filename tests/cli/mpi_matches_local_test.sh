@@ -33,7 +33,8 @@ for case in "2 0 bf16 1 -" "2 3 bf16 1 -" "3 1 fp16 1 -" "3 2 fp32 1 -" \
   "4 3 bf16 1 --islands=2,--outer-every=4,--fragments=2,--outer-delay=1,--outer-quant=int4" \
   "8 3 fp16 2 --islands=2,--outer-every=2,--node-ranks=2,--collectives=two-level,--hpz,--qwz" \
   "4 3 bf16 2 --islands=2,--outer-every=2,--node-ranks=4,--hpz" \
-  "2 2 bf16 1 --islands=3,--outer-every=2,--islands-in-turn,--outer-quant=int8"; do
+  "2 2 bf16 1 --islands=3,--outer-every=2,--islands-in-turn,--outer-quant=int8" \
+  "4 3 fp16 2 --islands=2,--outer-every=2,--islands-in-turn,--node-ranks=2,--collectives=two-level"; do
   read -r n stage precision per extras <<<"$case"
   extra=()
   [[ $extras != - ]] && IFS=, read -r -a extra <<<"$extras"
