@@ -10,7 +10,8 @@
 #   sHfFdD: Streaming DiLoCo, F fragments, each merged D steps after it starts; a q4 or q8
 #   suffix sends the outer gradients as int4 or int8 blocks, --outer-quant);
 #   ZERODP_DILOCO_SEEDS="1337 7" the seeds of the synchronous run (their spread is the
-#   yardstick for the loss target).
+#   yardstick for the loss target); ZERODP_DILOCO_EVERY_SEED=1 runs every mode at every seed;
+#   ZERODP_DILOCO_EXTRA="--outer-momentum 0.8" adds flags to the island modes.
 set -euo pipefail
 zerodp=${1:-build/release/cli/zerodp}
 steps=${2:-2000}
@@ -41,12 +42,17 @@ printf '%-10s %6s %10s %16s %10s %9s\n' mode seed val_loss "cross-node B/step" "
 sync_bytes=""
 for mode in $modes; do
   for seed in $seeds; do
-    # One seed for the DiLoCo and HSDP modes; the synchronous run's spread needs two.
-    [[ "$mode" != sync && "$seed" != "${seeds%% *}" ]] && continue
+    # One seed for the DiLoCo and HSDP modes unless asked; the synchronous run's spread needs
+    # two.
+    [[ "$mode" != sync && "$seed" != "${seeds%% *}" && -z "${ZERODP_DILOCO_EVERY_SEED:-}" ]] &&
+      continue
+    extra=()
+    [[ "$mode" == h[0-9]* || "$mode" == s[0-9]* ]] && read -r -a extra <<<"${ZERODP_DILOCO_EXTRA:-}"
     report="$out/$mode-$seed.json"
     start=$(date +%s%N)
     # shellcheck disable=SC2046
-    "$zerodp" train "${common[@]}" --seed "$seed" $(flags_of "$mode") --report "$report" >/dev/null
+    "$zerodp" train "${common[@]}" --seed "$seed" $(flags_of "$mode") "${extra[@]}" \
+      --report "$report" >/dev/null
     end=$(date +%s%N)
     read -r val bytes < <(/usr/bin/python3 - "$report" <<'PY'
 import json, sys
