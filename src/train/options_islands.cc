@@ -17,16 +17,6 @@ constexpr unsigned kBoth = kTrainCommand | kEstimateCommand;
 using namespace option_readers;
 
 const OptionSpec kIslandOptions[] = {
-    {.key = "islands_in_turn",
-     .section = kParallelism,
-     .help = "DiLoCo: run every island in turn on all the ranks, each rank holding every "
-             "island's states, instead of each island on ranks of its own: a cluster's run, "
-             "bit for bit, on fewer ranks (--islands; docs/diloco.md)",
-     .commands = kBoth,
-     .form = OptionSpec::Form::kSwitch,
-     .read = [](TrainConfig& c, const std::string&,
-                const OptionSpec&) { c.islands_in_turn = true; },
-     .record = [](const TrainConfig& c) -> json { return c.islands_in_turn; }},
     {.key = "islands",
      .section = kParallelism,
      .help = "DiLoCo: split the ranks into this many islands of consecutive ranks (each a node "
@@ -40,6 +30,16 @@ const OptionSpec kIslandOptions[] = {
                 const OptionSpec& o) { c.islands = whole<int>(t, o); },
      .check = [](const TrainConfig& c, const OptionSpec& o) { at_least(c.islands, 1, o); },
      .record = [](const TrainConfig& c) -> json { return c.islands; }},
+    {.key = "islands_in_turn",
+     .section = kParallelism,
+     .help = "DiLoCo: run every island in turn on all the ranks, each rank holding every "
+             "island's states, instead of each island on ranks of its own: a cluster's run, "
+             "bit for bit, on fewer ranks (--islands; docs/diloco.md)",
+     .commands = kBoth,
+     .form = OptionSpec::Form::kSwitch,
+     .read = [](TrainConfig& c, const std::string&,
+                const OptionSpec&) { c.islands_in_turn = true; },
+     .record = [](const TrainConfig& c) -> json { return c.islands_in_turn; }},
     {.key = "outer_every",
      .section = kParallelism,
      .help = "DiLoCo's H: inner steps between two outer steps (--islands)",
