@@ -113,7 +113,7 @@ Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
   const int per_node = cfg.launch.comm.node_ranks;
   int survivors = ranks - 1;
   if (cfg.islands > 1) {
-    const int n = cfg.islands_in_turn ? ranks : ranks / cfg.islands;
+    const int n = shard_ranks(cfg, ranks);
     int fewer = n - 1;
     while (fewer >= 1 && (n * cfg.grad_accum) % fewer != 0) --fewer;
     if (fewer < 1) {

@@ -95,6 +95,14 @@ class OffloadTier final : public StateStore {
     // gives this tier, the figure to price it by (estimate --disk-bandwidth).
     uint64_t update_bytes = 0;
     double update_seconds = 0;
+    Counters& operator+=(const Counters& o) {
+      bytes_read += o.bytes_read;
+      bytes_written += o.bytes_written;
+      wait_seconds += o.wait_seconds;
+      update_bytes += o.update_bytes;
+      update_seconds += o.update_seconds;
+      return *this;
+    }
   };
   const Counters& counters() const { return counters_; }
   bool on_disk() const override { return true; }

@@ -46,6 +46,7 @@
 #include "comm/quantize.h"
 #include "memory/ledger.h"
 #include "train/config.h"
+#include "train/plan.h"
 #include "train/shard_group.h"
 #include "train/sharded_state.h"
 #include "train/state_store.h"
@@ -131,7 +132,7 @@ class OuterStep {
   void send(int f, int64_t merge_at);
   QuantBits quant_bits() const;
   // The islands this rank holds (islands in turn), else 1.
-  int hosted() const { return cfg_.islands_in_turn ? cfg_.islands : 1; }
+  int hosted() const { return hosted_islands(cfg_); }
   // The quantized exchange of the first `count` elements of the exchange buffer, island
   // `island`'s payload (the one this rank holds unless islands in turn).
   void send_quantized(int f, int island);

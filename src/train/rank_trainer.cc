@@ -82,7 +82,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
              .T = std::holds_alternative<TokenDataset>(data.train) ? cfg.seq_len : 1},
       layout_(transient_layout(model_, transient_plan(cfg, data, group_.size()), group_.index())),
       sampler_(SamplerOptions{.dataset_size = dataset_size(data.train),
-                              .world_size = comm.size() * (cfg.islands_in_turn ? cfg.islands : 1),
+                              .world_size = comm.size() * zerodp::hosted_islands(cfg),
                               .micro_batch = cfg.micro_batch,
                               .grad_accum = cfg.grad_accum,
                               .seed = cfg.seed,
@@ -113,7 +113,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       reducer_(state_, layout_, cfg.grad_accum, group_, ledger_, chunk_),
       optimizer_(cfg, state_, group_, chunk_, store()),
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
-  parked_.resize(cfg.islands_in_turn ? static_cast<size_t>(cfg.islands) : 1);
+  parked_.resize(static_cast<size_t>(zerodp::hosted_islands(cfg)));
   for (size_t v = 1; v < parked_.size(); ++v) {
     // Every island starts from the same weights, as on ranks of their own.
     ShardedState states(model_, state_.plan(), cfg.precision, products_read_bf16(cfg.precision),
@@ -145,14 +145,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
 
 OffloadTier::Counters RankTrainer::offload_counters() const {
   OffloadTier::Counters sum;
-  for (const auto& tier : offload_) {
-    const OffloadTier::Counters& c = tier->counters();
-    sum.bytes_read += c.bytes_read;
-    sum.bytes_written += c.bytes_written;
-    sum.wait_seconds += c.wait_seconds;
-    sum.update_bytes += c.update_bytes;
-    sum.update_seconds += c.update_seconds;
-  }
+  for (const auto& tier : offload_) sum += tier->counters();
   return sum;
 }
 
