@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a checkpoint costs the steps (issue: asynchronous checkpoints): the same run with no
-# checkpoints, with a synchronous save every step and with --checkpoint-async every step,
+# checkpoints, with a synchronous save every K steps and with --checkpoint-async (--keep 2),
 # alternated, the best of 2. Prints tokens/s (the steps' own, from the report), their ratio
 # to the run without checkpoints (over the steps' seconds and the saves' stalls), and the mean stall per save (the training thread's time in
 # it; the run's last save, synchronous in every mode, left out) and, asynchronous, the
@@ -8,12 +8,16 @@
 #
 #   bench/checkpoint/async.sh [ZERODP] [SIZE] [STEPS] [RANKS]   (defaults: build/release, small, 20, 2)
 #   ZERODP_CKBENCH_FLAGS="--offload optimizer --offload-dir /var/tmp" ...: more train flags
+#   ZERODP_CKBENCH_EVERY=K: a save every K steps (default 1)
+#   ZERODP_CKBENCH_DIR=/dev/shm: where the checkpoints go (default /tmp): a tmpfs there has
+#     no disk behind it, which leaves the saves' own cost to the CPU and memory
 set -euo pipefail
 zerodp=${1:-build/release/cli/zerodp}
 size=${2:-small}
 steps=${3:-20}
 ranks=${4:-2}
-out=$(mktemp -d /tmp/zerodp-ckbench.XXXXXX)
+every=${ZERODP_CKBENCH_EVERY:-1}
+out=$(mktemp -d "${ZERODP_CKBENCH_DIR:-/tmp}/zerodp-ckbench.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 read -r -a extra <<<"${ZERODP_CKBENCH_FLAGS:-}"
 common=(train --size "$size" --data synthetic --steps "$steps" --ranks "$ranks" --stage 2
@@ -25,8 +29,8 @@ measure() {
   rm -rf "$dir"
   local flags=()
   case $mode in
-    sync) flags=(--checkpoint-dir "$dir" --checkpoint-every 1) ;;
-    async) flags=(--checkpoint-dir "$dir" --checkpoint-every 1 --checkpoint-async) ;;
+    sync) flags=(--checkpoint-dir "$dir" --checkpoint-every "$every" --keep 2) ;;
+    async) flags=(--checkpoint-dir "$dir" --checkpoint-every "$every" --keep 2 --checkpoint-async) ;;
   esac
   "$zerodp" "${common[@]}" "${flags[@]}" --report "$out/r.json" >/dev/null
   /usr/bin/python3 - "$out/r.json" <<'PY'
@@ -59,7 +63,7 @@ for _ in 1 2; do
   done
 done
 shard=$(du -sb "$out/ck-sync/$(cat "$out/ck-sync/latest")" | cut -f1)
-echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); $size, $ranks ranks, stage 2, $steps steps, a checkpoint of $shard bytes${extra[*]:+; ${extra[*]}}"
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); $size, $ranks ranks, stage 2, $steps steps, a checkpoint of $shard bytes every $every step(s) on $(df --output=fstype "$out" | tail -1) ($(dirname "$out"))${extra[*]:+; ${extra[*]}}"
 printf '%-6s %12s %10s %14s %14s\n' mode tokens/s "÷ none" "stall/save s" "write/save s"
 for mode in none sync async; do
   printf '%-6s %12.0f %10.3f %14.4f %14.4f\n' "$mode" "${tps[$mode]}" \

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -90,7 +91,7 @@ void AsyncSaver::wait_for_unit(size_t u) {
 }
 
 void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> history) {
-  if (busy()) throw std::logic_error("AsyncSaver::start with a save in flight");
+  if (writing()) throw std::logic_error("AsyncSaver::start with a save being written");
   const Clock::time_point t0 = Clock::now();
   CommPhaseScope phase(trainer_.comm().ledger(), CommPhase::kOther);
   const Tracer::Span span(trainer_.tracer(), "checkpoint copy", "checkpoint");
@@ -151,26 +152,49 @@ void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> histor
     update_waits_ = 0;
   }
   cv_.notify_all();
-  stall_ = seconds_since(t0);
+  stall_ += seconds_since(t0);
+}
+
+AsyncSaver::Progress AsyncSaver::exchange(const Progress& mine) {
+  // Each count is at most the world's size, so as digits in base size + 1 the sum of the
+  // ranks' values holds the three sums exactly.
+  const auto base = static_cast<double>(trainer_.comm().size() + 1);
+  const double sum = trainer_.comm().sum_control(
+      static_cast<double>(mine.unwritten) +
+      base * (static_cast<double>(mine.uncommitted) + base * static_cast<double>(mine.failed)));
+  const auto b = static_cast<int64_t>(base);
+  auto n = static_cast<int64_t>(std::llround(sum));
+  Progress all;
+  all.unwritten = n % b;
+  n /= b;
+  all.uncommitted = n % b;
+  all.failed = n / b;
+  return all;
 }
 
 std::optional<int64_t> AsyncSaver::poll(bool wait) {
-  if (!busy()) return std::nullopt;
-  const Clock::time_point t0 = Clock::now();
-  bool done = false;
-  {
-    MutexLock lock(mu_);
-    while (wait && !done_) cv_.wait(mu_);
-    done = done_;
-  }
-  Communicator& comm = trainer_.comm();
-  CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
-  // Every rank's write finished: only then may the agreement, a collective, begin.
-  if (comm.sum_control(done ? 0.0 : 1.0) > 0) {
+  std::optional<int64_t> committed;
+  CommPhaseScope phase(trainer_.comm().ledger(), CommPhase::kOther);
+  while (busy()) {
+    const Clock::time_point t0 = Clock::now();
+    Progress mine;
+    {
+      MutexLock lock(mu_);
+      if (wait) cv_.wait(mu_, [this]() REQUIRES(mu_) { return own_part_done(); });
+      mine.unwritten = ticket_ && !done_ ? 1 : 0;
+      if (committing_ && committing_->ticket.owner) {
+        mine.uncommitted = committed_ ? 0 : 1;
+        mine.failed = committed_ && !commit_error_.empty() ? 1 : 0;
+      }
+    }
+    const Progress all = exchange(mine);
     stall_ += seconds_since(t0);
-    return std::nullopt;
+    // The older save first: its commit was handed over before the newer one's write.
+    if (committing_ && all.uncommitted == 0) committed = settle(all.failed > 0);
+    if (ticket_ && all.unwritten == 0) hand_over_commit();
+    if (!wait) break;
   }
-  return commit(stall_ + seconds_since(t0));
+  return committed;
 }
 
 std::optional<int64_t> AsyncSaver::finish_on_signal(double limit) {
@@ -181,19 +205,24 @@ std::optional<int64_t> AsyncSaver::finish_on_signal(double limit) {
   bool done = false;
   {
     MutexLock lock(mu_);
-    cv_.wait_until(mu_, deadline, [this]() REQUIRES(mu_) { return done_; });
-    done = done_;
+    cv_.wait_until(mu_, deadline, [this]() REQUIRES(mu_) { return own_part_done(); });
+    done = !ticket_ || done_;
   }
   Communicator& comm = trainer_.comm();
   CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
   // One agreement: a rank still writing at its deadline abandons the save for everyone.
-  if (comm.sum_control(done ? 0.0 : 1.0) == 0) return commit(stall_ + seconds_since(t0));
+  const bool written = comm.sum_control(done ? 0.0 : 1.0) == 0;
+  stall_ += seconds_since(t0);
+  if (written) return poll(true);
+  const Clock::time_point t1 = Clock::now();
   {
     MutexLock lock(mu_);
     abandon_ = true;
   }
   cv_.notify_all();
   {
+    // The writer commits the save before this one ahead of this one's write, so once the
+    // write has stopped that commit is done too.
     MutexLock lock(mu_);
     cv_.wait(mu_, [this]() REQUIRES(mu_) { return done_; });
     done_ = false;
@@ -206,48 +235,117 @@ std::optional<int64_t> AsyncSaver::finish_on_signal(double limit) {
     std::filesystem::remove_all(ticket_->temp, ec);
   }
   stats_.abandoned = ticket_->step;
-  stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
   ticket_.reset();
+  stall_ += seconds_since(t1);
+  // The save before, agreed and committed by its owner, is settled as at any boundary.
+  (void)poll(true);
+  if (stall_ > 0) {
+    stats_.stall_seconds.push_back(stall_);
+    stall_ = 0;
+  }
   return std::nullopt;
 }
 
-int64_t AsyncSaver::commit(double stall_so_far) {
+void AsyncSaver::hand_over_commit() {
   const Clock::time_point t0 = Clock::now();
   ShardWritten written;
   {
     MutexLock lock(mu_);
-    stall_so_far += update_waits_;
+    stall_ += update_waits_;
     written = std::move(written_);
     stats_.write_seconds.push_back(write_seconds_);
     done_ = false;
   }
-  const SaveTicket ticket = std::move(*ticket_);
+  SaveTicket ticket = std::move(*ticket_);
   ticket_.reset();
-  const Tracer::Span span(trainer_.tracer(), "checkpoint commit", "checkpoint");
+  checkpoint::Meta meta;
   try {
-    finish_save(trainer_, ticket, written);
+    meta = agree_save(trainer_, ticket, written);
   } catch (...) {
-    stats_.stall_seconds.push_back(stall_so_far + seconds_since(t0));
+    stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
+    stall_ = 0;
+    throw;
+  }
+  // Every rank keeps what settling needs; the owner's writer gets the rest.
+  SaveTicket kept;
+  kept.step = ticket.step;
+  kept.temp = ticket.temp;
+  kept.owner = ticket.owner;
+  kept.writer = ticket.writer;
+  if (ticket.owner) {
+    MutexLock lock(mu_);
+    commit_job_ = CommitJob{.ticket = std::move(ticket), .meta = std::move(meta)};
+    committed_ = false;
+    commit_error_.clear();
+  }
+  cv_.notify_all();
+  committing_ = Committing{.ticket = std::move(kept)};
+  stall_ += seconds_since(t0);
+}
+
+int64_t AsyncSaver::settle(bool any_failed) {
+  const Clock::time_point t0 = Clock::now();
+  std::string error;
+  {
+    MutexLock lock(mu_);
+    if (committing_->ticket.owner) {
+      error = commit_error_;
+      // The writer's time on this save: its files, then the commit.
+      if (!stats_.write_seconds.empty()) stats_.write_seconds.back() += commit_seconds_;
+    }
+    committed_ = false;
+  }
+  const SaveTicket ticket = std::move(committing_->ticket);
+  committing_.reset();
+  try {
+    settle_commit(trainer_.config(), ticket, any_failed, error);
+  } catch (...) {
+    stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
+    stall_ = 0;
     throw;
   }
   ++stats_.committed;
-  stats_.stall_seconds.push_back(stall_so_far + seconds_since(t0));
+  stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
+  stall_ = 0;
   return ticket.step;
 }
 
 void AsyncSaver::writer_loop() {
   while (true) {
+    std::optional<CommitJob> commit;
     Job job;
     {
       MutexLock lock(mu_);
-      while (!job_ && !quit_) cv_.wait(mu_);
-      // A save handed over is written even when the run is ending: its temporary is then
-      // complete, or absent.
-      if (!job_) return;
-      job = std::move(*job_);
-      job_.reset();
+      while (!job_ && !commit_job_ && !quit_) cv_.wait(mu_);
+      // A save handed over is written, and an agreed one committed, even when the run is
+      // ending: its temporary is then complete, or absent.
+      if (commit_job_) {
+        commit = std::move(commit_job_);
+        commit_job_.reset();
+      } else if (job_) {
+        job = std::move(*job_);
+        job_.reset();
+      } else {
+        return;
+      }
     }
     const Clock::time_point t0 = Clock::now();
+    if (commit) {
+      std::string error =
+          commit_save(trainer_.config(), trainer_.faults(), commit->ticket, commit->meta);
+      if (Tracer* t = trainer_.tracer()) {
+        t->record(fmt::format("checkpoint commit, step {}", commit->ticket.step), "checkpoint", t0,
+                  Clock::now(), Tracer::kCheckpointRow);
+      }
+      {
+        MutexLock lock(mu_);
+        commit_error_ = std::move(error);
+        commit_seconds_ = seconds_since(t0);
+        committed_ = true;
+      }
+      cv_.notify_all();
+      continue;
+    }
     ShardWritten written = write(job);
     if (Tracer* t = trainer_.tracer()) {
       t->record(fmt::format("checkpoint write, step {}", job.ticket->step), "checkpoint", t0,

@@ -8,15 +8,18 @@
 // this rank writes (checkpoint_staging in the memory ledger and the planner): at most one
 // save is in flight.
 //
-// The commit stays on the training thread, a collective at a step boundary that every rank
-// reaches: at each boundary while a save is in flight the ranks ask each other whether every
-// write is done (one control value each); when it is, they agree on the verdicts and rank 0
-// commits (checkpoint_io.h's finish_save, the synchronous save's own code). So `latest`
-// moves only to a checkpoint whose every file is durable, a kill at any moment leaves it at
-// the last committed one, and a failed write (a full disk) is named at the boundary that
-// finds it and ends the run as a failed synchronous save does, the previous checkpoint kept.
-// The files are the bytes a synchronous save of that step writes: the same tensors, copied
-// at the same boundary.
+// The agreements stay on the training thread, collectives at a step boundary that every rank
+// reaches: at each boundary while a save is in flight the ranks tell each other how far they
+// are (one control value each). Once every write is done they agree on the verdicts, sizes
+// and digests (checkpoint_io.h's agree_save, the synchronous save's own code), and the
+// directory's owner hands the commit (meta.json, the renames and `latest`, each fsynced;
+// commit_save) to its writer, which runs it before any later save's write; at a later
+// boundary the ranks agree on its outcome. The commit's fsyncs were most of the training
+// thread's stall where the writer kept up. So `latest` moves only to a checkpoint whose every
+// file is durable, a kill at any moment leaves it at the last committed one, and a failed
+// write or commit (a full disk) is named at the boundary that finds it and ends the run as a
+// failed synchronous save does, the previous checkpoint kept. The files are the bytes a
+// synchronous save of that step writes: the same tensors, copied at the same boundary.
 //
 // With --offload the states are not copied: the writer reads them from the offload file
 // (and the parameters from memory) through a bounce buffer of kCheckpointReadPiece, unit by
@@ -56,18 +59,23 @@ class AsyncSaver {
   AsyncSaver& operator=(const AsyncSaver&) = delete;
 
   // Whether a save is begun and not yet committed (the same on every rank).
-  bool busy() const { return ticket_.has_value(); }
-  // Every rank, at a step boundary: with a save in flight whose every write has finished (or,
-  // `wait`, once this rank's has), agrees on it and commits it; returns its step.
-  // CheckpointNotCommitted on every rank when a write failed.
+  bool busy() const { return ticket_.has_value() || committing_.has_value(); }
+  // Whether a save's files are still being written: the staging is taken until they are.
+  bool writing() const { return ticket_.has_value(); }
+  // Every rank, at a step boundary: a save whose every write has finished is agreed and
+  // handed to the owner's writer to commit; a commit every owner has finished is agreed.
+  // `wait`: first waits for this rank's part, and goes on until nothing is in flight.
+  // Returns the step committed here, if any. CheckpointNotCommitted on every rank when a
+  // write or a commit failed.
   std::optional<int64_t> poll(bool wait);
   // Every rank, at the boundary where a signal stops the run: waits for the save in flight
   // at most `limit` seconds. Written in time on every rank, it is committed and its step
   // returned. Else it is abandoned: the writers stop at their next piece, the temporary is
-  // removed, latest stays where it was, and stats' `abandoned` names the step.
+  // removed, latest stays where it was (or moves to the save before, already agreed), and
+  // stats' `abandoned` names the step.
   std::optional<int64_t> finish_on_signal(double limit);
-  // Every rank, at step `step`'s boundary, nothing in flight: begins its save and hands the
-  // copy to the writer. `history`: rank 0's steps up to `step`.
+  // Every rank, at step `step`'s boundary, no save being written: begins its save and hands
+  // the copy to the writer. `history`: rank 0's steps up to `step`.
   void start(int64_t step, std::vector<checkpoint::StepHistory> history);
 
  private:
@@ -80,11 +88,23 @@ class AsyncSaver {
     size_t begin = 0, bytes = 0;  // in the staging
   };
   struct Job {
-    const SaveTicket* ticket = nullptr;  // ticket_, unchanged until the save is committed
+    const SaveTicket* ticket = nullptr;  // ticket_, unchanged until the save is agreed
     std::vector<Shard> shards;           // none on an HSDP replica
     std::vector<checkpoint::StepHistory> history;
     bool from_offload = false;  // read from the offload tier, not staged
   };
+  // A save agreed by every rank, its commit handed to the owner's writer.
+  struct CommitJob {
+    SaveTicket ticket;
+    checkpoint::Meta meta;
+  };
+  // What a rank has in flight at a boundary, summed over the ranks in one control value.
+  struct Progress {
+    int64_t unwritten = 0;    // ranks whose write is not done
+    int64_t uncommitted = 0;  // owners whose commit is not done
+    int64_t failed = 0;       // owners whose commit failed
+  };
+  Progress exchange(const Progress& mine);
   void writer_loop();
   // The writer's part: the shard from staging, the history, fsynced.
   ShardWritten write(const Job& job);
@@ -94,8 +114,15 @@ class AsyncSaver {
                           const std::function<void()>& check);
   // The update's thread, before it rewrites unit `u` (offloaded): until the writer has read it.
   void wait_for_unit(size_t u);
-  // Training thread: the save in flight, every rank's write done, agreed and committed.
-  int64_t commit(double stall_so_far);
+  // Training thread: the save in flight, every rank's write done, agreed and its commit
+  // handed to the owner's writer.
+  void hand_over_commit();
+  // Training thread: the commit every owner has finished, its outcome agreed.
+  int64_t settle(bool any_failed);
+  // This rank's part of what is in flight is done.
+  bool own_part_done() REQUIRES(mu_) {
+    return (!ticket_ || done_) && (!committing_ || !committing_->ticket.owner || committed_);
+  }
   bool abandoning() {
     MutexLock lock(mu_);
     return abandon_;
@@ -103,8 +130,15 @@ class AsyncSaver {
 
   RankTrainer& trainer_;
   Buffer<std::byte> staging_;
-  std::optional<SaveTicket> ticket_;  // the save in flight (training thread)
-  double stall_ = 0;                  // the training thread's time in it so far
+  std::optional<SaveTicket> ticket_;  // the save being written (training thread)
+  // The save agreed and being committed (training thread): its ticket moved to the writer.
+  struct Committing {
+    SaveTicket ticket;  // without the writer's parts: step, owner, storage
+  };
+  std::optional<Committing> committing_;
+  // The training thread's time in saves since the last one committed: each save's stall is
+  // what the training thread spent on saves up to its commit.
+  double stall_ = 0;
   SaveStats& stats_;
 
   Mutex mu_;
@@ -119,6 +153,10 @@ class AsyncSaver {
   double update_waits_ GUARDED_BY(mu_) = 0;  // the update's waits for the writer, this save
   ShardWritten written_ GUARDED_BY(mu_);
   double write_seconds_ GUARDED_BY(mu_) = 0;
+  std::optional<CommitJob> commit_job_ GUARDED_BY(mu_);  // handed over, not yet taken
+  bool committed_ GUARDED_BY(mu_) = false;               // the commit handed over is done
+  std::string commit_error_ GUARDED_BY(mu_);
+  double commit_seconds_ GUARDED_BY(mu_) = 0;
   std::thread writer_;  // last: it starts once the rest exists
 };
 

@@ -554,12 +554,12 @@ SaveTicket begin_save(RankTrainer& trainer, int64_t step) {
   return t;
 }
 
-void finish_save(RankTrainer& trainer, const SaveTicket& t, const ShardWritten& w) {
+checkpoint::Meta agree_save(RankTrainer& trainer, const SaveTicket& t, const ShardWritten& w) {
   Communicator& comm = trainer.comm();
   const TrainConfig& cfg = trainer.config();
   namespace ck = checkpoint;
   const int64_t step = t.step;
-  std::string error = w.error;
+  const std::string& error = w.error;
   // Agreement: every rank's verdict, size and digest, and rank 0's of the history (every
   // host's meta.json lists it).
   // Per rank: the verdict, then each shard's size and digest (one per island it holds),
@@ -610,24 +610,41 @@ void finish_save(RankTrainer& trainer, const SaveTicket& t, const ShardWritten& 
                     "their shard{}{}",
                     step, fmt::join(failed, ", "), error.empty() ? "" : ": ", error));
   }
-  if (t.owner) {
-    try {
-      // On node-local storage a host prunes only once every host has committed.
-      ck::commit(cfg.checkpoint_dir, t.temp, meta, cfg.node_local_checkpoints ? 0 : cfg.keep);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+  return meta;
+}
+
+std::string commit_save(const TrainConfig& cfg, const FaultPlan& faults, const SaveTicket& t,
+                        const checkpoint::Meta& meta) {
+  if (!t.owner) return {};
+  try {
+    faults.commit_failure(t.step, cfg.checkpoint_dir);
+    // On node-local storage a host prunes only once every host has committed.
+    checkpoint::commit(cfg.checkpoint_dir, t.temp, meta, cfg.node_local_checkpoints ? 0 : cfg.keep);
+  } catch (const std::exception& e) {
+    return e.what();
   }
-  if (comm.sum_control(error.empty() ? 0.0 : 1.0) > 0) {
-    throw CheckpointNotCommitted(fmt::format("checkpoint at step {} not committed: {}", step,
-                                             t.owner && !error.empty() ? error
+  return {};
+}
+
+void settle_commit(const TrainConfig& cfg, const SaveTicket& t, bool any_failed,
+                   const std::string& error) {
+  if (any_failed) {
+    throw CheckpointNotCommitted(fmt::format("checkpoint at step {} not committed: {}", t.step,
+                                             !error.empty() ? error
                                              : cfg.node_local_checkpoints
                                                  ? "a host failed to commit it"
                                                  : "rank 0 failed to commit it"));
   }
   if (t.owner && cfg.node_local_checkpoints) {
-    ck::prune(cfg.checkpoint_dir, cfg.keep, static_cast<uint64_t>(step));
+    checkpoint::prune(cfg.checkpoint_dir, cfg.keep, static_cast<uint64_t>(t.step));
   }
+}
+
+void finish_save(RankTrainer& trainer, const SaveTicket& t, const ShardWritten& w) {
+  const checkpoint::Meta meta = agree_save(trainer, t, w);
+  const std::string error = commit_save(trainer.config(), trainer.faults(), t, meta);
+  settle_commit(trainer.config(), t, trainer.comm().sum_control(error.empty() ? 0.0 : 1.0) > 0,
+                error);
 }
 
 void save_checkpoint(RankTrainer& trainer, int64_t step,

@@ -103,8 +103,22 @@ struct ShardWritten {
   std::string error;             // empty: written
 };
 // 3. Every rank: the verdicts agreed, then committed, or CheckpointNotCommitted on every
-//    rank with the temporary removed.
+//    rank with the temporary removed. In its three parts, for the asynchronous save, whose
+//    writer commits:
 void finish_save(RankTrainer& trainer, const SaveTicket& ticket, const ShardWritten& written);
+// 3a. Every rank: every rank's verdict, sizes and digests agreed; the meta.json to commit,
+//     or CheckpointNotCommitted on every rank with the temporary removed.
+checkpoint::Meta agree_save(RankTrainer& trainer, const SaveTicket& ticket,
+                            const ShardWritten& written);
+// 3b. The directory's owner alone, on any thread: meta.json, the rename and `latest` (and
+//     --keep's pruning on shared storage). The error, or empty.
+std::string commit_save(const TrainConfig& cfg, const FaultPlan& faults, const SaveTicket& ticket,
+                        const checkpoint::Meta& meta);
+// 3c. Every rank, once the owners' verdicts are agreed (`any_failed`): CheckpointNotCommitted
+//     on every rank naming `error` (this rank's, empty unless it failed), or on node-local
+//     storage the owners prune, every host having committed.
+void settle_commit(const TrainConfig& cfg, const SaveTicket& ticket, bool any_failed,
+                   const std::string& error);
 
 // A step as a checkpoint's history keeps it (what the training determines, no timings),
 // and back.

@@ -267,7 +267,7 @@ void save_at_boundary(RankTrainer& trainer, int64_t s, bool last_step, bool inte
     if (const std::optional<int64_t> committed = async->poll(wait))
       rec.checkpoint = dir(*committed);
     if (due && !ending) {
-      if (async->busy()) {
+      if (async->writing()) {
         ++run.saves.requested;
         ++run.saves.skipped;
       } else {

@@ -78,4 +78,11 @@ void FaultPlan::shard_write_failure(int64_t step, const std::filesystem::path& f
   }
 }
 
+void FaultPlan::commit_failure(int64_t step, const std::filesystem::path& dir) const {
+  if (at(Injection::Kind::kCommitIo, step)) {
+    throw IoError(fmt::format("cannot commit into {}: injected failure (--inject commitio@{}:{})",
+                              dir.string(), step, rank_));
+  }
+}
+
 }  // namespace zerodp

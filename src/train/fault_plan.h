@@ -33,6 +33,8 @@ class FaultPlan {
   double shard_write_delay(int64_t step) const;
   // shard_write's failure alone.
   void shard_write_failure(int64_t step, const std::filesystem::path& file) const;
+  // Throws IoError naming `dir`: the commit of step `step`'s checkpoint into it fails.
+  void commit_failure(int64_t step, const std::filesystem::path& dir) const;
 
  private:
   bool at(Injection::Kind kind, int64_t step) const;

@@ -657,7 +657,8 @@ const OptionSpec kOptions[] = {
      .section = kReliability,
      .help =
          "Inject a fault, for tests and demos: KIND@STEP[:RANK], KIND one of throw, hang, "
-         "kill, nan, io, slowio (that step's shard write 2 s slower), oom, term (a stop request, "
+         "kill, nan, io, slowio (that step's shard write 2 s slower), commitio (that step's "
+         "commit fails on the rank that commits: 0, or a host's first), oom, term (a stop request, "
          "as SIGTERM on that rank alone) "
          "(repeatable)",
      .form = Form::kRepeated,

@@ -73,6 +73,21 @@ else
   check_recovers "$d" step_00000002 "async, killed in the writer at shard-written"
 fi
 
+# Asynchronous saves are committed by rank 0's writer thread: a kill there at each of the
+# commit's boundaries, step 3's commit being the run's first, leaves `latest` at step 2, or
+# at step 3 once it was written.
+for boundary in meta-written renamed latest-written; do
+  d=$tmp/async-$boundary
+  "$zerodp" "${common[@]}" "${backend[@]}" --steps 2 --checkpoint-dir "$d" >/dev/null
+  ZERODP_FAILPOINT=$boundary timeout 120 "$zerodp" "${common[@]}" "${backend[@]}" --steps 4 \
+    --checkpoint-dir "$d" --checkpoint-every 1 --checkpoint-async --resume latest >/dev/null 2>&1
+  rc=$?
+  [[ $rc == 137 ]] || { say_fail "async $boundary: exit $rc, expected 137 (SIGKILL)"; continue; }
+  want=step_00000002
+  [[ $boundary == latest-written ]] && want=step_00000003
+  check_recovers "$d" "$want" "async, killed in the writer's commit at $boundary"
+done
+
 # Asynchronous and offloaded (the writer reads the states from the scratch file): the same.
 d=$tmp/async-offload
 "$zerodp" "${common[@]}" "${backend[@]}" "${offload[@]}" --steps 2 --checkpoint-dir "$d" >/dev/null

@@ -235,6 +235,40 @@ TEST(AsyncSave, AFailedBackgroundWriteIsNamedAndKeepsThePreviousCheckpoint) {
   EXPECT_EQ(r.saves.committed, 1);
 }
 
+// The commit runs on rank 0's writer, after every rank's files are agreed: its failure is
+// named at a later boundary, every rank stops, and latest stays at the last committed save.
+// Synchronous saves commit on the training thread and fail at the step itself.
+TEST(AsyncSave, AFailedCommitIsNamedAndKeepsThePreviousCheckpoint) {
+  for (bool async : {true, false}) {
+    TempDir tmp;
+    TrainConfig c = tiny_config(3, 2);
+    c.steps = 8;
+    c = saving_async(c, tmp.path(), 2);
+    c.checkpoint_async = async;
+    c.inject = {parse_injection("commitio@4")};
+    const TrainResult r = run(c);
+    ASSERT_TRUE(r.stopped.has_value()) << "async " << async;
+    EXPECT_EQ(r.stopped->reason, EarlyStop::Reason::kCheckpointFailed);
+    if (async) {
+      // Agreed at the boundary after its write, at the latest step 6's, where the save due
+      // waits for everything in flight: the commit's verdict is found there.
+      EXPECT_GE(r.stopped->after_step, 5);
+      EXPECT_LE(r.stopped->after_step, 6);
+    } else {
+      EXPECT_EQ(r.stopped->after_step, 4);
+    }
+    // Rank 0 names its error; the others, whose message the run may report, name rank 0.
+    const std::string& m = r.stopped->message;
+    EXPECT_NE(m.find("checkpoint at step 4 not committed: "), std::string::npos) << m;
+    EXPECT_TRUE(m.find("rank 0 failed to commit it") != std::string::npos ||
+                m.find("cannot commit into") != std::string::npos)
+        << m;
+    EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000002");
+    EXPECT_FALSE(fs::exists(tmp.path() / "step_00000004"));
+    EXPECT_EQ(r.saves.committed, 1);
+  }
+}
+
 // A slow write (2 s) keeps the save of step 1 in flight: under --checkpoint-busy skip the
 // saves due meanwhile are skipped and counted; under wait every one is committed.
 TEST(AsyncSave, ASaveDueWhileOneIsInFlightIsSkippedOrWaitsAsTheUserChose) {
