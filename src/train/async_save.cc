@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <stdexcept>
 #include <utility>
@@ -30,6 +31,13 @@ constexpr size_t kWritePiece = size_t{16} << 20;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The calling thread's CPU time.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 // Offloaded, the staging is the bounce buffer and then, with an exchange in flight, its values.
@@ -254,6 +262,7 @@ void AsyncSaver::hand_over_commit() {
     stall_ += update_waits_;
     written = std::move(written_);
     stats_.write_seconds.push_back(write_seconds_);
+    stats_.write_cpu_seconds.push_back(write_cpu_seconds_);
     done_ = false;
   }
   SaveTicket ticket = std::move(*ticket_);
@@ -291,7 +300,10 @@ int64_t AsyncSaver::settle(bool any_failed) {
     if (committing_->ticket.owner) {
       error = commit_error_;
       // The writer's time on this save: its files, then the commit.
-      if (!stats_.write_seconds.empty()) stats_.write_seconds.back() += commit_seconds_;
+      if (!stats_.write_seconds.empty()) {
+        stats_.write_seconds.back() += commit_seconds_;
+        stats_.write_cpu_seconds.back() += commit_cpu_seconds_;
+      }
     }
     committed_ = false;
   }
@@ -330,6 +342,7 @@ void AsyncSaver::writer_loop() {
       }
     }
     const Clock::time_point t0 = Clock::now();
+    const double cpu0 = thread_cpu_seconds();
     if (commit) {
       std::string error =
           commit_save(trainer_.config(), trainer_.faults(), commit->ticket, commit->meta);
@@ -341,6 +354,7 @@ void AsyncSaver::writer_loop() {
         MutexLock lock(mu_);
         commit_error_ = std::move(error);
         commit_seconds_ = seconds_since(t0);
+        commit_cpu_seconds_ = thread_cpu_seconds() - cpu0;
         committed_ = true;
       }
       cv_.notify_all();
@@ -355,6 +369,7 @@ void AsyncSaver::writer_loop() {
       MutexLock lock(mu_);
       written_ = std::move(written);
       write_seconds_ = seconds_since(t0);
+      write_cpu_seconds_ = thread_cpu_seconds() - cpu0;
       done_ = true;
     }
     cv_.notify_all();

@@ -153,10 +153,12 @@ class AsyncSaver {
   double update_waits_ GUARDED_BY(mu_) = 0;  // the update's waits for the writer, this save
   ShardWritten written_ GUARDED_BY(mu_);
   double write_seconds_ GUARDED_BY(mu_) = 0;
+  double write_cpu_seconds_ GUARDED_BY(mu_) = 0;
   std::optional<CommitJob> commit_job_ GUARDED_BY(mu_);  // handed over, not yet taken
   bool committed_ GUARDED_BY(mu_) = false;               // the commit handed over is done
   std::string commit_error_ GUARDED_BY(mu_);
   double commit_seconds_ GUARDED_BY(mu_) = 0;
+  double commit_cpu_seconds_ GUARDED_BY(mu_) = 0;
   std::thread writer_;  // last: it starts once the rest exists
 };
 

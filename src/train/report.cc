@@ -215,7 +215,8 @@ nlohmann::json report_json(const TrainResult& r) {
                             {key::kAbandoned, r.saves.abandoned ? nlohmann::json(*r.saves.abandoned)
                                                                 : nlohmann::json()},
                             {key::kStallSeconds, r.saves.stall_seconds},
-                            {key::kWriteSeconds, r.saves.write_seconds}};
+                            {key::kWriteSeconds, r.saves.write_seconds},
+                            {key::kWriteCpuSeconds, r.saves.write_cpu_seconds}};
   }
   j[key::kThroughput] = {{key::kTokensPerSecond, r.tokens_per_second},
                          {key::kMfu, r.mfu},

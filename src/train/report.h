@@ -44,6 +44,7 @@ inline constexpr char kCommitted[] = "committed";
 inline constexpr char kAbandoned[] = "abandoned";  // the step a signal abandoned, or null
 inline constexpr char kStallSeconds[] = "stall_seconds";
 inline constexpr char kWriteSeconds[] = "write_seconds";
+inline constexpr char kWriteCpuSeconds[] = "write_cpu_seconds";
 // A step (`steps[i]`, `history[i]`, a --metrics line); `final` has `loss` and `val_loss` too.
 inline constexpr char kStep[] = "step";
 inline constexpr char kLoss[] = "loss";

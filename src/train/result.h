@@ -99,6 +99,10 @@ struct SaveStats {
   std::optional<int64_t> abandoned;
   std::vector<double> stall_seconds;
   std::vector<double> write_seconds;
+  // The writer thread's CPU time in each (the rest of write_seconds it waited on the disk, or
+  // for a core: on a machine whose cores all run ranks, this is what the saves take from the
+  // steps).
+  std::vector<double> write_cpu_seconds;
 };
 
 struct TrainResult {

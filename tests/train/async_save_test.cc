@@ -157,6 +157,13 @@ TEST(AsyncSave, WritesTheBytesOfASynchronousSave) {
     EXPECT_EQ(a.saves.skipped, 0) << k.name;
     // The writer's times: every save but the run's last, written synchronously.
     EXPECT_EQ(a.saves.write_seconds.size(), static_cast<size_t>(k.config.steps - 1)) << k.name;
+    // And its CPU time in them: some, and no more than the time they took (one thread).
+    ASSERT_EQ(a.saves.write_cpu_seconds.size(), a.saves.write_seconds.size()) << k.name;
+    for (size_t i = 0; i < a.saves.write_seconds.size(); ++i) {
+      EXPECT_GT(a.saves.write_cpu_seconds[i], 0) << k.name << " save " << i;
+      EXPECT_LE(a.saves.write_cpu_seconds[i], a.saves.write_seconds[i] + 1e-3)
+          << k.name << " save " << i;
+    }
     // The staging every rank allocated is the planner's (preflight, report, estimate).
     const auto staging = static_cast<size_t>(MemCategory::kCheckpointStaging);
     const nlohmann::json plan = report_json(a)["plan"]["model_state_bytes"];
