@@ -48,7 +48,8 @@ if ck and len(ck["stall_seconds"]) > 1:
     stall = sum(s) / len(s)
 if ck and ck["write_seconds"]:
     write = sum(ck["write_seconds"]) / len(ck["write_seconds"])
-    cpu = sum(ck["write_cpu_seconds"]) / len(ck["write_cpu_seconds"])
+    c = ck.get("write_cpu_seconds")  # absent from the reports of older builds
+    cpu = sum(c) / len(c) if c else float("nan")
 print(tps, stall, write, cpu)
 PY
 }
