@@ -59,8 +59,48 @@ void BM_AdamWInt8Moments(benchmark::State& state) {
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
+// The two halves of the 8-bit update's extra work, both moments of a run: encoding (block
+// maxima and codes) and decoding.
+void BM_EncodeMoments(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  const std::vector<float> m = normal_vector(n, 3, 1e-4f), g = normal_vector(n, 4, 1e-3f);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = g[i] * g[i];
+  std::vector<uint8_t> mc(n), vc(n);
+  std::vector<float> ms(moment_blocks(n, kMomentBlock)), vs(ms.size());
+  const QuantizedMoments q{mc, vc, ms, vs, kMomentBlock};
+  for (auto _ : state) {
+    quantize_moments(m, v, q);
+    benchmark::DoNotOptimize(mc.data());
+  }
+  state.counters["ns/element"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * n),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+void BM_DecodeMoments(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> mc(n), vc(n);
+  for (size_t i = 0; i < n; ++i) {
+    mc[i] = static_cast<uint8_t>(i * 7);
+    vc[i] = static_cast<uint8_t>(i * 13);
+  }
+  std::vector<float> ms(moment_blocks(n, kMomentBlock), 1e-3f), vs(ms.size(), 1e-6f);
+  std::vector<float> m(n), v(n);
+  const QuantizedMoments q{mc, vc, ms, vs, kMomentBlock};
+  for (auto _ : state) {
+    dequantize_moments(q, m, v);
+    benchmark::DoNotOptimize(m.data());
+  }
+  state.counters["ns/element"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * n),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
 BENCHMARK(BM_AdamWFp32)->Arg(1 << 16)->Arg(1 << 26)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamWInt8Moments)->Arg(1 << 16)->Arg(1 << 26)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EncodeMoments)->Arg(1 << 12)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeMoments)->Arg(1 << 12)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace zerodp

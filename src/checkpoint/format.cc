@@ -51,7 +51,10 @@ std::string to_json(const Meta& m) {
   j["units"] = units;
   j["config"] = m.config;
   j["optimizer"] = {{"kind", "adamw"}, {"step", m.adam_step}};
-  if (m.int8_moments) j["optimizer"]["moments"] = "int8";
+  if (m.int8_moments) {
+    j["optimizer"]["moments"] = "int8";
+    j["optimizer"]["moment_code"] = m.moment_code;
+  }
   j["lr_schedule"] = {{"step", m.step}, {"lr_next", m.lr_next}};
   if (m.loss_scaler) {
     j["loss_scaler"] = {{"scale", m.loss_scaler->scale},
@@ -306,6 +309,11 @@ Meta parse_meta(std::string_view text, std::string_view what) {
       f.fail("optimizer.moments", fmt::format("is \"{}\", expected fp32 or int8", moments));
     }
     m.int8_moments = moments == "int8";
+  }
+  if (m.int8_moments) {
+    m.moment_code = opt.contains("moment_code")
+                        ? f.get<std::string>(opt, "optimizer", "moment_code")
+                        : std::string(kMomentCodeBeforeTheField);
   }
   if (m.adam_step < 0 || static_cast<uint64_t>(m.adam_step) > m.step) {
     f.fail("optimizer.step", fmt::format("is {}, expected 0..step ({})", m.adam_step, m.step));

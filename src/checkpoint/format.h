@@ -25,6 +25,8 @@ inline constexpr std::string_view kFormat = "zerodp-checkpoint-1";
 // The loss history beside the shards, written by rank 0 and listed in meta.json's files
 // after the rank files. Checkpoints of earlier versions have none.
 inline constexpr std::string_view kHistoryFile = "history.jsonl";
+// The 8-bit moment code of a meta.json without optimizer.moment_code (Meta::moment_code).
+inline constexpr std::string_view kMomentCodeBeforeTheField = "decades";
 
 struct TensorMeta {
   std::string name;
@@ -95,6 +97,10 @@ struct Meta {
   // (fp32, only the range's elements of tensors whose moments stay fp32). Written in
   // meta.json as optimizer.moments "int8"; absent: fp32.
   bool int8_moments = false;
+  // int8: the code the bytes are in (optim/moments8.h's names), meta.json's
+  // optimizer.moment_code; "decades" when absent, the code of the checkpoints written before
+  // the field existed. The loader refuses a name it does not know.
+  std::string moment_code;
   double lr_next = 0;                     // informational: the learning rate of step + 1 as saved
   std::optional<ScalerMeta> loss_scaler;  // fp16 only
   // Data: the sampler's cursor and what it means.

@@ -5,7 +5,6 @@
 #include <array>
 #include <bit>
 #include <cmath>
-#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -16,15 +15,176 @@
 namespace zerodp {
 namespace {
 
-// A code's values, the midpoints between neighbours, and for each of the 65536 values of a
-// float's top 16 bits the number of midpoints below the bucket's lowest value: encoding
-// starts there and steps over the one or two midpoints the bucket may still straddle.
-struct Code {
-  std::array<float, 256> values{};
-  // 255 midpoints, then +inf so that index 255 compares false.
-  std::array<float, 256> midpoints{};
-  std::vector<uint8_t> start;
-};
+// The encode and decode loops as nn/ compiles its loops (nn/vecmath.h): one clone per x86-64
+// level, chosen at load time. They are integer operations and one IEEE multiply per element,
+// so every clone gives the same bits; not under ThreadSanitizer, whose runtime is not set up
+// when the loader runs the clones' resolvers.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
+#define ZERODP_MOMENTS_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ZERODP_MOMENTS_CLONES
+#endif
+
+// ---- The current code (kFloat8, "e3m4/ue4m4"; see moments8.h) ----
+
+// A float's bits >> 19 (its exponent field and top 4 mantissa bits) of 1.0f.
+constexpr int32_t kOneTop = 0x3F800000 >> 19;
+// Code = rounded top bits - offset: m's magnitude 127 and v's byte 255 are 1.
+constexpr int32_t kMOffset = kOneTop - 127;
+constexpr int32_t kVOffset = kOneTop - 255;
+// Half of one code step in the bits: added before the shift, it rounds to nearest, ties up.
+constexpr uint32_t kHalfStep = 1u << 18;
+// Half of m's smallest magnitude (2^-8 * 1.125): the midpoint between it and 0. Halving a
+// normal float takes one from its exponent field.
+constexpr uint32_t kMFlushBits = (static_cast<uint32_t>(kMOffset + 1) << 19) - (1u << 23);
+
+[[gnu::always_inline]] inline int32_t rounded_top(uint32_t magnitude_bits) {
+  return static_cast<int32_t>((magnitude_bits + kHalfStep) >> 19);
+}
+
+// Written branch-free on integers so that a loop of them vectorizes.
+[[gnu::always_inline]] inline uint8_t encode_m(float y) {
+  const uint32_t b = std::bit_cast<uint32_t>(y);
+  const uint32_t a = b & 0x7FFFFFFFu;
+  int32_t c = rounded_top(a) - kMOffset;
+  c = c > 127 ? 127 : c;  // y past 1 (or NaN)
+  // Below the smallest magnitude the next value down is 0, not the grid's: compare with the
+  // midpoint. Above it the rounding already gives c >= 1.
+  const int32_t least = a >= kMFlushBits ? 1 : 0;
+  c = c < least ? least : c;
+  return static_cast<uint8_t>((b >> 31) != 0 ? 128 - c : 128 + c);
+}
+
+[[gnu::always_inline]] inline uint8_t encode_v(float y) {
+  const uint32_t b = std::bit_cast<uint32_t>(y);
+  // A negative y (v never is one) is below every value: byte 0, as any y below 2^-16 is.
+  const uint32_t a = static_cast<int32_t>(b) < 0 ? 0u : b;
+  int32_t c = rounded_top(a) - kVOffset;
+  c = c < 0 ? 0 : c;
+  c = c > 255 ? 255 : c;
+  return static_cast<uint8_t>(c);
+}
+
+[[gnu::always_inline]] inline float decode_m(uint8_t code) {
+  const int32_t q = static_cast<int32_t>(code) - 128;
+  const int32_t c = q < 0 ? -q : q;
+  const uint32_t magnitude = c == 0 ? 0u : static_cast<uint32_t>(c + kMOffset) << 19;
+  return std::bit_cast<float>(magnitude | (static_cast<uint32_t>(q) & 0x80000000u));
+}
+
+[[gnu::always_inline]] inline float decode_v(uint8_t code) {
+  return std::bit_cast<float>(static_cast<uint32_t>(code + kVOffset) << 19);
+}
+
+// max |x| as the largest of the magnitudes' bit patterns, which order as the magnitudes do (a
+// NaN's is larger than any number's, so a NaN block keeps a NaN scale): an integer reduction
+// that vectorizes.
+[[gnu::always_inline]] inline uint32_t abs_max_bits(const float* x, size_t n) {
+  uint32_t m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, std::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu);
+  return m;
+}
+
+// One correctly rounded division per block. An all-zero block gets 0, so its elements encode
+// as y = 0 (m's zero, v's smallest value) and decode to zeros through the scale 0.
+[[gnu::always_inline]] inline float inverse_of(float absmax) {
+  return absmax == 0 ? 0.0f : 1.0f / absmax;
+}
+
+// The end of block k of a run of `n` elements whose first block is `first` long, given its
+// begin `b`.
+[[gnu::always_inline]] inline size_t block_end(size_t n, size_t first, size_t b, size_t k) {
+  return std::min(n, k == 0 ? first : b + kMomentBlock);
+}
+
+ZERODP_MOMENTS_CLONES void encode_run(const float* x, size_t n, size_t first, bool is_signed,
+                                      uint8_t* codes, float* scales) {
+  for (size_t b = 0, k = 0; b < n; ++k) {
+    const size_t e = block_end(n, first, b, k);
+    const float absmax = std::bit_cast<float>(abs_max_bits(x + b, e - b));
+    const float inverse = inverse_of(absmax);
+    if (is_signed) {
+      for (size_t i = b; i < e; ++i) codes[i] = encode_m(x[i] * inverse);
+    } else {
+      for (size_t i = b; i < e; ++i) codes[i] = encode_v(x[i] * inverse);
+    }
+    scales[k] = absmax;
+    b = e;
+  }
+}
+
+ZERODP_MOMENTS_CLONES void decode_run(const uint8_t* codes, const float* scales, size_t n,
+                                      size_t first, bool is_signed, float* out) {
+  for (size_t b = 0, k = 0; b < n; ++k) {
+    const size_t e = block_end(n, first, b, k);
+    const float scale = scales[k];
+    if (is_signed) {
+      for (size_t i = b; i < e; ++i) out[i] = decode_m(codes[i]) * scale;
+    } else {
+      for (size_t i = b; i < e; ++i) out[i] = decode_v(codes[i]) * scale;
+    }
+    b = e;
+  }
+}
+
+// Both moments of a run, block by block: each block's m and v while they are in L1.
+ZERODP_MOMENTS_CLONES void encode_both(const float* __restrict m, const float* __restrict v,
+                                       size_t n, size_t first, uint8_t* __restrict mc,
+                                       uint8_t* __restrict vc, float* __restrict ms,
+                                       float* __restrict vs) {
+  for (size_t b = 0, k = 0; b < n; ++k) {
+    const size_t e = block_end(n, first, b, k);
+    const float m_max = std::bit_cast<float>(abs_max_bits(m + b, e - b));
+    const float v_max = std::bit_cast<float>(abs_max_bits(v + b, e - b));
+    const float m_inverse = inverse_of(m_max), v_inverse = inverse_of(v_max);
+    for (size_t i = b; i < e; ++i) {
+      mc[i] = encode_m(m[i] * m_inverse);
+      vc[i] = encode_v(v[i] * v_inverse);
+    }
+    ms[k] = m_max;
+    vs[k] = v_max;
+    b = e;
+  }
+}
+
+ZERODP_MOMENTS_CLONES void decode_both(const uint8_t* __restrict mc, const uint8_t* __restrict vc,
+                                       const float* __restrict ms, const float* __restrict vs,
+                                       size_t n, size_t first, float* __restrict m,
+                                       float* __restrict v) {
+  for (size_t b = 0, k = 0; b < n; ++k) {
+    const size_t e = block_end(n, first, b, k);
+    const float m_scale = ms[k], v_scale = vs[k];
+    for (size_t i = b; i < e; ++i) {
+      m[i] = decode_m(mc[i]) * m_scale;
+      v[i] = decode_v(vc[i]) * v_scale;
+    }
+    b = e;
+  }
+}
+
+const std::array<float, 256>& float8_values(bool is_signed) {
+  static const std::array<float, 256> m = [] {
+    std::array<float, 256> a{};
+    for (size_t i = 0; i < a.size(); ++i) a[i] = decode_m(static_cast<uint8_t>(i));
+    return a;
+  }();
+  static const std::array<float, 256> v = [] {
+    std::array<float, 256> a{};
+    for (size_t i = 0; i < a.size(); ++i) a[i] = decode_v(static_cast<uint8_t>(i));
+    return a;
+  }();
+  return is_signed ? m : v;
+}
+
+// ---- The decades code (kDecades), for decoding checkpoints written in it ----
+//
+// Seven decades, 10^-7 .. 1, each a linear grid of midpoints, finer in the upper decades:
+//   signed:   0, +-1, and per sign 2^i midpoints in decade [10^(i-7), 10^(i-6)] for
+//             i = 1..6 (126), plus one positive value in the lowest decade, 0.55e-6.
+//   unsigned: 1, 10^-7, and 2^(i+1) midpoints in decade i = 0..6 (254).
+// A code byte is the value's index in ascending order. The values are computed in double and
+// rounded to fp32 once, as they were when the checkpoints were written.
 
 // `per_decade(i)` midpoints of the linear grid on [0.1, 1] scaled into decade i
 // ([10^(i-7), 10^(i-6)]), for i in [first, 7).
@@ -37,7 +197,7 @@ void add_decades(std::vector<double>& out, int first, int (*per_decade)(int), do
   }
 }
 
-Code make_code(bool is_signed) {
+std::array<float, 256> make_decades(bool is_signed) {
   std::vector<double> v;
   if (is_signed) {
     v = {0.0, 1.0, -1.0, std::pow(10.0, -6) * 0.55};
@@ -49,72 +209,17 @@ Code make_code(bool is_signed) {
     add_decades(
         v, 0, [](int i) { return 2 << i; }, 1.0);
   }
-  if (v.size() != 256) throw std::logic_error("moment code: not 256 values");
+  if (v.size() != 256) throw std::logic_error("decades moment code: not 256 values");
   std::sort(v.begin(), v.end());
-  Code c;
-  for (size_t i = 0; i < 256; ++i) c.values[i] = static_cast<float>(v[i]);
-  for (size_t i = 0; i < 255; ++i) {
-    c.midpoints[i] = static_cast<float>((static_cast<double>(c.values[i]) + c.values[i + 1]) / 2);
-  }
-  c.midpoints[255] = std::numeric_limits<float>::infinity();
-  const auto below = [&](float x) {
-    return static_cast<size_t>(std::lower_bound(c.midpoints.begin(), c.midpoints.begin() + 255, x) -
-                               c.midpoints.begin());
-  };
-  c.start.resize(size_t{1} << 16);
-  for (uint32_t b = 0; b < (1u << 16); ++b) {
-    // The bucket's lowest and highest values (by magnitude the other way round when negative).
-    const bool negative = (b & 0x8000u) != 0;
-    const float lowest = std::bit_cast<float>((b << 16) | (negative ? 0xFFFFu : 0u));
-    const float highest = std::bit_cast<float>((b << 16) | (negative ? 0u : 0xFFFFu));
-    c.start[b] = static_cast<uint8_t>(below(lowest));
-    // encode() steps over one midpoint at most: the codes' gaps are wider than a bucket
-    // (2^-7 of its value) everywhere in [-1, 1].
-    if (std::fabs(highest) <= 1.0f &&
-        below(highest) + (c.midpoints[below(highest)] == highest) > c.start[b] + size_t{1}) {
-      throw std::logic_error(fmt::format("moment code: bucket {:#x} holds two midpoints", b));
-    }
-  }
-  return c;
+  std::array<float, 256> values{};
+  for (size_t i = 0; i < 256; ++i) values[i] = static_cast<float>(v[i]);
+  return values;
 }
 
-const Code& code(bool is_signed) {
-  static const Code signed_code = make_code(true);
-  static const Code unsigned_code = make_code(false);
+const std::array<float, 256>& decades_values(bool is_signed) {
+  static const std::array<float, 256> signed_code = make_decades(true);
+  static const std::array<float, 256> unsigned_code = make_decades(false);
   return is_signed ? signed_code : unsigned_code;
-}
-
-// The number of midpoints below y: the bucket's count, plus one if y is past the one
-// midpoint the bucket may hold.
-uint8_t encode(const Code& c, float y) {
-  const unsigned i = c.start[std::bit_cast<uint32_t>(y) >> 16];
-  return static_cast<uint8_t>(i + (c.midpoints[i] < y ? 1u : 0u));
-}
-
-// max |x|: the largest of the magnitudes' bit patterns, which order as the magnitudes do (a
-// NaN's is larger than any number's, so a NaN block keeps a NaN scale), as an integer
-// reduction the compiler vectorizes.
-float abs_max(std::span<const float> x) {
-  uint32_t m = 0;
-  for (float e : x) m = std::max(m, std::bit_cast<uint32_t>(e) & 0x7FFFFFFFu);
-  return std::bit_cast<float>(m);
-}
-
-float quantize_block(const Code& c, std::span<const float> x, uint8_t* codes) {
-  const float absmax = abs_max(x);
-  if (absmax == 0) {
-    // Decodes to zeros whatever the codes: the scale is 0.
-    std::fill(codes, codes + x.size(), uint8_t{0});
-    return 0;
-  }
-  // One reciprocal per block: a multiply per element, the same bits on every CPU.
-  const float inverse = 1.0f / absmax;
-  for (size_t i = 0; i < x.size(); ++i) codes[i] = encode(c, x[i] * inverse);
-  return absmax;
-}
-
-void dequantize_block(const Code& c, const uint8_t* codes, float scale, std::span<float> out) {
-  for (size_t i = 0; i < out.size(); ++i) out[i] = c.values[codes[i]] * scale;
 }
 
 void check_run(const QuantizedMoments& q, size_t count) {
@@ -127,31 +232,43 @@ void check_run(const QuantizedMoments& q, size_t count) {
   }
 }
 
-// Calls f(begin, end, block) for each block of a run of `count` elements.
-template <typename F>
-void for_each_block(size_t count, size_t first, F f) {
-  for (size_t b = 0, k = 0; b < count; ++k) {
-    const size_t e = std::min(count, k == 0 ? first : b + kMomentBlock);
-    f(b, e, k);
-    b = e;
-  }
-}
-
 }  // namespace
 
-std::span<const float> moment_code(bool is_signed) { return code(is_signed).values; }
+std::string_view moment_code_name(MomentCode code) {
+  switch (code) {
+    case MomentCode::kDecades:
+      return "decades";
+    case MomentCode::kFloat8:
+      return "e3m4/ue4m4";
+  }
+  throw InvalidArgument(fmt::format("int8 moments: no moment code {}", static_cast<int>(code)));
+}
+
+std::optional<MomentCode> parse_moment_code(std::string_view name) {
+  for (MomentCode c : {MomentCode::kDecades, MomentCode::kFloat8}) {
+    if (name == moment_code_name(c)) return c;
+  }
+  return std::nullopt;
+}
+
+std::span<const float> moment_code(bool is_signed, MomentCode code) {
+  (void)moment_code_name(code);  // rejects a value outside the enum
+  return code == MomentCode::kDecades ? decades_values(is_signed) : float8_values(is_signed);
+}
 
 uint8_t encode_moment(float normalized, bool is_signed) {
-  return encode(code(is_signed), normalized);
+  return is_signed ? encode_m(normalized) : encode_v(normalized);
 }
 
 float quantize_moment_block(std::span<const float> x, bool is_signed, uint8_t* codes) {
-  return quantize_block(code(is_signed), x, codes);
+  float scale = 0;
+  if (!x.empty()) encode_run(x.data(), x.size(), x.size(), is_signed, codes, &scale);
+  return scale;
 }
 
 void dequantize_moment_block(const uint8_t* codes, float scale, bool is_signed,
                              std::span<float> out) {
-  dequantize_block(code(is_signed), codes, scale, out);
+  if (!out.empty()) decode_run(codes, &scale, out.size(), out.size(), is_signed, out.data());
 }
 
 size_t moment_blocks(size_t count, size_t first) {
@@ -181,37 +298,43 @@ MomentCounts moment_counts(std::span<const uint64_t> tensors, uint64_t begin, ui
 }
 
 void dequantize_moment_run(std::span<const uint8_t> codes, std::span<const float> scales,
-                           size_t first, bool is_signed, std::span<float> out) {
+                           size_t first, bool is_signed, std::span<float> out, MomentCode code) {
   if (codes.size() != out.size() || scales.size() != moment_blocks(out.size(), first)) {
     throw InvalidArgument(
         fmt::format("int8 moments: a run of {} elements got {} codes and {} scales", out.size(),
                     codes.size(), scales.size()));
   }
-  const Code& c = code(is_signed);
-  for_each_block(out.size(), first, [&](size_t b, size_t e, size_t k) {
-    dequantize_block(c, codes.data() + b, scales[k], out.subspan(b, e - b));
-  });
+  if (code == kCurrentMomentCode) {
+    decode_run(codes.data(), scales.data(), out.size(), first, is_signed, out.data());
+    return;
+  }
+  const std::span<const float> values = moment_code(is_signed, code);
+  for (size_t b = 0, k = 0; b < out.size(); ++k) {
+    const size_t e = block_end(out.size(), first, b, k);
+    for (size_t i = b; i < e; ++i) out[i] = values[codes[i]] * scales[k];
+    b = e;
+  }
 }
 
 void dequantize_moments(const QuantizedMoments& q, std::span<float> m, std::span<float> v) {
   check_run(q, m.size());
-  const Code& sc = code(true);
-  const Code& uc = code(false);
-  for_each_block(m.size(), q.first, [&](size_t b, size_t e, size_t k) {
-    dequantize_block(sc, q.m.data() + b, q.m_scale[k], m.subspan(b, e - b));
-    dequantize_block(uc, q.v.data() + b, q.v_scale[k], v.subspan(b, e - b));
-  });
+  if (v.size() != m.size()) {
+    throw InvalidArgument(
+        fmt::format("int8 moments: {} and {} elements of m and v", m.size(), v.size()));
+  }
+  decode_both(q.m.data(), q.v.data(), q.m_scale.data(), q.v_scale.data(), m.size(), q.first,
+              m.data(), v.data());
 }
 
 void quantize_moments(std::span<const float> m, std::span<const float> v,
                       const QuantizedMoments& q) {
   check_run(q, m.size());
-  const Code& sc = code(true);
-  const Code& uc = code(false);
-  for_each_block(m.size(), q.first, [&](size_t b, size_t e, size_t k) {
-    q.m_scale[k] = quantize_block(sc, m.subspan(b, e - b), q.m.data() + b);
-    q.v_scale[k] = quantize_block(uc, v.subspan(b, e - b), q.v.data() + b);
-  });
+  if (v.size() != m.size()) {
+    throw InvalidArgument(
+        fmt::format("int8 moments: {} and {} elements of m and v", m.size(), v.size()));
+  }
+  encode_both(m.data(), v.data(), m.size(), q.first, q.m.data(), q.v.data(), q.m_scale.data(),
+              q.v_scale.data());
 }
 
 void adamw8_update(std::span<float> master, std::span<const float> grad, const QuantizedMoments& q,
@@ -223,7 +346,7 @@ void adamw8_update(std::span<float> master, std::span<const float> grad, const Q
   }
   // Chunks of whole blocks: decoded into fp32, updated by one call of the fp32 kernel (its
   // coefficients computed once per chunk), encoded back.
-  constexpr size_t kChunkBlocks = 16;
+  constexpr size_t kChunkBlocks = 4;
   std::array<float, kChunkBlocks * kMomentBlock> m, v;
   const size_t n = master.size();
   const size_t blocks = moment_blocks(n, q.first);
@@ -233,15 +356,16 @@ void adamw8_update(std::span<float> master, std::span<const float> grad, const Q
   for (size_t k0 = 0; k0 < blocks; k0 += kChunkBlocks) {
     const size_t k1 = std::min(blocks, k0 + kChunkBlocks);
     const size_t b = block_begin(k0), e = block_begin(k1);
-    const std::span<float> mc(m.data(), e - b), vc(v.data(), e - b);
-    const QuantizedMoments part{q.m.subspan(b, e - b), q.v.subspan(b, e - b),
-                                q.m_scale.subspan(k0, k1 - k0), q.v_scale.subspan(k0, k1 - k0),
-                                k0 == 0 ? q.first : kMomentBlock};
-    dequantize_moments(part, mc, vc);
-    adamw_update(
-        {.master = master.subspan(b, e - b), .m = mc, .v = vc, .grad = grad.subspan(b, e - b)},
-        decay, config, step, grad_scale);
-    quantize_moments(mc, vc, part);
+    const size_t first = k0 == 0 ? q.first : kMomentBlock;
+    decode_both(q.m.data() + b, q.v.data() + b, q.m_scale.data() + k0, q.v_scale.data() + k0, e - b,
+                first, m.data(), v.data());
+    adamw_update({.master = master.subspan(b, e - b),
+                  .m = std::span(m).first(e - b),
+                  .v = std::span(v).first(e - b),
+                  .grad = grad.subspan(b, e - b)},
+                 decay, config, step, grad_scale);
+    encode_both(m.data(), v.data(), e - b, first, q.m.data() + b, q.v.data() + b,
+                q.m_scale.data() + k0, q.v_scale.data() + k0);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/sysinfo.h"
 #include "core/version.h"
+#include "optim/moments8.h"
 #include "train/flat.h"
 #include "train/model_kind.h"
 #include "train/moments_io.h"
@@ -34,6 +35,7 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
   m.islands = cfg.islands;
   m.stage = cfg.stage;
   m.int8_moments = trainer.state().int8_moments();
+  if (m.int8_moments) m.moment_code = std::string(moment_code_name(kCurrentMomentCode));
   m.precision = std::string(precision_name(cfg.precision));
   m.model_kind = cfg.model;
   if (const ModelKind& kind = model_kind(cfg.model); kind.shape != nullptr) {
@@ -241,6 +243,12 @@ void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& 
   const std::vector<UnitState>& units = trainer.state().units();
   const checkpoint::Meta& m = ckpt.meta();
   const std::string where = (ckpt.dir() / "meta.json").string();
+  if (m.int8_moments && !parse_moment_code(m.moment_code)) {
+    throw CorruptData(fmt::format(
+        "{}: optimizer.moment_code is \"{}\", a code this build does not know; it reads {} and {}",
+        where, m.moment_code, moment_code_name(MomentCode::kDecades),
+        moment_code_name(MomentCode::kFloat8)));
+  }
   if (m.units.size() != units.size()) {
     const std::string saved_size = m.config.count("size") ? m.config.at("size") : "";
     throw CorruptData(

@@ -69,6 +69,19 @@ class SavedMoments {
   }
   const std::vector<uint64_t>& tensors() const { return tensors_; }
   int island() const { return island_; }
+  // The code the checkpoint's bytes are in (check_same_model refused any other name).
+  MomentCode code() const {
+    return parse_moment_code(ckpt_.meta().moment_code).value_or(kCurrentMomentCode);
+  }
+  // The unit's elements [begin, end) of the tensor holding element `g`.
+  std::pair<uint64_t, uint64_t> tensor_of(uint64_t g) const {
+    uint64_t at = 0;
+    for (uint64_t t : tensors_) {
+      if (g < at + t) return {at, at + t};
+      at += t;
+    }
+    return {at, at};
+  }
 
  private:
   const Checkpoint& ckpt_;
@@ -91,7 +104,7 @@ void decode_saved(const Checkpoint& ckpt, const SavedMoments& saved, size_t unit
   std::vector<float> scales(moment_blocks(n, head)), values(n);
   ckpt.read(unit, first ? "adam_m8" : "adam_v8", b0, bytes(std::span(codes)), saved.island());
   saved.read(first ? "adam_m8_scale" : "adam_v8_scale", true, b0, b1, scales);
-  dequantize_moment_run(codes, scales, head, first, values);
+  dequantize_moment_run(codes, scales, head, first, values, saved.code());
   std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(lo - b0), hi - lo, out.begin());
 }
 
@@ -175,7 +188,15 @@ void load_int8_range(UnitState& u, const Checkpoint& ckpt, const SavedMoments& s
     const uint64_t g0 = base + lo, g1 = base + hi;
     if (s.quantized) {
       const QuantizedMoments q = u.quantized(s, lo, n, m8, v8, r.begin);
-      if (saved8) {  // the saving run's codes and scales, as they were
+      if (saved8 && saved.code() != kCurrentMomentCode) {
+        // Another code's bytes (a checkpoint written before this one): decoded, then encoded
+        // as a step would.
+        const auto [t0, t1] = saved.tensor_of(g0);
+        std::vector<float> m(n), v(n);
+        decode_saved(ckpt, saved, i, true, t0, t1, g0, g1, m);
+        decode_saved(ckpt, saved, i, false, t0, t1, g0, g1, v);
+        quantize_moments(m, v, q);
+      } else if (saved8) {  // the saving run's codes and scales, as they were
         ckpt.read(i, "adam_m8", g0, bytes(q.m), saved.island());
         ckpt.read(i, "adam_v8", g0, bytes(q.v), saved.island());
         saved.read("adam_m8_scale", true, g0, g1, q.m_scale);

@@ -379,6 +379,80 @@ TEST(Reshard, Int8MomentsResumeBitExactAnywhereAndConvertBothWays) {
   }
 }
 
+// meta.json names the code of the 8-bit moments' bytes. A checkpoint whose bytes are in
+// another code (the decades code of checkpoints written before the field, which is what no
+// field means) is decoded with it and encoded in the current code as a step would: the same
+// bits on every rank count and stage. The label is what decides: the same bytes labelled
+// decades continue differently from their own run.
+TEST(Reshard, Int8MomentsOfAnotherCodeAreDecodedWithItAndConvertedAnywhere) {
+  const auto config = [](int ranks, int stage) {
+    TrainConfig c = tiny_config(ranks, stage);
+    c.micro_batch = 2;
+    c.grad_accum = 12 / ranks;
+    c.accumulate = AccumulatePolicy::kReduce;
+    c.invariant = true;
+    c.steps = 6;
+    c.int8_moments = true;
+    return c;
+  };
+  TempDir tmp;
+  const std::string whole = run(config(2, 1)).weights_sha256;
+  TrainConfig first = config(2, 1);
+  first.checkpoint_dir = (tmp.path() / "saved").string();
+  first.stop_after = 3;
+  (void)run(first);
+  const fs::path saved = tmp.path() / "saved" / "step_00000003";
+  const nlohmann::json meta = nlohmann::json::parse(std::ifstream(saved / "meta.json"));
+  EXPECT_EQ(meta["optimizer"]["moment_code"], "e3m4/ue4m4");
+  // The same shards under another meta.json: its optimizer.moment_code set, or removed.
+  const auto relabelled = [&](const std::string& name, const nlohmann::json* code) {
+    const fs::path dir = tmp.path() / name / "step_00000003";
+    fs::create_directories(dir.parent_path());
+    fs::copy(saved, dir, fs::copy_options::recursive);
+    nlohmann::json m = meta;
+    if (code != nullptr) {
+      m["optimizer"]["moment_code"] = *code;
+    } else {
+      m["optimizer"].erase("moment_code");
+    }
+    std::ofstream(dir / "meta.json") << m.dump(2);
+    return dir.string();
+  };
+  const auto continued = [&](const std::string& from, int n, int stage) {
+    TrainConfig c = config(n, stage);
+    c.resume = from;
+    const TrainResult r = run(c);
+    EXPECT_FALSE(r.stopped.has_value()) << from;
+    EXPECT_TRUE(std::isfinite(r.steps.back().loss)) << from;
+    return r.weights_sha256;
+  };
+  const nlohmann::json current = "e3m4/ue4m4", decades = "decades", bogus = "e5m2";
+  EXPECT_EQ(continued(relabelled("current", &current), 3, 3), whole);
+  const std::string as_decades = relabelled("decades", &decades);
+  const std::string converted = continued(as_decades, 3, 3);
+  EXPECT_NE(converted, whole);
+  EXPECT_EQ(continued(as_decades, 4, 0), converted);
+  EXPECT_EQ(continued(relabelled("unlabelled", nullptr), 2, 1), converted);
+  // An fp32-moment run decodes them with the same code: continued on two layouts alike.
+  TrainConfig fp32 = config(3, 3);
+  fp32.int8_moments = false;
+  fp32.resume = as_decades;
+  const std::string decoded = run(fp32).weights_sha256;
+  fp32 = config(2, 0);
+  fp32.int8_moments = false;
+  fp32.resume = as_decades;
+  EXPECT_EQ(run(fp32).weights_sha256, decoded);
+  TrainConfig unknown = config(2, 1);
+  unknown.resume = relabelled("bogus", &bogus);
+  try {
+    (void)run(unknown);
+    ADD_FAILURE() << "a checkpoint of an unknown moment code loaded";
+  } catch (const CorruptData& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.moment_code is \"e5m2\""), std::string::npos)
+        << e.what();
+  }
+}
+
 // --- the protocol ---------------------------------------------------------------------
 
 TEST(Protocol, KeepDeletesOnlyOlderCommittedCheckpoints) {
