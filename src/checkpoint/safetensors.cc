@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <set>
 #include <utility>
 
@@ -553,6 +555,10 @@ struct Writer::Impl {
   // Small writes are gathered to this size, so writing a model tensor by tensor (or a test
   // byte by byte) does not cost a system call each; larger ones go straight through.
   static constexpr size_t kBufferBytes = size_t{256} << 10;
+  // WriteMode::kDirect: everything passes through an aligned buffer of this size, so that
+  // every write but the last starts and ends on the file system's block.
+  static constexpr size_t kDirectBytes = size_t{1} << 20;
+  static constexpr size_t kDirectAlign = 4096;
 
   std::filesystem::path path;
   int fd = -1;
@@ -565,9 +571,25 @@ struct Writer::Impl {
   std::vector<std::byte> buffer;
   std::string failure;  // the IoError that left the file incomplete
   bool finished = false;
+  // kDirect while the descriptor has O_DIRECT: the aligned buffer and how much of it is full.
+  struct FreeAligned {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, FreeAligned> aligned;
+  size_t fill = 0;
 
   void put(std::span<const std::byte> bytes) {
     sha.update(bytes);
+    if (aligned) {
+      while (!bytes.empty() && aligned) {
+        const size_t n = std::min(bytes.size(), kDirectBytes - fill);
+        std::memcpy(aligned.get() + fill, bytes.data(), n);
+        fill += n;
+        bytes = bytes.subspan(n);
+        if (fill == kDirectBytes) flush_direct();
+      }
+      if (bytes.empty()) return;
+    }
     if (buffer.size() + bytes.size() <= kBufferBytes) {
       buffer.insert(buffer.end(), bytes.begin(), bytes.end());
       return;
@@ -581,8 +603,44 @@ struct Writer::Impl {
   }
 
   void flush() {
+    if (aligned) flush_direct();
     write_all(fd, buffer, path);
     buffer.clear();
+  }
+
+  // The aligned buffer's whole blocks with O_DIRECT; a partial block left (only at the end)
+  // goes through the cache. A file system that refuses O_DIRECT at the write, or a short
+  // write, ends direct writing: the rest is written buffered from where it stopped.
+  void flush_direct() {
+    const size_t whole = fill / kDirectAlign * kDirectAlign;
+    size_t done = 0;
+    while (done < whole) {
+      const ssize_t n = ::write(fd, aligned.get() + done, whole - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno != EINVAL) {
+        throw IoError(fmt::format("{}: write of {} bytes failed: {}", path.string(), whole - done,
+                                  std::strerror(errno)));
+      }
+      if (n <= 0 || static_cast<size_t>(n) % kDirectAlign != 0) {
+        if (n > 0) done += static_cast<size_t>(n);
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    if (done == whole && done == fill) {
+      fill = 0;
+      return;
+    }
+    // The rest, buffered: the descriptor leaves O_DIRECT for good.
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) {
+      throw IoError(
+          fmt::format("{}: cannot leave direct I/O: {}", path.string(), std::strerror(errno)));
+    }
+    const auto held = std::move(aligned);  // freed once the rest is written
+    const std::span<const std::byte> rest(held.get() + done, fill - done);
+    fill = 0;
+    write_all(fd, rest, path);
   }
 
   void check_usable(std::string_view call) const {
@@ -602,7 +660,7 @@ struct Writer::Impl {
 };
 
 Writer::Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensors,
-               const std::map<std::string, std::string>& metadata) {
+               const std::map<std::string, std::string>& metadata, WriteMode mode) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   const std::string file = path.string();
@@ -667,7 +725,20 @@ Writer::Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensor
   impl->names.reserve(tensors.size());
   for (TensorDecl& t : tensors) impl->names.push_back(std::move(t.name));
 
-  impl->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  if (mode == WriteMode::kDirect) {
+    impl->fd = ::open(path.c_str(), kFlags | O_DIRECT, 0644);
+    if (impl->fd >= 0) {
+      impl->aligned.reset(
+          static_cast<std::byte*>(std::aligned_alloc(Impl::kDirectAlign, Impl::kDirectBytes)));
+      if (!impl->aligned) {
+        ::close(impl->fd);
+        throw std::bad_alloc();
+      }
+    }
+  }
+  // Buffered, or a file system that refuses O_DIRECT at the open (EINVAL).
+  if (impl->fd < 0) impl->fd = ::open(path.c_str(), kFlags, 0644);
   if (impl->fd < 0) {
     throw IoError(fmt::format("{}: cannot open for writing: {}", file, std::strerror(errno)));
   }

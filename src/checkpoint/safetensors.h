@@ -75,10 +75,20 @@ struct TensorDecl {
 // The sha256 of the whole file is computed on the way, so no second pass reads it back.
 // Throws InvalidArgument for bad declarations (duplicate or empty names, a name starting
 // with "__"), IoError naming the file on any failed write.
+// How a Writer reaches the disk. kDirect bypasses the page cache (O_DIRECT) where the file
+// system allows it, through a 1 MiB aligned buffer, the last partial 4 KiB through the cache:
+// a checkpoint shard written and fsynced that way costs the kernel a fraction of the CPU (80
+// MB with dd on this project's development machine: 0.02-0.03 s of system time and 0.07-0.12
+// s in all, against 0.07-0.39 s and 0.13-0.55 s buffered), which a background writer takes
+// from the training, and leaves the page cache to the training. Where O_DIRECT is refused
+// (tmpfs, a device) it writes as kBuffered. The bytes are the same either way.
+enum class WriteMode { kBuffered, kDirect };
+
 class Writer {
  public:
   Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensors,
-         const std::map<std::string, std::string>& metadata = {});
+         const std::map<std::string, std::string>& metadata = {},
+         WriteMode mode = WriteMode::kBuffered);
   ~Writer();  // an unfinished writer closes the file and leaves it (incomplete) in place
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;

@@ -449,7 +449,8 @@ ShardWritten AsyncSaver::write(const Job& job) {
     for (const Shard& shard : job.shards) {
       check_abandoned();
       trainer_.faults().shard_write_failure(t.step, shard.file);
-      safetensors::Writer out(shard.file, shard.tensors, shard_metadata());
+      safetensors::Writer out(shard.file, shard.tensors, shard_metadata(),
+                              safetensors::WriteMode::kDirect);
       if (job.from_offload) {
         write_from_offload(job, out, check_abandoned);
       } else {

@@ -143,7 +143,8 @@ void stream_shard(const ShardedState& state, StateStore& store, const OuterStep*
 
 std::string write_shard(const ShardedState& state, StateStore& store,
                         const std::filesystem::path& file, const OuterStep* outer, bool pending) {
-  safetensors::Writer w(file, shard_tensors(state, outer != nullptr, pending), shard_metadata());
+  safetensors::Writer w(file, shard_tensors(state, outer != nullptr, pending), shard_metadata(),
+                        safetensors::WriteMode::kDirect);
   stream_shard(state, store, outer, pending, [&w](std::span<const std::byte> b) { w.write(b); });
   return w.finish();
 }

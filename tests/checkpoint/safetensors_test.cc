@@ -1,6 +1,7 @@
 #include "checkpoint/safetensors.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -219,6 +220,44 @@ TEST(Safetensors, LargeTensorInMixedChunks) {
   const Reader r(path);
   EXPECT_EQ(read_all<float>(r, *r.find("a")), a);
   EXPECT_EQ(read_all<float>(r, *r.find("b")), b);
+}
+
+// Direct I/O writes the same bytes as the page cache does: across several of its 1 MiB
+// buffers, a tail that is not a whole 4 KiB block, chunks of every size; on the disk, and on a
+// tmpfs (/dev/shm), which may refuse O_DIRECT, so the writer falls back.
+TEST(Safetensors, DirectWritesAreTheBufferedBytes) {
+  TempDir dir;
+  std::vector<float> a(1000001), b(4099);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * 0.5f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -static_cast<float>(i);
+  std::vector<std::byte> data(bytes_of(a).begin(), bytes_of(a).end());
+  data.insert(data.end(), bytes_of(b).begin(), bytes_of(b).end());
+  const auto write = [&](const std::filesystem::path& path, WriteMode mode) {
+    Writer w(path,
+             {{"a", ElementType::kF32, {static_cast<int64_t>(a.size())}},
+              {"b", ElementType::kF32, {static_cast<int64_t>(b.size())}}},
+             {{"k", "v"}}, mode);
+    size_t done = 0;
+    for (const size_t n : {size_t{5}, size_t{1} << 20, size_t{4096}, size_t{2000001}, size_t{1}}) {
+      w.write(std::span(data).subspan(done, n));
+      done += n;
+    }
+    w.write(std::span(data).subspan(done));
+    return w.finish();
+  };
+  const auto buffered = dir.path() / "buffered.safetensors";
+  const std::string want = write(buffered, WriteMode::kBuffered);
+  const std::vector<std::byte> bytes = read_file(buffered);
+  std::vector<std::filesystem::path> places{dir.path()};
+  if (std::filesystem::is_directory("/dev/shm")) places.emplace_back("/dev/shm");
+  for (const std::filesystem::path& place : places) {
+    const auto direct = place / ("zerodp-direct-" + std::to_string(::getpid()) + ".safetensors");
+    EXPECT_EQ(write(direct, WriteMode::kDirect), want) << place;
+    EXPECT_TRUE(read_file(direct) == bytes) << place;
+    const Reader r(direct);
+    EXPECT_EQ(read_all<float>(r, *r.find("b")), b) << place;
+    std::filesystem::remove(direct);
+  }
 }
 
 TEST(Safetensors, FinishReturnsTheSha256OfTheFile) {
