@@ -74,7 +74,7 @@ FUZZ := build/fuzz
 FUZZ_SOURCES := fuzz/safetensors_fuzz.cc src/checkpoint/safetensors.cc \
   src/checkpoint/format.cc src/core/error.cc src/core/files.cc src/core/sha256.cc
 $(FUZZ)/safetensors_fuzz: $(FUZZ_SOURCES) src/checkpoint/safetensors.h \
-  src/checkpoint/format.h src/core/error.h src/core/files.h \
+  src/checkpoint/format.h src/checkpoint/safetensors_text.h src/core/error.h src/core/files.h \
   src/core/sha256.h src/tensor/dtype.h
 	@mkdir -p $(FUZZ)
 	clang++ -std=c++20 -O1 -g -Wall -Wextra -fsanitize=fuzzer,address,undefined \

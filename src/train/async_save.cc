@@ -310,7 +310,8 @@ int64_t AsyncSaver::settle(bool any_failed) {
   const SaveTicket ticket = std::move(committing_->ticket);
   committing_.reset();
   try {
-    settle_commit(trainer_.config(), ticket, any_failed, error);
+    settle_commit(trainer_.config(), ticket, any_failed,
+                  any_failed ? first_error(trainer_.comm(), error) : "");
   } catch (...) {
     stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
     stall_ = 0;

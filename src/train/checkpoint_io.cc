@@ -622,6 +622,25 @@ checkpoint::Meta agree_save(RankTrainer& trainer, const SaveTicket& t, const Sha
   return meta;
 }
 
+std::string first_error(Communicator& comm, const std::string& error) {
+  // One message is plenty: the rest of a long one is cut.
+  constexpr size_t kMostChars = 1024;
+  const size_t mine_chars = std::min(error.size(), kMostChars);
+  const auto width = static_cast<size_t>(comm.max_control(static_cast<double>(mine_chars))) + 1;
+  std::vector<double> mine(width, 0.0);
+  mine[0] = static_cast<double>(mine_chars);
+  for (size_t i = 0; i < mine_chars; ++i) mine[1 + i] = static_cast<unsigned char>(error[i]);
+  const std::vector<double> all = comm.gather_control(mine);
+  for (size_t at = 0; at + width <= all.size(); at += width) {
+    const auto n = static_cast<size_t>(all[at]);
+    if (n == 0) continue;
+    std::string text(n, ' ');
+    for (size_t i = 0; i < n; ++i) text[i] = static_cast<char>(static_cast<int>(all[at + 1 + i]));
+    return text;
+  }
+  return {};
+}
+
 std::string commit_save(const TrainConfig& cfg, const FaultPlan& faults, const SaveTicket& t,
                         const checkpoint::Meta& meta) {
   if (!t.owner) return {};
@@ -652,8 +671,9 @@ void settle_commit(const TrainConfig& cfg, const SaveTicket& t, bool any_failed,
 void finish_save(RankTrainer& trainer, const SaveTicket& t, const ShardWritten& w) {
   const checkpoint::Meta meta = agree_save(trainer, t, w);
   const std::string error = commit_save(trainer.config(), trainer.faults(), t, meta);
-  settle_commit(trainer.config(), t, trainer.comm().sum_control(error.empty() ? 0.0 : 1.0) > 0,
-                error);
+  Communicator& comm = trainer.comm();
+  const bool failed = comm.sum_control(error.empty() ? 0.0 : 1.0) > 0;
+  settle_commit(trainer.config(), t, failed, failed ? first_error(comm, error) : "");
 }
 
 void save_checkpoint(RankTrainer& trainer, int64_t step,

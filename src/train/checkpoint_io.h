@@ -115,10 +115,13 @@ checkpoint::Meta agree_save(RankTrainer& trainer, const SaveTicket& ticket,
 std::string commit_save(const TrainConfig& cfg, const FaultPlan& faults, const SaveTicket& ticket,
                         const checkpoint::Meta& meta);
 // 3c. Every rank, once the owners' verdicts are agreed (`any_failed`): CheckpointNotCommitted
-//     on every rank naming `error` (this rank's, empty unless it failed), or on node-local
+//     on every rank naming `error` (first_error's, the same on every rank), or on node-local
 //     storage the owners prune, every host having committed.
 void settle_commit(const TrainConfig& cfg, const SaveTicket& ticket, bool any_failed,
                    const std::string& error);
+// Every rank: the lowest rank's non-empty `error` (its first 1024 characters), or empty, so
+// that every rank names the cause, not only the rank that met it.
+std::string first_error(Communicator& comm, const std::string& error);
 
 // A step as a checkpoint's history keeps it (what the training determines, no timings),
 // and back.

@@ -264,11 +264,9 @@ TEST(AsyncSave, AFailedCommitIsNamedAndKeepsThePreviousCheckpoint) {
     } else {
       EXPECT_EQ(r.stopped->after_step, 4);
     }
-    // Rank 0 names its error; the others, whose message the run may report, name rank 0.
+    // Every rank names rank 0's error, whichever rank's message the run reports.
     const std::string& m = r.stopped->message;
-    EXPECT_NE(m.find("checkpoint at step 4 not committed: "), std::string::npos) << m;
-    EXPECT_TRUE(m.find("rank 0 failed to commit it") != std::string::npos ||
-                m.find("cannot commit into") != std::string::npos)
+    EXPECT_NE(m.find("checkpoint at step 4 not committed: cannot commit into"), std::string::npos)
         << m;
     EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000002");
     EXPECT_FALSE(fs::exists(tmp.path() / "step_00000004"));
