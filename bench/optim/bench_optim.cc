@@ -24,6 +24,13 @@ std::vector<float> normal_vector(size_t n, uint32_t seed, float scale) {
   return v;
 }
 
+// The time per element of `n` per iteration, as the "ns/element" counter.
+void count_ns_per_element(benchmark::State& state, size_t n) {
+  state.counters["ns/element"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * n),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
 void BM_AdamWFp32(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0));
   std::vector<float> master = normal_vector(n, 1, 0.02f), grad = normal_vector(n, 2, 1e-3f);
@@ -35,9 +42,7 @@ void BM_AdamWFp32(benchmark::State& state) {
     benchmark::DoNotOptimize(master.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * (4 * 4 + 3 * 4)));
-  state.counters["ns/element"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * n),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  count_ns_per_element(state, n);
 }
 
 void BM_AdamWInt8Moments(benchmark::State& state) {
@@ -54,9 +59,7 @@ void BM_AdamWInt8Moments(benchmark::State& state) {
   }
   const size_t bytes = n * (4 + 2 + 4 + 4 + 2) + ms.size() * 16;
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
-  state.counters["ns/element"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * n),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  count_ns_per_element(state, n);
 }
 
 // The two halves of the 8-bit update's extra work, both moments of a run: encoding (block
@@ -73,9 +76,7 @@ void BM_EncodeMoments(benchmark::State& state) {
     quantize_moments(m, v, q);
     benchmark::DoNotOptimize(mc.data());
   }
-  state.counters["ns/element"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * n),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  count_ns_per_element(state, n);
 }
 
 void BM_DecodeMoments(benchmark::State& state) {
@@ -92,9 +93,7 @@ void BM_DecodeMoments(benchmark::State& state) {
     dequantize_moments(q, m, v);
     benchmark::DoNotOptimize(m.data());
   }
-  state.counters["ns/element"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * n),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  count_ns_per_element(state, n);
 }
 
 BENCHMARK(BM_AdamWFp32)->Arg(1 << 16)->Arg(1 << 26)->Unit(benchmark::kMillisecond);

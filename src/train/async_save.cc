@@ -190,7 +190,7 @@ std::optional<int64_t> AsyncSaver::poll(bool wait) {
       MutexLock lock(mu_);
       if (wait) cv_.wait(mu_, [this]() REQUIRES(mu_) { return own_part_done(); });
       mine.unwritten = ticket_ && !done_ ? 1 : 0;
-      if (committing_ && committing_->ticket.owner) {
+      if (committing_ && committing_->owner) {
         mine.uncommitted = committed_ ? 0 : 1;
         mine.failed = committed_ && !commit_error_.empty() ? 1 : 0;
       }
@@ -275,20 +275,16 @@ void AsyncSaver::hand_over_commit() {
     stall_ = 0;
     throw;
   }
-  // Every rank keeps what settling needs; the owner's writer gets the rest.
-  SaveTicket kept;
-  kept.step = ticket.step;
-  kept.temp = ticket.temp;
-  kept.owner = ticket.owner;
-  kept.writer = ticket.writer;
-  if (ticket.owner) {
+  const int64_t step = ticket.step;
+  const bool owner = ticket.owner;
+  if (owner) {
     MutexLock lock(mu_);
     commit_job_ = CommitJob{.ticket = std::move(ticket), .meta = std::move(meta)};
     committed_ = false;
     commit_error_.clear();
   }
   cv_.notify_all();
-  committing_ = Committing{.ticket = std::move(kept)};
+  committing_ = Committing{.step = step, .owner = owner};
   stall_ += seconds_since(t0);
 }
 
@@ -297,7 +293,7 @@ int64_t AsyncSaver::settle(bool any_failed) {
   std::string error;
   {
     MutexLock lock(mu_);
-    if (committing_->ticket.owner) {
+    if (committing_->owner) {
       error = commit_error_;
       // The writer's time on this save: its files, then the commit.
       if (!stats_.write_seconds.empty()) {
@@ -307,10 +303,10 @@ int64_t AsyncSaver::settle(bool any_failed) {
     }
     committed_ = false;
   }
-  const SaveTicket ticket = std::move(committing_->ticket);
+  const Committing done = *committing_;
   committing_.reset();
   try {
-    settle_commit(trainer_.config(), ticket, any_failed,
+    settle_commit(trainer_.config(), done.step, done.owner, any_failed,
                   any_failed ? first_error(trainer_.comm(), error) : "");
   } catch (...) {
     stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
@@ -320,7 +316,7 @@ int64_t AsyncSaver::settle(bool any_failed) {
   ++stats_.committed;
   stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
   stall_ = 0;
-  return ticket.step;
+  return done.step;
 }
 
 void AsyncSaver::writer_loop() {

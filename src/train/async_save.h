@@ -121,7 +121,7 @@ class AsyncSaver {
   int64_t settle(bool any_failed);
   // This rank's part of what is in flight is done.
   bool own_part_done() REQUIRES(mu_) {
-    return (!ticket_ || done_) && (!committing_ || !committing_->ticket.owner || committed_);
+    return (!ticket_ || done_) && (!committing_ || !committing_->owner || committed_);
   }
   bool abandoning() {
     MutexLock lock(mu_);
@@ -133,7 +133,8 @@ class AsyncSaver {
   std::optional<SaveTicket> ticket_;  // the save being written (training thread)
   // The save agreed and being committed (training thread): its ticket moved to the writer.
   struct Committing {
-    SaveTicket ticket;  // without the writer's parts: step, owner, storage
+    int64_t step = 0;
+    bool owner = false;  // its writer commits it
   };
   std::optional<Committing> committing_;
   // The training thread's time in saves since the last one committed: each save's stall is

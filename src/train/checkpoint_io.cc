@@ -654,17 +654,17 @@ std::string commit_save(const TrainConfig& cfg, const FaultPlan& faults, const S
   return {};
 }
 
-void settle_commit(const TrainConfig& cfg, const SaveTicket& t, bool any_failed,
+void settle_commit(const TrainConfig& cfg, int64_t step, bool owner, bool any_failed,
                    const std::string& error) {
   if (any_failed) {
-    throw CheckpointNotCommitted(fmt::format("checkpoint at step {} not committed: {}", t.step,
+    throw CheckpointNotCommitted(fmt::format("checkpoint at step {} not committed: {}", step,
                                              !error.empty() ? error
                                              : cfg.node_local_checkpoints
                                                  ? "a host failed to commit it"
                                                  : "rank 0 failed to commit it"));
   }
-  if (t.owner && cfg.node_local_checkpoints) {
-    checkpoint::prune(cfg.checkpoint_dir, cfg.keep, static_cast<uint64_t>(t.step));
+  if (owner && cfg.node_local_checkpoints) {
+    checkpoint::prune(cfg.checkpoint_dir, cfg.keep, static_cast<uint64_t>(step));
   }
 }
 
@@ -673,7 +673,7 @@ void finish_save(RankTrainer& trainer, const SaveTicket& t, const ShardWritten& 
   const std::string error = commit_save(trainer.config(), trainer.faults(), t, meta);
   Communicator& comm = trainer.comm();
   const bool failed = comm.sum_control(error.empty() ? 0.0 : 1.0) > 0;
-  settle_commit(trainer.config(), t, failed, failed ? first_error(comm, error) : "");
+  settle_commit(trainer.config(), t.step, t.owner, failed, failed ? first_error(comm, error) : "");
 }
 
 void save_checkpoint(RankTrainer& trainer, int64_t step,

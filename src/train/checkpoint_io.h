@@ -117,7 +117,7 @@ std::string commit_save(const TrainConfig& cfg, const FaultPlan& faults, const S
 // 3c. Every rank, once the owners' verdicts are agreed (`any_failed`): CheckpointNotCommitted
 //     on every rank naming `error` (first_error's, the same on every rank), or on node-local
 //     storage the owners prune, every host having committed.
-void settle_commit(const TrainConfig& cfg, const SaveTicket& ticket, bool any_failed,
+void settle_commit(const TrainConfig& cfg, int64_t step, bool owner, bool any_failed,
                    const std::string& error);
 // Every rank: the lowest rank's non-empty `error` (its first 1024 characters), or empty, so
 // that every rank names the cause, not only the rank that met it.

@@ -43,7 +43,11 @@ std::span<std::byte> bytes(std::span<T> x) {
 class SavedMoments {
  public:
   SavedMoments(const Checkpoint& ckpt, size_t unit, std::vector<uint64_t> tensors, int island)
-      : ckpt_(ckpt), unit_(unit), tensors_(std::move(tensors)), island_(island) {
+      : ckpt_(ckpt),
+        unit_(unit),
+        tensors_(std::move(tensors)),
+        island_(island),
+        code_(parse_moment_code(ckpt.meta().moment_code).value_or(kCurrentMomentCode)) {
     uint64_t at = 0;
     for (uint64_t c : ckpt.meta().units.at(unit).counts) {
       starts_.push_back(at);
@@ -70,9 +74,7 @@ class SavedMoments {
   const std::vector<uint64_t>& tensors() const { return tensors_; }
   int island() const { return island_; }
   // The code the checkpoint's bytes are in (check_same_model refused any other name).
-  MomentCode code() const {
-    return parse_moment_code(ckpt_.meta().moment_code).value_or(kCurrentMomentCode);
-  }
+  MomentCode code() const { return code_; }
   // The unit's elements [begin, end) of the tensor holding element `g`.
   std::pair<uint64_t, uint64_t> tensor_of(uint64_t g) const {
     uint64_t at = 0;
@@ -88,6 +90,7 @@ class SavedMoments {
   size_t unit_;
   std::vector<uint64_t> tensors_;
   int island_;
+  MomentCode code_;
   std::vector<uint64_t> starts_;
 };
 

@@ -336,25 +336,28 @@ TEST(Reshard, AnotherPrecisionLoadsTheMasterWeights) {
   }
 }
 
+// 6 steps of 12 samples in the invariant order, so that any rank count that divides them
+// continues a checkpoint with the same bits; 8-bit moments or fp32.
+TrainConfig moments_config(int ranks, int stage, bool int8) {
+  TrainConfig c = tiny_config(ranks, stage);
+  c.micro_batch = 2;
+  c.grad_accum = 12 / ranks;
+  c.accumulate = AccumulatePolicy::kReduce;
+  c.invariant = true;
+  c.steps = 6;
+  c.int8_moments = int8;
+  return c;
+}
+
 // --optimizer-states int8 (train/moments_io.h): a checkpoint holds the codes and scales, so a
 // continuation on other ranks and another stage is the run that never stopped; an fp32
 // checkpoint continues with 8-bit moments (encoded as a step would) and an 8-bit one with
 // fp32 moments (decoded), each the same bits on every rank count.
 TEST(Reshard, Int8MomentsResumeBitExactAnywhereAndConvertBothWays) {
-  const auto config = [](int ranks, int stage, bool int8) {
-    TrainConfig c = tiny_config(ranks, stage);
-    c.micro_batch = 2;
-    c.grad_accum = 12 / ranks;
-    c.accumulate = AccumulatePolicy::kReduce;
-    c.invariant = true;
-    c.steps = 6;
-    c.int8_moments = int8;
-    return c;
-  };
   TempDir tmp;
-  const std::string whole = run(config(2, 1, true)).weights_sha256;
+  const std::string whole = run(moments_config(2, 1, true)).weights_sha256;
   for (bool int8 : {true, false}) {
-    TrainConfig first = config(2, 1, int8);
+    TrainConfig first = moments_config(2, 1, int8);
     first.checkpoint_dir = (tmp.path() / (int8 ? "int8" : "fp32")).string();
     first.stop_after = 3;
     (void)run(first);
@@ -363,12 +366,12 @@ TEST(Reshard, Int8MomentsResumeBitExactAnywhereAndConvertBothWays) {
     for (auto [n, stage] : {std::pair{3, 3}, std::pair{4, 0}}) {
       const std::string where =
           fmt::format("from {} on N={} stage {}", int8 ? "int8" : "fp32", n, stage);
-      TrainConfig same = config(n, stage, int8);
+      TrainConfig same = moments_config(n, stage, int8);
       same.resume = (tmp.path() / (int8 ? "int8" : "fp32") / "step_00000003").string();
       if (int8) {
         EXPECT_EQ(run(same).weights_sha256, whole) << where;
       }
-      TrainConfig other = config(n, stage, !int8);
+      TrainConfig other = moments_config(n, stage, !int8);
       other.resume = same.resume;
       const TrainResult r = run(other);
       ASSERT_FALSE(r.stopped.has_value()) << where;
@@ -385,19 +388,9 @@ TEST(Reshard, Int8MomentsResumeBitExactAnywhereAndConvertBothWays) {
 // bits on every rank count and stage. The label is what decides: the same bytes labelled
 // decades continue differently from their own run.
 TEST(Reshard, Int8MomentsOfAnotherCodeAreDecodedWithItAndConvertedAnywhere) {
-  const auto config = [](int ranks, int stage) {
-    TrainConfig c = tiny_config(ranks, stage);
-    c.micro_batch = 2;
-    c.grad_accum = 12 / ranks;
-    c.accumulate = AccumulatePolicy::kReduce;
-    c.invariant = true;
-    c.steps = 6;
-    c.int8_moments = true;
-    return c;
-  };
   TempDir tmp;
-  const std::string whole = run(config(2, 1)).weights_sha256;
-  TrainConfig first = config(2, 1);
+  const std::string whole = run(moments_config(2, 1, true)).weights_sha256;
+  TrainConfig first = moments_config(2, 1, true);
   first.checkpoint_dir = (tmp.path() / "saved").string();
   first.stop_after = 3;
   (void)run(first);
@@ -418,8 +411,8 @@ TEST(Reshard, Int8MomentsOfAnotherCodeAreDecodedWithItAndConvertedAnywhere) {
     std::ofstream(dir / "meta.json") << m.dump(2);
     return dir.string();
   };
-  const auto continued = [&](const std::string& from, int n, int stage) {
-    TrainConfig c = config(n, stage);
+  const auto continued = [&](const std::string& from, int n, int stage, bool int8 = true) {
+    TrainConfig c = moments_config(n, stage, int8);
     c.resume = from;
     const TrainResult r = run(c);
     EXPECT_FALSE(r.stopped.has_value()) << from;
@@ -434,15 +427,8 @@ TEST(Reshard, Int8MomentsOfAnotherCodeAreDecodedWithItAndConvertedAnywhere) {
   EXPECT_EQ(continued(as_decades, 4, 0), converted);
   EXPECT_EQ(continued(relabelled("unlabelled", nullptr), 2, 1), converted);
   // An fp32-moment run decodes them with the same code: continued on two layouts alike.
-  TrainConfig fp32 = config(3, 3);
-  fp32.int8_moments = false;
-  fp32.resume = as_decades;
-  const std::string decoded = run(fp32).weights_sha256;
-  fp32 = config(2, 0);
-  fp32.int8_moments = false;
-  fp32.resume = as_decades;
-  EXPECT_EQ(run(fp32).weights_sha256, decoded);
-  TrainConfig unknown = config(2, 1);
+  EXPECT_EQ(continued(as_decades, 2, 0, false), continued(as_decades, 3, 3, false));
+  TrainConfig unknown = moments_config(2, 1, true);
   unknown.resume = relabelled("bogus", &bogus);
   try {
     (void)run(unknown);
