@@ -7,30 +7,11 @@
 #include <fmt/core.h>
 
 #include "core/error.h"
+#include "optim/adamw_kernel.h"
 
 namespace zerodp {
-namespace {
 
-// The step's fp32 coefficients, each computed in double and rounded once (see adamw.h).
-struct Coefficients {
-  float decay;          // fp32(1 - lr * weight_decay), or 1 for elements that do not decay
-  float beta1;          // fp32(beta1)
-  float one_minus_b1;   // fp32(1 - beta1)
-  float beta2;          // fp32(beta2)
-  float one_minus_b2;   // fp32(1 - beta2)
-  float bias2_sqrt;     // fp32(sqrt(1 - beta2^t))
-  float neg_step_size;  // fp32(-(lr / (1 - beta1^t)))
-  float eps;            // fp32(eps)
-};
-
-void check_field(std::string_view name, double value, bool ok, std::string_view rule) {
-  if (!std::isfinite(value) || !ok) {
-    throw InvalidArgument(
-        fmt::format("adamw: {} = {} is invalid; it must be finite and {}", name, value, rule));
-  }
-}
-
-Coefficients coefficients(const AdamWConfig& c, int64_t step, bool decay) {
+AdamWCoefficients adamw_coefficients(const AdamWConfig& c, int64_t step, bool decay) {
   const double t = static_cast<double>(step);
   const double bias1 = 1.0 - std::pow(c.beta1, t);
   const double bias2 = 1.0 - std::pow(c.beta2, t);
@@ -44,6 +25,15 @@ Coefficients coefficients(const AdamWConfig& c, int64_t step, bool decay) {
       .neg_step_size = static_cast<float>(-(c.lr / bias1)),
       .eps = static_cast<float>(c.eps),
   };
+}
+
+namespace {
+
+void check_field(std::string_view name, double value, bool ok, std::string_view rule) {
+  if (!std::isfinite(value) || !ok) {
+    throw InvalidArgument(
+        fmt::format("adamw: {} = {} is invalid; it must be finite and {}", name, value, rule));
+  }
 }
 
 void check_step(const AdamWShard& s, int64_t step, float grad_scale) {
@@ -63,43 +53,30 @@ void check_step(const AdamWShard& s, int64_t step, float grad_scale) {
   }
 }
 
-// The element-wise loop, branch-free so the compiler vectorizes it. With -ffp-contract=off
-// every operation is the one written, rounded once; the two moment updates are explicit
-// fused multiply-adds (correctly rounded by definition, in hardware or in libm), which is
-// what PyTorch's AVX2 and AVX-512 kernels compute. It is compiled twice: portable (fmaf
-// from libm per element) and, on x86-64, for CPUs with FMA (vectorized vfmadd). The two
-// differ in speed only; a test compares them bit for bit.
-// `k` is taken by value: a reference might alias the outputs, and clang then keeps it scalar.
+// The element-wise loop. It is compiled twice: portable (fmaf from libm per element) and, on
+// x86-64, for CPUs with FMA (vectorized vfmadd). The two differ in speed only; a test compares
+// them bit for bit.
 [[gnu::always_inline]] inline void update_body(float* p, float* m, float* v, const float* grad,
-                                               size_t count, const Coefficients k,
+                                               size_t count, const AdamWCoefficients k,
                                                float grad_scale) {
-  for (size_t i = 0; i < count; ++i) {
-    const float g = grad[i] * grad_scale;
-    const float decayed = p[i] * k.decay;
-    const float mi = std::fma(k.one_minus_b1, g, m[i] * k.beta1);
-    const float vi = std::fma(k.one_minus_b2 * g, g, v[i] * k.beta2);
-    const float denom = std::sqrt(vi) / k.bias2_sqrt + k.eps;
-    p[i] = decayed + (k.neg_step_size * mi) / denom;
-    m[i] = mi;
-    v[i] = vi;
-  }
+  for (size_t i = 0; i < count; ++i) adamw_element(p[i], m[i], v[i], grad[i], k, grad_scale);
 }
 
 void update_portable(float* p, float* m, float* v, const float* grad, size_t count,
-                     const Coefficients k, float grad_scale) {
+                     const AdamWCoefficients k, float grad_scale) {
   update_body(p, m, v, grad, count, k, grad_scale);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define ZERODP_ADAMW_FMA_PATH 1
 [[gnu::target("fma")]] void update_fma(float* p, float* m, float* v, const float* grad,
-                                       size_t count, const Coefficients k, float grad_scale) {
+                                       size_t count, const AdamWCoefficients k, float grad_scale) {
   update_body(p, m, v, grad, count, k, grad_scale);
 }
 #endif
 
 void update_range(float* p, float* m, float* v, const float* grad, size_t count,
-                  const Coefficients k, float grad_scale) {
+                  const AdamWCoefficients k, float grad_scale) {
 #ifdef ZERODP_ADAMW_FMA_PATH
   static const bool has_fma = __builtin_cpu_supports("fma");
   if (has_fma) return update_fma(p, m, v, grad, count, k, grad_scale);
@@ -122,7 +99,7 @@ void adamw_update(const AdamWShard& s, bool decay, const AdamWConfig& config, in
   validate(config);
   check_step(s, step, grad_scale);
   update_range(s.master.data(), s.m.data(), s.v.data(), s.grad.data(), s.master.size(),
-               coefficients(config, step, decay), grad_scale);
+               adamw_coefficients(config, step, decay), grad_scale);
 }
 
 std::string_view adamw_kernel_path() {
@@ -139,7 +116,7 @@ void adamw_update(const AdamWShard& s, bool decay, const AdamWConfig& config, in
   validate(config);
   check_step(s, step, grad_scale);
   update_portable(s.master.data(), s.m.data(), s.v.data(), s.grad.data(), s.master.size(),
-                  coefficients(config, step, decay), grad_scale);
+                  adamw_coefficients(config, step, decay), grad_scale);
 }
 
 }  // namespace portable
@@ -156,12 +133,12 @@ void adamw_step(const AdamWShard& s, std::span<const Range> decay_ranges, const 
           d.begin, d.end, d.begin > d.end ? "reversed" : "before the end of the previous one"));
     }
   }
-  const Coefficients with_decay = coefficients(config, step, true);
-  const Coefficients without_decay = coefficients(config, step, false);
+  const AdamWCoefficients with_decay = adamw_coefficients(config, step, true);
+  const AdamWCoefficients without_decay = adamw_coefficients(config, step, false);
   const size_t begin = s.offset;
   const size_t end = s.offset + s.master.size();
   // Walk the shard in pieces that are wholly inside or wholly outside a decay range.
-  auto run = [&](size_t from, size_t to, const Coefficients& k) {
+  auto run = [&](size_t from, size_t to, const AdamWCoefficients& k) {
     if (from >= to) return;
     const size_t j = from - begin;
     update_range(s.master.data() + j, s.m.data() + j, s.v.data() + j, s.grad.data() + j, to - from,

@@ -11,6 +11,7 @@
 #include <fmt/core.h>
 
 #include "core/error.h"
+#include "optim/adamw_kernel.h"
 
 namespace zerodp {
 namespace {
@@ -160,6 +161,45 @@ ZERODP_MOMENTS_CLONES void decode_both(const uint8_t* __restrict mc, const uint8
       v[i] = decode_v(vc[i]) * v_scale;
     }
     b = e;
+  }
+}
+
+// The update on a run, one block at a time: decode both moments, update master, m and v in
+// fp32 (adamw_element), keeping the new moments of the block in L1 and their maxima, then
+// encode them. The same operations as decode_both, the fp32 kernel and encode_both in turn, in
+// one pass over the run's bytes.
+ZERODP_MOMENTS_CLONES void update_run(float* __restrict p, const float* __restrict grad,
+                                      uint8_t* __restrict mc, uint8_t* __restrict vc,
+                                      float* __restrict ms, float* __restrict vs, size_t n,
+                                      size_t first, const AdamWCoefficients c, float grad_scale) {
+  alignas(64) float m[kMomentBlock];
+  alignas(64) float v[kMomentBlock];
+  for (size_t b = 0, k = 0; b < n; ++k) {
+    const size_t len = block_end(n, first, b, k) - b;
+    float* __restrict pb = p + b;
+    const float* __restrict gb = grad + b;
+    uint8_t* __restrict mcb = mc + b;
+    uint8_t* __restrict vcb = vc + b;
+    const float m_scale = ms[k], v_scale = vs[k];
+    uint32_t m_max = 0, v_max = 0;
+    for (size_t i = 0; i < len; ++i) {
+      float mi = decode_m(mcb[i]) * m_scale;
+      float vi = decode_v(vcb[i]) * v_scale;
+      adamw_element(pb[i], mi, vi, gb[i], c, grad_scale);
+      m[i] = mi;
+      v[i] = vi;
+      m_max = std::max(m_max, std::bit_cast<uint32_t>(mi) & 0x7FFFFFFFu);
+      v_max = std::max(v_max, std::bit_cast<uint32_t>(vi) & 0x7FFFFFFFu);
+    }
+    const float m_inverse = inverse_of(std::bit_cast<float>(m_max));
+    const float v_inverse = inverse_of(std::bit_cast<float>(v_max));
+    for (size_t i = 0; i < len; ++i) {
+      mcb[i] = encode_m(m[i] * m_inverse);
+      vcb[i] = encode_v(v[i] * v_inverse);
+    }
+    ms[k] = std::bit_cast<float>(m_max);
+    vs[k] = std::bit_cast<float>(v_max);
+    b += len;
   }
 }
 
@@ -344,29 +384,16 @@ void adamw8_update(std::span<float> master, std::span<const float> grad, const Q
     throw InvalidArgument(fmt::format("int8 moments: {} gradients for {} master weights",
                                       grad.size(), master.size()));
   }
-  // Chunks of whole blocks: decoded into fp32, updated by one call of the fp32 kernel (its
-  // coefficients computed once per chunk), encoded back.
-  constexpr size_t kChunkBlocks = 4;
-  std::array<float, kChunkBlocks * kMomentBlock> m, v;
-  const size_t n = master.size();
-  const size_t blocks = moment_blocks(n, q.first);
-  const auto block_begin = [&](size_t k) {
-    return k == 0 ? 0 : std::min(n, q.first + (k - 1) * kMomentBlock);
-  };
-  for (size_t k0 = 0; k0 < blocks; k0 += kChunkBlocks) {
-    const size_t k1 = std::min(blocks, k0 + kChunkBlocks);
-    const size_t b = block_begin(k0), e = block_begin(k1);
-    const size_t first = k0 == 0 ? q.first : kMomentBlock;
-    decode_both(q.m.data() + b, q.v.data() + b, q.m_scale.data() + k0, q.v_scale.data() + k0, e - b,
-                first, m.data(), v.data());
-    adamw_update({.master = master.subspan(b, e - b),
-                  .m = std::span(m).first(e - b),
-                  .v = std::span(v).first(e - b),
-                  .grad = grad.subspan(b, e - b)},
-                 decay, config, step, grad_scale);
-    encode_both(m.data(), v.data(), e - b, first, q.m.data() + b, q.v.data() + b,
-                q.m_scale.data() + k0, q.v_scale.data() + k0);
+  validate(config);
+  if (step < 1 || !std::isfinite(grad_scale)) {
+    throw InvalidArgument(fmt::format(
+        "int8 moments: step {} with grad_scale {}; Adam's step counter is 1-based and the scale "
+        "must be finite",
+        step, grad_scale));
   }
+  if (master.empty()) return;
+  update_run(master.data(), grad.data(), q.m.data(), q.v.data(), q.m_scale.data(), q.v_scale.data(),
+             master.size(), q.first, adamw_coefficients(config, step, decay), grad_scale);
 }
 
 }  // namespace zerodp

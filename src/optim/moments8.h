@@ -50,10 +50,11 @@
 // division per block, one multiply per element, then integer operations: the same bits on
 // every CPU, vector width and target clone.
 //
-// The update (adamw8_update) decodes a chunk of blocks' m and v to fp32, runs the fp32 AdamW
-// kernel on it (optim/adamw.h: the master weights stay fp32), and encodes the new moments
-// with the new block maxima. Every block is independent of the others, so any split of a
-// segment at block boundaries gives the same bits.
+// The update (adamw8_update) goes block by block in one pass: decode m and v to fp32, the fp32
+// AdamW element update (optim/adamw_kernel.h, as the fp32 kernel runs it: the master weights
+// stay fp32), then encode the new moments with the new block maxima: the bits of decoding, the
+// fp32 kernel and encoding in turn. Every block is independent of the others, so any split of
+// a segment at block boundaries gives the same bits.
 //
 // Checkpoints written before this code hold decades codes; dequantize_moment_run decodes them
 // given MomentCode::kDecades (the loader then encodes the values in the current code).
