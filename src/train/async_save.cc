@@ -180,7 +180,7 @@ AsyncSaver::Progress AsyncSaver::exchange(const Progress& mine) {
   return all;
 }
 
-std::optional<int64_t> AsyncSaver::poll(bool wait) {
+std::optional<int64_t> AsyncSaver::poll(Wait wait) {
   std::optional<int64_t> committed;
   CommPhaseScope phase(trainer_.comm().ledger(), CommPhase::kOther);
   while (busy()) {
@@ -188,7 +188,13 @@ std::optional<int64_t> AsyncSaver::poll(bool wait) {
     Progress mine;
     {
       MutexLock lock(mu_);
-      if (wait) cv_.wait(mu_, [this]() REQUIRES(mu_) { return own_part_done(); });
+      // Waiting for the staging, the commit in flight is not waited for: the writer runs it
+      // before the next save's write, so by the time every rank's write is done it is too.
+      if (wait == Wait::kForAll) {
+        cv_.wait(mu_, [this]() REQUIRES(mu_) { return own_part_done(); });
+      } else if (wait == Wait::kForStaging) {
+        cv_.wait(mu_, [this]() REQUIRES(mu_) { return !ticket_ || done_; });
+      }
       mine.unwritten = ticket_ && !done_ ? 1 : 0;
       if (committing_ && committing_->owner) {
         mine.uncommitted = committed_ ? 0 : 1;
@@ -196,11 +202,11 @@ std::optional<int64_t> AsyncSaver::poll(bool wait) {
       }
     }
     const Progress all = exchange(mine);
-    stall_ += seconds_since(t0);
+    charge(seconds_since(t0));
     // The older save first: its commit was handed over before the newer one's write.
     if (committing_ && all.uncommitted == 0) committed = settle(all.failed > 0);
     if (ticket_ && all.unwritten == 0) hand_over_commit();
-    if (!wait) break;
+    if (wait == Wait::kNo || (wait == Wait::kForStaging && !writing())) break;
   }
   return committed;
 }
@@ -220,8 +226,8 @@ std::optional<int64_t> AsyncSaver::finish_on_signal(double limit) {
   CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
   // One agreement: a rank still writing at its deadline abandons the save for everyone.
   const bool written = comm.sum_control(done ? 0.0 : 1.0) == 0;
-  stall_ += seconds_since(t0);
-  if (written) return poll(true);
+  charge(seconds_since(t0));
+  if (written) return poll(Wait::kForAll);
   const Clock::time_point t1 = Clock::now();
   {
     MutexLock lock(mu_);
@@ -246,7 +252,7 @@ std::optional<int64_t> AsyncSaver::finish_on_signal(double limit) {
   ticket_.reset();
   stall_ += seconds_since(t1);
   // The save before, agreed and committed by its owner, is settled as at any boundary.
-  (void)poll(true);
+  (void)poll(Wait::kForAll);
   if (stall_ > 0) {
     stats_.stall_seconds.push_back(stall_);
     stall_ = 0;
@@ -284,8 +290,8 @@ void AsyncSaver::hand_over_commit() {
     commit_error_.clear();
   }
   cv_.notify_all();
-  committing_ = Committing{.step = step, .owner = owner};
-  stall_ += seconds_since(t0);
+  committing_ = Committing{.step = step, .owner = owner, .stall = stall_ + seconds_since(t0)};
+  stall_ = 0;
 }
 
 int64_t AsyncSaver::settle(bool any_failed) {
@@ -309,13 +315,11 @@ int64_t AsyncSaver::settle(bool any_failed) {
     settle_commit(trainer_.config(), done.step, done.owner, any_failed,
                   any_failed ? first_error(trainer_.comm(), error) : "");
   } catch (...) {
-    stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
-    stall_ = 0;
+    stats_.stall_seconds.push_back(done.stall + seconds_since(t0));
     throw;
   }
   ++stats_.committed;
-  stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
-  stall_ = 0;
+  stats_.stall_seconds.push_back(done.stall + seconds_since(t0));
   return done.step;
 }
 

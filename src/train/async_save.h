@@ -6,7 +6,7 @@
 // its writer thread, which writes and fsyncs the shard file (rank 0 the history too) while
 // the steps go on. The staging buffer is allocated once, at the size of the largest shard
 // this rank writes (checkpoint_staging in the memory ledger and the planner): at most one
-// save is in flight.
+// save is being written, and one more (the one before) being committed.
 //
 // The agreements stay on the training thread, collectives at a step boundary that every rank
 // reaches: at each boundary while a save is in flight the ranks tell each other how far they
@@ -62,12 +62,16 @@ class AsyncSaver {
   bool busy() const { return ticket_.has_value() || committing_.has_value(); }
   // Whether a save's files are still being written: the staging is taken until they are.
   bool writing() const { return ticket_.has_value(); }
+  // How long poll goes on: one look; until the save being written is written everywhere and
+  // handed on to its commit, which frees the staging for the next save (its commit then runs
+  // on the writer ahead of that save's write, and a later boundary agrees on it); or until
+  // nothing is in flight.
+  enum class Wait { kNo, kForStaging, kForAll };
   // Every rank, at a step boundary: a save whose every write has finished is agreed and
   // handed to the owner's writer to commit; a commit every owner has finished is agreed.
-  // `wait`: first waits for this rank's part, and goes on until nothing is in flight.
   // Returns the step committed here, if any. CheckpointNotCommitted on every rank when a
   // write or a commit failed.
-  std::optional<int64_t> poll(bool wait);
+  std::optional<int64_t> poll(Wait wait);
   // Every rank, at the boundary where a signal stops the run: waits for the save in flight
   // at most `limit` seconds. Written in time on every rank, it is committed and its step
   // returned. Else it is abandoned: the writers stop at their next piece, the temporary is
@@ -135,11 +139,20 @@ class AsyncSaver {
   struct Committing {
     int64_t step = 0;
     bool owner = false;  // its writer commits it
+    double stall = 0;    // the training thread's time in this save so far
   };
   std::optional<Committing> committing_;
-  // The training thread's time in saves since the last one committed: each save's stall is
-  // what the training thread spent on saves up to its commit.
+  // The save being written's stall: the training thread's time in its copy, in the
+  // boundaries that waited for or checked on its write, and the update's waits for the writer.
   double stall_ = 0;
+  // Time at a boundary goes to the save being written, else to the one being committed.
+  void charge(double seconds) {
+    if (ticket_ || !committing_) {
+      stall_ += seconds;
+    } else {
+      committing_->stall += seconds;
+    }
+  }
   SaveStats& stats_;
 
   Mutex mu_;

@@ -645,7 +645,7 @@ std::string commit_save(const TrainConfig& cfg, const FaultPlan& faults, const S
                         const checkpoint::Meta& meta) {
   if (!t.owner) return {};
   try {
-    faults.commit_failure(t.step, cfg.checkpoint_dir);
+    faults.commit(t.step, cfg.checkpoint_dir);
     // On node-local storage a host prunes only once every host has committed.
     checkpoint::commit(cfg.checkpoint_dir, t.temp, meta, cfg.node_local_checkpoints ? 0 : cfg.keep);
   } catch (const std::exception& e) {

@@ -179,7 +179,7 @@ Injection parse_injection(std::string_view text) {
   const auto bad = [&](std::string_view why) {
     return InvalidArgument(fmt::format(
         "--inject '{}': {}; use KIND@STEP[:RANK] with KIND throw, hang, kill, nan, io, slowio, "
-        "commitio, oom or term, e.g. nan@3:1",
+        "commitio, slowcommit, oom or term, e.g. nan@3:1",
         text, why));
   };
   const size_t at = text.find('@');
@@ -200,6 +200,8 @@ Injection parse_injection(std::string_view text) {
     inj.kind = Injection::Kind::kSlowIo;
   } else if (kind == "commitio") {
     inj.kind = Injection::Kind::kCommitIo;
+  } else if (kind == "slowcommit") {
+    inj.kind = Injection::Kind::kSlowCommit;
   } else if (kind == "oom") {
     inj.kind = Injection::Kind::kOom;
   } else if (kind == "term") {

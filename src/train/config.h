@@ -80,7 +80,7 @@ void check_shard_within_node(int stage, int node_ranks, std::optional<bool> inva
 // A fault to inject (--inject KIND@STEP[:RANK]), for tests and demos of failure handling
 // (docs/reliability.md). Rank defaults to 0.
 struct Injection {
-  enum class Kind { kThrow, kHang, kKill, kNan, kIo, kOom, kTerm, kSlowIo, kCommitIo };
+  enum class Kind { kThrow, kHang, kKill, kNan, kIo, kOom, kTerm, kSlowIo, kCommitIo, kSlowCommit };
   Kind kind = Kind::kThrow;
   int64_t step = 1;
   int rank = 0;

@@ -239,9 +239,10 @@ struct RankRun {
 };
 
 // The checkpoint work at step s's boundary. With --checkpoint-async: the save in flight is
-// committed once every rank's write is done (waited for when a save is due and the policy
-// waits, and at the run's end); a due save starts in the background, or is skipped while
-// one is in flight under --checkpoint-busy skip. The run's last save, and the one after a
+// committed once every rank's write is done; a due save starts in the background once the
+// staging is free (the last save written everywhere and its commit handed to the writer,
+// which runs it first), waited for unless --checkpoint-busy skip skips it. The run's end
+// waits for every commit. The run's last save, and the one after a
 // signal, are written synchronously: the run ends with them. Every rank takes the same path.
 void save_at_boundary(RankTrainer& trainer, int64_t s, bool last_step, bool interrupted,
                       AsyncSaver* async, RankRun& run, StepRecord& rec) {
@@ -263,7 +264,9 @@ void save_at_boundary(RankTrainer& trainer, int64_t s, bool last_step, bool inte
         return;
       }
     }
-    const bool wait = ending || (due && !cfg.checkpoint_skip_busy);
+    const AsyncSaver::Wait wait = ending                             ? AsyncSaver::Wait::kForAll
+                                  : due && !cfg.checkpoint_skip_busy ? AsyncSaver::Wait::kForStaging
+                                                                     : AsyncSaver::Wait::kNo;
     if (const std::optional<int64_t> committed = async->poll(wait))
       rec.checkpoint = dir(*committed);
     if (due && !ending) {

@@ -78,7 +78,10 @@ void FaultPlan::shard_write_failure(int64_t step, const std::filesystem::path& f
   }
 }
 
-void FaultPlan::commit_failure(int64_t step, const std::filesystem::path& dir) const {
+void FaultPlan::commit(int64_t step, const std::filesystem::path& dir) const {
+  if (at(Injection::Kind::kSlowCommit, step)) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(kSlowWriteSeconds));
+  }
   if (at(Injection::Kind::kCommitIo, step)) {
     throw IoError(fmt::format("cannot commit into {}: injected failure (--inject commitio@{}:{})",
                               dir.string(), step, rank_));

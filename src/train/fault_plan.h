@@ -5,6 +5,7 @@
 //   gradients_reduced nan: one element of this rank's owned gradient becomes NaN
 //   shard_write       io: the checkpoint shard cannot be written; slowio: its write takes
 //                     kSlowWriteSeconds longer (a slow disk)
+//   commit            commitio: the commit fails; slowcommit: it takes kSlowWriteSeconds longer
 #pragma once
 
 #include <cstdint>
@@ -33,8 +34,9 @@ class FaultPlan {
   double shard_write_delay(int64_t step) const;
   // shard_write's failure alone.
   void shard_write_failure(int64_t step, const std::filesystem::path& file) const;
-  // Throws IoError naming `dir`: the commit of step `step`'s checkpoint into it fails.
-  void commit_failure(int64_t step, const std::filesystem::path& dir) const;
+  // The commit of step `step`'s checkpoint into `dir`: sleeps kSlowWriteSeconds, or throws
+  // IoError naming `dir`.
+  void commit(int64_t step, const std::filesystem::path& dir) const;
 
  private:
   bool at(Injection::Kind kind, int64_t step) const;

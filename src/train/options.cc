@@ -655,12 +655,13 @@ const OptionSpec kOptions[] = {
      .record = [](const TrainConfig& c) -> json { return c.max_skips; }},
     {.key = "inject",
      .section = kReliability,
-     .help =
-         "Inject a fault, for tests and demos: KIND@STEP[:RANK], KIND one of throw, hang, "
-         "kill, nan, io, slowio (that step's shard write 2 s slower), commitio (that step's "
-         "commit fails on the rank that commits: 0, or a host's first), oom, term (a stop request, "
-         "as SIGTERM on that rank alone) "
-         "(repeatable)",
+     .help = "Inject a fault, for tests and demos: KIND@STEP[:RANK], KIND one of throw, hang, "
+             "kill, nan, io, slowio (that step's shard write 2 s slower), commitio (that step's "
+             "commit fails on the rank that commits: 0, or a host's first), slowcommit (that "
+             "commit 2 s "
+             "slower), oom, term (a stop request, "
+             "as SIGTERM on that rank alone) "
+             "(repeatable)",
      .form = Form::kRepeated,
      .type = "KIND@STEP[:RANK]",
      .read = [](TrainConfig& c, const std::string& t,
