@@ -78,7 +78,13 @@ std::string to_json(const Meta& m) {
   j["rng"] = rng;
   Json files = Json::array();
   for (const FileMeta& f : m.files) {
-    files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+    Json file = {{"name", f.name}, {"bytes", f.bytes}};
+    if (f.crc32c.empty()) {
+      file["sha256"] = f.sha256;
+    } else {
+      file["crc32c"] = f.crc32c;
+    }
+    files.push_back(std::move(file));
   }
   j["files"] = files;
   if (!m.hosts.empty()) j["hosts"] = m.hosts;
@@ -160,8 +166,21 @@ void parse_files(const Fields& f, const Json& j, Meta& m) {
       f.fail(p + ".name", fmt::format("is \"{}\", not a file name", file.name));
     }
     file.bytes = f.get<uint64_t>(files[i], p, "bytes");
-    file.sha256 = f.get<std::string>(files[i], p, "sha256");
-    if (file.sha256.size() != 64) f.fail(p + ".sha256", "is not 64 hex digits");
+    // CRC-32C since it replaced SHA-256; checkpoints from before hold sha256.
+    const auto hex = [&](std::string_view key, size_t digits) {
+      std::string h = f.get<std::string>(files[i], p, key);
+      if (h.size() != digits || h.find_first_not_of("0123456789abcdef") != std::string::npos) {
+        f.fail(fmt::format("{}.{}", p, key), fmt::format("is not {} lowercase hex digits", digits));
+      }
+      return h;
+    };
+    if (files[i].contains("crc32c")) {
+      file.crc32c = hex("crc32c", 8);
+    } else if (files[i].contains("sha256")) {
+      file.sha256 = hex("sha256", 64);
+    } else {
+      f.fail(p, "has no digest: neither \"crc32c\" nor \"sha256\"");
+    }
     m.files.push_back(std::move(file));
   }
   // The rank files, then the history (absent from checkpoints of earlier versions).

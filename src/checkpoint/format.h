@@ -47,6 +47,9 @@ struct UnitMeta {
 struct FileMeta {
   std::string name;  // relative to the checkpoint directory
   uint64_t bytes = 0;
+  // The file's digest, lowercase hex: CRC-32C (8 digits; core/crc32c.h) in checkpoints
+  // written since it replaced SHA-256, SHA-256 (64) in those from before. Exactly one is set.
+  std::string crc32c;
   std::string sha256;
 };
 

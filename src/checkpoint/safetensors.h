@@ -84,11 +84,15 @@ struct TensorDecl {
 // (tmpfs, a device) it writes as kBuffered. The bytes are the same either way.
 enum class WriteMode { kBuffered, kDirect };
 
+// The digest finish() returns: SHA-256 (64 hex digits; exports, which users check with
+// sha256sum) or CRC-32C (8 hex digits; checkpoint files, core/crc32c.h says why).
+enum class Digest { kSha256, kCrc32c };
+
 class Writer {
  public:
   Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensors,
          const std::map<std::string, std::string>& metadata = {},
-         WriteMode mode = WriteMode::kBuffered);
+         WriteMode mode = WriteMode::kBuffered, Digest digest = Digest::kSha256);
   ~Writer();  // an unfinished writer closes the file and leaves it (incomplete) in place
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
@@ -102,7 +106,7 @@ class Writer {
   }
   // The file's size once complete: 8 + header + every tensor's bytes.
   uint64_t file_bytes() const;
-  // Returns the sha256 hex digest of the file as written. A device or FIFO (written in
+  // Returns the digest of the file as written, in lowercase hex. A device or FIFO (written in
   // place) is not fsynced: it has nothing to make durable.
   std::string finish();
 

@@ -18,6 +18,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_text.h"
+#include "core/crc32c.h"
 #include "core/error.h"
 #include "core/sha256.h"
 
@@ -62,7 +63,9 @@ struct Writer::Impl {
 
   std::filesystem::path path;
   int fd = -1;
+  Digest digest = Digest::kSha256;
   Sha256 sha;
+  Crc32c crc;
   std::vector<std::string> names;
   std::vector<uint64_t> ends;  // data-section end offset of each tensor, in order
   uint64_t total = 0;          // data-section bytes
@@ -79,7 +82,11 @@ struct Writer::Impl {
   size_t fill = 0;
 
   void put(std::span<const std::byte> bytes) {
-    sha.update(bytes);
+    if (digest == Digest::kCrc32c) {
+      crc.update(bytes);
+    } else {
+      sha.update(bytes);
+    }
     if (aligned) {
       while (!bytes.empty() && aligned) {
         const size_t n = std::min(bytes.size(), kDirectBytes - fill);
@@ -160,9 +167,10 @@ struct Writer::Impl {
 };
 
 Writer::Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensors,
-               const std::map<std::string, std::string>& metadata, WriteMode mode) {
+               const std::map<std::string, std::string>& metadata, WriteMode mode, Digest digest) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
+  impl->digest = digest;
   const std::string file = path.string();
 
   nlohmann::json header = nlohmann::json::object();
@@ -322,7 +330,7 @@ std::string Writer::finish() {
     throw IoError(w.failure);
   }
   w.finished = true;
-  return w.sha.hex_digest();
+  return w.digest == Digest::kCrc32c ? w.crc.hex() : w.sha.hex_digest();
 }
 
 }  // namespace zerodp::safetensors

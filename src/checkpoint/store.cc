@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "core/crc32c.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/sha256.h"
@@ -181,7 +182,10 @@ std::vector<fs::path> list_checkpoints(const fs::path& root) {
 FileMeta write_history(const fs::path& temp, const std::vector<StepHistory>& steps) {
   const std::string text = history_to_jsonl(steps);
   write_file_atomically(temp / kHistoryFile, text);
-  return {std::string(kHistoryFile), text.size(), sha256_hex(text)};
+  Crc32c crc;
+  crc.update(text.data(), text.size());
+  return {
+      .name = std::string(kHistoryFile), .bytes = text.size(), .crc32c = crc.hex(), .sha256 = {}};
 }
 
 void commit(const fs::path& root, const fs::path& temp, const Meta& meta, int keep) {
@@ -304,12 +308,13 @@ Checkpoint::Checkpoint(const fs::path& dir, std::string_view this_host) : dir_(d
       throw CorruptData(fmt::format("{}: {} bytes, meta.json says {} (truncated or replaced)",
                                     p.string(), size, f.bytes));
     }
-    const std::string sha = sha256_file_hex(p);
-    if (sha != f.sha256) {
+    const bool crc = !f.crc32c.empty();
+    const std::string digest = crc ? crc32c_file_hex(p) : sha256_file_hex(p);
+    if (digest != (crc ? f.crc32c : f.sha256)) {
       throw CorruptData(
-          fmt::format("{}: sha256 {} but meta.json says {} (corrupt, or a shard "
+          fmt::format("{}: {} {} but meta.json says {} (corrupt, or a shard "
                       "of another checkpoint)",
-                      p.string(), sha, f.sha256));
+                      p.string(), crc ? "crc32c" : "sha256", digest, crc ? f.crc32c : f.sha256));
     }
   }
   if (meta_.has_history() && !elsewhere(meta_.files.size() - 1)) {

@@ -451,7 +451,7 @@ ShardWritten AsyncSaver::write(const Job& job) {
       check_abandoned();
       trainer_.faults().shard_write_failure(t.step, shard.file);
       safetensors::Writer out(shard.file, shard.tensors, shard_metadata(),
-                              safetensors::WriteMode::kDirect);
+                              safetensors::WriteMode::kDirect, safetensors::Digest::kCrc32c);
       if (job.from_offload) {
         write_from_offload(job, out, check_abandoned);
       } else {
@@ -461,8 +461,8 @@ ShardWritten AsyncSaver::write(const Job& job) {
           out.write({staging_.data() + shard.begin + at, std::min(kWritePiece, shard.bytes - at)});
         }
       }
-      const std::string sha = out.finish();
-      w.files.push_back({sha, std::filesystem::file_size(shard.file)});
+      const std::string crc = out.finish();
+      w.files.push_back({crc, std::filesystem::file_size(shard.file)});
     }
     check_abandoned();
     if (rank == 0) w.history = checkpoint::write_history(t.temp, job.history);

@@ -144,7 +144,7 @@ void stream_shard(const ShardedState& state, StateStore& store, const OuterStep*
 std::string write_shard(const ShardedState& state, StateStore& store,
                         const std::filesystem::path& file, const OuterStep* outer, bool pending) {
   safetensors::Writer w(file, shard_tensors(state, outer != nullptr, pending), shard_metadata(),
-                        safetensors::WriteMode::kDirect);
+                        safetensors::WriteMode::kDirect, safetensors::Digest::kCrc32c);
   stream_shard(state, store, outer, pending, [&w](std::span<const std::byte> b) { w.write(b); });
   return w.finish();
 }
@@ -448,12 +448,11 @@ StepRecord record_of(const checkpoint::StepHistory& h) {
 
 namespace {
 
-// 32 digest bytes received as doubles, as hex.
-std::string hex_of(const double* v) {
-  std::string hex;
-  for (int i = 0; i < 32; ++i) hex += fmt::format("{:02x}", static_cast<int>(v[i]));
-  return hex;
+// A CRC-32C as the control channel carries it (a double holds it exactly) and back as hex.
+double crc_value(const std::string& hex) {
+  return hex.empty() ? 0.0 : static_cast<double>(std::stoul(hex, nullptr, 16));
 }
+std::string crc_hex(double v) { return fmt::format("{:08x}", static_cast<uint32_t>(v)); }
 
 // Every rank's host name, in rank order (64 bytes each through the control channel).
 std::vector<std::string> rank_hosts(Communicator& comm) {
@@ -575,20 +574,15 @@ checkpoint::Meta agree_save(RankTrainer& trainer, const SaveTicket& t, const Sha
   // then the history's.
   const size_t hosted = static_cast<size_t>(trainer.hosted_islands());
   std::vector<double> mine{error.empty() ? 1.0 : 0.0};
-  const auto digest = [&mine](const std::string& hex) {
-    for (size_t i = 0; i < 64; i += 2) {
-      mine.push_back(hex.empty() ? 0.0 : std::stoi(hex.substr(i, 2), nullptr, 16));
-    }
-  };
   for (size_t v = 0; v < hosted; ++v) {
     const ShardWritten::File none;
     const ShardWritten::File& f = v < w.files.size() ? w.files[v] : none;
     mine.push_back(static_cast<double>(f.bytes));
-    digest(f.sha);
+    mine.push_back(crc_value(f.crc32c));
   }
-  const size_t history_at = 1 + 33 * hosted;
+  const size_t history_at = 1 + 2 * hosted;
   mine.push_back(static_cast<double>(w.history.bytes));
-  digest(w.history.sha256);
+  mine.push_back(crc_value(w.history.crc32c));
   const std::vector<double> all = comm.gather_control(mine);
   const auto entry = [&](int r) { return all.data() + static_cast<size_t>(r) * mine.size(); };
   std::vector<int> failed;
@@ -600,12 +594,17 @@ checkpoint::Meta agree_save(RankTrainer& trainer, const SaveTicket& t, const Sha
   // replica's rank writes none.
   const int n = comm.size();
   for (int file = 0; failed.empty() && file < meta.shard_files(); ++file) {
-    const double* v = entry(file % n) + 1 + 33 * static_cast<size_t>(file / n);
-    meta.files.push_back({ck::rank_file_name(file), static_cast<uint64_t>(v[0]), hex_of(v + 1)});
+    const double* v = entry(file % n) + 1 + 2 * static_cast<size_t>(file / n);
+    meta.files.push_back({.name = ck::rank_file_name(file),
+                          .bytes = static_cast<uint64_t>(v[0]),
+                          .crc32c = crc_hex(v[1]),
+                          .sha256 = {}});
     if (cfg.node_local_checkpoints) meta.hosts.push_back(t.hosts[static_cast<size_t>(file % n)]);
   }
-  meta.files.push_back({std::string(ck::kHistoryFile), static_cast<uint64_t>(all[history_at]),
-                        hex_of(all.data() + history_at + 1)});
+  meta.files.push_back({.name = std::string(ck::kHistoryFile),
+                        .bytes = static_cast<uint64_t>(all[history_at]),
+                        .crc32c = crc_hex(all[history_at + 1]),
+                        .sha256 = {}});
   if (cfg.node_local_checkpoints) meta.hosts.push_back(t.hosts[0]);
   if (!failed.empty()) {
     // Every rank has finished with the temporary: what it holds can never be committed, and
@@ -692,9 +691,9 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
                  : t.temp / checkpoint::rank_file_name(v * trainer.comm().size() +
                                                        trainer.comm().rank());
       trainer.faults().shard_write(step, file);
-      const std::string sha = write_shard(trainer.state(), trainer.store(), file,
+      const std::string crc = write_shard(trainer.state(), trainer.store(), file,
                                           v == 0 ? t.outer : nullptr, v == 0 && t.pending);
-      w.files.push_back({sha, std::filesystem::file_size(file)});
+      w.files.push_back({crc, std::filesystem::file_size(file)});
     }
     trainer.activate_island(0);
     if (trainer.comm().rank() == 0) w.history = checkpoint::write_history(t.temp, history);

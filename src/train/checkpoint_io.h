@@ -26,7 +26,7 @@ namespace zerodp {
 checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step);
 // Writes this rank's own ranges into `file`, streamed from `store` (where the states live),
 // and with `outer` the outer state's (island 0's ranks), with `pending` the exchange in
-// flight too; returns its sha256.
+// flight too; returns its CRC-32C (hex).
 std::string write_shard(const ShardedState& state, StateStore& store,
                         const std::filesystem::path& file, const OuterStep* outer = nullptr,
                         bool pending = false);
@@ -95,7 +95,7 @@ struct ShardWritten {
   // The shards this rank wrote: one, or with --islands-in-turn one per island it holds (in
   // island order); none under HSDP's replicas.
   struct File {
-    std::string sha;
+    std::string crc32c;  // hex
     uint64_t bytes = 0;
   };
   std::vector<File> files;

@@ -39,7 +39,7 @@ Meta small_meta() {
                       .tensors = {{"a", {2, 3}, 0, 6}, {"b", {4}, 6, 4}},
                       .counts = {10}}};
   m.rank_seeds = {1};
-  m.files = {FileMeta{rank_file_name(0), 100, std::string(64, '0')}};
+  m.files = {FileMeta{.name = rank_file_name(0), .bytes = 100, .crc32c = "0123abcd", .sha256 = {}}};
   return m;
 }
 
@@ -58,13 +58,39 @@ std::string refusal(const std::function<void(Json&)>& edit) {
 TEST(ParseMeta, TakesAHistoryFileAfterTheRankFilesAndNothingElse) {
   EXPECT_FALSE(parse_meta(to_json(small_meta()), "m").has_history());
   Meta m = small_meta();
-  m.files.push_back(FileMeta{std::string(kHistoryFile), 10, std::string(64, '0')});
+  m.files.push_back(FileMeta{.name = std::string(kHistoryFile),
+                             .bytes = 10,
+                             .crc32c = {},
+                             .sha256 = std::string(64, 'f')});
   EXPECT_TRUE(parse_meta(to_json(m), "m").has_history());
   const std::string e = refusal([](Json& j) {
     j["files"].push_back({{"name", "extra.bin"}, {"bytes", 1}, {"sha256", std::string(64, '0')}});
   });
   EXPECT_NE(e.find("files[1].name"), std::string::npos) << e;
   EXPECT_NE(e.find("history.jsonl"), std::string::npos) << e;
+}
+
+// A file's digest is a CRC-32C, or in checkpoints from before it a SHA-256: either round-trips;
+// one of neither kind, or not lowercase hex of its length, is refused naming the field.
+TEST(ParseMeta, TakesACrc32cOrAnOlderSha256PerFile) {
+  Meta m = small_meta();
+  m.files.push_back(FileMeta{.name = std::string(kHistoryFile),
+                             .bytes = 10,
+                             .crc32c = {},
+                             .sha256 = std::string(64, 'e')});
+  const Meta back = parse_meta(to_json(m), "m");
+  EXPECT_EQ(back.files[0].crc32c, "0123abcd");
+  EXPECT_EQ(back.files[0].sha256, "");
+  EXPECT_EQ(back.files[1].sha256, std::string(64, 'e'));
+  EXPECT_EQ(back.files[1].crc32c, "");
+  EXPECT_NE(to_json(m).find("\"crc32c\": \"0123abcd\""), std::string::npos);
+  std::string e = refusal([](Json& j) { j["files"][0].erase("crc32c"); });
+  EXPECT_NE(e.find("files[0]"), std::string::npos) << e;
+  EXPECT_NE(e.find("neither"), std::string::npos) << e;
+  e = refusal([](Json& j) { j["files"][0]["crc32c"] = "0123ABCD"; });
+  EXPECT_NE(e.find("files[0].crc32c"), std::string::npos) << e;
+  e = refusal([](Json& j) { j["files"][0]["crc32c"] = "0123abc"; });
+  EXPECT_NE(e.find("is not 8 lowercase hex digits"), std::string::npos) << e;
 }
 
 TEST(History, RoundTripsEveryFieldAndNonFiniteNumbersAsNaN) {

@@ -29,12 +29,12 @@ run_case() {
   if [[ $rc != 3 ]]; then
     echo "FAIL: $label: exit $rc, expected 3"; cat "$tmp/out"; fail=1; return
   fi
-  if ! grep -q "rank_00001.safetensors: sha256" "$tmp/out"; then
+  if ! grep -q "rank_00001.safetensors: crc32c" "$tmp/out"; then
     echo "FAIL: $label: the message does not name the file and the checksum:"; cat "$tmp/out"
     fail=1; return
   fi
   if [[ -e $tmp/out-$label/latest ]]; then echo "FAIL: $label: something was committed"; fail=1; fi
-  echo "ok: $label: exit 3 after ${took}s: $(grep -m1 sha256 "$tmp/out" | cut -c1-120)"
+  echo "ok: $label: exit 3 after ${took}s: $(grep -m1 crc32c "$tmp/out" | cut -c1-120)"
 }
 
 ranks=(--ranks 3)

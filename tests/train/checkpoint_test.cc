@@ -14,6 +14,7 @@
 #include "checkpoint/consolidate.h"
 #include "checkpoint/store.h"
 #include "checkpoint_testing.h"
+#include "core/crc32c.h"
 #include "core/error.h"
 #include "core/sha256.h"
 #include "temp_dir.h"
@@ -574,7 +575,38 @@ TEST_F(Corruption, AFlippedByteFailsTheChecksum) {
   io.close();
   const std::string e = refused(resume_config());
   EXPECT_NE(e.find("rank_00000.safetensors"), std::string::npos) << e;
-  EXPECT_NE(e.find("sha256"), std::string::npos) << e;
+  EXPECT_NE(e.find("crc32c"), std::string::npos) << e;
+}
+
+// Checkpoints written before CRC-32C list a sha256 per file: they load, checked with it, and
+// continue as the run with the new digests does; a flipped byte is still refused.
+TEST_F(Corruption, ACheckpointFromBeforeCrc32cIsCheckedWithItsSha256) {
+  TrainConfig first = resume_config();
+  first.checkpoint_dir = (tmp_.path() / "first").string();
+  const std::string want = run(first).weights_sha256;
+  const fs::path meta = step(4) / "meta.json";
+  nlohmann::json j = nlohmann::json::parse(read_all(meta));
+  for (auto& f : j["files"]) {
+    ASSERT_TRUE(f.contains("crc32c")) << f.dump();
+    EXPECT_EQ(f["crc32c"], crc32c_file_hex(step(4) / f["name"].get<std::string>()));
+    f.erase("crc32c");
+    f["sha256"] = sha256_file_hex(step(4) / f["name"].get<std::string>());
+  }
+  std::ofstream(meta, std::ios::binary) << j.dump(2);
+  EXPECT_EQ(run(resume_config()).weights_sha256, want);
+  const fs::path f = step(4) / "rank_00001.safetensors";
+  std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(-5, std::ios::end);
+  char b = 0;
+  io.read(&b, 1);
+  io.seekp(-5, std::ios::end);
+  b = static_cast<char>(b ^ 0x10);
+  io.write(&b, 1);
+  io.close();
+  TrainConfig again = resume_config();
+  again.checkpoint_dir = (tmp_.path() / "again").string();
+  const std::string e = refused(again);
+  EXPECT_NE(e.find("rank_00001.safetensors: sha256"), std::string::npos) << e;
 }
 
 TEST_F(Corruption, ADamagedHistoryIsNamed) {
@@ -584,7 +616,7 @@ TEST_F(Corruption, ADamagedHistoryIsNamed) {
   std::ofstream(f, std::ios::binary) << text;
   const std::string e = refused(resume_config());
   EXPECT_NE(e.find("history.jsonl"), std::string::npos) << e;
-  EXPECT_NE(e.find("sha256"), std::string::npos) << e;
+  EXPECT_NE(e.find("crc32c"), std::string::npos) << e;
 }
 
 TEST_F(Corruption, AMissingShardIsNamed) {
