@@ -88,6 +88,11 @@ enum class WriteMode { kBuffered, kDirect };
 // sha256sum) or CRC-32C (8 hex digits; checkpoint files, core/crc32c.h says why).
 enum class Digest { kSha256, kCrc32c };
 
+// 8 + the length of the header a Writer of `tensors` and `metadata` writes: where the data
+// section starts in the file. Throws InvalidArgument as the Writer would.
+uint64_t header_bytes(const std::vector<TensorDecl>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
 class Writer {
  public:
   Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensors,
@@ -106,6 +111,14 @@ class Writer {
   }
   // The file's size once complete: 8 + header + every tensor's bytes.
   uint64_t file_bytes() const;
+  // WriteMode::kDirect: the bytes written so far with O_DIRECT straight from the memory
+  // write() was given, not copied into the aligned buffer. That happens to whole blocks of a
+  // write whose bytes sit on a 4 KiB boundary in memory where the file reaches one: a caller
+  // that places its data at an address congruent to header_bytes() modulo 4 KiB gets all
+  // but the first block and the tail written in place.
+  uint64_t bytes_in_place() const;
+  // 8 + the header's length: the file offset of the first tensor's first byte.
+  uint64_t header_bytes() const;
   // Returns the digest of the file as written, in lowercase hex. A device or FIFO (written in
   // place) is not fsynced: it has nothing to make durable.
   std::string finish();

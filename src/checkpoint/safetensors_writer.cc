@@ -80,6 +80,11 @@ struct Writer::Impl {
   };
   std::unique_ptr<std::byte, FreeAligned> aligned;
   size_t fill = 0;
+  uint64_t in_place = 0;  // bytes written with O_DIRECT straight from the caller's memory
+
+  static bool block_aligned(const std::byte* p) {
+    return reinterpret_cast<uintptr_t>(p) % kDirectAlign == 0;
+  }
 
   void put(std::span<const std::byte> bytes) {
     if (digest == Digest::kCrc32c) {
@@ -87,16 +92,25 @@ struct Writer::Impl {
     } else {
       sha.update(bytes);
     }
-    if (aligned) {
-      while (!bytes.empty() && aligned) {
-        const size_t n = std::min(bytes.size(), kDirectBytes - fill);
-        std::memcpy(aligned.get() + fill, bytes.data(), n);
-        fill += n;
-        bytes = bytes.subspan(n);
-        if (fill == kDirectBytes) flush_direct();
+    while (!bytes.empty() && aligned) {
+      // The file is at a block boundary (the buffer empty) and the caller's bytes start on
+      // one in memory: their whole blocks go to the disk from where they are, uncopied.
+      if (fill == 0 && block_aligned(bytes.data()) && bytes.size() >= kDirectAlign) {
+        bytes =
+            bytes.subspan(write_in_place(bytes.first(bytes.size() / kDirectAlign * kDirectAlign)));
+        continue;
       }
-      if (bytes.empty()) return;
+      // Bytes that will start on a block in memory once the buffer reaches the file's next
+      // block boundary fill it only that far (then it is flushed), so the rest goes in place.
+      size_t n = std::min(bytes.size(), kDirectBytes - fill);
+      const size_t to_block = (kDirectAlign - fill % kDirectAlign) % kDirectAlign;
+      if (to_block != 0 && to_block < n && block_aligned(bytes.data() + to_block)) n = to_block;
+      std::memcpy(aligned.get() + fill, bytes.data(), n);
+      fill += n;
+      bytes = bytes.subspan(n);
+      if (fill == kDirectBytes || (n == to_block && !bytes.empty())) flush_direct();
     }
+    if (bytes.empty()) return;
     if (buffer.size() + bytes.size() <= kBufferBytes) {
       buffer.insert(buffer.end(), bytes.begin(), bytes.end());
       return;
@@ -113,6 +127,38 @@ struct Writer::Impl {
     if (aligned) flush_direct();
     write_all(fd, buffer, path);
     buffer.clear();
+  }
+
+  // `blocks` (whole blocks, block-aligned in memory) with O_DIRECT from the caller's memory;
+  // returns how many bytes went that way. Where the file system refuses it, the descriptor
+  // leaves O_DIRECT for good and the caller's loop writes the rest buffered.
+  size_t write_in_place(std::span<const std::byte> blocks) {
+    size_t done = 0;
+    while (done < blocks.size()) {
+      const ssize_t n = ::write(fd, blocks.data() + done, blocks.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno != EINVAL) {
+        throw IoError(fmt::format("{}: write of {} bytes failed: {}", path.string(),
+                                  blocks.size() - done, std::strerror(errno)));
+      }
+      if (n <= 0 || static_cast<size_t>(n) % kDirectAlign != 0) {
+        if (n > 0) done += static_cast<size_t>(n);
+        leave_direct();
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    in_place += done;
+    return done;
+  }
+
+  void leave_direct() {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) {
+      throw IoError(
+          fmt::format("{}: cannot leave direct I/O: {}", path.string(), std::strerror(errno)));
+    }
+    aligned.reset();
   }
 
   // The aligned buffer's whole blocks with O_DIRECT; a partial block left (only at the end)
@@ -166,13 +212,19 @@ struct Writer::Impl {
   }
 };
 
-Writer::Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensors,
-               const std::map<std::string, std::string>& metadata, WriteMode mode, Digest digest) {
-  auto impl = std::make_unique<Impl>();
-  impl->path = path;
-  impl->digest = digest;
-  const std::string file = path.string();
+namespace {
 
+// The header a Writer writes for `tensors` and `metadata`: its text (padded), the data
+// section's size and each tensor's end in it. Throws InvalidArgument naming `file`.
+struct EncodedHeader {
+  std::string text;
+  uint64_t data_bytes = 0;
+  std::vector<uint64_t> ends;
+};
+
+EncodedHeader encode_header(const std::string& file, const std::vector<TensorDecl>& tensors,
+                            const std::map<std::string, std::string>& metadata) {
+  EncodedHeader h;
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string_view> seen;
@@ -199,7 +251,7 @@ Writer::Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensor
       }
     }
     const std::optional<uint64_t> bytes = checked_bytes(t.shape, element_size(t.type));
-    if (!bytes || *bytes > std::numeric_limits<uint64_t>::max() - impl->total) {
+    if (!bytes || *bytes > std::numeric_limits<uint64_t>::max() - h.data_bytes) {
       throw InvalidArgument(fmt::format("{}: tensor {}: {} shape {} takes the file past 2^64 bytes",
                                         file, json_quoted(t.name), element_type_name(t.type),
                                         shape_text(t.shape)));
@@ -207,10 +259,10 @@ Writer::Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensor
     nlohmann::json entry = nlohmann::json::object();
     entry["dtype"] = element_type_name(t.type);
     entry["shape"] = t.shape;
-    entry["data_offsets"] = {impl->total, impl->total + *bytes};
+    entry["data_offsets"] = {h.data_bytes, h.data_bytes + *bytes};
     header[t.name] = std::move(entry);
-    impl->total += *bytes;
-    impl->ends.push_back(impl->total);
+    h.data_bytes += *bytes;
+    h.ends.push_back(h.data_bytes);
   }
 
   std::string text;
@@ -229,6 +281,28 @@ Writer::Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensor
                     "readers enforce; split the tensors over more files",
                     file, text.size(), kMaxHeaderBytes));
   }
+  h.text = std::move(text);
+  return h;
+}
+
+}  // namespace
+
+uint64_t header_bytes(const std::vector<TensorDecl>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  return 8 + encode_header("(header)", tensors, metadata).text.size();
+}
+
+Writer::Writer(const std::filesystem::path& path, std::vector<TensorDecl> tensors,
+               const std::map<std::string, std::string>& metadata, WriteMode mode, Digest digest) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->digest = digest;
+  const std::string file = path.string();
+
+  EncodedHeader h = encode_header(file, tensors, metadata);
+  const std::string text = std::move(h.text);
+  impl->total = h.data_bytes;
+  impl->ends = std::move(h.ends);
   impl->file_bytes = 8 + text.size() + impl->total;
   impl->names.reserve(tensors.size());
   for (TensorDecl& t : tensors) impl->names.push_back(std::move(t.name));
@@ -296,6 +370,8 @@ void Writer::write(std::span<const std::byte> bytes) {
 }
 
 uint64_t Writer::file_bytes() const { return impl_->file_bytes; }
+uint64_t Writer::bytes_in_place() const { return impl_->in_place; }
+uint64_t Writer::header_bytes() const { return impl_->file_bytes - impl_->total; }
 
 std::string Writer::finish() {
   Impl& w = *impl_;

@@ -59,6 +59,7 @@ uint64_t staging_bytes(const RankTrainer& trainer) {
   // Islands in turn stage every island's shard; island 0's holds the outer state.
   uint64_t bytes = 0;
   for (int v = 0; v < trainer.hosted_islands(); ++v) {
+    bytes += kStagingShardSlack;
     for (const safetensors::TensorDecl& t :
          shard_tensors(trainer.state(), outer && v == 0, pending && v == 0)) {
       uint64_t n = safetensors::element_size(t.type);
@@ -131,8 +132,13 @@ void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> histor
                             ? ticket.file
                             : ticket.temp / checkpoint::rank_file_name(v * trainer_.comm().size() +
                                                                        trainer_.comm().rank()),
-                .tensors = shard_tensors(trainer_.state(), outer != nullptr, pending),
-                .begin = at};
+                .tensors = shard_tensors(trainer_.state(), outer != nullptr, pending)};
+    // Where the file's data section falls on its 4 KiB blocks, so the writer's O_DIRECT
+    // writes go from here uncopied.
+    const uint64_t header = safetensors::header_bytes(shard.tensors, shard_metadata());
+    const auto address = reinterpret_cast<uintptr_t>(staging_.data() + at);
+    at += static_cast<size_t>((header - address) % kStagingShardSlack);
+    shard.begin = at;
     stream_shard(trainer_.state(), trainer_.store(), outer, pending,
                  [&](std::span<const std::byte> b) {
                    if (b.size() > staging_.size() - at) {

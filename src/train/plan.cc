@@ -326,7 +326,7 @@ uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const Tr
       bytes += k * 2 * 4 * (m.blocks + m.fp32);
     }
   }
-  return bytes;
+  return bytes + k * kStagingShardSlack;
 }
 
 uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {

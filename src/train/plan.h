@@ -172,11 +172,16 @@ uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLay
 // --checkpoint-async's staging on rank `rank` (train/async_save.h): the tensors of the shard
 // file it writes, its own ranges' params, fp32 master (16-bit runs), adam_m and adam_v, and
 // on island 0's ranks the outer weights and momentum (and the exchange in flight when
-// --outer-delay streams them); with --offload the bounce buffer (and that exchange). 0 without
-// --checkpoint-async, and on an HSDP replica, which writes no shard.
+// --outer-delay streams them), plus kStagingShardSlack per shard file; with --offload the
+// bounce buffer (and that exchange). 0 without --checkpoint-async, and on an HSDP replica,
+// which writes no shard.
 // With --offload the states are read from the file through a bounce buffer of this many
 // bytes (plus kOffloadAlign to align it): the staging.
 inline constexpr uint64_t kCheckpointReadPiece = uint64_t{16} << 20;
+// Staged in memory, each shard's bytes start where, modulo a 4 KiB block, the file's data
+// section does, so that the writer sends them to the disk with O_DIRECT from the staging,
+// uncopied (safetensors::Writer::bytes_in_place): up to this much room before each.
+inline constexpr uint64_t kStagingShardSlack = 4096;
 // `tensors`: the units' tensors, which 8-bit moments need (--optimizer-states int8).
 uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const TrainConfig& c,
                                   int world, int rank, const UnitTensors* tensors = nullptr);

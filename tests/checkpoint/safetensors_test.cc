@@ -1,13 +1,17 @@
 #include "checkpoint/safetensors.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -257,6 +261,65 @@ TEST(Safetensors, DirectWritesAreTheBufferedBytes) {
     const Reader r(direct);
     EXPECT_EQ(read_all<float>(r, *r.find("b")), b) << place;
     std::filesystem::remove(direct);
+  }
+}
+
+// Data placed where a caller that stages a file places it (at an address congruent to the
+// header's length modulo 4 KiB) is written in place, uncopied, all but the first block and
+// the tail; the file is the buffered writer's, byte for byte, and so is its digest. Where the
+// file system refuses O_DIRECT nothing goes in place.
+TEST(Safetensors, DirectWritesFromBlockAlignedMemoryGoInPlace) {
+  TempDir dir;
+  std::vector<float> a(1500007), b(333);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * 0.25f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i) - 7.0f;
+  const std::vector<TensorDecl> tensors{{"a", ElementType::kF32, {static_cast<int64_t>(a.size())}},
+                                        {"b", ElementType::kF32, {static_cast<int64_t>(b.size())}}};
+  const std::map<std::string, std::string> meta{{"k", "v"}};
+  const uint64_t header = header_bytes(tensors, meta);
+  const size_t data_bytes = (a.size() + b.size()) * 4;
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  const std::unique_ptr<std::byte, Free> staging(
+      static_cast<std::byte*>(std::aligned_alloc(4096, data_bytes + 2 * 4096)));
+  std::byte* data = staging.get() + header % 4096;
+  std::memcpy(data, a.data(), a.size() * 4);
+  std::memcpy(data + a.size() * 4, b.data(), b.size() * 4);
+  const auto write = [&](const std::filesystem::path& path, WriteMode mode, Digest digest,
+                         uint64_t* in_place) {
+    Writer w(path, tensors, meta, mode, digest);
+    EXPECT_EQ(w.header_bytes(), header);
+    // In pieces of 3 MiB, as the checkpoint writer hands its staging over.
+    constexpr size_t kPiece = size_t{3} << 20;
+    for (size_t at = 0; at < data_bytes; at += kPiece) {
+      w.write({data + at, std::min(kPiece, data_bytes - at)});
+    }
+    const std::string d = w.finish();
+    if (in_place != nullptr) *in_place = w.bytes_in_place();
+    return d;
+  };
+  const auto buffered = dir.path() / "buffered.safetensors";
+  for (const Digest digest : {Digest::kSha256, Digest::kCrc32c}) {
+    const std::string want = write(buffered, WriteMode::kBuffered, digest, nullptr);
+    EXPECT_EQ(want.size(), digest == Digest::kSha256 ? 64u : 8u);
+    const std::vector<std::byte> bytes = read_file(buffered);
+    std::vector<std::filesystem::path> places{dir.path()};
+    if (std::filesystem::is_directory("/dev/shm")) places.emplace_back("/dev/shm");
+    for (const std::filesystem::path& place : places) {
+      const auto direct = place / ("zerodp-inplace-" + std::to_string(::getpid()) + ".safetensors");
+      uint64_t in_place = 0;
+      EXPECT_EQ(write(direct, WriteMode::kDirect, digest, &in_place), want) << place;
+      EXPECT_TRUE(read_file(direct) == bytes) << place;
+      if (in_place == 0) {
+        const int fd = ::open(direct.c_str(), O_WRONLY | O_DIRECT);
+        EXPECT_LT(fd, 0) << place << ": O_DIRECT opens, yet nothing was written in place";
+        if (fd >= 0) ::close(fd);
+      } else {
+        EXPECT_GE(in_place, data_bytes - 3 * 4096) << place;
+      }
+      std::filesystem::remove(direct);
+    }
   }
 }
 
