@@ -16,6 +16,7 @@
 #include "checkpoint/store.h"
 #include "comm/ledger.h"
 #include "core/error.h"
+#include "core/stream_copy.h"
 #include "train/moments_io.h"
 #include "train/offload.h"
 #include "train/plan.h"
@@ -145,7 +146,7 @@ void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> histor
                      trainer_.activate_island(0);
                      throw std::logic_error("checkpoint staging: the shard outgrew its buffer");
                    }
-                   std::memcpy(staging_.data() + at, b.data(), b.size());
+                   stream_copy(staging_.data() + at, b.data(), b.size());
                    at += b.size();
                  });
     shard.bytes = at - shard.begin;
