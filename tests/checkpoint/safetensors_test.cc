@@ -282,7 +282,7 @@ TEST(Safetensors, DirectWritesFromBlockAlignedMemoryGoInPlace) {
     void operator()(std::byte* p) const { std::free(p); }
   };
   const std::unique_ptr<std::byte, Free> staging(
-      static_cast<std::byte*>(std::aligned_alloc(4096, data_bytes + 2 * 4096)));
+      static_cast<std::byte*>(std::aligned_alloc(4096, (data_bytes / 4096 + 2) * 4096)));
   std::byte* data = staging.get() + header % 4096;
   std::memcpy(data, a.data(), a.size() * 4);
   std::memcpy(data + a.size() * 4, b.data(), b.size() * 4);
