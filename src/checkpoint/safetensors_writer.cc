@@ -129,10 +129,10 @@ struct Writer::Impl {
     buffer.clear();
   }
 
-  // `blocks` (whole blocks, block-aligned in memory) with O_DIRECT from the caller's memory;
-  // returns how many bytes went that way. Where the file system refuses it, the descriptor
-  // leaves O_DIRECT for good and the caller's loop writes the rest buffered.
-  size_t write_in_place(std::span<const std::byte> blocks) {
+  // `blocks` (whole blocks, block-aligned in memory) with O_DIRECT; returns how many bytes
+  // were written. Short only where the file system refused O_DIRECT (EINVAL) or wrote part
+  // of a block: the caller then leaves direct I/O and writes the rest buffered.
+  size_t write_direct(std::span<const std::byte> blocks) {
     size_t done = 0;
     while (done < blocks.size()) {
       const ssize_t n = ::write(fd, blocks.data() + done, blocks.size() - done);
@@ -141,24 +141,31 @@ struct Writer::Impl {
         throw IoError(fmt::format("{}: write of {} bytes failed: {}", path.string(),
                                   blocks.size() - done, std::strerror(errno)));
       }
-      if (n <= 0 || static_cast<size_t>(n) % kDirectAlign != 0) {
-        if (n > 0) done += static_cast<size_t>(n);
-        leave_direct();
-        break;
-      }
-      done += static_cast<size_t>(n);
+      if (n > 0) done += static_cast<size_t>(n);
+      if (n <= 0 || static_cast<size_t>(n) % kDirectAlign != 0) break;
     }
-    in_place += done;
     return done;
   }
 
+  // The descriptor leaves O_DIRECT for good.
   void leave_direct() {
     const int flags = ::fcntl(fd, F_GETFL);
     if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) {
       throw IoError(
           fmt::format("{}: cannot leave direct I/O: {}", path.string(), std::strerror(errno)));
     }
-    aligned.reset();
+  }
+
+  // The caller's whole blocks straight from its memory (the aligned buffer is empty); where
+  // that stops short, the put loop writes the rest buffered.
+  size_t write_in_place(std::span<const std::byte> blocks) {
+    const size_t done = write_direct(blocks);
+    in_place += done;
+    if (done < blocks.size()) {
+      leave_direct();
+      aligned.reset();
+    }
+    return done;
   }
 
   // The aligned buffer's whole blocks with O_DIRECT; a partial block left (only at the end)
@@ -166,30 +173,13 @@ struct Writer::Impl {
   // write, ends direct writing: the rest is written buffered from where it stopped.
   void flush_direct() {
     const size_t whole = fill / kDirectAlign * kDirectAlign;
-    size_t done = 0;
-    while (done < whole) {
-      const ssize_t n = ::write(fd, aligned.get() + done, whole - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno != EINVAL) {
-        throw IoError(fmt::format("{}: write of {} bytes failed: {}", path.string(), whole - done,
-                                  std::strerror(errno)));
-      }
-      if (n <= 0 || static_cast<size_t>(n) % kDirectAlign != 0) {
-        if (n > 0) done += static_cast<size_t>(n);
-        break;
-      }
-      done += static_cast<size_t>(n);
-    }
+    const size_t done = write_direct({aligned.get(), whole});
     if (done == whole && done == fill) {
       fill = 0;
       return;
     }
-    // The rest, buffered: the descriptor leaves O_DIRECT for good.
-    const int flags = ::fcntl(fd, F_GETFL);
-    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) {
-      throw IoError(
-          fmt::format("{}: cannot leave direct I/O: {}", path.string(), std::strerror(errno)));
-    }
+    // The rest, buffered.
+    leave_direct();
     const auto held = std::move(aligned);  // freed once the rest is written
     const std::span<const std::byte> rest(held.get() + done, fill - done);
     fill = 0;

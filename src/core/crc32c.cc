@@ -3,12 +3,10 @@
 
 #include <array>
 #include <cstring>
-#include <fstream>
-#include <vector>
 
 #include <fmt/core.h>
 
-#include "core/error.h"
+#include "core/files.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <nmmintrin.h>
@@ -83,15 +81,8 @@ uint32_t crc32c(std::span<const std::byte> data) {
 }
 
 std::string crc32c_file_hex(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(fmt::format("crc32c: cannot open {} for reading", path.string()));
   Crc32c c;
-  std::vector<char> chunk(size_t{1} << 20);
-  while (in) {
-    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    c.update(chunk.data(), static_cast<size_t>(in.gcount()));
-  }
-  if (in.bad()) throw IoError(fmt::format("crc32c: read error in {}", path.string()));
+  files::read_in_chunks("crc32c", path, [&c](std::span<const std::byte> b) { c.update(b); });
   return c.hex();
 }
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <vector>
 
@@ -90,6 +91,18 @@ std::optional<std::string_view> non_regular_kind(const fs::path& path) {
   const auto st = stat_of(path);
   if (!st || S_ISREG(st->st_mode)) return std::nullopt;
   return kind_of(st->st_mode);
+}
+
+void read_in_chunks(std::string_view what, const fs::path& path,
+                    const std::function<void(std::span<const std::byte>)>& take) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("{}: cannot open {} for reading", what, path.string()));
+  std::vector<char> chunk(size_t{1} << 20);
+  while (in) {
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    take(std::as_bytes(std::span(chunk).first(static_cast<size_t>(in.gcount()))));
+  }
+  if (in.bad()) throw IoError(fmt::format("{}: read error in {}", what, path.string()));
 }
 
 uint64_t require_regular_input(std::string_view what, const fs::path& path) {

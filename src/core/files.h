@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -17,6 +18,12 @@
 namespace zerodp::files {
 
 namespace fs = std::filesystem;
+
+// Feeds the whole file to `take` in reads of 1 MiB (the last one shorter), for digests of
+// files too large to hold. Throws IoError "WHAT: cannot open PATH for reading" or "WHAT: read
+// error in PATH".
+void read_in_chunks(std::string_view what, const fs::path& path,
+                    const std::function<void(std::span<const std::byte>)>& take);
 
 // An input that must be a regular file, symlinks followed. A FIFO would block the first
 // read forever and a device would never end, so both are refused before anything opens

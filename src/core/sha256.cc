@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 
 #include "core/error.h"
+#include "core/files.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -229,15 +230,8 @@ std::string sha256_hex(std::string_view data) {
 }
 
 std::string sha256_file_hex(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(fmt::format("sha256: cannot open {} for reading", path.string()));
   Sha256 h;
-  std::vector<char> chunk(size_t{1} << 20);
-  while (in) {
-    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    h.update(chunk.data(), static_cast<size_t>(in.gcount()));
-  }
-  if (in.bad()) throw IoError(fmt::format("sha256: read error in {}", path.string()));
+  files::read_in_chunks("sha256", path, [&h](std::span<const std::byte> b) { h.update(b); });
   return h.hex_digest();
 }
 

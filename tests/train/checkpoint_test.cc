@@ -533,6 +533,16 @@ class Corruption : public ::testing::Test {
     base_ = c;
   }
   fs::path step(int s) const { return tmp_.path() / checkpoint::step_dir_name(s); }
+  // One bit of the file's fifth byte from the end: its data, not its header.
+  static void flip_a_bit_near_the_end(const fs::path& f) {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(-5, std::ios::end);
+    char b = 0;
+    io.read(&b, 1);
+    io.seekp(-5, std::ios::end);
+    b = static_cast<char>(b ^ 0x10);
+    io.write(&b, 1);
+  }
   // Resumes from step 4 and returns the error text; fails the test when it loads.
   std::string refused(const TrainConfig& c) {
     try {
@@ -565,14 +575,7 @@ TEST_F(Corruption, ATruncatedShardNamesTheFileAndBothSizes) {
 
 TEST_F(Corruption, AFlippedByteFailsTheChecksum) {
   const fs::path f = step(4) / "rank_00000.safetensors";
-  std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
-  io.seekg(-5, std::ios::end);
-  char b = 0;
-  io.read(&b, 1);
-  io.seekp(-5, std::ios::end);
-  b = static_cast<char>(b ^ 0x10);
-  io.write(&b, 1);
-  io.close();
+  flip_a_bit_near_the_end(f);
   const std::string e = refused(resume_config());
   EXPECT_NE(e.find("rank_00000.safetensors"), std::string::npos) << e;
   EXPECT_NE(e.find("crc32c"), std::string::npos) << e;
@@ -595,14 +598,7 @@ TEST_F(Corruption, ACheckpointFromBeforeCrc32cIsCheckedWithItsSha256) {
   std::ofstream(meta, std::ios::binary) << j.dump(2);
   EXPECT_EQ(run(resume_config()).weights_sha256, want);
   const fs::path f = step(4) / "rank_00001.safetensors";
-  std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
-  io.seekg(-5, std::ios::end);
-  char b = 0;
-  io.read(&b, 1);
-  io.seekp(-5, std::ios::end);
-  b = static_cast<char>(b ^ 0x10);
-  io.write(&b, 1);
-  io.close();
+  flip_a_bit_near_the_end(f);
   TrainConfig again = resume_config();
   again.checkpoint_dir = (tmp_.path() / "again").string();
   const std::string e = refused(again);
