@@ -9,9 +9,17 @@
 // process 0 names the lost process, its ranks and its host (and every other process names
 // process 0 if that is the one lost) within milliseconds, before the teardown reaches it.
 // A normal end says goodbye first, so it is never taken for a loss.
+//
+// Process 0 listens only on the addresses its peers reach it at (loopback for a peer on its
+// own host, the interface its route to a peer leaves by for one elsewhere), and only a
+// connection that opens with the job's token (random, made by process 0 and shared over MPI,
+// which strangers do not see) and the number of a process it still waits for counts.
+// Anything else is closed and forgotten; a connection that says nothing is dropped after a
+// second, while the real peers' connections are read beside it.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,9 +31,13 @@ namespace zerodp {
 
 class ProcessWatch {
  public:
+  // Runs on every process but 0 with the address and port it is about to join process 0's
+  // watch at, just before it does: tests connect there as a stranger would, first.
+  using BeforeJoin = std::function<void(const std::string& address, int port)>;
+
   // Collective over the session's processes, before any communicator. Never fails the job:
   // where a connection cannot be made it says so once and watches the rest.
-  ProcessWatch(MpiSession& session, int ranks_per_process);
+  ProcessWatch(MpiSession& session, int ranks_per_process, const BeforeJoin& before_join = {});
   ~ProcessWatch();  // goodbye(), then the watcher stops
   ProcessWatch(const ProcessWatch&) = delete;
   ProcessWatch& operator=(const ProcessWatch&) = delete;
@@ -40,6 +52,8 @@ class ProcessWatch {
     int fd = -1;
     bool done = false;  // said goodbye, or already reported
   };
+  void open_watch(MpiSession& session, const std::vector<std::string>& intros);
+  void join_watch(MpiSession& session, const BeforeJoin& before_join);
   void watch();
   void report_loss(const Peer& peer) const;
 
