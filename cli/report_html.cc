@@ -141,6 +141,9 @@ json run_data(const RunReport& r, const std::string& file) {
   // Only a run over nodes has bytes crossing them to draw: on one node they are all 0.
   const bool nodes = r.node_ranks.has_value();
   run["node_ranks"] = nodes ? json(*r.node_ranks) : json();
+  // DiLoCo's islands: ZeRO shards inside each, so the formula divides by an island's ranks.
+  run["islands"] = r.islands;
+  run["shard_ranks"] = r.shard_ranks;
 
   const double nsteps = static_cast<double>(r.steps.size());
   run["ranks"] = json::array();
@@ -181,14 +184,25 @@ json run_data(const RunReport& r, const std::string& file) {
       out["plan_cross_per_step"] = nodes && p.comm_cross_node_bytes_per_step
                                        ? json(*p.comm_cross_node_bytes_per_step)
                                        : json();
+      // The outer exchanges' bytes spread over the run's steps, as the ledger spread them:
+      // the inner step's formula alone sits below the measured bars by this much.
+      const bool outer = p.comm_bytes_outer_steps && !r.steps.empty();
+      out["plan_outer_per_step"] =
+          outer ? json(static_cast<double>(*p.comm_bytes_outer_steps) / nsteps) : json();
+      out["plan_outer_cross_per_step"] =
+          outer && nodes && p.comm_cross_node_bytes_outer_steps
+              ? json(static_cast<double>(*p.comm_cross_node_bytes_outer_steps) / nsteps)
+              : json();
     } else {
       out["plan_states"] = json();
       out["plan_comm_per_step"] = json();
       out["plan_cross_per_step"] = json();
+      out["plan_outer_per_step"] = json();
+      out["plan_outer_cross_per_step"] = json();
     }
     run["ranks"].push_back(out);
   }
-  run["formula"] = zero_formula(static_cast<double>(r.params), r.world_size, r.stage, r.precision);
+  run["formula"] = zero_formula(static_cast<double>(r.params), r.shard_ranks, r.stage, r.precision);
   return run;
 }
 

@@ -16,16 +16,23 @@
   var RUN_COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b',
                     '#e377c2', '#17becf', '#bcbd22', '#7f7f7f'];
   var STATE_CATS = ['params', 'grads', 'master', 'adam_m', 'adam_v'];
+  // peak_bytes categories held from the start to the end like the model states, which
+  // model_state_bytes does not list: DiLoCo's outer state (--islands).
+  var STEADY_PEAKS = ['outer_state'];
   var PEAK_CATS = ['gathered', 'grad_buckets', 'grad_accum', 'activations', 'comm_buffers',
-    'workspace', 'hpz_params', 'offload_staging'];
+    'workspace', 'hpz_params', 'offload_staging', 'checkpoint_staging'];
   var COMM_CATS = ['all_reduce', 'reduce_scatter', 'all_gather', 'broadcast', 'control'];
   var CAT_COLORS = {
     params: '#4e79a7', grads: '#f28e2b', master: '#e15759', adam_m: '#59a14f',
     adam_v: '#76b7b2', gathered: '#edc948', grad_buckets: '#b07aa1', grad_accum: '#d37295',
     activations: '#ff9da7',
     comm_buffers: '#9c755f', workspace: '#bab0ac', hpz_params: '#8cd17d',
-    offload_staging: '#a0cbe8', all_reduce: '#4e79a7',
+    offload_staging: '#a0cbe8', outer_state: '#499894', checkpoint_staging: '#79706e',
+    all_reduce: '#4e79a7',
     reduce_scatter: '#e15759', all_gather: '#59a14f', broadcast: '#f28e2b', control: '#bab0ac'
+  };
+  var CAT_NOTES = {
+    outer_state: ' (--islands: the global weights, the outer momentum and the exchange buffer)'
   };
   var EXTRA_COLORS = ['#8cd17d', '#a0cbe8', '#ffbe7d', '#d4a6c8', '#86bcb6'];
   function catColor(cat, i) { return CAT_COLORS[cat] || EXTRA_COLORS[i % EXTRA_COLORS.length]; }
@@ -105,23 +112,61 @@
   // (laid out at a fixed width, one with four runs spilled past a 1400 px window). Below
   // MIN_WIDTH a chart keeps that layout and the stylesheet scales it down to fit.
   var MIN_WIDTH = 560, LEGEND_W = 250, LEGEND_ROW = 18, LEGEND_TEXT = LEGEND_W - 14 - 28 - 4;
+  // About 200 px of legend text a line: 36 characters at 11 px; a second line 13 px lower.
+  var LEGEND_CHARS = 36, LEGEND_LINE = 13;
   function chartWidth(svg) {
     var w = svg.parentNode ? Math.floor(svg.parentNode.clientWidth) : 0;
     return w > 0 ? Math.max(MIN_WIDTH, w) : 960;  // 0: not laid out (a hidden figure)
   }
-  // Where a legend of n items goes: a column right of the plot while the plot keeps plotMin
-  // beside it, else rows under the plot, as many columns a row as fit, wrapping like text.
-  function legendPlace(n, w, left, plotMin) {
-    if (w - left - LEGEND_W >= plotMin) return {right: true, cols: 1, rows: n};
+  // A label longer than a line wraps at its last space that fits onto a second line, rather
+  // than lose its middle; only what has no space to wrap at (a path) or needs more than two
+  // lines is cut, whole in its tooltip. The first line keeps the space, so the text element
+  // reads as the label.
+  function legendLines(label) {
+    label = String(label);
+    if (label.length <= LEGEND_CHARS) return [label];
+    var cut = label.lastIndexOf(' ', LEGEND_CHARS);
+    if (cut <= 0) return [clip(label, LEGEND_CHARS)];
+    return [label.slice(0, cut + 1), clip(label.slice(cut + 1), LEGEND_CHARS)];
+  }
+  // Where each legend item goes, cols to a row: a row is as tall as its tallest label.
+  function legendRows(items, cols) {
+    var ys = [], height = 0;
+    for (var i = 0; i < items.length; i += cols) {
+      var rowH = LEGEND_ROW;
+      for (var j = i; j < Math.min(items.length, i + cols); ++j) {
+        ys[j] = height;
+        rowH = Math.max(rowH, LEGEND_ROW + (legendLines(items[j].label).length - 1) * LEGEND_LINE);
+      }
+      height += rowH;
+    }
+    return {ys: ys, height: height};
+  }
+  // Where a legend goes: a column right of the plot while the plot keeps plotMin beside it,
+  // else rows under the plot, as many columns a row as fit, wrapping like text. height: its
+  // rows' in pixels.
+  function legendPlace(items, w, left, plotMin) {
+    if (w - left - LEGEND_W >= plotMin) {
+      return {right: true, cols: 1, height: legendRows(items, 1).height};
+    }
     var cols = Math.max(1, Math.floor((w - left) / LEGEND_W));
-    return {right: false, cols: cols, rows: Math.ceil(n / cols)};
+    return {right: false, cols: cols, height: legendRows(items, cols).height};
+  }
+  // A font that draws a line wider than the column has it squeezed in rather than cut at
+  // the chart's edge.
+  function squeeze(t) {
+    if (t.getComputedTextLength() > LEGEND_TEXT) {
+      t.setAttribute('textLength', LEGEND_TEXT);
+      t.setAttribute('lengthAdjust', 'spacingAndGlyphs');
+    }
   }
 
   function legend(svg, x0, y, items, cols) {
     var g = svgEl(svg, 'g', {'class': 'legend'});
     cols = cols || 1;
+    var rows = legendRows(items, cols);
     items.forEach(function (it, i) {
-      var yy = y + Math.floor(i / cols) * LEGEND_ROW;
+      var yy = y + rows.ys[i];
       var x = x0 + (i % cols) * LEGEND_W;
       if (it.kind === 'line') {
         svgEl(g, 'line', {'class': 'swatch', x1: x, x2: x + 22, y1: yy, y2: yy,
@@ -135,7 +180,7 @@
                           stroke: '#555', 'stroke-width': 2, 'stroke-dasharray': it.dash});
       } else if (it.kind === 'tick') {
         svgEl(g, 'line', {'class': 'swatch', x1: x + 2, x2: x + 20, y1: yy, y2: yy,
-                          stroke: '#111', 'stroke-width': it.dash ? 2 : 2.5,
+                          stroke: it.color || '#111', 'stroke-width': it.width || (it.dash ? 2 : 2.5),
                           'stroke-dasharray': it.dash});
       } else if (it.kind === 'hatch') {
         var box = {x: x + 4, y: yy - 6, width: 14, height: 12};
@@ -147,14 +192,16 @@
                           fill: it.color, 'fill-opacity': it.opacity,
                           stroke: it.color});
       }
-      // About 200 px of legend: 36 characters at 11 px. A font that draws them wider than
-      // the column has them squeezed in rather than cut at the chart's edge.
-      var t = svgEl(g, 'text', {x: x + 28, y: yy + 4}, clip(it.label, 36));
-      if (it.label.length > 36) tip(t, it.label);
-      if (t.getComputedTextLength() > LEGEND_TEXT) {
-        t.setAttribute('textLength', LEGEND_TEXT);
-        t.setAttribute('lengthAdjust', 'spacingAndGlyphs');
+      var lines = legendLines(it.label);
+      var t = svgEl(g, 'text', {x: x + 28, y: yy + 4}, lines.length === 1 ? lines[0] : undefined);
+      if (lines.length === 1) {
+        squeeze(t);
+      } else {
+        lines.forEach(function (line, li) {
+          squeeze(svgEl(t, 'tspan', {x: x + 28, dy: li === 0 ? undefined : LEGEND_LINE}, line));
+        });
       }
+      if (lines.join('') !== String(it.label)) tip(t, it.label);
     });
   }
   function empty(svg, f, text) {
@@ -332,12 +379,12 @@
     }
 
     var w = chartWidth(svg), noteH = notes.length ? 18 : 0;
-    var place = legendPlace(items.length, w, 66, 420);
+    var place = legendPlace(items, w, 66, 420);
     var f = place.right
-      ? frame(svg, w, 380 + Math.max(0, items.length - 16) * LEGEND_ROW + noteH,
+      ? frame(svg, w, 380 + Math.max(0, place.height - 16 * LEGEND_ROW) + noteH,
               {l: 66, r: LEGEND_W, t: 14, b: 46 + noteH})
-      : frame(svg, w, 380 + place.rows * LEGEND_ROW + 8 + noteH,
-              {l: 66, r: 24, t: 14, b: 46 + noteH + place.rows * LEGEND_ROW + 8});
+      : frame(svg, w, 380 + place.height + 8 + noteH,
+              {l: 66, r: 24, t: 14, b: 46 + noteH + place.height + 8});
     svg.setAttribute('data-plot', [f.l, f.t, f.r, f.b].join(' '));
     svg.setAttribute('data-events-drawn', 0);
     if (notes.length) {
@@ -476,7 +523,10 @@
       items.push({kind: 'rect', color: catColor(c, i), opacity: used[c] === 'pale' ? 0.45 : 1,
                   label: c + (opts.suffix ? opts.suffix(c) : '')});
     });
-    opts.marks.forEach(function (m) { items.push({kind: 'tick', label: m}); });
+    opts.marks.forEach(function (m) {
+      items.push(typeof m === 'string' ? {kind: 'tick', label: m}
+                                       : Object.assign({kind: 'tick'}, m));
+    });
     var hatch = svg.id + '-hatch';
     if (anyCross) items.push({kind: 'hatch', color: '#777', pattern: hatch, label: opts.twin.label});
     if (opts.twin && opts.twin.mark) items.push({kind: 'tick', dash: '3 2', label: opts.twin.mark});
@@ -500,15 +550,15 @@
       });
       return plotW <= avail;
     };
-    var place = legendPlace(items.length, w, left, 0);
+    var place = legendPlace(items, w, left, 0);
     if (!layout(w - left - LEGEND_W, 60)) {
-      place = legendPlace(items.length, w, left, Infinity);  // under the bars
+      place = legendPlace(items, w, left, Infinity);  // under the bars
       var chars = 60;
       while (!layout(w - left - 16, chars) && chars > 12) chars -= 4;
     }
     // Wider than the figure only where even that could not fit: the stylesheet scales it.
     w = Math.max(w, left + plotW + (place.right ? LEGEND_W : 16));
-    var below = place.right ? 0 : place.rows * LEGEND_ROW + 8;
+    var below = place.right ? 0 : place.height + 8;
     var f = frame(svg, w, opts.height + below,
                   {l: left, r: place.right ? LEGEND_W : 16, t: 14, b: 64 + below});
     svg.setAttribute('data-cross-drawn', 0);
@@ -552,14 +602,16 @@
             'stroke-width': s.pale ? 0.8 : undefined
           });
           tip(r, g.label + ' rank ' + b.label + ' · ' + s.cat + ': ' + fmtBytes(s.value) +
-                 (s.pale ? ' (peak)' : ''));
+                 (s.pale ? ' (peak)' : '') + (CAT_NOTES[s.cat] || ''));
           acc += s.value;
           ++drawn;
         });
         b.marks.forEach(function (m) {
-          var ml = svgEl(gg, 'line', {'class': 'mark', x1: xx - 3, x2: xx + bw + 3,
-                                      y1: y(m.value), y2: y(m.value), stroke: '#111',
-                                      'stroke-width': 2.5});
+          var ml = svgEl(gg, 'line', {'class': 'mark' + (m.cls ? ' ' + m.cls : ''),
+                                      'data-bytes': m.value, x1: xx - 3, x2: xx + bw + 3,
+                                      y1: y(m.value), y2: y(m.value), stroke: m.color || '#111',
+                                      'stroke-width': m.width || 2.5,
+                                      'stroke-dasharray': m.dash});
           tip(ml, g.label + ' rank ' + b.label + ' · ' + m.title + ': ' + fmtBytes(m.value));
         });
         if (b.twin) {
@@ -608,7 +660,10 @@
     svg.setAttribute('data-cross-drawn', crossDrawn);
   }
 
-  function runSub(r) { return 'stage ' + r.stage + ' · N=' + r.world_size + ' · ' + r.precision; }
+  function runSub(r) {
+    return 'stage ' + r.stage + ' · N=' + r.world_size +
+           (r.islands > 1 ? ' (' + r.islands + ' islands)' : '') + ' · ' + r.precision;
+  }
   // What an offloaded run keeps on disk: not memory, so beside the bars, not in them.
   function diskSub(r) {
     var most = 0;
@@ -617,18 +672,32 @@
   }
 
   function drawMemory() {
+    // Categories a later writer adds are stacked too, pale, so the stack still reaches the
+    // peak tick.
+    var pale = PEAK_CATS.slice();
+    data.runs.forEach(function (r) {
+      r.ranks.forEach(function (k) {
+        Object.keys(k.peaks).forEach(function (c) {
+          if (STEADY_PEAKS.indexOf(c) < 0 && pale.indexOf(c) < 0) pale.push(c);
+        });
+      });
+    });
     var groups = data.runs.map(function (r, i) {
       return {label: r.label, sub: runSub(r) + diskSub(r), color: runColor(i), bars: r.ranks.map(function (k) {
         var segs = STATE_CATS.map(function (c) { return {cat: c, value: k.states[c]}; })
-          .concat(PEAK_CATS.map(function (c) { return {cat: c, value: k.peaks[c] || 0, pale: true}; }));
+          .concat(STEADY_PEAKS.map(function (c) { return {cat: c, value: k.peaks[c] || 0}; }))
+          .concat(pale.map(function (c) { return {cat: c, value: k.peaks[c] || 0, pale: true}; }));
         return {label: String(k.rank), segs: segs,
                 marks: [{value: k.peak_total, title: 'peak of the sum (peak_bytes.total)'}]};
       })};
     });
-    stackedBars(document.getElementById('memory'), groups, STATE_CATS.concat(PEAK_CATS), {
+    stackedBars(document.getElementById('memory'), groups, STATE_CATS.concat(STEADY_PEAKS, pale), {
       height: 420, ylabel: 'bytes per rank', empty: 'no ranks to draw',
       marks: ['peak of the sum (peak_bytes.total)'],
-      suffix: function (c) { return STATE_CATS.indexOf(c) >= 0 ? ' (steady)' : ' (peak)'; }
+      suffix: function (c) {
+        return STATE_CATS.indexOf(c) >= 0 ? ' (steady)'
+          : c === 'outer_state' ? ' (steady, --islands)' : ' (peak)';
+      }
     });
   }
 
@@ -640,7 +709,18 @@
         Object.keys(k.comm_per_step).forEach(function (c) { if (cats.indexOf(c) < 0) cats.push(c); });
       });
     });
-    var anyPlan = false, anyPlanCross = false, anyCross = false;
+    var anyPlan = false, anyPlanCross = false, anyCross = false, anyOuter = false;
+    // With --islands the measured bars hold the outer exchanges too, spread over the steps
+    // as the ledger counted them: the formula's tick adds them alike, so it meets the bars,
+    // and a grey tick keeps the inner step's formula alone in view.
+    var planned = function (step, outer, steps, what) {
+      var title = 'formula' + what + ' (plan)';
+      if (!finite(outer)) return {value: step, title: title};
+      return {value: step + outer,
+              title: title + ', ' + fmtBytes(step) + ' an inner step + ' + fmtBytes(outer) +
+                     ' a step of outer exchanges (plan.comm_bytes_outer_steps \u00f7 ' + steps +
+                     ' steps)'};
+    };
     var groups = data.runs.map(function (r, i) {
       var sub = runSub(r) + ' · ' + r.step_count + ' steps' +
                 (finite(r.node_ranks) ? ' · nodes of ' + r.node_ranks : '');
@@ -650,7 +730,13 @@
                 var marks = [];
                 if (finite(k.plan_comm_per_step)) {
                   anyPlan = true;
-                  marks.push({value: k.plan_comm_per_step, title: 'formula (plan)'});
+                  marks.push(planned(k.plan_comm_per_step, k.plan_outer_per_step, r.step_count, ''));
+                  if (finite(k.plan_outer_per_step)) {
+                    anyOuter = true;
+                    marks.push({value: k.plan_comm_per_step, cls: 'inner', color: '#888',
+                                width: 1.5, title: 'formula, the inner step alone ' +
+                                                   '(plan.comm_bytes_per_step)'});
+                  }
                 }
                 // Only a run over nodes has a cross_per_step: the part of each collective's
                 // bytes that came from peers on other nodes, beside the bar it is part of.
@@ -660,8 +746,8 @@
                   var cross = k.cross_per_step, tmarks = [];
                   if (finite(k.plan_cross_per_step)) {
                     anyPlanCross = true;
-                    tmarks.push({value: k.plan_cross_per_step,
-                                 title: 'formula crossing nodes (plan)'});
+                    tmarks.push(planned(k.plan_cross_per_step, k.plan_outer_cross_per_step,
+                                        r.step_count, ' crossing nodes'));
                   }
                   twin = {what: 'crossing nodes', marks: tmarks, segs: cats.map(function (c) {
                     return {cat: c, value: cross[c] || 0, of: per[c] || 0};
@@ -671,14 +757,25 @@
                         segs: cats.map(function (c) { return {cat: c, value: per[c] || 0}; })};
               })};
     });
+    var marks = [];
+    if (anyPlan) {
+      marks.push(anyOuter ? 'formula (plan): inner step + outer exchanges ÷ steps'
+                          : 'formula (plan.comm_bytes_per_step)');
+    }
+    if (anyOuter) {
+      marks.push({color: '#888', width: 1.5, label: 'formula, the inner step alone (--islands)'});
+    }
     stackedBars(document.getElementById('comm'), groups, cats, {
       height: 400, ylabel: 'bytes received per step', empty: 'no communication to draw',
-      marks: anyPlan ? ['formula (plan.comm_bytes_per_step)'] : [],
+      marks: marks,
       twin: {label: 'crossing nodes (cross_node_bytes)',
-             mark: anyPlanCross ? 'formula, crossing nodes (plan)' : null}
+             mark: !anyPlanCross ? null
+               : anyOuter ? 'formula, crossing nodes (plan): inner step + outer exchanges ÷ steps'
+               : 'formula, crossing nodes (plan)'}
     });
-    // The caption's words on the hatched bars, only where a run has them.
+    // The caption's words on the hatched bars and on the islands, only where a run has them.
     document.getElementById('comm-cross').hidden = !anyCross;
+    document.getElementById('comm-outer').hidden = !anyOuter;
   }
 
   function keyCell(tr, label, color) {
@@ -723,17 +820,29 @@
     return STATE_CATS.map(function (c) { return c + ' ' + fmtBytes(o[c]); }).join(', ');
   }
 
+  // The ranks the formula divides by where they are not N: ZeRO shards inside an island
+  // (--islands), or inside a node (--shard-within-node).
+  function shardNote(r) {
+    if (!(r.shard_ranks > 0) || r.shard_ranks === r.world_size) return null;
+    return r.islands > 1 ? {cell: r.world_size + ' (' + r.islands + ' islands of ' + r.shard_ranks + ')',
+                            why: 'an island\'s ' + r.shard_ranks + ' ranks: ZeRO shards within an island'}
+                         : {cell: r.world_size + ' (shards of ' + r.shard_ranks + ')',
+                            why: 'a node\'s ' + r.shard_ranks + ' ranks: --shard-within-node'};
+  }
+
   function drawEstimate() {
     var t = document.getElementById('estimate'), body = t.tBodies[0], rows = 0;
     data.runs.forEach(function (r, i) {
+      var shard = shardNote(r);
       r.ranks.forEach(function (k) {
         var tr = htmlEl(body, 'tr');
         keyCell(tr, r.label, runColor(i));
         htmlEl(tr, 'td', String(r.stage));
-        htmlEl(tr, 'td', String(r.world_size));
+        htmlEl(tr, 'td', shard ? shard.cell : String(r.world_size));
         htmlEl(tr, 'td', String(k.rank));
         htmlEl(tr, 'td', fmtBytes(k.states_total)).title = breakdown(k.states);
-        htmlEl(tr, 'td', fmtBytes(r.formula.total)).title = breakdown(r.formula);
+        htmlEl(tr, 'td', fmtBytes(r.formula.total)).title =
+          breakdown(r.formula) + (shard ? '; divided by ' + shard.why : '');
         htmlEl(tr, 'td', r.formula.total > 0 ? (k.states_total / r.formula.total).toFixed(4) : '—');
         htmlEl(tr, 'td', k.nvme > 0 ? fmtBytes(k.nvme) : '—', 'nvme');
         if (k.plan_states) {

@@ -213,6 +213,15 @@ struct CommBytes {
     return {all_reduce * k,       reduce_scatter * k,       all_gather * k,
             cross_all_reduce * k, cross_reduce_scatter * k, cross_all_gather * k};
   }
+  CommBytes& operator+=(const CommBytes& o) {
+    all_reduce += o.all_reduce;
+    reduce_scatter += o.reduce_scatter;
+    all_gather += o.all_gather;
+    cross_all_reduce += o.cross_all_reduce;
+    cross_reduce_scatter += o.cross_reduce_scatter;
+    cross_all_gather += o.cross_all_gather;
+    return *this;
+  }
 };
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,

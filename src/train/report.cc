@@ -107,12 +107,27 @@ PlannedComm planned_comm(const TrainResult& r, int rank) {
           outer_round_bytes(r.unit_numel, l, rank)};
 }
 
+// The outer exchanges the run's own steps started, for rank `rank`: with the inner steps'
+// bytes, what its comm ledger counted over `steps` (control aside). Zero without --islands.
+CommBytes planned_outer_comm(const TrainResult& r, int rank) {
+  const TrainConfig& c = r.config;
+  CommBytes sum;
+  if (c.islands == 1) return sum;
+  const IslandLayout l = island_layout(c, r.world_size);
+  for (const StepRecord& s : r.steps) {
+    for (int f : fragments_ending(c, s.step)) {
+      sum += outer_step_bytes(r.unit_numel, l, rank, f);
+    }
+  }
+  return sum;
+}
+
 // The planner's exact bytes beside the measured ones, so a reader of the report (zerodp
 // report) compares without re-deriving ragged partitions from the units.
 nlohmann::json plan_json(const TrainResult& r) {
   const TrainConfig& c = r.config;
   nlohmann::json plan_states = nlohmann::json::array(), plan_comm = nlohmann::json::array(),
-                 plan_outer = nlohmann::json::array();
+                 plan_outer = nlohmann::json::array(), plan_outer_steps = nlohmann::json::array();
   for (int rank = 0; rank < r.world_size; ++rank) {
     const StateBytes s =
         rank_model_state_bytes(c, r.unit_numel, r.world_size, rank, &r.unit_tensors);
@@ -134,6 +149,7 @@ nlohmann::json plan_json(const TrainResult& r) {
     plan_comm.push_back(comm(pc.step));
     if (c.islands > 1) {
       plan_outer.push_back(comm(pc.outer));
+      plan_outer_steps.push_back(comm(planned_outer_comm(r, rank)));
       plan_states.back()[name(MemCategory::kOuterState)] =
           outer_state_bytes(r.unit_numel, island_layout(c, r.world_size), rank);
     }
@@ -143,7 +159,10 @@ nlohmann::json plan_json(const TrainResult& r) {
     }
   }
   nlohmann::json j{{key::kModelStateBytes, plan_states}, {key::kCommBytesPerStep, plan_comm}};
-  if (c.islands > 1) j[key::kCommBytesPerOuterStep] = plan_outer;
+  if (c.islands > 1) {
+    j[key::kCommBytesPerOuterStep] = plan_outer;
+    j[key::kCommBytesOuterSteps] = plan_outer_steps;
+  }
   return j;
 }
 
@@ -313,15 +332,7 @@ std::string formula_table(const TrainResult& r) {
     }
     // With --islands the outer steps' bytes, spread over the run's steps.
     const PlannedComm pc = planned_comm(r, rank.rank);
-    uint64_t outer = 0;  // the exchanges the run's steps started
-    if (c.islands > 1) {
-      const IslandLayout l = island_layout(c, r.world_size);
-      for (const StepRecord& s : r.steps) {
-        for (int f : fragments_ending(c, s.step)) {
-          outer += outer_step_bytes(r.unit_numel, l, rank.rank, f).total();
-        }
-      }
-    }
+    const uint64_t outer = planned_outer_comm(r, rank.rank).total();
     const double planned = static_cast<double>(pc.step.total() * r.steps.size() + outer) / steps;
     const double per_step = static_cast<double>(comm) / steps;
     out += fmt::format(

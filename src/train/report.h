@@ -99,6 +99,7 @@ inline constexpr char kSamplesSha256[] = "samples_sha256";
 inline constexpr char kNvmeBytes[] = "nvme_bytes";
 inline constexpr char kCommBytesPerStep[] = "comm_bytes_per_step";
 inline constexpr char kCommBytesPerOuterStep[] = "comm_bytes_per_outer_step";
+inline constexpr char kCommBytesOuterSteps[] = "comm_bytes_outer_steps";
 }  // namespace report_key
 
 nlohmann::json step_json(const StepRecord& s);

@@ -1,5 +1,6 @@
 #include "train/report_reader.h"
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -22,6 +23,9 @@ constexpr int kLastStateCategory = static_cast<int>(MemCategory::kAdamV);
 constexpr char kNodeRanks[] = "node_ranks";
 constexpr char kConfigSteps[] = "steps";
 constexpr char kConfigStopAfter[] = "stop_after";
+constexpr char kIslands[] = "islands";
+constexpr char kIslandsInTurn[] = "islands_in_turn";
+constexpr char kShardWithinNode[] = "shard_within_node";
 
 std::string category(int k) { return std::string(mem_category_name(static_cast<MemCategory>(k))); }
 
@@ -122,6 +126,35 @@ std::optional<uint64_t> count_if_any(const json& obj, const char* k) {
   return std::nullopt;
 }
 
+bool true_if_any(const json& obj, const char* k) {
+  return obj.contains(k) && obj.at(k).is_boolean() && obj.at(k).get<bool>();
+}
+
+// The ranks the planner shards a unit's states over, from the options that decide it. The
+// page divides the ZeRO formula by them, so `config.islands` is checked: a positive integer
+// (null or missing: 1) that divides world_size unless the islands take turns on the ranks.
+int read_shard_ranks(const Fields& F, const json& c, RunReport& r) {
+  TrainConfig t;
+  if (c.contains(kIslands) && !c[kIslands].is_null()) {
+    const auto k = count_if_any(c, kIslands);
+    const std::string at = fmt::format("{}.{}", key::kConfig, kIslands);
+    if (!k || *k < 1) {
+      F.bad(at, fmt::format("is {}; expected a positive integer or null", c[kIslands].dump()));
+    }
+    t.islands_in_turn = true_if_any(c, kIslandsInTurn);
+    if (!t.islands_in_turn && static_cast<uint64_t>(r.world_size) % *k != 0) {
+      F.bad(at, fmt::format("is {}, which does not divide world_size {}", *k, r.world_size));
+    }
+    r.islands = *k;
+    t.islands = static_cast<int>(std::min<uint64_t>(*k, 1u << 20));
+  }
+  t.shard_within_node = true_if_any(c, kShardWithinNode);
+  if (r.node_ranks) {
+    t.launch.comm.node_ranks = static_cast<int>(std::min<uint64_t>(*r.node_ranks, 1u << 20));
+  }
+  return shard_ranks(t, r.world_size);
+}
+
 // `at` is the element's path ("steps[3]"); a --metrics line's is "[0]", which the caller's
 // message drops.
 ReportStep read_step(const json& s, const std::string& at, const Refuse& bad) {
@@ -201,7 +234,8 @@ ReportRank read_rank(const Fields& F, const json& rk, const std::string& where) 
   return r;
 }
 
-ReportPlanRank read_plan_rank(const Fields& F, const json& states, const json& comm, size_t i) {
+ReportPlanRank read_plan_rank(const Fields& F, const json& states, const json& comm,
+                              const json* outer, size_t i) {
   const std::string states_at = fmt::format("{}.{}[{}]", key::kPlan, key::kModelStateBytes, i);
   ReportPlanRank p;
   uint64_t* const fields[] = {&p.model_state.params, &p.model_state.grads, &p.model_state.master,
@@ -215,6 +249,11 @@ ReportPlanRank read_plan_rank(const Fields& F, const json& states, const json& c
   // A plan written before it counted the bytes crossing nodes has no cross_node_bytes.
   if (comm.contains(key::kCrossNodeBytes)) {
     p.comm_cross_node_bytes_per_step = F.count(comm, comm_at, key::kCrossNodeBytes);
+  }
+  if (outer != nullptr) {
+    const std::string outer_at = fmt::format("{}.{}[{}]", key::kPlan, key::kCommBytesOuterSteps, i);
+    p.comm_bytes_outer_steps = F.count(*outer, outer_at, key::kTotal);
+    p.comm_cross_node_bytes_outer_steps = F.count(*outer, outer_at, key::kCrossNodeBytes);
   }
   return p;
 }
@@ -293,6 +332,9 @@ RunReport report_from_json(const json& root, const std::string& file) {
     }
     r.planned_steps = count_if_any(c, kConfigSteps);
     r.stop_after = count_if_any(c, kConfigStopAfter);
+    r.shard_ranks = read_shard_ranks(F, c, r);
+  } else {
+    r.shard_ranks = r.world_size;
   }
 
   const json& final = F.object(root, "", key::kFinal);
@@ -324,11 +366,16 @@ RunReport report_from_json(const json& root, const std::string& file) {
   // The plan is newer than the report format; older reports simply lack it.
   const json* plan_states = nullptr;
   const json* plan_comm = nullptr;
+  const json* plan_outer = nullptr;  // --islands only; reports before it lack it
   if (root.contains(key::kPlan)) {
     const json& plan = F.object(root, "", key::kPlan);
     plan_states = &F.array(plan, key::kPlan, key::kModelStateBytes);
     plan_comm = &F.array(plan, key::kPlan, key::kCommBytesPerStep);
-    if (plan_states->size() != world || plan_comm->size() != world) {
+    if (plan.contains(key::kCommBytesOuterSteps)) {
+      plan_outer = &F.array(plan, key::kPlan, key::kCommBytesOuterSteps);
+    }
+    if (plan_states->size() != world || plan_comm->size() != world ||
+        (plan_outer != nullptr && plan_outer->size() != world)) {
       F.bad(key::kPlan, fmt::format("does not have one entry per rank (world_size {})", world));
     }
   }
@@ -340,7 +387,8 @@ RunReport report_from_json(const json& root, const std::string& file) {
   for (size_t i = 0; i < ranks.size(); ++i) {
     r.ranks.push_back(read_rank(F, ranks[i], fmt::format("{}[{}]", key::kRanks, i)));
     if (plan_states != nullptr) {
-      r.plan->push_back(read_plan_rank(F, (*plan_states)[i], (*plan_comm)[i], i));
+      r.plan->push_back(read_plan_rank(F, (*plan_states)[i], (*plan_comm)[i],
+                                       plan_outer != nullptr ? &(*plan_outer)[i] : nullptr, i));
     }
   }
   return r;

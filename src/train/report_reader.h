@@ -59,6 +59,11 @@ struct ReportPlanRank {
   // `comm_bytes_per_step[r].cross_node_bytes`; nullopt in reports written before the plan
   // had it.
   std::optional<uint64_t> comm_cross_node_bytes_per_step;
+  // With --islands, `comm_bytes_outer_steps[r]`: the outer exchanges the run's steps started,
+  // over the whole run (`total`, `cross_node_bytes`); nullopt without islands, and in reports
+  // written before the plan had it.
+  std::optional<uint64_t> comm_bytes_outer_steps;
+  std::optional<uint64_t> comm_cross_node_bytes_outer_steps;
 };
 
 // `config`, when it is an object: what names the model (config_json's keys).
@@ -115,6 +120,12 @@ struct RunReport {
   // `config.node_ranks` (--node-ranks T: ranks per node); nullopt when null or missing (one
   // node, or a report written before nodes existed) or when `config` is not an object.
   std::optional<uint64_t> node_ranks;
+  // `config.islands` (DiLoCo, --islands): 1 when missing or null.
+  uint64_t islands = 1;
+  // The ranks a unit's states are sharded over, as the planner has them (shard_ranks in
+  // train/plan.h, from `config.islands`, `islands_in_turn`, `shard_within_node` and
+  // `node_ranks`): an island's with --islands, a node's with --shard-within-node, else N.
+  int shard_ranks = 0;
 };
 
 // A report file; messages start "report '<path>'". A --metrics log passed as a report is

@@ -3,10 +3,12 @@
 # headless Chromium renders; the dumped DOM must hold charts whose drawn elements match the
 # reports one for one (not just a file that exists), and the page must reference nothing
 # outside itself. A third, over nodes (--node-ranks), adds the bytes crossing them beside its
-# comm bars, which runs on one node do not get. Four runs that end differently (completed, a
-# --stop-after slice, SIGTERM, an elastic restart) are laid out in windows 1280 and 1400 px
-# wide: nothing wider than the window, and how each ended in the runs table and on the loss
-# chart. Refusals (missing file, not a report, bad JSON) are checked first, so they
+# comm bars, which runs on one node do not get. Islands (--islands, 2 of 2 ranks) stack their
+# outer state to the peak tick, divide the ZeRO formula by an island's ranks, add the outer
+# exchanges to the comm formula, and keep every legend label whole. Four runs that end
+# differently (completed, a --stop-after slice, SIGTERM, an elastic restart) are laid out in
+# windows 1280 and 1400 px wide: nothing wider than the window, and how each ended in the
+# runs table and on the loss chart. Refusals (missing file, not a report, bad JSON) are checked first, so they
 # run even where Chromium is not installed (then the test exits 77: skipped).
 set -uo pipefail
 zerodp=$(realpath "$1")
@@ -38,9 +40,10 @@ mkdir -p "$weird"
 "$zerodp" train --size tiny --data synthetic --steps 2 --ranks 2 --stage 3 \
   --offload optimizer,params --offload-dir "$tmp" --offload-piece 2048 --report d.json \
   >train_d.log 2>&1 || { cat train_d.log; exit 1; }
-# DiLoCo's islands: outer steps after steps 2, 4 and 5 (the last), ticked on the loss chart.
-"$zerodp" train --size tiny --data synthetic --steps 5 --ranks 2 --islands 2 --outer-every 2 \
-  --report e.json >train_e.log 2>&1 || { cat train_e.log; exit 1; }
+# DiLoCo's islands: outer steps after steps 2, 4 and 5 (the last), ticked on the loss chart;
+# 2 islands of 2 ranks, each a node, sharding stage 3 inside.
+"$zerodp" train --size tiny --data synthetic --steps 5 --ranks 4 --node-ranks 2 --islands 2 \
+  --outer-every 2 --stage 3 --report e.json >train_e.log 2>&1 || { cat train_e.log; exit 1; }
 # A metrics log whose last line is still being written (no newline yet): left out.
 cp b.jsonl live.jsonl
 printf '{"step":6,"lo' >>live.jsonl
@@ -311,6 +314,25 @@ sed 's|</body>|<script>document.body.setAttribute("data-widths", [document.docum
 "$zerodp" report old.json --out old.html --quiet || bad "report old.json failed"
 "$zerodp" report d.json a.json --out disk.html --quiet || bad "report d.json a.json failed"
 "$zerodp" report e.json a.json --out islands.html --quiet || bad "report e.json a.json failed"
+# Measured in the browser: each legend label's text (its <title> aside) and box, and the chart's.
+cat >legend_probe.js <<'EOF'
+(function () {
+  var box = function (e) {
+    var r = e.getBoundingClientRect();
+    return [r.left, r.top, r.right, r.bottom];
+  };
+  document.body.setAttribute('data-legends', JSON.stringify([].map.call(
+    document.querySelectorAll('svg.chart'), function (svg) {
+      return {id: svg.id, box: box(svg), texts: [].map.call(
+        svg.querySelectorAll('g.legend text'), function (t) {
+          var s = '';
+          t.childNodes.forEach(function (n) { if (n.nodeName !== 'title') s += n.textContent; });
+          return {text: s, box: box(t)};
+        })};
+    })));
+})();
+EOF
+python3 -c 'import sys; p = open("islands.html").read(); open("islands.html", "w").write(p.replace("</body>", "<script>" + open("legend_probe.js").read() + "</script></body>"))'
 for page in extreme.html above.html long-measured.html nodes.html mid.html old.html disk.html \
   islands.html; do
   render "$page"
@@ -447,6 +469,98 @@ check(plain == ["—"] * len(plain) and len(plain) == 2, f"disk: a run without o
 memory = re.search(r'<svg[^>]*id="memory".*?</svg>', dom, re.S).group(0)
 most = fmt_bytes(max(k["nvme_bytes"] for k in d["ranks"]))
 check(f"{most} on disk" in memory and memory.count("on disk") == 1, f"disk: the memory chart labels the offloaded run with {most} on disk")
+sys.exit(1 if fail else 0)
+EOF
+
+# e.json, 2 islands of 2 ranks (nodes of 2) at stage 3, beside a.json: the memory stack holds
+# the outer state, so it reaches the peak tick; the ZeRO formula divides by an island's 2
+# ranks; the comm formula's ticks add the outer exchanges' bytes per step, so they meet the
+# measured bars (control aside) and the part crossing nodes; no legend label is cut.
+python3 - <<'EOF' || fail=1
+import html, json, re, sys
+fail = []
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what)
+    if not ok:
+        fail.append(what)
+e = json.load(open("e.json"))
+dom = open("islands.html.dom", encoding="utf-8").read()
+check('data-rendered="ok"' in dom, "islands.html: rendered without errors")
+def attrs(s):
+    return dict(re.findall(r'([\w-]+)="([^"]*)"', s))
+def group(sid, run):  # [(tag, attrs, title)] of run's bars and ticks in chart sid
+    svg = re.search(r'<svg[^>]*id="%s".*?</svg>' % sid, dom, re.S)
+    g = re.search(r'<g class="group" data-run="%s">(.*?)</g>' % re.escape(run), svg.group(0) if svg else "", re.S)
+    return [(t, attrs(a), html.unescape(tt or "")) for t, a, tt in
+            re.findall(r"<(rect|line)\b([^>]*)>(?:<title>([^<]*)</title>)?", g.group(1) if g else "")]
+def of(elems, tag, cls):
+    return [(a, t) for tg, a, t in elems if tg == tag and cls == a.get("class")]
+
+# 14: per rank, the bar's bytes by x; outer_state a solid segment of the rank's peak.
+mem = group("memory", "e.json")
+bars = {}
+for a, _ in of(mem, "rect", "bar"):
+    bars.setdefault(float(a["x"]), []).append(a)
+marks = sorted(float(a["x1"]) for a, _ in of(mem, "line", "mark"))
+ranks = e["ranks"]
+check(len(bars) == len(ranks) == 4 and len(marks) == 4, f"islands memory: a bar and a peak tick per rank ({len(bars)}, {len(marks)})")
+for (x, segs), k in zip(sorted(bars.items()), ranks):
+    outer = [a for a in segs if a["data-cat"] == "outer_state"]
+    want = k["peak_bytes"]["outer_state"]
+    check(want > 0 and len(outer) == 1 and float(outer[0]["data-bytes"]) == want and outer[0].get("fill-opacity") == "1",
+          f"islands memory: rank {k['rank']}'s outer_state, {want} B, a solid segment ({[a.get('data-bytes') for a in outer]})")
+    total = sum(float(a["data-bytes"]) for a in segs)
+    check(total >= k["peak_bytes"]["total"],
+          f"islands memory: rank {k['rank']}'s stack, {total:.0f} B, reaches its peak of the sum {k['peak_bytes']['total']}")
+memsvg = re.search(r'<svg[^>]*id="memory".*?</svg>', dom, re.S)
+check(memsvg is not None and "outer_state (steady, --islands)" in memsvg.group(0), "islands memory: the legend names outer_state")
+
+# 15: the estimate table's rows of e.json.
+table = re.search(r'<table id="estimate".*?</table>', dom, re.S)
+rows = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in re.findall(r"<tr>(.*?)</tr>", table.group(0) if table else "", re.S)]
+rows = [c for c in rows if c and "e.json" in c[0]]
+check(len(rows) == 4 and all("2 islands of 2" in c[2] for c in rows), f"islands estimate: N says 2 islands of 2 ({[c[2] for c in rows]})")
+check(len(rows) == 4 and all(abs(float(c[6]) - 1) < 1e-3 and c[-1] == "exact" for c in rows),
+      f"islands estimate: measured \u00f7 formula \u2248 1 and exact against the plan ({[(c[6], c[-1]) for c in rows]})")
+
+# 16: the formula's tick at the top of the measured collectives (control, left out of the
+# formula, stacked last), in the bar and in the part crossing nodes.
+comm = group("comm", "e.json")
+def tops(cls):
+    t = {}
+    for a, _ in of(comm, "rect", cls):
+        if a["data-cat"] != "control":
+            x = float(a["x"])
+            t[x] = min(t.get(x, 1e9), float(a["y"]))
+    return [t[x] for x in sorted(t)]
+for cls, tick, what in (("bar", "mark", "the bars"), ("cross", "mark cross", "the part crossing nodes")):
+    ys = [float(a["y1"]) for a, _ in of(comm, "line", tick)]
+    titles = [t for _, t in of(comm, "line", tick)]
+    top = tops(cls)
+    check(len(ys) == len(top) == 4 and all(abs(y - t) < 0.05 for y, t in zip(ys, top)),
+          f"islands comm: the formula's tick meets {what} ({ys} vs {top})")
+    check(len(titles) == 4 and all("outer exchanges" in t for t in titles), f"islands comm: its tooltip has the outer exchanges' share ({titles[:1]})")
+inner = of(comm, "line", "mark inner")
+plan = e["plan"]["comm_bytes_per_step"]
+check(len(inner) == 4 and all(float(a["data-bytes"]) == p["total"] for (a, _), p in zip(inner, plan)),
+      "islands comm: a grey tick at the inner step's formula, plan.comm_bytes_per_step")
+
+# 17: every legend label whole, inside its chart, none over another.
+m = re.search(r'data-legends="([^"]*)"', dom)
+charts = json.loads(html.unescape(m.group(1))) if m else []
+check(len(charts) == 3, f"islands legends: three charts measured ({len(charts)})")
+for c in charts:
+    l, t, r, b = c["box"]
+    texts = c["texts"]
+    check(texts and not any("\u2026" in x["text"] for x in texts), f"islands legends: no {c['id']} label is cut ({[x['text'] for x in texts if chr(0x2026) in x['text']]})")
+    check(all(l - 0.5 <= x["box"][0] and x["box"][2] <= r + 0.5 and t - 0.5 <= x["box"][1] and x["box"][3] <= b + 0.5 for x in texts),
+          f"islands legends: every {c['id']} label lies inside its chart")
+    over = [(p["text"], q["text"]) for i, p in enumerate(texts) for q in texts[i + 1:]
+            if p["box"][0] < q["box"][2] and q["box"][0] < p["box"][2] and p["box"][1] < q["box"][3] and q["box"][1] < p["box"][3]]
+    check(not over, f"islands legends: no two {c['id']} labels overlap ({over[:2]})")
+said = [x["text"] for c in charts for x in c["texts"]]
+check("outer step (--islands), on the bottom edge" in said, "islands legends: the outer-step label whole")
+check("formula (plan): inner step + outer exchanges \u00f7 steps" in said, "islands legends: the comm formula says it adds the outer exchanges")
 sys.exit(1 if fail else 0)
 EOF
 
