@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <fmt/core.h>
@@ -603,7 +604,8 @@ int run_estimate(const Flags& f) {
   e.asked.micro_batch = 1;
   e.asked.grad_accum = 1;
   e.asked.accumulate_default = true;
-  (void)read_table_options(f.texts, e.asked, kEstimateCommand);
+  const std::set<std::string> given = read_table_options(f.texts, e.asked, kEstimateCommand);
+  check_idle_island_options(e.asked, given);
   read_model(f, e);
   read_run(f, e);
   read_costs(f, e);

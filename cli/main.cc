@@ -87,6 +87,9 @@ int main(int argc, char** argv) {
     for (const auto& [sub, run] : runners) {
       if (sub->parsed()) return run(cli::Launch{argc, argv});
     }
+  } catch (const std::bad_alloc& e) {
+    fmt::print(stderr, "zerodp: {}\n", zerodp::out_of_memory_message(e));
+    return cli::exit_code_for(e);
   } catch (const std::exception& e) {
     fmt::print(stderr, "zerodp: {}\n", e.what());
     return cli::exit_code_for(e);

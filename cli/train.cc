@@ -1,6 +1,7 @@
 // zerodp train: a data-parallel training run at any ZeRO stage, with a report.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -79,7 +80,11 @@ class Progress {
 
   // A line of its own that the progress bar does not overwrite.
   void note(const std::string& text) {
-    if (!enabled_) return;
+    if (enabled_) say(text);
+  }
+
+  // Printed with --no-progress too: what changes the run's course is never silent.
+  void say(const std::string& text) {
     if (tty_) {
       fmt::print(stderr, "\r{:<100}\n", text);
     } else {
@@ -99,11 +104,36 @@ class Progress {
 
 // 128 + the signal for a run a signal stopped (also one that arrived after the last step:
 // the caller asked to stop and should learn that it did), 1 for --max-skips, else 0.
+// A run whose every step was skipped trained nothing: 1 as well, since the weights it
+// reports are the ones it started from.
 int exit_code(const TrainResult& r) {
   if (r.stopped && r.stopped->reason != EarlyStop::Reason::kSignal) return kExitFailure;
   if (r.stopped) return 128 + r.stopped->signal;
   if (const int signal = stop_requested()) return 128 + signal;
+  if (!r.steps.empty() && std::ranges::all_of(r.steps, &StepRecord::skipped)) return kExitFailure;
   return 0;
+}
+
+// The run's skipped steps, said once at the end: a loss of nan or a flat curve has a
+// cause the user should not have to dig out of the step lines. Empty when none was skipped.
+std::string skips_note(const TrainResult& r) {
+  const auto first = std::ranges::find_if(r.steps, &StepRecord::skipped);
+  if (first == r.steps.end()) return {};
+  const auto skipped = std::ranges::count_if(r.steps, &StepRecord::skipped);
+  const std::string where =
+      first->bad_unit.empty() ? std::string("the loss")
+                              : fmt::format("unit {} on rank {}", first->bad_unit, first->bad_rank);
+  if (skipped == static_cast<std::ptrdiff_t>(r.steps.size())) {
+    return fmt::format(
+        "no step trained: all {} were skipped for non-finite gradients or loss (the first, "
+        "step {}, in {}), so the weights are the ones the run started from; check the "
+        "starting weights (--init-from), lower --lr, or use --precision fp32",
+        skipped, first->step, where);
+  }
+  return fmt::format(
+      "{} of {} steps were skipped for non-finite gradients or loss (the first, step {}, in "
+      "{}); their updates were not applied",
+      skipped, r.steps.size(), first->step, where);
 }
 
 // What an early stop left behind, and how to go on.
@@ -171,12 +201,12 @@ int run_train(Flags& f, Launch args) {
   };
   // The survivors' launch prints its own steps from the checkpoint on.
   RestartCallback on_restart = [&](const Restart& x) {
-    progress.note(fmt::format(
+    progress.say(fmt::format(
         "{} failed at step {} ({}); restarting on {} ranks x --grad-accum {} from the checkpoint "
-        "of step {} (restart {} of --max-restarts {})",
+        "of step {} (restart {} of --max-restarts {}){}",
         x.failed_rank >= 0 ? fmt::format("rank {}", x.failed_rank) : std::string("a rank"),
         x.failed_step, x.cause, x.ranks_after, x.grad_accum_after, x.resumed_step, ++restarts,
-        c.max_restarts));
+        c.max_restarts, x.order_note.empty() ? "" : "; " + x.order_note));
   };
   const StopOnSignals stop_on_signals;
   TrainResult r;
@@ -202,6 +232,7 @@ int run_train(Flags& f, Launch args) {
   if (!r.resumed_from.empty()) {
     fmt::print("continued from {}: steps {}..{}\n", r.resumed_from, r.first_step, r.config.steps);
   }
+  if (!r.order_note.empty()) fmt::print(stderr, "zerodp: note: {}\n", r.order_note);
   if (!r.init_sha256.empty()) {
     fmt::print("started from {} (sha256 {})\n", r.config.init_from, r.init_sha256.substr(0, 16));
   }
@@ -233,6 +264,9 @@ int run_train(Flags& f, Launch args) {
   fmt::print("{}", formula_table(r));
   if (!c.report_path.empty()) fmt::print("report: {}\n", c.report_path);
   if (r.stopped) fmt::print(stderr, "zerodp: {}\n", stop_note(r));
+  if (const std::string skips = skips_note(r); !skips.empty()) {
+    fmt::print(stderr, "zerodp: {}\n", skips);
+  }
   return code;
 }
 

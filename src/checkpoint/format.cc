@@ -1,7 +1,9 @@
 #include "checkpoint/format.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include <fmt/format.h>
@@ -10,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "tensor/dtype.h"
 
 namespace zerodp::checkpoint {
 
@@ -19,6 +22,94 @@ std::string step_dir_name(uint64_t step) { return fmt::format("step_{:08d}", ste
 std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.safetensors", rank); }
 std::string tensor_name(std::string_view unit, std::string_view kind) {
   return fmt::format("{}.{}", unit, kind);
+}
+
+SavedValues saved_values(std::string_view kind) {
+  if (kind == "adam_m8" || kind == "adam_v8") return SavedValues::kAny;
+  if (kind == "adam_v" || kind.ends_with("_scale")) return SavedValues::kFiniteNonNegative;
+  return SavedValues::kFinite;
+}
+
+std::string_view describe(SavedValues rule) {
+  switch (rule) {
+    case SavedValues::kAny:
+      return "any";
+    case SavedValues::kFinite:
+      return "finite";
+    case SavedValues::kFiniteNonNegative:
+      return "finite, non-negative";
+  }
+  return "?";
+}
+
+namespace {
+
+// The first of `n` elements at `p` whose bits are not finite (all exponent bits set) or, with
+// `NonNegative`, are negative (the sign bit and any other: -0 passes). Blocks are tested
+// without a branch per element, which the compiler vectorizes; only a block that holds one
+// is searched.
+template <typename Bits, bool NonNegative>
+std::optional<size_t> first_bad_bits(const std::byte* p, size_t n, Bits exponent) {
+  constexpr Bits kSign = Bits{1} << (8 * sizeof(Bits) - 1);
+  const auto bad = [exponent](Bits b) {
+    const bool not_finite = (b & exponent) == exponent;
+    return NonNegative ? not_finite | (b > kSign) : not_finite;
+  };
+  constexpr size_t kBlock = 512;
+  for (size_t at = 0; at < n; at += kBlock) {
+    const size_t m = std::min(kBlock, n - at);
+    const std::byte* q = p + at * sizeof(Bits);
+    unsigned any = 0;
+    for (size_t i = 0; i < m; ++i) {
+      Bits b;
+      std::memcpy(&b, q + i * sizeof(Bits), sizeof(Bits));
+      any |= static_cast<unsigned>(bad(b));
+    }
+    if (any == 0) continue;
+    for (size_t i = 0; i < m; ++i) {
+      Bits b;
+      std::memcpy(&b, q + i * sizeof(Bits), sizeof(Bits));
+      if (bad(b)) return at + i;
+    }
+  }
+  return std::nullopt;
+}
+
+template <typename Bits>
+std::optional<size_t> first_bad_bits(std::span<const std::byte> bytes, SavedValues rule,
+                                     Bits exponent) {
+  const size_t n = bytes.size() / sizeof(Bits);
+  return rule == SavedValues::kFiniteNonNegative
+             ? first_bad_bits<Bits, true>(bytes.data(), n, exponent)
+             : first_bad_bits<Bits, false>(bytes.data(), n, exponent);
+}
+
+}  // namespace
+
+std::optional<BadValue> first_bad_value(std::span<const std::byte> bytes,
+                                        safetensors::ElementType type, SavedValues rule) {
+  using safetensors::ElementType;
+  if (rule == SavedValues::kAny) return std::nullopt;
+  std::optional<size_t> at;
+  if (type == ElementType::kF32) {
+    at = first_bad_bits<uint32_t>(bytes, rule, 0x7f800000u);
+  } else if (type == ElementType::kBF16) {
+    at = first_bad_bits<uint16_t>(bytes, rule, 0x7f80u);
+  } else if (type == ElementType::kF16) {
+    at = first_bad_bits<uint16_t>(bytes, rule, 0x7c00u);
+  }
+  if (!at) return std::nullopt;
+  BadValue bad{.index = *at, .value = 0};
+  if (type == ElementType::kF32) {
+    float v = 0;
+    std::memcpy(&v, bytes.data() + *at * 4, 4);
+    bad.value = v;
+  } else {
+    uint16_t bits = 0;
+    std::memcpy(&bits, bytes.data() + *at * 2, 2);
+    bad.value = type == ElementType::kBF16 ? to_f32(BFloat16{bits}) : to_f32(Float16{bits});
+  }
+  return bad;
 }
 
 std::string to_json(const Meta& m) {
@@ -174,6 +265,13 @@ void parse_files(const Fields& f, const Json& j, Meta& m) {
       }
       return h;
     };
+    // Exactly one: a reader checks the one there is, so a second beside it would be taken
+    // on trust.
+    if (files[i].contains("crc32c") && files[i].contains("sha256")) {
+      f.fail(p,
+             "has both \"crc32c\" and \"sha256\"; a checkpoint lists one digest per file "
+             "(zerodp writes crc32c), so this entry was not written by zerodp");
+    }
     if (files[i].contains("crc32c")) {
       file.crc32c = hex("crc32c", 8);
     } else if (files[i].contains("sha256")) {
@@ -271,6 +369,29 @@ UnitMeta parse_unit(const Fields& f, const Json& unit, const std::string& p, int
   return u;
 }
 
+// meta.json's data cursor as a sampler leaves it: a step takes 1 to dataset_size samples,
+// an equal share for each of the saving run's ranks, and the cursor is inside an epoch (a
+// step that ends one moves it to the next epoch's start).
+void check_data_cursor(const Fields& f, const Meta& m) {
+  const uint64_t k = m.samples_per_step;
+  if (k == 0) f.fail("data.samples_per_step", "is 0; a step takes 1 sample or more");
+  if (k > m.dataset_size) {
+    f.fail("data.samples_per_step",
+           fmt::format("is {}, more than the {} samples of data.dataset_size", k, m.dataset_size));
+  }
+  if (k % static_cast<uint64_t>(m.world_size) != 0) {
+    f.fail("data.samples_per_step",
+           fmt::format("is {}, which the {} ranks of world_size cannot have taken in equal shares",
+                       k, m.world_size));
+  }
+  if (const uint64_t steps = m.dataset_size / k; m.data_step >= steps) {
+    f.fail("data.step_in_epoch",
+           fmt::format("is {}, past the {} steps of an epoch (data.dataset_size {} / "
+                       "data.samples_per_step {})",
+                       m.data_step, steps, m.dataset_size, k));
+  }
+}
+
 }  // namespace
 
 Meta parse_meta(std::string_view text, std::string_view what) {
@@ -352,6 +473,7 @@ Meta parse_meta(std::string_view text, std::string_view what) {
   m.samples_per_step = f.get<uint64_t>(data, "data", "samples_per_step");
   m.dataset_size = f.get<uint64_t>(data, "data", "dataset_size");
   m.seed = f.get<uint64_t>(data, "data", "seed");
+  check_data_cursor(f, m);
   const Json& rng = f.array(j, "", "rng");
   for (size_t r = 0; r < rng.size(); ++r) {
     m.rank_seeds.push_back(f.get<uint64_t>(rng[r], fmt::format("rng[{}]", r), "seed"));

@@ -48,6 +48,30 @@ size_t expect_int8_moments(const safetensors::Reader& file, const std::string& u
   return 6;
 }
 
+// What to try instead of a checkpoint `dir` found damaged: the newest committed one before it
+// beside it, if any.
+std::string earlier_checkpoint(const fs::path& dir, uint64_t step);
+
+// Elements [first, first + n) of tensor `t` of `file` (a shard of the checkpoint `dir` at
+// `step`) into `out`, then checked: CorruptData naming the file, the tensor, the element and
+// its value when one is not what a run saves in a tensor of `kind`. One pass over what was
+// just read: medium's 152 MB of states take 5-6.5 ms more than the copy from the page cache's
+// 11-19 ms (pieces sized to stay in the cache between the two were no faster).
+void read_checked(const safetensors::Reader& file, const safetensors::TensorInfo& t,
+                  std::string_view kind, uint64_t first, std::span<std::byte> out,
+                  const fs::path& dir, uint64_t step) {
+  file.read(t, first, out);
+  const SavedValues rule = saved_values(kind);
+  const std::optional<BadValue> bad = first_bad_value(out, t.type, rule);
+  if (!bad) return;
+  throw CorruptData(fmt::format(
+      "{}: tensor {} holds {} at element {}; a run saves only {} values there (a step with "
+      "non-finite gradients is skipped, not saved), so this checkpoint is damaged though its "
+      "checksums match; {}",
+      file.path().string(), t.name, bad->value, first + bad->index, describe(rule),
+      earlier_checkpoint(dir, step)));
+}
+
 [[noreturn]] void io_fail(std::string_view what, const fs::path& path) {
   throw IoError(fmt::format("{} {}: {}", what, path.string(), std::strerror(errno)));
 }
@@ -68,6 +92,26 @@ std::optional<uint64_t> parse_step_dir(std::string_view name) {
     step = step * 10 + static_cast<uint64_t>(c - '0');
   }
   return step;
+}
+
+std::string earlier_checkpoint(const fs::path& dir, uint64_t step) {
+  const fs::path root = dir.parent_path();
+  std::optional<fs::path> before;
+  try {
+    for (const fs::path& p : list_checkpoints(root)) {
+      const auto s = parse_step_dir(p.filename().string());
+      if (s && *s < step) before = p;
+    }
+  } catch (const std::exception&) {
+    // A directory that cannot be listed offers none: the damage is the news.
+  }
+  if (before) {
+    return fmt::format(
+        "continue from an earlier checkpoint, e.g. --resume {} (the newest before it)",
+        before->string());
+  }
+  return fmt::format("{} holds no earlier checkpoint: restore this one from a copy, or start again",
+                     root.empty() ? std::string(".") : root.string());
 }
 
 }  // namespace
@@ -442,7 +486,8 @@ void Checkpoint::read(size_t unit, std::string_view kind, uint64_t first, std::s
           dir_.string(), dir_.string()));
     }
     const safetensors::TensorInfo* t = files_[f]->find(name);
-    files_[f]->read(*t, lo - b, out.subspan((lo - first) * esize, (hi - lo) * esize));
+    read_checked(*files_[f], *t, kind, lo - b, out.subspan((lo - first) * esize, (hi - lo) * esize),
+                 dir_, meta_.step);
   }
 }
 
@@ -458,7 +503,7 @@ void Checkpoint::read_rank(int rank, size_t unit, std::string_view kind, uint64_
   if (t == nullptr) {
     throw CorruptData(fmt::format("{}: no tensor \"{}\"", files_[f]->path().string(), name));
   }
-  files_[f]->read(*t, first, out);
+  read_checked(*files_[f], *t, kind, first, out, dir_, meta_.step);
 }
 
 uint64_t Checkpoint::length(int rank, size_t unit, std::string_view kind, int island) const {

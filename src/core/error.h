@@ -4,6 +4,7 @@
 // Every message names the thing, the value, and what would work.
 #pragma once
 
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -59,5 +60,8 @@ class CommTimeout : public CommError {
 // its message led by `context` (e.g. "rank 1 of 4, step 7"), so a failure reported far from
 // where it happened still says where; any other exception becomes an Error.
 [[noreturn]] void rethrow_with_context(const std::string& context);
+
+// A failed allocation in words: what ran out and what would help.
+std::string out_of_memory_message(const std::bad_alloc& e);
 
 }  // namespace zerodp

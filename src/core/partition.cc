@@ -8,6 +8,17 @@
 
 namespace zerodp {
 
+Range balanced_range(size_t length, int world, int rank) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    throw InvalidArgument(
+        fmt::format("partition: rank {} of world {} is invalid; use 0 to world - 1", rank, world));
+  }
+  const size_t n = static_cast<size_t>(world), r = static_cast<size_t>(rank);
+  const size_t base = length / n, extra = length % n;
+  const size_t begin = r * base + std::min(r, extra);
+  return {begin, begin + base + (r < extra ? 1 : 0)};
+}
+
 Partition::Partition(size_t length, int world) {
   if (world < 1) {
     throw InvalidArgument(fmt::format("partition: world size {} is invalid; use 1 or more", world));

@@ -104,10 +104,15 @@ double parse_seconds(std::string_view text, std::string_view what) {
       scale = 1e-9;
     else if (s.suffix == "min")
       scale = 60;
+    else if (s.suffix == "h")
+      scale = 3600;
+    else if (s.suffix == "day" || s.suffix == "days")
+      scale = 86400;
   }
   if (scale < 0 || s.number < 0) {
     throw InvalidArgument(fmt::format(
-        "{}: '{}' is not a duration; write a number of seconds or use a unit, e.g. 20us, 5ms, 300",
+        "{}: '{}' is not a duration; write a number of seconds or use a unit (ns, us, ms, s, min, "
+        "h, day), e.g. 20us, 5ms, 300, 2h",
         what, text));
   }
   return s.number * scale;

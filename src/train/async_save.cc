@@ -16,6 +16,7 @@
 #include "checkpoint/store.h"
 #include "comm/ledger.h"
 #include "core/error.h"
+#include "core/stop_flag.h"
 #include "core/stream_copy.h"
 #include "train/moments_io.h"
 #include "train/offload.h"
@@ -29,6 +30,9 @@ using Clock = std::chrono::steady_clock;
 
 // What the writer hands write(2) at once: an abandoned save stops within one piece.
 constexpr size_t kWritePiece = size_t{16} << 20;
+
+// How often a wait for the staging looks for a stop request.
+constexpr auto kStopPoll = std::chrono::milliseconds(10);
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -176,14 +180,18 @@ AsyncSaver::Progress AsyncSaver::exchange(const Progress& mine) {
   const auto base = static_cast<double>(trainer_.comm().size() + 1);
   const double sum = trainer_.comm().sum_control(
       static_cast<double>(mine.unwritten) +
-      base * (static_cast<double>(mine.uncommitted) + base * static_cast<double>(mine.failed)));
+      base *
+          (static_cast<double>(mine.uncommitted) +
+           base * (static_cast<double>(mine.failed) + base * static_cast<double>(mine.stopping))));
   const auto b = static_cast<int64_t>(base);
   auto n = static_cast<int64_t>(std::llround(sum));
   Progress all;
   all.unwritten = n % b;
   n /= b;
   all.uncommitted = n % b;
-  all.failed = n / b;
+  n /= b;
+  all.failed = n % b;
+  all.stopping = n / b;
   return all;
 }
 
@@ -200,7 +208,17 @@ std::optional<int64_t> AsyncSaver::poll(Wait wait) {
       if (wait == Wait::kForAll) {
         cv_.wait(mu_, [this]() REQUIRES(mu_) { return own_part_done(); });
       } else if (wait == Wait::kForStaging) {
-        cv_.wait(mu_, [this]() REQUIRES(mu_) { return !ticket_ || done_; });
+        // A stop request ends the wait: the due save is given up, and the next boundary's
+        // signal save waits for the write in flight no longer than --checkpoint-signal-wait.
+        // The writer cannot see the request (it comes from a signal handler), so the wait is
+        // sliced.
+        while (
+            !cv_.wait_for(mu_, kStopPoll, [this]() REQUIRES(mu_) { return !ticket_ || done_; })) {
+          if (stop_requested() != 0) {
+            mine.stopping = 1;
+            break;
+          }
+        }
       }
       mine.unwritten = ticket_ && !done_ ? 1 : 0;
       if (committing_ && committing_->owner) {
@@ -213,7 +231,7 @@ std::optional<int64_t> AsyncSaver::poll(Wait wait) {
     // The older save first: its commit was handed over before the newer one's write.
     if (committing_ && all.uncommitted == 0) committed = settle(all.failed > 0);
     if (ticket_ && all.unwritten == 0) hand_over_commit();
-    if (wait == Wait::kNo || (wait == Wait::kForStaging && !writing())) break;
+    if (wait == Wait::kNo || (wait == Wait::kForStaging && (!writing() || all.stopping > 0))) break;
   }
   return committed;
 }

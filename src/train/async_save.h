@@ -107,6 +107,7 @@ class AsyncSaver {
     int64_t unwritten = 0;    // ranks whose write is not done
     int64_t uncommitted = 0;  // owners whose commit is not done
     int64_t failed = 0;       // owners whose commit failed
+    int64_t stopping = 0;     // ranks that saw a stop request while waiting for the staging
   };
   Progress exchange(const Progress& mine);
   void writer_loop();

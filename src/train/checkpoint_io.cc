@@ -341,10 +341,35 @@ void load_island_states(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt
   }
 }
 
+// Every state this rank holds from the checkpoint: its islands', then the outer state.
+void load_states(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
+  // The island whose states this rank continues (islands in turn: each it holds).
+  OuterStep* outer = trainer.outer();
+  const int hosted = trainer.hosted_islands();
+  for (int v = 0; v < hosted; ++v) {
+    trainer.activate_island(v);
+    const int island = hosted > 1         ? v
+                       : outer != nullptr ? trainer.comm().rank() / trainer.group().size()
+                                          : 0;
+    load_island_states(trainer, ckpt, island);
+  }
+  trainer.activate_island(0);
+  const ShardedState& state = trainer.state();
+  for (size_t i = 0; outer != nullptr && i < state.units().size(); ++i) {
+    const UnitState& u = state.units()[i];
+    ckpt.read(i, "outer_params", u.own.begin, std::as_writable_bytes(outer->global(i)));
+    ckpt.read(i, "outer_momentum", u.own.begin, std::as_writable_bytes(outer->momentum(i)));
+    if (ckpt.holds("outer_pending")) {
+      std::vector<float> values(u.own.count());
+      ckpt.read(i, "outer_pending", u.own.begin, std::as_writable_bytes(std::span(values)));
+      outer->restore_pending(static_cast<int64_t>(ckpt.meta().step), i, values);
+    }
+  }
+}
+
 }  // namespace
 
 void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
-  ShardedState& state = trainer.state();
   DistributedSampler& sampler = trainer.sampler();
   const checkpoint::Meta& m = ckpt.meta();
   const TrainConfig& cfg = trainer.config();
@@ -365,26 +390,27 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
           ckpt.dir().string(), flag_of(key), saved->second, mine, flag_of(key), saved->second));
     }
   }
-  // The island whose states this rank continues (islands in turn: each it holds).
-  OuterStep* outer = trainer.outer();
-  const int hosted = trainer.hosted_islands();
-  for (int v = 0; v < hosted; ++v) {
-    trainer.activate_island(v);
-    const int island = hosted > 1         ? v
-                       : outer != nullptr ? trainer.comm().rank() / trainer.group().size()
-                                          : 0;
-    load_island_states(trainer, ckpt, island);
+  // Each rank reads, and checks, only the ranges it holds: one that finds a value no run
+  // saves (checkpoint/format.h's saved_values) or cannot read its part fails every rank with
+  // its message, so none goes on to wait for it at the first step.
+  int failure = 0;  // 2: damaged, 1: unreadable
+  std::string error;
+  try {
+    load_states(trainer, ckpt);
+  } catch (const CorruptData& e) {
+    failure = 2;
+    error = e.what();
+  } catch (const IoError& e) {
+    failure = 1;
+    error = e.what();
   }
-  trainer.activate_island(0);
-  for (size_t i = 0; outer != nullptr && i < state.units().size(); ++i) {
-    const UnitState& u = state.units()[i];
-    ckpt.read(i, "outer_params", u.own.begin, std::as_writable_bytes(outer->global(i)));
-    ckpt.read(i, "outer_momentum", u.own.begin, std::as_writable_bytes(outer->momentum(i)));
-    if (ckpt.holds("outer_pending")) {
-      std::vector<float> values(u.own.count());
-      ckpt.read(i, "outer_pending", u.own.begin, std::as_writable_bytes(std::span(values)));
-      outer->restore_pending(static_cast<int64_t>(m.step), i, values);
-    }
+  Communicator& comm = trainer.comm();
+  CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
+  if (const double worst = comm.max_control(failure); worst > 0) {
+    const std::string first = first_error(comm, failure == worst ? error : std::string());
+    trainer.activate_island(0);
+    if (worst == 2) throw CorruptData(first);
+    throw IoError(first);
   }
   OptimizerCounters counters{.adam_step = m.adam_step, .scaler = std::nullopt};
   if (m.loss_scaler) {
@@ -607,6 +633,9 @@ checkpoint::Meta agree_save(RankTrainer& trainer, const SaveTicket& t, const Sha
                         .sha256 = {}});
   if (cfg.node_local_checkpoints) meta.hosts.push_back(t.hosts[0]);
   if (!failed.empty()) {
+    // Every rank names the cause (the file and the system's reason), whichever rank met it
+    // and whichever rank's message the run reports.
+    const std::string cause = first_error(comm, error);
     // Every rank has finished with the temporary: what it holds can never be committed, and
     // on a full disk its space is what the user needs back.
     if (t.owner) {
@@ -616,7 +645,7 @@ checkpoint::Meta agree_save(RankTrainer& trainer, const SaveTicket& t, const Sha
     throw CheckpointNotCommitted(
         fmt::format("checkpoint at step {} not committed: rank(s) {} could not write "
                     "their shard{}{}",
-                    step, fmt::join(failed, ", "), error.empty() ? "" : ": ", error));
+                    step, fmt::join(failed, ", "), cause.empty() ? "" : ": ", cause));
   }
   return meta;
 }
@@ -703,39 +732,6 @@ void save_checkpoint(RankTrainer& trainer, int64_t step,
   }
   checkpoint::failpoint("shard-written", trainer.comm().rank());
   finish_save(trainer, t, w);
-}
-
-// A continuation keeps the checkpoint's samples per optimizer step, K = N b A, unless
-// --grad-accum was given: A' = K / (N' b') on N' ranks of micro-batch b'. A rank count that
-// cannot split K evenly is refused, naming the counts that can. `default_policy`: the
-// accumulation policy is the default, chosen again for A'.
-void keep_global_batch(TrainConfig& cfg, const std::filesystem::path& from,
-                       const checkpoint::Meta& m, int world, bool default_policy) {
-  const uint64_t k = m.samples_per_step;
-  const uint64_t b = static_cast<uint64_t>(cfg.micro_batch);
-  const uint64_t n = static_cast<uint64_t>(world);
-  if (k == 0 || k % (n * b) != 0) {
-    // A damaged checkpoint is the graver news (exit 3): verify before refusing the batch.
-    (void)checkpoint::Checkpoint(from);
-    std::vector<uint64_t> fits;
-    for (uint64_t r = 1; r <= k / b; ++r) {
-      if (k % (r * b) == 0) fits.push_back(r);
-    }
-    const auto saved = [&](const char* key) {
-      return m.config.count(key) ? m.config.at(key) : std::string("?");
-    };
-    throw InvalidArgument(fmt::format(
-        "--resume {}: the checkpoint's steps take {} samples ({} ranks x --micro-batch {} x "
-        "--grad-accum {}), which {} ranks of --micro-batch {} cannot split evenly; {}, or pass "
-        "--grad-accum to change the batch",
-        from.string(), k, m.world_size, saved("micro_batch"), saved("grad_accum"), world, b,
-        fits.empty() ? std::string("no rank count can at this micro-batch")
-                     : fmt::format("use --ranks {}", fmt::join(fits, ", "))));
-  }
-  cfg.grad_accum = static_cast<int>(k / (n * b));
-  if (default_policy) {
-    cfg.accumulate = default_accumulate(cfg.stage, cfg.grad_accum, cfg.invariant);
-  }
 }
 
 }  // namespace zerodp

@@ -40,7 +40,9 @@ void stream_shard(const ShardedState& state, StateStore& store, const OuterStep*
 // CorruptData unless the checkpoint holds this model's units and tensors.
 void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
 // Replaces every state, the optimizer's counters and the data cursor with the checkpoint's.
-// The caller verified the checkpoint.
+// The caller verified the checkpoint; each rank checks the values it reads (checkpoint/
+// format.h's saved_values), and one no run saves, or a read that fails, on any rank is
+// CorruptData (IoError) on every rank, naming the lowest such rank's file, tensor and element.
 void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
 
 // A resume continues the model the checkpoint in `from` holds. Its meta.json is validated
@@ -127,14 +129,5 @@ std::string first_error(Communicator& comm, const std::string& error);
 // and back.
 checkpoint::StepHistory history_of(const StepRecord& r);
 StepRecord record_of(const checkpoint::StepHistory& h);
-
-// A continuation keeps the checkpoint's samples per optimizer step, K = N b A, unless
-// --grad-accum was given: A' = K / (N' b') on N' ranks of micro-batch b'. A rank count that
-// cannot split K evenly is refused, naming the counts that can. `default_policy`: the
-// accumulation policy is the default, chosen again for A'.
-// `world`: the ranks that split a step's samples (islands in turn: every island's share of
-// each rank, islands x ranks).
-void keep_global_batch(TrainConfig& cfg, const std::filesystem::path& from,
-                       const checkpoint::Meta& m, int world, bool default_policy);
 
 }  // namespace zerodp

@@ -316,6 +316,14 @@ void check_islands_in_turn(const TrainConfig& c) {
   }
 }
 
+void check_fragments(const TrainConfig& c, uint64_t params) {
+  if (c.islands < 2 || static_cast<uint64_t>(c.fragments) <= params) return;
+  throw InvalidArgument(fmt::format(
+      "--fragments {} would split the model's {} parameters into fragments of less than one "
+      "element; use at most {} (a divisor of --outer-every {}, e.g. 4)",
+      c.fragments, params, params, c.outer_every));
+}
+
 void check_island_modes(const TrainConfig& c) {
   check_islands_in_turn(c);
   if (c.islands == 1) return;

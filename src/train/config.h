@@ -261,12 +261,18 @@ std::string flag_of(std::string_view key);
 // its value and what it needs; config_json records it as null, so a report fed back through
 // --config runs. Called by resolve_config.
 void check_idle_options(const TrainConfig& c);
+// Of those, DiLoCo's (--outer-every, --fragments, ... without --islands): estimate's check,
+// which takes no other of train's rules.
+void check_idle_island_options(const TrainConfig& c, const std::set<std::string>& given);
 
 // The refusals of --islands train and estimate share: what the islands cannot be combined
 // with (--shard-within-node, --hpz, --offload), and Streaming DiLoCo's
 // schedule (--fragments dividing --outer-every, --outer-delay below H / F, evaluation where
 // the islands agree on the weights).
 void check_island_modes(const TrainConfig& c);
+// Streaming DiLoCo's fragments split the model's `params` elements: each must hold at least
+// one, or the plan would build (and time) empty exchanges by the million. InvalidArgument.
+void check_fragments(const TrainConfig& c, uint64_t params);
 // Islands are nodes unless --node-ranks says otherwise: with --islands and no --node-ranks,
 // node_ranks becomes world / islands (launch() makes the MPI world so, comm/launch.h).
 void default_island_nodes(TrainConfig& c, int world);

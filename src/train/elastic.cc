@@ -11,6 +11,7 @@
 #include "checkpoint/store.h"
 #include "core/error.h"
 #include "train/checkpoint_io.h"
+#include "train/continuation.h"
 
 namespace zerodp {
 
@@ -142,8 +143,10 @@ Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
                   .ranks_after = survivors,
                   .grad_accum_before = cfg.grad_accum,
                   .resumed_step = static_cast<int64_t>(meta.step),
-                  .checkpoint = latest->string()};
-  keep_global_batch(cfg, *latest, meta, survivors * hosted_islands(cfg), default_policy);
+                  .checkpoint = latest->string(),
+                  .order_note = {}};
+  restart.order_note =
+      keep_global_batch(cfg, *latest, meta, survivors * hosted_islands(cfg), default_policy);
   restart.grad_accum_after = cfg.grad_accum;
   cfg.launch.ranks = survivors;
   cfg.resume = "latest";

@@ -31,6 +31,7 @@
 #include "models/model.h"
 #include "train/async_save.h"
 #include "train/checkpoint_io.h"
+#include "train/continuation.h"
 #include "train/elastic.h"
 #include "train/initial_weights.h"
 #include "train/model_kind.h"
@@ -217,7 +218,7 @@ struct RunPlan {
   double gemm_flops_per_core = 0;
   std::optional<double> model_shapes_flops_per_core;  // nullopt: the model declares no products
   std::span<const Restart> restarts;                  // before this launch
-  std::string init_sha256;                            // of cfg.init_from, on a fresh start from it
+  const InitDigest* init = nullptr;                   // of cfg.init_from, on a fresh start from it
   // Local ranks: one slot per rank, each written by its own thread only.
   std::vector<RankFailure>* failures = nullptr;
 };
@@ -324,7 +325,7 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
   } else if (!cfg.init_from.empty()) {
     for (int v = 0; v < trainer.hosted_islands(); ++v) {  // every island starts from them
       trainer.activate_island(v);
-      load_initial_weights(trainer, cfg.init_from);
+      load_initial_weights(trainer, cfg.init_from, *plan.init);
     }
     trainer.activate_island(0);
   }
@@ -347,6 +348,8 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
   SkipStreak skips(cfg.max_skips);
   std::optional<AsyncSaver> async;
   if (cfg.checkpoint_async && !cfg.checkpoint_dir.empty()) async.emplace(trainer, run.saves);
+  // From here a signal is a stop request that saves what the steps did (train/stop.h).
+  set_nothing_to_save(false);
   for (int64_t s = run.first; s <= last && !run.stopped; ++s) {
     StepRecord rec;
     try {
@@ -419,7 +422,7 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
   for (size_t i = 0; i < run.earlier; ++i) result.history.push_back(record_of(run.carried[i]));
   result.final_loss = run.steps.empty() ? std::nan("") : run.steps.back().loss;
   result.resumed_from = run.resumed_from.string();
-  if (run.resumed_from.empty()) result.init_sha256 = plan.init_sha256;
+  if (run.resumed_from.empty() && plan.init != nullptr) result.init_sha256 = plan.init->sha256;
   result.first_step = run.first;
   result.restarts.assign(plan.restarts.begin(), plan.restarts.end());
   for (int r = 0; r < comm.size(); ++r) {
@@ -577,13 +580,37 @@ void report_run(TrainResult& result, const RunPlan& plan, RankTrainer& trainer, 
 }
 
 // A fresh start from --init-from: the file checked against the model once, before any rank
-// holds a state, and hashed for the report. Empty when the run does not start from it.
-std::string check_init_from(const TrainConfig& cfg, const ModelFactory& make_model,
-                            const std::filesystem::path& resume_from) {
-  if (cfg.init_from.empty() || !resume_from.empty()) return "";
-  check_initial_weights(make_model ? make_model() : build_model(cfg),
-                        model_label(cfg.model, cfg.size), cfg.init_from);
-  return sha256_file_hex(cfg.init_from);
+// holds a state, and hashed for the report in the same pass. nullopt when the run does not
+// start from it.
+std::optional<InitDigest> check_init_from(const TrainConfig& cfg, const ModelFactory& make_model,
+                                          const std::filesystem::path& resume_from) {
+  if (cfg.init_from.empty() || !resume_from.empty()) return std::nullopt;
+  return check_initial_weights(make_model ? make_model() : build_model(cfg),
+                               model_label(cfg.model, cfg.size), cfg.init_from);
+}
+
+// MFU's terms: the model's FLOPs per token and the GEMM peaks it is measured against.
+struct Calibration {
+  ModelCost cost;
+  double gemm_peak = 0;
+  std::optional<double> model_shapes_peak;
+};
+
+Calibration calibrate(const TrainConfig& cfg, const DataSplits& data,
+                      const ModelFactory& make_model) {
+  ModelCost cost = model_cost(cfg, data, make_model);
+  const GemmCompute compute = compute_for(cfg.precision);
+  const double peak = gemm_flops_per_core(compute);
+  const std::optional<double> shapes = gemm_flops_per_core(compute, cost.products);
+  return {.cost = std::move(cost), .gemm_peak = peak, .model_shapes_peak = shapes};
+}
+
+// Every rank runs the same options; under MPI each process also checked and hashed
+// --init-from itself, so they must have read one file.
+void check_same_run(const RunPlan& plan, Communicator& comm) {
+  nlohmann::json options = config_json(plan.cfg);
+  if (plan.init != nullptr) options["init_from (sha256)"] = plan.init->sha256;
+  check_same_options(options, comm);
 }
 
 }  // namespace
@@ -591,6 +618,7 @@ std::string check_init_from(const TrainConfig& cfg, const ModelFactory& make_mod
 TrainResult train(const TrainConfig& config, int& argc, char**& argv, const StepCallback& on_step,
                   const ModelFactory& make_model, const RestartCallback& on_restart) {
   TrainConfig cfg = config;
+  set_nothing_to_save(true);
   const bool default_policy = cfg.accumulate_default;
   bool derive_batch = cfg.grad_accum == 0;
   if (!make_model) adopt_resumed_model(cfg);
@@ -604,9 +632,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   if (local) dir_lock.emplace(cfg.checkpoint_dir);
   const DataSplits data = open_training_data(cfg);
   // MFU's terms, calibrated before the first launch's ranks start, kept for any restart's.
-  std::optional<ModelCost> cost;
-  double gemm_peak = 0;
-  std::optional<double> model_shapes_peak;
+  std::optional<Calibration> mfu;
   std::vector<Restart> restarts;
 
   // One launch of every rank, from a fresh start or a checkpoint, to the end of the run;
@@ -616,9 +642,11 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
     std::optional<checkpoint::Meta> saved;
     if (derive_batch && !resume_from.empty()) saved = checkpoint::read_meta(resume_from);
     // Under MPI the world is known once launched; each process holds its own cfg.
-    if (saved && local)
-      keep_global_batch(cfg, resume_from, *saved, cfg.launch.ranks * hosted_islands(cfg),
-                        default_policy);
+    std::string order_note;
+    if (saved && local) {
+      order_note = keep_global_batch(cfg, resume_from, *saved,
+                                     cfg.launch.ranks * hosted_islands(cfg), default_policy);
+    }
     // Local ranks are threads of this process: every one of them is checked here, once,
     // before any thread starts (MPI processes each check themselves below), and before the
     // calibration times products of the micro-batch's shapes.
@@ -626,14 +654,9 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       check_startable_threads(cfg.launch.ranks);
       preflight(cfg, data, make_model, cfg.launch.ranks, 0);
     }
-    if (!cost) {
-      cost = model_cost(cfg, data, make_model);
-      const GemmCompute compute = compute_for(cfg.precision);
-      gemm_peak = gemm_flops_per_core(compute);
-      model_shapes_peak = gemm_flops_per_core(compute, cost->products);
-    }
+    if (!mfu) mfu = calibrate(cfg, data, make_model);
     throw_if_stopped_before_training();
-    const std::string init_sha256 = check_init_from(cfg, make_model, resume_from);
+    const std::optional<InitDigest> init = check_init_from(cfg, make_model, resume_from);
 
     TrainResult result;
     Mutex mu;  // guards result: every rank thread of this process writes into it
@@ -649,8 +672,9 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       if (!local) {
         own.emplace(cfg);
         if (saved) {
-          keep_global_batch(*own, resume_from, *saved, comm.size() * hosted_islands(cfg),
-                            default_policy);
+          const std::string note = keep_global_batch(
+              *own, resume_from, *saved, comm.size() * hosted_islands(cfg), default_policy);
+          if (comm.rank() == 0) order_note = note;
         }
         default_island_nodes(*own, comm.size());
         // The process's first rank checks the memory of all of them.
@@ -662,18 +686,18 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
                               .data = data,
                               .make_model = make_model,
                               .resume_from = resume_from,
-                              .flops_per_token = cost->flops_per_token,
-                              .gemm_flops_per_core = gemm_peak,
-                              .model_shapes_flops_per_core = model_shapes_peak,
+                              .flops_per_token = mfu->cost.flops_per_token,
+                              .gemm_flops_per_core = mfu->gemm_peak,
+                              .model_shapes_flops_per_core = mfu->model_shapes_peak,
                               .restarts = restarts,
-                              .init_sha256 = init_sha256,
+                              .init = init ? &*init : nullptr,
                               .failures = failures};
       std::optional<CheckpointDirLock> rank0_lock;
       if (!local && comm.rank() == 0) rank0_lock.emplace(rank_cfg.checkpoint_dir);
       Tracer* tracer = rank_cfg.trace_path.empty()
                            ? nullptr
                            : attach_tracer(tracers[static_cast<size_t>(comm.rank() % here)], comm);
-      check_same_config(rank_cfg, comm);
+      check_same_run(rank_plan, comm);
       // Every rank verifies the whole checkpoint before any state exists, so a corrupt one
       // fails every rank the same way.
       std::optional<checkpoint::Checkpoint> from =
@@ -691,6 +715,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       report_run(result, rank_plan, trainer, run, end);
     });
     if (!cfg.trace_path.empty() && local) write_local_trace(cfg.trace_path, tracers);
+    result.order_note = order_note;
     return result;
   };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include <fmt/core.h>
 
@@ -125,6 +126,7 @@ namespace {
 
 // DiLoCo's islands: an island's run, then the outer state and exchanges on top.
 Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const StepInputs& in) {
+  check_fragments(c, std::accumulate(m.units.begin(), m.units.end(), uint64_t{0}));
   const IslandLayout l = island_layout(c, c.launch.ranks);
   TrainConfig island = c;
   island.islands = 1;

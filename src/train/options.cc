@@ -258,8 +258,9 @@ const OptionSpec kOptions[] = {
      .type = "DURATION",
      .read =
          [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
-           c.launch.comm.timeout_seconds = parse_seconds(t, o.flag(), 0, kCollectiveTimeoutMax);
-           if (!(c.launch.comm.timeout_seconds > 0)) o.refuse(fmt::format("'{}'", t));
+           // A collective takes some time even between threads: 1 ms is the least that means
+           // "a hang", not "every collective".
+           c.launch.comm.timeout_seconds = parse_seconds(t, o.flag(), 1e-3, kCollectiveTimeoutMax);
          },
      .record = [](const TrainConfig& c) -> json { return c.launch.comm.timeout_seconds; }},
     {.key = "check_collectives",

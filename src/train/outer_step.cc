@@ -21,8 +21,7 @@ std::vector<int> fragments_ending(const TrainConfig& cfg, int64_t step) {
 }
 
 Range fragment_range(uint64_t total, int fragments, int f) {
-  const Partition p(total, fragments);
-  return {p.offset(f), p.offset(f) + p.count(f)};
+  return balanced_range(total, fragments, f);
 }
 
 QuantBits OuterStep::quant_bits() const {
@@ -59,6 +58,7 @@ OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& st
       activate_(std::move(activate)) {
   uint64_t total = 0;
   for (const UnitState& u : state_.units()) total += u.numel;
+  check_fragments(cfg, total);
   fragments_.resize(static_cast<size_t>(cfg.fragments));
   touched_.resize(static_cast<size_t>(cfg.fragments));
   size_t largest = 0;

@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -19,6 +22,30 @@ namespace {
 
 bool is_builtin_data(const std::string& data) {
   return data == "kjv" || data == "fashion-mnist" || data == "synthetic";
+}
+
+// An output that is a hard link to a checkpoint's file would truncate it in place, whatever
+// its path says: compared by inode, against every file under `root` (a store or one step of
+// it: two levels hold them all). Only outputs with more than one link can be such a file.
+void check_not_linked_into(const files::Named& out, std::string_view root_what,
+                           const std::filesystem::path& root) {
+  struct stat o {};
+  if (::stat(out.path.c_str(), &o) != 0 || !S_ISREG(o.st_mode) || o.st_nlink < 2) return;
+  std::error_code ec;
+  const auto options = std::filesystem::directory_options::skip_permission_denied;
+  for (std::filesystem::recursive_directory_iterator it(root, options, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (it.depth() >= 1) it.disable_recursion_pending();
+    struct stat f {};
+    if (::lstat(it->path().c_str(), &f) != 0 || f.st_dev != o.st_dev || f.st_ino != o.st_ino) {
+      continue;
+    }
+    throw InvalidArgument(fmt::format(
+        "{} '{}' is a hard link to {} '{}', which {} '{}' holds: writing it would overwrite "
+        "the checkpoint; write the output to a new file, e.g. one outside '{}'",
+        out.what, out.path.string(), it->path().filename().string(), it->path().string(), root_what,
+        root.string(), root.string()));
+  }
 }
 
 }  // namespace
@@ -37,7 +64,11 @@ void check_outputs(const TrainConfig& cfg, std::span<const files::Named> extra_i
   if (!cfg.checkpoint_dir.empty()) {
     for (const files::Named& out : outputs) {
       checkpoint::check_not_store_owned(out.what, out.path, "--checkpoint-dir", cfg.checkpoint_dir);
+      check_not_linked_into(out, "--checkpoint-dir", cfg.checkpoint_dir);
     }
+  }
+  if (!cfg.resume.empty() && cfg.resume != "latest") {
+    for (const files::Named& out : outputs) check_not_linked_into(out, "--resume", cfg.resume);
   }
   // The offload scratch lives in --offload-dir under names nobody sees (unlinked at once);
   // the directory itself is what no output may be.

@@ -266,8 +266,8 @@ FragmentShare fragment_share(std::span<const uint64_t> unit_numel, const IslandL
                              int f) {
   uint64_t total = 0;
   for (uint64_t numel : unit_numel) total += numel;
-  const Partition frag(total, l.fragments);
-  const uint64_t lo = frag.offset(f), hi = lo + frag.count(f);
+  const Range frag = balanced_range(total, l.fragments, f);
+  const uint64_t lo = frag.begin, hi = frag.end;
   const uint64_t block = kOuterQuantBlock;
   FragmentShare s{.blocks = (hi - lo + block - 1) / block};
   uint64_t at = 0;
@@ -415,8 +415,8 @@ CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLay
   // The island's gathers of every unit the fragment overlaps in the model.
   uint64_t total = 0;
   for (uint64_t numel : unit_numel) total += numel;
-  const Partition frag(total, l.fragments);
-  const uint64_t lo = frag.offset(f), hi = lo + frag.count(f);
+  const Range frag = balanced_range(total, l.fragments, f);
+  const uint64_t lo = frag.begin, hi = frag.end;
   const uint64_t w = (l.gathers_params ? l.param_bytes : 0) + (l.gathers_master ? 4 : 0);
   uint64_t at = 0;
   for (uint64_t numel : unit_numel) {

@@ -186,6 +186,14 @@ bool not_gpt(const TrainConfig& c) { return c.model == "mlp"; }
 bool not_mlp(const TrainConfig& c) { return c.model == "gpt"; }
 bool no_offload(const TrainConfig& c) { return c.offload == Offload::kNone; }
 bool no_islands(const TrainConfig& c) { return c.islands == 1; }
+// Islands of one rank each: no gradient or parameter collective runs inside an island, so
+// the options that shape them have nothing to act on.
+bool one_rank_islands(const TrainConfig& c) {
+  return c.islands > 1 && !c.islands_in_turn && c.launch.ranks == c.islands;
+}
+constexpr std::string_view kOneRankIslands =
+    "the --islands have one rank each, so no collective runs inside one; use islands of two "
+    "or more ranks (more --ranks or fewer --islands)";
 
 // The one table of these rules: check_idle_options refuses what the user gave of them, and
 // config_json writes null for each idle one.
@@ -232,6 +240,15 @@ const IdleRule kIdleRules[] = {
     {"checkpoint_signal_wait", [](const TrainConfig& c) { return !c.checkpoint_async; },
      "it bounds the wait for an asynchronous save on a signal; add --checkpoint-async",
      [](const TrainConfig& c) { return fmt::format("{:g}", c.checkpoint_signal_wait); }},
+    {"qgz", [](const TrainConfig& c) { return one_rank_islands(c) && c.launch.comm.qgz_bits != 0; },
+     kOneRankIslands,
+     [](const TrainConfig& c) { return std::string(qgz_name(c.launch.comm.qgz_bits)); }},
+    {"hpz", [](const TrainConfig& c) { return one_rank_islands(c) && c.hpz; }, kOneRankIslands,
+     [](const TrainConfig& c) { return on_off(c.hpz); }},
+    {"collectives",
+     [](const TrainConfig& c) { return one_rank_islands(c) && c.launch.comm.two_level; },
+     kOneRankIslands,
+     [](const TrainConfig& c) { return std::string(collectives_name(c.launch.comm.two_level)); }},
     {"outer_every", no_islands, "it spaces DiLoCo's outer steps; add --islands K",
      [](const TrainConfig& c) { return std::to_string(c.outer_every); }},
     {"outer_lr", no_islands, "it sizes DiLoCo's outer step; add --islands K",
@@ -265,6 +282,16 @@ const IdleRule kIdleRules[] = {
 };
 
 }  // namespace
+
+void check_idle_island_options(const TrainConfig& c, const std::set<std::string>& given) {
+  for (const IdleRule& rule : kIdleRules) {
+    const bool island_rule = rule.idle == no_islands || rule.key == "outer_mix";
+    if (!island_rule || given.count(std::string(rule.key)) == 0 || !rule.idle(c)) continue;
+    const std::string flag = flag_of(rule.key);
+    throw InvalidArgument(fmt::format("{} {} does nothing here: {}, or leave {} out", flag,
+                                      rule.value(c), rule.needs, flag));
+  }
+}
 
 void check_idle_options(const TrainConfig& c) {
   if (!c.given) return;

@@ -62,6 +62,8 @@ struct Restart {
   int grad_accum_after = 0;
   int64_t resumed_step = 0;  // the checkpoint's step: steps after it were taken again
   std::string checkpoint;    // the checkpoint directory it reloaded
+  // Why the survivors' bits may differ from the run that never failed; empty when they cannot.
+  std::string order_note;
 };
 
 struct RankSummary {
@@ -119,7 +121,10 @@ struct TrainResult {
   std::vector<StepRecord> history;
   int64_t first_step = 1;
   std::string resumed_from;  // the checkpoint directory continued from, or empty
-  std::string init_sha256;   // of config.init_from when this run started from it, else empty
+  // On a continuation that derived --grad-accum: why its bits may differ from the run that
+  // never stopped (keep_global_batch); empty when they cannot.
+  std::string order_note;
+  std::string init_sha256;  // of config.init_from when this run started from it, else empty
   double final_loss = 0;
   std::optional<double> val_loss;
   std::string weights_sha256;

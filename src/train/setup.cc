@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -141,6 +142,7 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
   const Model model = make_model ? make_model() : build_model(cfg);
   std::vector<uint64_t> numel;
   for (const auto& u : model) numel.push_back(u->numel());
+  check_fragments(cfg, std::accumulate(numel.begin(), numel.end(), uint64_t{0}));
   const UnitTensors tensors = unit_tensors(model);
   const bool local = cfg.launch.backend == Backend::kLocal;
   const TransientPlan plan = transient_plan(cfg, data, shard_ranks(cfg, world));

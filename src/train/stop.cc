@@ -2,13 +2,29 @@
 
 #include <unistd.h>
 
+#include <atomic>
+
 #include <fmt/format.h>
 
 namespace zerodp {
 namespace {
 
+std::atomic<bool> g_nothing_to_save{false};
+static_assert(std::atomic<bool>::is_always_lock_free,
+              "a signal handler may only touch lock-free atomics");
+
 extern "C" void on_stop_signal(int signal) {
-  if (!request_stop(signal)) {
+  const bool first = request_stop(signal);
+  if (first && g_nothing_to_save.load()) {
+    // Before the first step a stop request would wait for start-up to reach the step
+    // loop, which can take long (a large plan, a slow disk) and which `timeout` cannot
+    // shorten; there is nothing to save, so the run ends here.
+    static constexpr char kMessage[] =
+        "\nzerodp: interrupted before the first step, exiting now; nothing was trained\n";
+    (void)!::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+    ::_exit(128 + signal);
+  }
+  if (!first) {
     // The second signal: the user will not wait for the step to end.
     static constexpr char kMessage[] = "\nzerodp: second signal, exiting now without saving\n";
     (void)!::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
@@ -17,6 +33,8 @@ extern "C" void on_stop_signal(int signal) {
 }
 
 }  // namespace
+
+void set_nothing_to_save(bool nothing) noexcept { g_nothing_to_save.store(nothing); }
 
 StopOnSignals::StopOnSignals() {
   struct sigaction sa {};

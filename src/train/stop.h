@@ -39,6 +39,11 @@ class StopOnSignals {
   struct sigaction old_term_ {};
 };
 
+// While true, the first SIGINT or SIGTERM ends the process at once with 128 + signal: the
+// run is starting up and has nothing to save. The engine sets it from its start until its
+// ranks reach their steps.
+void set_nothing_to_save(bool nothing) noexcept;
+
 // "SIGINT", "SIGTERM", or "signal N".
 std::string signal_name(int signal);
 

@@ -38,6 +38,8 @@ Meta small_meta() {
                       .numel = 10,
                       .tensors = {{"a", {2, 3}, 0, 6}, {"b", {4}, 6, 4}},
                       .counts = {10}}};
+  m.samples_per_step = 4;
+  m.dataset_size = 10;
   m.rank_seeds = {1};
   m.files = {FileMeta{.name = rank_file_name(0), .bytes = 100, .crc32c = "0123abcd", .sha256 = {}}};
   return m;
@@ -91,6 +93,89 @@ TEST(ParseMeta, TakesACrc32cOrAnOlderSha256PerFile) {
   EXPECT_NE(e.find("files[0].crc32c"), std::string::npos) << e;
   e = refusal([](Json& j) { j["files"][0]["crc32c"] = "0123abc"; });
   EXPECT_NE(e.find("is not 8 lowercase hex digits"), std::string::npos) << e;
+}
+
+// The writer lists one digest per file; an entry with both would have one of them taken on
+// trust, so it is refused whichever is wrong.
+TEST(ParseMeta, RefusesAFileEntryWithBothDigests) {
+  const std::string e = refusal([](Json& j) { j["files"][0]["sha256"] = std::string(64, '0'); });
+  EXPECT_NE(e.find("ck/meta.json: field \"files[0]\" has both \"crc32c\" and \"sha256\""),
+            std::string::npos)
+      << e;
+}
+
+// A data cursor no sampler leaves is damage (CorruptData naming the field and the value),
+// not a batch to advise on.
+TEST(ParseMeta, RefusesADataCursorNoRunSaves) {
+  const std::vector<std::pair<std::function<void(Json&)>, std::string>> cases{
+      {[](Json& j) { j["data"]["samples_per_step"] = 0; },
+       "field \"data.samples_per_step\" is 0; a step takes 1 sample or more"},
+      {[](Json& j) { j["data"]["samples_per_step"] = -4; },
+       "field \"data.samples_per_step\" is -4, expected a non-negative integer"},
+      {[](Json& j) { j["data"]["samples_per_step"] = uint64_t{1} << 62; },
+       "field \"data.samples_per_step\" is 4611686018427387904, more than the 10 samples"},
+      {[](Json& j) { j["world_size"] = 3; },
+       "field \"data.samples_per_step\" is 4, which the 3 ranks"},
+      {[](Json& j) { j["data"]["step_in_epoch"] = 2; },
+       "field \"data.step_in_epoch\" is 2, past the 2 steps of an epoch"}};
+  for (const auto& [edit, text] : cases) {
+    const std::string e = refusal([&](Json& j) {
+      edit(j);
+      // A world of 3 has a partition of 3.
+      if (j["world_size"] == 3) j["units"][0]["partition"] = {4, 3, 3};
+    });
+    EXPECT_NE(e.find(text), std::string::npos) << e;
+  }
+  EXPECT_EQ(refusal([](Json& j) { j["data"]["step_in_epoch"] = 1; }), "");
+}
+
+TEST(SavedValues, FiniteStatesAndNonNegativeSecondMomentsAndScales) {
+  EXPECT_EQ(saved_values("params"), SavedValues::kFinite);
+  EXPECT_EQ(saved_values("master"), SavedValues::kFinite);
+  EXPECT_EQ(saved_values("adam_m"), SavedValues::kFinite);
+  EXPECT_EQ(saved_values("outer_momentum"), SavedValues::kFinite);
+  EXPECT_EQ(saved_values("adam_v"), SavedValues::kFiniteNonNegative);
+  EXPECT_EQ(saved_values("adam_m8_scale"), SavedValues::kFiniteNonNegative);
+  EXPECT_EQ(saved_values("adam_v8_scale"), SavedValues::kFiniteNonNegative);
+  EXPECT_EQ(saved_values("adam_m8"), SavedValues::kAny);
+}
+
+// Every element is looked at, past the 512 of a block too; -0 is not negative.
+TEST(SavedValues, FindsTheFirstValueARunDoesNotSave) {
+  using safetensors::ElementType;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x(2000, 1.5f);
+  x[3] = -0.0f;
+  const auto bad = [&](SavedValues rule) {
+    return first_bad_value(std::as_bytes(std::span(x)), ElementType::kF32, rule);
+  };
+  EXPECT_FALSE(bad(SavedValues::kFiniteNonNegative));
+  x[1500] = -2.0f;
+  EXPECT_FALSE(bad(SavedValues::kFinite));
+  ASSERT_TRUE(bad(SavedValues::kFiniteNonNegative));
+  EXPECT_EQ(bad(SavedValues::kFiniteNonNegative)->index, 1500u);
+  EXPECT_EQ(bad(SavedValues::kFiniteNonNegative)->value, -2.0);
+  x[1499] = std::nanf("");
+  EXPECT_EQ(bad(SavedValues::kFinite)->index, 1499u);
+  EXPECT_TRUE(std::isnan(bad(SavedValues::kFinite)->value));
+  x[700] = -inf;
+  EXPECT_EQ(bad(SavedValues::kFinite)->index, 700u);
+  EXPECT_EQ(bad(SavedValues::kFinite)->value, -static_cast<double>(inf));
+  EXPECT_FALSE(bad(SavedValues::kAny));
+  // 16-bit: an all-ones exponent (BF16 0x7f80, F16 0x7c00) is not finite.
+  std::vector<uint16_t> h(600, 0x3c00);
+  h[599] = 0x7c00;
+  const auto bad16 = [&](ElementType t) {
+    return first_bad_value(std::as_bytes(std::span(h)), t, SavedValues::kFinite);
+  };
+  EXPECT_EQ(bad16(ElementType::kF16)->index, 599u);
+  EXPECT_EQ(bad16(ElementType::kF16)->value, static_cast<double>(inf));
+  EXPECT_FALSE(bad16(ElementType::kBF16));
+  h[10] = 0xff80;
+  EXPECT_EQ(bad16(ElementType::kBF16)->index, 10u);
+  EXPECT_EQ(bad16(ElementType::kBF16)->value, -static_cast<double>(inf));
+  EXPECT_FALSE(
+      first_bad_value(std::as_bytes(std::span(h)), ElementType::kU8, SavedValues::kFinite));
 }
 
 TEST(History, RoundTripsEveryFieldAndNonFiniteNumbersAsNaN) {

@@ -131,6 +131,29 @@ refused "a NaN weight" nan.safetensors "tensor h.1.attn.c_proj.weight holds nan 
 refused "an integer tensor" ints.safetensors "tensor h.0.ln_1.weight is I32; use F32, BF16 or F16"
 refused "another model's shape" w.safetensors "tensor wte.weight is \[256, 32\] in the file, \[256, 64\]" --embd 64
 refused "no such file" nothing.safetensors "init-from nothing.safetensors does not exist"
+# A symbolic link loop is named as one, not as a missing file.
+ln -s loop-b.safetensors loop-a.safetensors && ln -s loop-a.safetensors loop-b.safetensors
+refused "a link loop" loop-a.safetensors "init-from loop-a.safetensors is a loop of symbolic links"
+
+# A finite weight so large that every step overflows: nothing trains, and the run says so
+# and fails rather than end with 'final loss -nan' and exit 0.
+"$py" - w.safetensors huge.safetensors <<'EOF'
+import json, struct, sys
+blob = bytearray(open(sys.argv[1], "rb").read())
+(n,) = struct.unpack("<Q", blob[:8])
+h = json.loads(blob[8:8 + n])
+b = h["h.0.attn.c_attn.weight"]["data_offsets"][0]
+blob[8 + n + b:8 + n + b + 4] = struct.pack("<f", 3e38)
+open(sys.argv[2], "wb").write(blob)
+EOF
+"$zerodp" train "${tiny[@]}" --steps 3 --init-from huge.safetensors >out 2>&1
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "no step trained: all 3 were skipped for non-finite gradients or loss" out; then
+  echo "ok: every step skipped: exit 1, $(grep 'no step trained' out)"
+else
+  echo "FAIL: every step skipped: exit $rc:"; cat out; fail=1
+fi
+
 # Last: an output over the input would destroy it.
 refused "the report over the weights" w.safetensors "would overwrite --init-from" --report w.safetensors
 

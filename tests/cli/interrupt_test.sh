@@ -127,6 +127,51 @@ else
   echo "ok: --max-skips 1: exit 1, report written and marked max_skips"
 fi
 
+# 4b. --checkpoint-signal-wait holds when the signal lands while a due save waits for the
+#     staging (the save of step 5 written 2 s slower): the wait ends, the due save is given
+#     up, and the signal's save waits no longer than 0.1 s for the write in flight. Before,
+#     the wait ran out the slow write first (1.3-1.95 s).
+d=$tmp/signal-wait
+mkdir -p "$d"
+"$zerodp" train "${common[@]}" --ranks 2 --stage 1 --steps 400 --checkpoint-async \
+  --checkpoint-every 5 --checkpoint-dir "$d/ck" --checkpoint-signal-wait 0.1s --inject slowio@5 \
+  --metrics "$d/m.jsonl" >/dev/null 2>"$d/err" &
+pid=$!
+wait_lines "$d/m.jsonl" 9 || failed "signal wait: no steps after 60 s"
+t0=$(now)
+kill -TERM $pid
+wait $pid
+rc=$?
+took=$(echo "$(now) - $t0" | bc)
+if [[ $rc -ne 143 ]] || (($(echo "$took > 1.0" | bc))) ||
+  ! grep -q "after --checkpoint-signal-wait 0.1s and was abandoned" "$d/err"; then
+  failed "--checkpoint-signal-wait 0.1s during a wait for the staging: exit $rc after ${took}s"
+  cat "$d/err"
+else
+  echo "ok: --checkpoint-signal-wait 0.1s with a due save waiting on a slow write: exit 143 after ${took}s"
+fi
+
+# 4c. A signal before the first step ends the run at once: start-up has nothing to save.
+#     The lock file says the handlers are set; `medium` then takes a second to its first step
+#     (the plan, the preflight, the GEMM calibration).
+d=$tmp/before
+mkdir -p "$d"
+"$zerodp" train --size medium --data synthetic --no-progress --ranks 2 --steps 2 \
+  --checkpoint-dir "$d/ck" >/dev/null 2>"$d/err" &
+pid=$!
+for _ in $(seq 600); do [[ -e $d/ck/.lock ]] && break; sleep 0.01; done
+t0=$(now)
+kill -TERM $pid
+wait $pid
+rc=$?
+took=$(echo "$(now) - $t0" | bc)
+if [[ $rc -ne 143 ]] || (($(echo "$took > 1.0" | bc))) ||
+  ! grep -q "interrupted before the first step" "$d/err"; then
+  failed "SIGTERM during start-up: exit $rc after ${took}s"; cat "$d/err"
+else
+  echo "ok: SIGTERM during start-up: exit 143 after ${took}s, $(tail -1 "$d/err")"
+fi
+
 # 5. Under mpirun: SIGTERM to one rank's process only. The other rank learns of it in the
 #    step's control exchange; both stop after the same step and commit one checkpoint.
 if [[ -n $mpirun ]]; then

@@ -222,25 +222,35 @@ TEST(AsyncSave, AResumeContinuesTheUninterruptedRun) {
 
 // A write that fails in the background is named at the boundary that finds it; the run
 // stops as after a failed synchronous save, and the previous checkpoint stays `latest`.
+// Every rank names the file and the cause, whichever rank's message the run reports (the
+// rank that met it is one of three); a synchronous save's too.
 TEST(AsyncSave, AFailedBackgroundWriteIsNamedAndKeepsThePreviousCheckpoint) {
-  TempDir tmp;
-  TrainConfig c = tiny_config(3, 2);
-  c.steps = 8;
-  c = saving_async(c, tmp.path(), 2);
-  c.inject = {parse_injection("io@4:1")};
-  const TrainResult r = run(c);
-  ASSERT_TRUE(r.stopped.has_value());
-  EXPECT_EQ(r.stopped->reason, EarlyStop::Reason::kCheckpointFailed);
-  // Found at a boundary after step 4 (at the latest at 6, where the next save waits for it).
-  EXPECT_GE(r.stopped->after_step, 5);
-  EXPECT_LE(r.stopped->after_step, 6);
-  EXPECT_NE(r.stopped->message.find("checkpoint at step 4 not committed: rank(s) 1 could not"),
-            std::string::npos)
-      << r.stopped->message;
-  EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000002");
-  EXPECT_FALSE(fs::exists(tmp.path() / "step_00000004"));
-  EXPECT_FALSE(fs::exists(tmp.path() / ".tmp.step_00000004"));
-  EXPECT_EQ(r.saves.committed, 1);
+  for (bool async : {true, false}) {
+    TempDir tmp;
+    TrainConfig c = tiny_config(3, 2);
+    c.steps = 8;
+    c = saving_async(c, tmp.path(), 2);
+    c.checkpoint_async = async;
+    c.inject = {parse_injection("io@4:1")};
+    const TrainResult r = run(c);
+    ASSERT_TRUE(r.stopped.has_value()) << "async " << async;
+    EXPECT_EQ(r.stopped->reason, EarlyStop::Reason::kCheckpointFailed);
+    // Found at a boundary after step 4 (at the latest at 6, where the next save waits for it).
+    EXPECT_GE(r.stopped->after_step, async ? 5 : 4);
+    EXPECT_LE(r.stopped->after_step, async ? 6 : 4);
+    const std::string& m = r.stopped->message;
+    EXPECT_NE(m.find("checkpoint at step 4 not committed: rank(s) 1 could not write their "
+                     "shard: cannot write "),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("rank_00001.safetensors: injected failure (--inject io@4:1)"),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(checkpoint::find_latest(tmp.path())->filename(), "step_00000002");
+    EXPECT_FALSE(fs::exists(tmp.path() / "step_00000004"));
+    EXPECT_FALSE(fs::exists(tmp.path() / ".tmp.step_00000004"));
+    EXPECT_EQ(r.saves.committed, 1);
+  }
 }
 
 // The commit runs on rank 0's writer, after every rank's files are agreed: its failure is

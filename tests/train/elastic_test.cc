@@ -134,6 +134,53 @@ TEST(Elastic, AFailedRankRestartsOnThreeWithTheUninterruptedRunsBits) {
   EXPECT_EQ(j.at(report_key::kConfig).at("max_restarts"), 1);
 }
 
+// A run of one micro-batch per rank is in the canonical order by default (reduce, --invariant
+// auto), at every stage. The survivors accumulate 2, where the default at stages 0-1 would
+// be local: the restart keeps the checkpoint's order instead, and so the bits.
+TEST(Elastic, AtStageZeroTheDefaultOrderIsKeptWithTheBits) {
+  const auto config = [](const TempDir& tmp) {
+    TrainConfig c = tiny_config(4, 0);
+    c.accumulate_default = true;
+    c.steps = 12;
+    c.checkpoint_dir = (tmp.path() / "ck").string();
+    c.checkpoint_every = 2;
+    return c;
+  };
+  TempDir whole_dir, elastic_dir;
+  const TrainResult whole = testing::run(config(whole_dir));
+  TrainConfig c = config(elastic_dir);
+  c.max_restarts = 2;
+  c.inject = {parse_injection("throw@5:1")};
+  const Outcome o = run_elastic(c);
+  ASSERT_EQ(o.result.restarts.size(), 1u);
+  EXPECT_EQ(o.result.restarts[0].ranks_after, 2);
+  EXPECT_EQ(o.result.restarts[0].grad_accum_after, 2);
+  EXPECT_EQ(o.result.restarts[0].order_note, "");
+  EXPECT_EQ(o.result.config.accumulate, AccumulatePolicy::kReduce);
+  EXPECT_EQ(o.result.weights_sha256, whole.weights_sha256);
+}
+
+// Local accumulation sums in an order that depends on the rank count: the restart says the
+// bits may change rather than promise them.
+TEST(Elastic, LocalAccumulationSaysTheBitsMayChange) {
+  TempDir dir;
+  TrainConfig c = tiny_config(4, 0);
+  c.accumulate_default = true;
+  c.grad_accum = 2;
+  c.steps = 6;
+  c.checkpoint_dir = (dir.path() / "ck").string();
+  c.checkpoint_every = 2;
+  c.max_restarts = 1;
+  c.inject = {parse_injection("throw@3:1")};
+  const Outcome o = run_elastic(c);
+  ASSERT_EQ(o.result.restarts.size(), 1u);
+  EXPECT_TRUE(has(o.result.restarts[0].order_note, "may differ in their last bits"))
+      << o.result.restarts[0].order_note;
+  EXPECT_TRUE(
+      has(o.result.restarts[0].order_note, "4 ranks x --grad-accum 2, these are 2 ranks x 4"))
+      << o.result.restarts[0].order_note;
+}
+
 // With the parameter shards and optimizer states on disk, the failing step unwinds every
 // rank with reads of shards still queued (each drained before its slot is reused), and the
 // survivors go on from the checkpoint to the in-memory run's bits.

@@ -4,16 +4,22 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include <fmt/core.h>
 #include <gtest/gtest.h>
 
+#include "checkpoint/consolidate.h"
 #include "checkpoint/store.h"
 #include "checkpoint_testing.h"
 #include "core/error.h"
 #include "temp_dir.h"
+#include "train/setup.h"
 #include "train/stop.h"
 #include "train_testing.h"
 
@@ -264,6 +270,51 @@ TEST(Faults, AnInjectionAtARankTheRunLacksIsRefused) {
   TrainConfig c = tiny_config(2, 0);
   c.inject = {parse_injection("throw@1:2")};
   EXPECT_THROW((void)run(c), InvalidArgument);
+}
+
+// --init-from is checked, hashed and read in one sequence of bytes: a file rewritten in place
+// once the check is done (here when the first rank thread builds its model, on the local
+// backend) is refused at the ranks' read, whether it now holds a NaN or a finite value the
+// hash never saw.
+TEST(InitFrom, AFileRewrittenAfterItsCheckIsRefusedNotTrainedOn) {
+  TempDir tmp;
+  TrainConfig src = tiny_config(2, 1);
+  src.steps = 1;
+  src.checkpoint_dir = (tmp.path() / "src").string();
+  (void)run(src);
+  const fs::path weights = tmp.path() / "w.safetensors";
+  for (const float value : {std::nanf(""), 0.5f}) {
+    (void)checkpoint::export_fp32(src.checkpoint_dir, weights);
+    TrainConfig c = tiny_config(2, 1);
+    c.init_from = weights.string();
+    TrainConfig resolved = c;
+    resolve_config(resolved);
+    const std::thread::id checker = std::this_thread::get_id();
+    std::once_flag rewrite;
+    const ModelFactory make = [&]() {
+      if (std::this_thread::get_id() != checker) {
+        std::call_once(rewrite, [&]() {
+          std::fstream f(weights, std::ios::in | std::ios::out | std::ios::binary);
+          uint64_t header = 0;
+          f.read(reinterpret_cast<char*>(&header), sizeof header);
+          f.seekp(static_cast<std::streamoff>(8 + header));
+          f.write(reinterpret_cast<const char*>(&value), sizeof value);
+        });
+      }
+      return build_model(resolved);
+    };
+    int argc = 1;
+    char name[] = "test";
+    char* args[] = {name, nullptr};
+    char** argv = args;
+    try {
+      (void)train(c, argc, argv, {}, make);
+      ADD_FAILURE() << "trained on a file rewritten after its check (value " << value << ")";
+    } catch (const CorruptData& e) {
+      EXPECT_NE(std::string(e.what()).find("the file changed while it was read"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -69,8 +69,8 @@ TrainResult made_result() {
   r.weights_sha256 = std::string(64, 'a');
   r.stopped = EarlyStop{EarlyStop::Reason::kSignal, SIGTERM, 5, "step 5: interrupted by SIGTERM"};
   // The launch described came after a rank of three failed at step 4.
-  r.restarts = {
-      Restart{4, 2, "injected failure (--inject throw@4:2)", 3, 2, 2, 3, 2, "ckpt/step-000002"}};
+  r.restarts = {Restart{4, 2, "injected failure (--inject throw@4:2)", 3, 2, 2, 3, 2,
+                        "ckpt/step-000002", ""}};
   r.tokens_per_second = 2048.5;
   r.mfu = 0.125;
   for (int rank = 0; rank < 2; ++rank) {

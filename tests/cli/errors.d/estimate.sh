@@ -82,6 +82,16 @@ expect "--flops and --compute-seconds both give the compute of a step" \
   estimate --params 1e9 --ranks 2 --flops 1e12 --compute-seconds 0.2
 expect "--compute-seconds: '-1' is not a duration" \
   estimate --params 1e9 --ranks 2 --compute-seconds -1
+expect "--compute-seconds 2day is out of range; use 1 us to 1 day" \
+  estimate --params 1e9 --ranks 2 --compute-seconds 2day
+# DiLoCo's options without --islands, as train refuses them.
+expect "--fragments 4 does nothing here: it streams DiLoCo's outer steps; add --islands K" \
+  estimate --params 1e9 --ranks 2 --fragments 4
+expect "--outer-every 8 does nothing here: it spaces DiLoCo's outer steps; add --islands K" \
+  estimate --params 1e9 --ranks 2 --outer-every 8
+expect "--fragments 1000000 would split the model's" \
+  estimate --layers 2 --heads 2 --embd 32 --seq-len 32 --vocab 256 --ranks 2 --islands 2 \
+  --outer-every 1000000 --fragments 1000000
 # A measured compute is the step's compute as given.
 cs=$("$zerodp" estimate --layers 2 --heads 2 --embd 32 --seq-len 32 --vocab 256 --ranks 4 \
   --node-ranks 2 --stage 3 --inter-node-bandwidth 1MB/s --compute-seconds 0.25 --json 2>&1 |

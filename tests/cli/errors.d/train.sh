@@ -220,6 +220,28 @@ expect "--out '$ck3/link' would overwrite latest" export "$ck3/c" --out "$ck3/li
 expect "is --offload-dir, where the offload scratch lives" \
   train "${tiny[@]}" --offload optimizer --offload-dir "$ck3" --trace "$ck3"
 
+# Nothing lost, round four: an output that is a hard link to a checkpoint's file is that
+# file, whatever its name: refused, and the checkpoint still resumes.
+ln "$ck3/c/latest" "$ck3/hard-latest"
+ln "$ck3/c/step_00000002/rank_00000.safetensors" "$ck3/hard-shard"
+expect "--metrics '$ck3/hard-latest' is a hard link to latest" \
+  train "${tiny[@]}" --steps 4 --checkpoint-dir "$ck3/c" --resume latest --metrics "$ck3/hard-latest"
+expect "--metrics '$ck3/hard-shard' is a hard link to rank_00000.safetensors" \
+  train "${tiny[@]}" --steps 4 --checkpoint-dir "$ck3/c" --metrics "$ck3/hard-shard"
+expect "--report '$ck3/hard-shard' is a hard link to rank_00000.safetensors" \
+  train "${tiny[@]}" --steps 4 --resume "$ck3/c" --report "$ck3/hard-shard"
+# An islands checkpoint names the rank counts that split its batch: multiples of the islands.
+"$zerodp" train "${tiny[@]}" --steps 2 --ranks 4 --islands 2 --outer-every 2 \
+  --checkpoint-dir "$ck3/isl" >/dev/null 2>&1
+expect "(4 ranks as 2 islands x --micro-batch 8 x --grad-accum 1), which 8 ranks of --micro-batch 8 cannot split evenly; use --ranks 2, 4," \
+  train "${tiny[@]}" --steps 4 --ranks 8 --islands 2 --outer-every 2 --resume "$ck3/isl"
+if "$zerodp" train "${tiny[@]}" --steps 4 --checkpoint-dir "$ck3/c" --resume latest \
+     >/dev/null 2>&1; then
+  echo "ok: the checkpoint behind the hard links still resumes"
+else
+  echo "FAIL: the checkpoint behind the hard links no longer resumes"; fail=1
+fi
+
 # Simulated links within human bounds (a latency of 1e6 s hung for 22 minutes).
 expect "--inter-node-latency 1e6 is out of range; use 0 s to 1 s" \
   train "${tiny[@]}" --ranks 4 --node-ranks 2 --inter-node-latency 1e6
@@ -227,8 +249,22 @@ expect "--link-latency 1e10 is out of range; use 0 s to 1 s" train "${tiny[@]}" 
 expect "--link-latency 1e308s is out of range" train "${tiny[@]}" --link-latency 1e308s
 expect "--link-bandwidth 1 is out of range; use 1 KB/s to 10 TB/s" \
   train "${tiny[@]}" --link-bandwidth 1
-expect "--collective-timeout 1e308 is out of range; use 0 s to 1 day" \
+expect "--collective-timeout 1e308 is out of range; use 1 ms to 1 day" \
   train "${tiny[@]}" --collective-timeout 1e308
+# The range a message gives is the range accepted, in units the parser reads back.
+expect "--collective-timeout 0 is out of range; use 1 ms to 1 day" \
+  train "${tiny[@]}" --collective-timeout 0
+expect "--collective-timeout 2day is out of range; use 1 ms to 1 day" \
+  train "${tiny[@]}" --collective-timeout 2day
+# Options islands of one rank give nothing to act on (the same bits as without them).
+for opt in "--qgz int8" "--hpz on" "--collectives two-level"; do
+  # shellcheck disable=SC2086
+  expect "${opt} does nothing here: the --islands have one rank each" \
+    train "${tiny[@]}" --ranks 2 --islands 2 --stage 3 ${opt% on}
+done
+# Streaming DiLoCo's fragments hold at least one parameter each, refused before any work.
+expect "--fragments 1000000 would split the model's" \
+  train "${tiny[@]}" --ranks 2 --islands 2 --outer-every 1000000 --fragments 1000000
 # Block sizes as text: -1 would wrap to 2^64-1, 2^32+1 to 1.
 for v in -1 -18446744073709551615 4294967297 0; do
   expect "--qgz-block $v is invalid; use the elements per scale, 1 to 16777216" \

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# A save onto a full disk, synchronous or in the background, is not committed and stops the run
+# with a message naming the shard and the system's reason, whichever rank met it and whichever
+# rank's message the run reports; the previous checkpoint stays `latest` and the temporary is
+# removed. The disk is a small tmpfs mounted here (root only; skipped with 77 elsewhere).
+set -uo pipefail
+zerodp=$1
+tmp=$(mktemp -d)
+disk=$tmp/disk
+mkdir -p "$disk"
+trap 'umount "$disk" 2>/dev/null; rm -rf "$tmp"' EXIT
+fail=0
+# Saves at steps 2 and 4 (in the background with --checkpoint-async; the last step's is
+# synchronous either way). The tiny model's checkpoint on four ranks is 624 KiB (shards of 148 KiB): after the first,
+# 1040 KiB leaves room for two or three of the second's shards, so one or two ranks find the
+# disk full and the others, whose message the run may report, must name what they met.
+for mode in sync async; do
+  for round in 1 2; do
+    umount "$disk" 2>/dev/null
+    if ! mount -t tmpfs -o size=1040k tmpfs "$disk" 2>/dev/null; then
+      echo "skip: cannot mount a tmpfs (needs root)"; exit 77
+    fi
+    flags=()
+    [[ $mode == async ]] && flags=(--checkpoint-async)
+    "$zerodp" train --size tiny --data synthetic --no-progress --micro-batch 4 --stage 3 \
+      --ranks 4 --steps 5 --checkpoint-every 2 "${flags[@]}" --checkpoint-dir "$disk/ck" \
+      >"$tmp/out" 2>&1
+    rc=$?
+    label="$mode, round $round"
+    if [[ $rc == 0 ]]; then echo "FAIL: $label: exit 0 on a full disk"; cat "$tmp/out"; fail=1; continue; fi
+    line=$(grep -m1 "not committed" "$tmp/out")
+    if ! [[ $line == *"could not write their shard: "*".tmp.step_00000004/rank_0000"*".safetensors"*"No space left on device"* ]]; then
+      echo "FAIL: $label: the message does not name the shard and the cause:"
+      grep "zerodp:" "$tmp/out"
+      fail=1; continue
+    fi
+    if [[ $(cat "$disk/ck/latest" 2>/dev/null) != step_00000002 ]]; then
+      echo "FAIL: $label: latest is not the checkpoint before"; ls -la "$disk/ck"; fail=1
+    fi
+    if compgen -G "$disk/ck/.tmp.*" >/dev/null; then
+      echo "FAIL: $label: the temporary is left"; ls -la "$disk/ck"; fail=1
+    fi
+    echo "ok: $label: exit $rc: $(echo "$line" | cut -c1-170)"
+  done
+done
+exit $fail
