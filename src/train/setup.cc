@@ -215,10 +215,6 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
 // Under MPI every process parses its own command line; ranks that disagree would hang or
 // compute garbage. The first collective compares a digest of each resolved option, so a
 // mismatch names the option, not just that there is one.
-void check_same_config(const TrainConfig& cfg, Communicator& comm) {
-  check_same_options(config_json(cfg), comm);
-}
-
 void check_same_options(const nlohmann::json& options, Communicator& comm) {
   CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
   // Ranks whose option sets differ (another --model) must still meet in collectives of one

@@ -48,10 +48,9 @@ std::optional<double> gemm_flops_per_core(GemmCompute compute, std::span<const G
 void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactory& make_model,
                int world, int my_rank, int ranks_here = 1);
 
-// The first collective of a run: each resolved option's digest, compared across ranks.
-// Throws InvalidArgument naming the first option that differs.
-void check_same_config(const TrainConfig& cfg, Communicator& comm);
-// The same over any JSON object of options (config_json's, or a test's): as many as it holds.
+// The first collective of a run: each option's digest (config_json's, or a test's, as many
+// as the object holds), compared across ranks. Throws InvalidArgument naming the first
+// option that differs.
 void check_same_options(const nlohmann::json& options, Communicator& comm);
 
 }  // namespace zerodp

@@ -83,9 +83,12 @@ TEST(Faults, AFailedAllocationEndsEveryRankNamingIt) {
   TrainConfig c = tiny_config(3, 3);
   c.steps = 4;
   c.inject = {parse_injection("oom@2:1")};
-  const auto [what, seconds] = fails<Error>(c);
-  EXPECT_NE(what.find("rank 1 of 3, step 2"), std::string::npos) << what;
-  EXPECT_NE(what.find("bad_alloc"), std::string::npos) << what;
+  // Named as what ran out, with what would help, not as a bare std::bad_alloc.
+  const auto [what, seconds] = fails<OutOfMemory>(c);
+  EXPECT_NE(what.find("rank 1 of 3, step 2: out of memory: an allocation failed (std::bad_alloc); "
+                      "use a higher --stage"),
+            std::string::npos)
+      << what;
   EXPECT_LT(seconds, 5.0);
 }
 
