@@ -13,6 +13,7 @@ using nlohmann::json;
 
 constexpr std::string_view kParallelism = "Parallelism";
 constexpr unsigned kBoth = kTrainCommand | kEstimateCommand;
+constexpr int kMaxFragments = 1000000;
 
 using namespace option_readers;
 
@@ -83,13 +84,20 @@ const OptionSpec kIslandOptions[] = {
     {.key = "fragments",
      .section = kParallelism,
      .help = "Streaming DiLoCo: sync the parameters in this many equal fragments, one every "
-             "--outer-every / F steps, so each exchange moves 1/F of the bytes (--islands)",
+             "--outer-every / F steps, so each exchange moves 1/F of the bytes (--islands; "
+             "1 to 1000000, each fragment at least one parameter)",
      .commands = kBoth,
-     .advice = "use a number of fragments dividing --outer-every, e.g. 4",
+     .advice = "use a number of fragments from 1 to 1000000 dividing --outer-every, e.g. 4",
      .type = "INT",
      .read = [](TrainConfig& c, const std::string& t,
                 const OptionSpec& o) { c.fragments = whole<int>(t, o); },
-     .check = [](const TrainConfig& c, const OptionSpec& o) { at_least(c.fragments, 1, o); },
+     // Planning a round visits every fragment: a million keeps it under a second, and
+     // Streaming DiLoCo's own runs use a handful (4 to 100).
+     .check =
+         [](const TrainConfig& c, const OptionSpec& o) {
+           at_least(c.fragments, 1, o);
+           if (c.fragments > kMaxFragments) o.refuse(std::to_string(c.fragments));
+         },
      .record = [](const TrainConfig& c) -> json { return c.fragments; }},
     {.key = "outer_delay",
      .section = kParallelism,

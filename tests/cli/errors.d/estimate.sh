@@ -89,6 +89,8 @@ expect "--fragments 4 does nothing here: it streams DiLoCo's outer steps; add --
   estimate --params 1e9 --ranks 2 --fragments 4
 expect "--outer-every 8 does nothing here: it spaces DiLoCo's outer steps; add --islands K" \
   estimate --params 1e9 --ranks 2 --outer-every 8
+expect "--fragments 100000000 is invalid; use a number of fragments from 1 to 1000000" \
+  estimate --params 1e9 --ranks 4 --islands 2 --outer-every 100000000 --fragments 100000000
 expect "--fragments 1000000 would split the model's" \
   estimate --layers 2 --heads 2 --embd 32 --seq-len 32 --vocab 256 --ranks 2 --islands 2 \
   --outer-every 1000000 --fragments 1000000
