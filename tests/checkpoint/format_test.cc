@@ -174,6 +174,16 @@ TEST(SavedValues, FindsTheFirstValueARunDoesNotSave) {
   h[10] = 0xff80;
   EXPECT_EQ(bad16(ElementType::kBF16)->index, 10u);
   EXPECT_EQ(bad16(ElementType::kBF16)->value, -static_cast<double>(inf));
+  // A half's value, normal and subnormal, exactly as the message gives it.
+  const auto negative16 = [&](uint16_t bits) {
+    const std::vector<uint16_t> one{0x3c00, bits};
+    return first_bad_value(std::as_bytes(std::span(one)), ElementType::kF16,
+                           SavedValues::kFiniteNonNegative)
+        ->value;
+  };
+  EXPECT_EQ(negative16(0xc000), -2.0);
+  EXPECT_EQ(negative16(0xbc01), -1.0009765625);
+  EXPECT_EQ(negative16(0x8001), -std::ldexp(1.0, -24));
   EXPECT_FALSE(
       first_bad_value(std::as_bytes(std::span(h)), ElementType::kU8, SavedValues::kFinite));
 }
