@@ -157,4 +157,59 @@ float cross_entropy_forward_backward(std::span<float> dlogits,          // (rows
                                      std::span<const int32_t> targets,  // (rows)
                                      size_t rows, size_t V, float dloss = 1.0f);
 
+// ---- The Llama family's layers (docs/architecture.md, "The Llama family") ----
+// Plain loops for now: correct and deterministic; made fast where a step's profile says so.
+
+// RMSNorm over the last dimension: out = inp / sqrt(mean(inp^2) + eps) * weight (no mean
+// subtracted, no bias). Saves each row's 1/rms for backward.
+void rmsnorm_forward(std::span<float> out,           // (rows, C)
+                     std::span<float> rstd,          // (rows) saved for backward
+                     std::span<const float> inp,     // (rows, C)
+                     std::span<const float> weight,  // (C)
+                     size_t rows, size_t C, float eps);
+
+void rmsnorm_backward(std::span<float> dinp,          // (rows, C) +=
+                      std::span<float> dweight,       // (C) +=
+                      std::span<const float> dout,    // (rows, C)
+                      std::span<const float> inp,     // (rows, C)
+                      std::span<const float> weight,  // (C)
+                      std::span<const float> rstd,    // (rows) from forward
+                      size_t rows, size_t C);
+
+// Rotary position embedding, rotate-half (Hugging Face's Llama layout: element i of a head
+// pairs with element i + HS/2, so its checkpoints' q and k need no permutation). The table is
+// pinned so that a reference computes the same bits: inv_freq[i] = fp32(theta^(-2i/HS)) once,
+// angle = fp32(t) * inv_freq[i] in one fp32 multiply, cos and sin of that angle rounded once
+// to fp32 from double.
+struct RopeTable {
+  size_t max_T = 0;
+  size_t half = 0;         // HS / 2
+  std::vector<float> cos;  // (max_T, half)
+  std::vector<float> sin;  // (max_T, half)
+};
+// InvalidArgument unless head_size is even and positive and theta > 1.
+RopeTable rope_table(size_t max_T, size_t head_size, float theta);
+
+// out[b, t, h, i] = x_i cos - x_{i+HS/2} sin, out[.., i + HS/2] = x_{i+HS/2} cos + x_i sin,
+// at angle (t, i); t < table.max_T.
+void rope_forward(std::span<float> out,        // (B, T, heads, HS)
+                  std::span<const float> inp,  // (B, T, heads, HS)
+                  const RopeTable& table, size_t B, size_t T, size_t heads, size_t HS);
+
+// The transpose rotation: dinp += R(t)^T dout.
+void rope_backward(std::span<float> dinp,        // (B, T, heads, HS) +=
+                   std::span<const float> dout,  // (B, T, heads, HS)
+                   const RopeTable& table, size_t B, size_t T, size_t heads, size_t HS);
+
+// SwiGLU's gate: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+void swiglu_forward(std::span<float> out,         // (count)
+                    std::span<const float> gate,  // (count)
+                    std::span<const float> up);   // (count)
+
+void swiglu_backward(std::span<float> dgate,       // (count) +=
+                     std::span<float> dup,         // (count) +=
+                     std::span<const float> dout,  // (count)
+                     std::span<const float> gate,  // (count)
+                     std::span<const float> up);   // (count)
+
 }  // namespace zerodp
