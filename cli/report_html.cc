@@ -136,7 +136,8 @@ json run_data(const RunReport& r, const std::string& file) {
                                {"cause", x.cause},
                                {"ranks_before", x.ranks_before},
                                {"ranks_after", x.ranks_after},
-                               {"resumed_step", x.resumed_step}});
+                               {"resumed_step", x.resumed_step},
+                               {"order_note", x.order_note}});
   }
   // Only a run over nodes has bytes crossing them to draw: on one node they are all 0.
   const bool nodes = r.node_ranks.has_value();

@@ -280,7 +280,7 @@
       short: who + ' failed: ' + x.ranks_before + '\u2192' + x.ranks_after + ' ranks',
       title: who + ' failed at step ' + x.failed_step + ' (' + x.cause + '); the run went on with ' +
              x.ranks_after + ' of ' + x.ranks_before + ' ranks from the checkpoint of step ' +
-             x.resumed_step
+             x.resumed_step + (x.order_note ? '; ' + x.order_note : '')
     };
   }
 

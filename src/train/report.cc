@@ -223,7 +223,9 @@ nlohmann::json report_json(const TrainResult& r) {
          {key::kGradAccumBefore, x.grad_accum_before},
          {key::kGradAccumAfter, x.grad_accum_after},
          {key::kResumedStep, x.resumed_step},
-         {key::kCheckpoint, x.checkpoint}});
+         {key::kCheckpoint, x.checkpoint},
+         // Why the survivors' bits may differ from the run that never failed; "" when not.
+         {key::kOrderNote, x.order_note}});
   }
   // The saves the schedule asked for, skipped and committed, and what each cost the steps.
   if (!r.config.checkpoint_dir.empty()) {

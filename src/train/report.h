@@ -74,6 +74,7 @@ inline constexpr char kRanksAfter[] = "ranks_after";
 inline constexpr char kGradAccumBefore[] = "grad_accum_before";
 inline constexpr char kGradAccumAfter[] = "grad_accum_after";
 inline constexpr char kResumedStep[] = "resumed_step";
+inline constexpr char kOrderNote[] = "order_note";
 inline constexpr char kTokensPerSecond[] = "tokens_per_second";
 inline constexpr char kFlopsPerToken[] = "flops_per_token";
 inline constexpr char kPeakFlops[] = "peak_flops";

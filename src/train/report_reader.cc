@@ -269,6 +269,8 @@ ReportRestart read_restart(const Fields& F, const json& x, const std::string& wh
   r.ranks_before = F.count(x, where, key::kRanksBefore);
   r.ranks_after = F.count(x, where, key::kRanksAfter);
   r.resumed_step = F.count(x, where, key::kResumedStep);
+  // Reports before it say nothing of the order: as if kept.
+  r.order_note = string_if_any(x, key::kOrderNote).value_or("");
   return r;
 }
 

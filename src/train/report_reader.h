@@ -80,6 +80,7 @@ struct ReportRestart {
   uint64_t ranks_before = 0;
   uint64_t ranks_after = 0;
   uint64_t resumed_step = 0;  // the checkpoint's step it went on from
+  std::string order_note;     // why the bits may change; empty when kept or not recorded
 };
 
 // `stopped`, when not null: the run ended before its last step.

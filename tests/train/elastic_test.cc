@@ -176,6 +176,10 @@ TEST(Elastic, LocalAccumulationSaysTheBitsMayChange) {
   ASSERT_EQ(o.result.restarts.size(), 1u);
   EXPECT_TRUE(has(o.result.restarts[0].order_note, "may differ in their last bits"))
       << o.result.restarts[0].order_note;
+  // The report keeps the note with the restart, and reads it back.
+  const RunReport back = report_from_json(report_json(o.result), "r.json");
+  ASSERT_EQ(back.restarts.size(), 1u);
+  EXPECT_EQ(back.restarts[0].order_note, o.result.restarts[0].order_note);
   EXPECT_TRUE(
       has(o.result.restarts[0].order_note, "4 ranks x --grad-accum 2, these are 2 ranks x 4"))
       << o.result.restarts[0].order_note;
