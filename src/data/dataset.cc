@@ -1,5 +1,6 @@
 #include "data/dataset.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/core.h>
@@ -60,6 +61,14 @@ void TokenDataset::fill(std::span<const uint64_t> indices, std::span<int32_t> in
       targets[b * T + t] = window[t + 1];
     }
   }
+}
+
+std::pair<int, uint64_t> TokenDataset::largest_token() const {
+  const auto first = text_->begin() + static_cast<std::ptrdiff_t>(begin_byte_);
+  const auto last = text_->begin() + static_cast<std::ptrdiff_t>(end_byte_);
+  const auto at = std::max_element(first, last);
+  if (at == last) return {0, 0};
+  return {*at, static_cast<uint64_t>(at - first)};
 }
 
 TokenBatch TokenDataset::batch(std::span<const uint64_t> indices) const {

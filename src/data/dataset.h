@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -57,6 +58,9 @@ class TokenDataset {
   uint64_t begin_byte() const { return begin_byte_; }
   uint64_t end_byte() const { return end_byte_; }
   const std::string& name() const { return name_; }  // e.g. "kjv/train", for messages
+  // The largest token in the samples' bytes, and the first offset (from begin_byte) where it
+  // stands: what a vocabulary must hold.
+  std::pair<int, uint64_t> largest_token() const;
 
   // Writes sample indices[b] into row b of inputs and targets, each (B, T) with
   // B = indices.size(). Throws InvalidArgument naming the index if one is >= size(), or the

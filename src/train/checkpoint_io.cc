@@ -164,6 +164,7 @@ constexpr ModelField kModelFields[] = {
     {"gpt", "heads", "heads", &TrainConfig::heads},
     {"gpt", "embd", "embd", &TrainConfig::embd},
     {"gpt", "seq_len", "seq_len", &TrainConfig::seq_len},
+    {"gpt", "vocab", "vocab", &TrainConfig::vocab},
     {"mlp", "hidden", "mlp_hidden", &TrainConfig::mlp_hidden},
     {"mlp", "hidden_layers", "mlp_layers", &TrainConfig::mlp_layers},
 };

@@ -93,6 +93,9 @@ struct TrainConfig {
   std::string model = "gpt";  // gpt | mlp
   std::string size = "small";
   int layers = 0, heads = 0, embd = 0, seq_len = 0;  // gpt, resolved from size + overrides
+  // --vocab: the gpt's vocabulary, at least the data's largest token + 1; 0 until resolved
+  // (the byte vocabulary, 256).
+  int vocab = 0;
   int mlp_hidden = 256, mlp_layers = 2;
   // Data.
   std::string data = "kjv";

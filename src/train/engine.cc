@@ -146,7 +146,22 @@ DataSplits open_training_data(const TrainConfig& cfg) {
   dopt.seq_len = cfg.seq_len;
   dopt.seed = cfg.seed;
   if (!cfg.cache_dir.empty()) dopt.cache_dir = cfg.cache_dir;
-  return open_data(dopt);
+  DataSplits data = open_data(dopt);
+  // A token past the vocabulary would index past the embedding: refused before any rank
+  // holds a state, naming where it stands and the vocabulary that would hold it.
+  if (cfg.vocab > 0) {
+    for (const Dataset* d : {&data.train, &data.validation}) {
+      const auto* tokens = std::get_if<TokenDataset>(d);
+      if (tokens == nullptr) continue;
+      const auto [token, at] = tokens->largest_token();
+      if (token < cfg.vocab) continue;
+      throw InvalidArgument(fmt::format(
+          "--vocab {} does not hold the data's token {} (byte {} of {}); use --vocab {} or "
+          "more, or leave it out for the byte vocabulary (256)",
+          cfg.vocab, token, tokens->begin_byte() + at, tokens->name(), token + 1));
+    }
+  }
+  return data;
 }
 
 // MFU's numerator per token, and the products the model's units declare for one of the

@@ -9,6 +9,7 @@
 
 #include "checkpoint/consolidate.h"
 #include "core/error.h"
+#include "data/dataset.h"
 #include "models/mlp.h"
 #include "train/plan.h"
 
@@ -67,7 +68,11 @@ GptConfig gpt_config_from_shape(const ShapeReader& r) {
 namespace {
 
 GptConfig gpt_config(const TrainConfig& c) {
-  return GptConfig{.layers = c.layers, .heads = c.heads, .embd = c.embd, .seq_len = c.seq_len};
+  return GptConfig{.layers = c.layers,
+                   .heads = c.heads,
+                   .embd = c.embd,
+                   .seq_len = c.seq_len,
+                   .vocab = c.vocab > 0 ? c.vocab : TokenDataset::kVocabSize};
 }
 
 MlpConfig mlp_config(const TrainConfig& c) {
@@ -88,6 +93,7 @@ void resolve_gpt(TrainConfig& c) {
   if (c.embd == 0) c.embd = preset.config.embd;
   if (c.seq_len == 0) c.seq_len = preset.config.seq_len;
   if (c.micro_batch == 0) c.micro_batch = preset.micro_batch;
+  if (c.vocab == 0) c.vocab = TokenDataset::kVocabSize;
   validate(gpt_config(c));
 }
 
@@ -109,6 +115,7 @@ void gpt_config_fields(const TrainConfig& c, nlohmann::json& j) {
   j["heads"] = c.heads;
   j["embd"] = c.embd;
   j["seq_len"] = c.seq_len;
+  j["vocab"] = c.vocab;
 }
 
 // The custom kinds write these too, as they always have: meta.json's bytes and the

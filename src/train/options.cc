@@ -30,6 +30,8 @@ constexpr std::string_view kModel = "Model", kData = "Data", kParallelism = "Par
                            kOptimization = "Optimization", kCheckpoints = "Checkpoints",
                            kReliability = "Reliability", kOutput = "Output";
 constexpr unsigned kBoth = kTrainCommand | kEstimateCommand;
+// 2^24 rows: past any vocabulary trained today (256k), and V x C stays far inside a size_t.
+constexpr int kMaxVocab = 1 << 24;
 
 using namespace option_readers;
 
@@ -76,6 +78,18 @@ const OptionSpec kOptions[] = {
      .type = "INT",
      .read = [](TrainConfig& c, const std::string& t,
                 const OptionSpec& o) { c.seq_len = shape(t, o); }},
+    {.key = "vocab",
+     .section = kModel,
+     .help = "GPT vocabulary: the embedding's and the head's rows, at least the data's largest "
+             "token + 1 (default 256: bytes)",
+     .commands = kTrainCommand,
+     .advice = "use 2 to 16777216 (omit it for the byte vocabulary, 256)",
+     .type = "INT",
+     .read =
+         [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
+           c.vocab = whole<int>(t, o);
+           if (c.vocab < 2 || c.vocab > kMaxVocab) o.refuse(t);
+         }},
     {.key = "mlp_hidden",
      .section = kModel,
      .help = "MLP hidden width",

@@ -275,6 +275,8 @@ const IdleRule kIdleRules[] = {
      [](const TrainConfig& c) { return std::to_string(c.embd); }},
     {"seq_len", not_gpt, "it shapes a gpt; use --model gpt",
      [](const TrainConfig& c) { return std::to_string(c.seq_len); }},
+    {"vocab", not_gpt, "it shapes a gpt; use --model gpt",
+     [](const TrainConfig& c) { return std::to_string(c.vocab); }},
     {"mlp_hidden", not_mlp, "it shapes an mlp; use --model mlp",
      [](const TrainConfig& c) { return std::to_string(c.mlp_hidden); }},
     {"mlp_layers", not_mlp, "it shapes an mlp; use --model mlp",

@@ -80,9 +80,9 @@ TEST(OptionTable, TheReportsKeysAreTheTablesRecordedOptions) {
   TrainConfig c = unusual();
   const nlohmann::json j = config_json(c);
   for (const OptionSpec& o : option_table()) {
-    EXPECT_EQ(j.contains(std::string(o.key)), o.record != nullptr || o.key == "size" ||
-                                                  o.key == "layers" || o.key == "heads" ||
-                                                  o.key == "embd" || o.key == "seq_len")
+    EXPECT_EQ(j.contains(std::string(o.key)),
+              o.record != nullptr || o.key == "size" || o.key == "layers" || o.key == "heads" ||
+                  o.key == "embd" || o.key == "seq_len" || o.key == "vocab")
         << o.key;
   }
   // Each key is a flag of train, or the engine's one recorded-only choice.

@@ -262,6 +262,25 @@ for opt in "--qgz int8" "--hpz on" "--collectives two-level"; do
   expect "${opt} does nothing here: the --islands have one rank each" \
     train "${tiny[@]}" --ranks 2 --islands 2 --stage 3 ${opt% on}
 done
+# --vocab: at least the data's largest token + 1 (KJV's is 'z', 122), a gpt's only.
+expect "--vocab 100 does not hold the data's token 122 (byte 30675 of kjv/train); use --vocab 123 or more" \
+  train --size tiny --data kjv --steps 2 --no-progress --vocab 100
+expect "--vocab 1 is invalid; use 2 to 16777216" train "${tiny[@]}" --vocab 1
+expect "--vocab 300 does nothing here: it shapes a gpt; use --model gpt" \
+  train --model mlp --data synthetic --steps 1 --vocab 300
+# A larger vocabulary adds its rows (2 x 44 x 32 to tiny's 42880) and a resume keeps it.
+vc=$(mktemp -d)
+"$zerodp" train "${tiny[@]}" --steps 4 --stop-after 2 --checkpoint-dir "$vc/ck" --vocab 300 \
+  >/dev/null 2>&1
+whole=$("$zerodp" train "${tiny[@]}" --steps 4 --vocab 300 2>&1)
+cont=$("$zerodp" train "${tiny[@]}" --steps 4 --checkpoint-dir "$vc/ck" --resume latest 2>&1)
+if [[ $whole == *"trained 45696 parameters"* &&
+      $(grep -o 'weights sha256 [0-9a-f]*' <<<"$cont") == $(grep -o 'weights sha256 [0-9a-f]*' <<<"$whole") ]]; then
+  echo "ok: --vocab 300 trains 45696 parameters, and its checkpoint resumes with it"
+else
+  echo "FAIL: --vocab 300: $whole / $cont"; fail=1
+fi
+rm -rf "$vc"
 # Streaming DiLoCo's fragments hold at least one parameter each, refused before any work.
 expect "--fragments 1000000 would split the model's" \
   train "${tiny[@]}" --ranks 2 --islands 2 --outer-every 1000000 --fragments 1000000
