@@ -212,4 +212,25 @@ void swiglu_backward(std::span<float> dgate,       // (count) +=
                      std::span<const float> gate,  // (count)
                      std::span<const float> up);   // (count)
 
+// ---- A head and its cross-entropy, a fixed block of rows at a time ----
+// logits = inp weight^T (no bias) and the softmax cross-entropy of cross_entropy_forward_
+// backward, computed kHeadBlockRows rows at a time, so that a large vocabulary's logits and
+// their gradient are held for one block (2 x kHeadBlockRows x V floats of `scratch`), not for
+// every row. The loss is the mean over the counted targets of all rows, as one call over them
+// would give; dweight (and dinp, optional with it), when not empty, ADD dloss times their
+// gradients; dinp without dweight is refused. The block is
+// fixed, never an option: dweight sums the blocks in row order, and a product's bits depend
+// on its row count (tensor/gemm.h), so one block size is one set of bits. With empty dinp
+// and dweight it is the forward alone (a backward that recomputes calls it again with them).
+inline constexpr size_t kHeadBlockRows = 64;
+size_t head_cross_entropy_scratch_count(size_t V);
+
+float head_cross_entropy(std::span<float> dinp,             // (rows, C) +=, or empty
+                         std::span<float> dweight,          // (V, C) +=, or empty: loss only
+                         std::span<float> scratch,          // (head_cross_entropy_scratch_count)
+                         std::span<const float> inp,        // (rows, C)
+                         std::span<const float> weight,     // (V, C)
+                         std::span<const int32_t> targets,  // (rows)
+                         size_t rows, size_t C, size_t V, GemmCompute compute, float dloss = 1.0f);
+
 }  // namespace zerodp

@@ -1,6 +1,7 @@
 // RMSNorm, rotary position embedding and SwiGLU: the layers the Llama family adds to the
 // GPT's (nn/layers.h). Sums run in double per row, in index order: a row's result depends on
 // that row alone, and the loops are not yet the vectorized lanes layernorm.cc uses.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -172,6 +173,54 @@ void swiglu_backward(std::span<float> dgate, std::span<float> dup, std::span<con
     dgate[i] += dout[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
     dup[i] += dout[i] * g * sig;
   }
+}
+
+size_t head_cross_entropy_scratch_count(size_t V) { return 2 * kHeadBlockRows * V; }
+
+float head_cross_entropy(std::span<float> dinp, std::span<float> dweight, std::span<float> scratch,
+                         std::span<const float> inp, std::span<const float> weight,
+                         std::span<const int32_t> targets, size_t rows, size_t C, size_t V,
+                         GemmCompute compute, float dloss) {
+  const std::string shape = fmt::format("(rows={}, C={}, V={})", rows, C, V);
+  nn_detail::check_optional_count("head_cross_entropy", "dinp", dinp, rows * C, shape);
+  nn_detail::check_optional_count("head_cross_entropy", "dweight", dweight, V * C, shape);
+  check_count("head_cross_entropy", "scratch", scratch, head_cross_entropy_scratch_count(V), shape);
+  check_count("head_cross_entropy", "inp", inp, rows * C, shape);
+  check_count("head_cross_entropy", "weight", weight, V * C, shape);
+  check_count("head_cross_entropy", "targets", targets, rows, shape);
+  if (!dinp.empty() && dweight.empty()) {
+    throw InvalidArgument(fmt::format(
+        "head_cross_entropy: dinp is given without dweight {}; pass both for the backward, or "
+        "neither for the loss alone",
+        shape));
+  }
+  const bool grads = !dweight.empty();
+  size_t counted = 0;
+  for (const int32_t t : targets) counted += t == kIgnoreTarget ? 0 : 1;
+  if (counted == 0) return 0;
+  double loss = 0;
+  for (size_t r0 = 0; r0 < rows; r0 += kHeadBlockRows) {
+    const size_t n = std::min(kHeadBlockRows, rows - r0);
+    const std::span<float> logits = scratch.subspan(0, n * V);
+    const std::span<float> dlogits = scratch.subspan(kHeadBlockRows * V, n * V);
+    const std::span<const float> x = inp.subspan(r0 * C, n * C);
+    const std::span<const int32_t> t = targets.subspan(r0, n);
+    size_t here = 0;
+    for (const int32_t v : t) here += v == kIgnoreTarget ? 0 : 1;
+    if (here == 0) continue;
+    linear_forward(logits, x, weight, {}, n, C, V, compute);
+    // The block's mean scaled to its share of all counted rows: the sum over blocks is the
+    // mean over every row, and each gradient is dloss / counted per row.
+    const double share = static_cast<double>(here) / static_cast<double>(counted);
+    if (grads) std::fill(dlogits.begin(), dlogits.end(), 0.0f);
+    const float block_loss = cross_entropy_forward_backward(
+        grads ? dlogits : std::span<float>(), logits, t, n, V, static_cast<float>(dloss * share));
+    loss += static_cast<double>(block_loss) * share;
+    if (!grads) continue;
+    linear_backward(dinp.empty() ? std::span<float>() : dinp.subspan(r0 * C, n * C), dweight, {},
+                    dlogits, x, weight, n, C, V, compute);
+  }
+  return static_cast<float>(loss);
 }
 
 }  // namespace zerodp

@@ -190,5 +190,100 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferencesAndAccumulates) {
   }
 }
 
+// ---------------------------------------------------------------- Head, in blocks of rows
+
+// Rows past one block and a short last block (2 x 64 + 17), some targets ignored.
+struct HeadCase {
+  size_t rows = 2 * kHeadBlockRows + 17, C = 24, V = 300;
+  std::vector<float> inp = normal_vector(rows * C, 61);
+  std::vector<float> weight = normal_vector(V * C, 62, 0.2f);
+  std::vector<int32_t> targets = [this] {
+    std::vector<int32_t> t(rows);
+    for (size_t r = 0; r < rows; ++r) {
+      t[r] = r % 11 == 3 ? kIgnoreTarget : static_cast<int32_t>((r * 37) % V);
+    }
+    return t;
+  }();
+  std::vector<float> scratch = std::vector<float>(head_cross_entropy_scratch_count(V));
+};
+
+// The whole head: every row's logits held at once, then the loss and its gradient.
+float whole_head(const HeadCase& k, std::vector<float>& dinp, std::vector<float>& dweight,
+                 float dloss) {
+  std::vector<float> logits(k.rows * k.V), dlogits(k.rows * k.V);
+  linear_forward(logits, k.inp, k.weight, {}, k.rows, k.C, k.V, GemmCompute::kFP32);
+  const float loss = cross_entropy_forward_backward(dlogits, logits, k.targets, k.rows, k.V, dloss);
+  linear_backward(dinp, dweight, {}, dlogits, k.inp, k.weight, k.rows, k.C, k.V,
+                  GemmCompute::kFP32);
+  return loss;
+}
+
+TEST(HeadCrossEntropy, InBlocksIsTheWholeHeadsLossAndGradients) {
+  HeadCase k;
+  std::vector<float> dinp(k.rows * k.C), dweight(k.V * k.C);
+  std::vector<float> want_dinp(dinp.size()), want_dweight(dweight.size());
+  const float loss = head_cross_entropy(dinp, dweight, k.scratch, k.inp, k.weight, k.targets,
+                                        k.rows, k.C, k.V, GemmCompute::kFP32, 0.5f);
+  const float want = whole_head(k, want_dinp, want_dweight, 0.5f);
+  EXPECT_NEAR(loss, want, 1e-6 * want);
+  for (size_t i = 0; i < dinp.size(); ++i) {
+    EXPECT_NEAR(dinp[i], want_dinp[i], 1e-6 + 1e-5 * std::abs(want_dinp[i])) << "dinp " << i;
+  }
+  for (size_t i = 0; i < dweight.size(); ++i) {
+    EXPECT_NEAR(dweight[i], want_dweight[i], 1e-6 + 1e-5 * std::abs(want_dweight[i]))
+        << "dweight " << i;
+  }
+  // The loss alone is the same loss, bit for bit, and touches no gradient.
+  HeadCase again;
+  EXPECT_EQ(head_cross_entropy({}, {}, again.scratch, again.inp, again.weight, again.targets,
+                               again.rows, again.C, again.V, GemmCompute::kFP32),
+            head_cross_entropy({}, {}, k.scratch, k.inp, k.weight, k.targets, k.rows, k.C, k.V,
+                               GemmCompute::kFP32));
+}
+
+TEST(HeadCrossEntropy, BackwardMatchesFiniteDifferences) {
+  HeadCase k;
+  k.rows = kHeadBlockRows + 5;
+  k.C = 6;
+  k.V = 40;
+  k.inp = normal_vector(k.rows * k.C, 63);
+  k.weight = normal_vector(k.V * k.C, 64, 0.3f);
+  k.targets.resize(k.rows);
+  for (size_t r = 0; r < k.rows; ++r) k.targets[r] = static_cast<int32_t>((r * 7) % k.V);
+  k.scratch.resize(head_cross_entropy_scratch_count(k.V));
+  std::vector<float> dinp(k.rows * k.C), dweight(k.V * k.C);
+  (void)head_cross_entropy(dinp, dweight, k.scratch, k.inp, k.weight, k.targets, k.rows, k.C, k.V,
+                           GemmCompute::kFP32);
+  auto objective = [&] {
+    return static_cast<double>(head_cross_entropy({}, {}, k.scratch, k.inp, k.weight, k.targets,
+                                                  k.rows, k.C, k.V, GemmCompute::kFP32));
+  };
+  // The loss is a mean over 69 rows, so each input moves it little: a small absolute floor.
+  constexpr Tolerance kMean{1e-2f, 2e-5, 2e-3};
+  expect_gradient_matches("dinp", k.inp, dinp, objective, kMean, 7);
+  expect_gradient_matches("dweight", k.weight, dweight, objective, kMean, 5);
+}
+
+TEST(HeadCrossEntropy, AddsIntoItsGradientsAndRefusesHalfABackward) {
+  HeadCase k;
+  std::vector<float> dinp(k.rows * k.C), dweight(k.V * k.C);
+  (void)head_cross_entropy(dinp, dweight, k.scratch, k.inp, k.weight, k.targets, k.rows, k.C, k.V,
+                           GemmCompute::kFP32);
+  std::vector<float> a_inp(dinp.size(), 1.0f), a_weight(dweight.size(), 1.0f);
+  (void)head_cross_entropy(a_inp, a_weight, k.scratch, k.inp, k.weight, k.targets, k.rows, k.C, k.V,
+                           GemmCompute::kFP32);
+  for (size_t i = 0; i < dinp.size(); ++i) EXPECT_NEAR(a_inp[i], dinp[i] + 1.0f, 1e-5f);
+  for (size_t i = 0; i < dweight.size(); i += 13) {
+    EXPECT_NEAR(a_weight[i], dweight[i] + 1.0f, 1e-5f);
+  }
+  EXPECT_THROW(head_cross_entropy(dinp, {}, k.scratch, k.inp, k.weight, k.targets, k.rows, k.C, k.V,
+                                  GemmCompute::kFP32),
+               InvalidArgument);
+  std::vector<float> small(k.scratch.size() - 1);
+  EXPECT_THROW(head_cross_entropy({}, {}, small, k.inp, k.weight, k.targets, k.rows, k.C, k.V,
+                                  GemmCompute::kFP32),
+               InvalidArgument);
+}
+
 }  // namespace
 }  // namespace zerodp
