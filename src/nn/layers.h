@@ -212,6 +212,18 @@ void swiglu_backward(std::span<float> dgate,       // (count) +=
                      std::span<const float> gate,  // (count)
                      std::span<const float> up);   // (count)
 
+// Grouped-query attention's sharing, as Hugging Face's repeat_kv: kv_heads key (or value)
+// heads serve heads query heads, head h reading kv head h / (heads / kv_heads). Forward
+// copies each kv head to its group, so the attention kernel sees one per query head;
+// backward sums the group's gradients back, in head order.
+void repeat_kv_forward(std::span<float> out,        // (rows, heads, HS)
+                       std::span<const float> inp,  // (rows, kv_heads, HS)
+                       size_t rows, size_t heads, size_t kv_heads, size_t HS);
+
+void repeat_kv_backward(std::span<float> dinp,        // (rows, kv_heads, HS) +=
+                        std::span<const float> dout,  // (rows, heads, HS)
+                        size_t rows, size_t heads, size_t kv_heads, size_t HS);
+
 // ---- A head and its cross-entropy, a fixed block of rows at a time ----
 // logits = inp weight^T (no bias) and the softmax cross-entropy of cross_entropy_forward_
 // backward, computed kHeadBlockRows rows at a time, so that a large vocabulary's logits and

@@ -175,6 +175,50 @@ void swiglu_backward(std::span<float> dgate, std::span<float> dup, std::span<con
   }
 }
 
+namespace {
+
+void check_repeat_kv(std::string_view fn, std::span<const float> wide, std::string_view wide_name,
+                     std::span<const float> narrow, std::string_view narrow_name, size_t rows,
+                     size_t heads, size_t kv_heads, size_t HS) {
+  const std::string shape =
+      fmt::format("(rows={}, heads={}, kv_heads={}, HS={})", rows, heads, kv_heads, HS);
+  if (kv_heads == 0 || heads % kv_heads != 0) {
+    throw InvalidArgument(fmt::format(
+        "{}: kv_heads {} does not divide heads {}; each kv head serves heads / kv_heads query "
+        "heads",
+        fn, kv_heads, heads));
+  }
+  check_count(fn, wide_name, wide, rows * heads * HS, shape);
+  check_count(fn, narrow_name, narrow, rows * kv_heads * HS, shape);
+}
+
+}  // namespace
+
+void repeat_kv_forward(std::span<float> out, std::span<const float> inp, size_t rows, size_t heads,
+                       size_t kv_heads, size_t HS) {
+  check_repeat_kv("repeat_kv_forward", out, "out", inp, "inp", rows, heads, kv_heads, HS);
+  const size_t group = heads / kv_heads;
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t h = 0; h < heads; ++h) {
+      const float* from = inp.data() + (r * kv_heads + h / group) * HS;
+      std::copy(from, from + HS, out.data() + (r * heads + h) * HS);
+    }
+  }
+}
+
+void repeat_kv_backward(std::span<float> dinp, std::span<const float> dout, size_t rows,
+                        size_t heads, size_t kv_heads, size_t HS) {
+  check_repeat_kv("repeat_kv_backward", dout, "dout", dinp, "dinp", rows, heads, kv_heads, HS);
+  const size_t group = heads / kv_heads;
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t h = 0; h < heads; ++h) {
+      const float* from = dout.data() + (r * heads + h) * HS;
+      float* to = dinp.data() + (r * kv_heads + h / group) * HS;
+      for (size_t i = 0; i < HS; ++i) to[i] += from[i];
+    }
+  }
+}
+
 size_t head_cross_entropy_scratch_count(size_t V) { return 2 * kHeadBlockRows * V; }
 
 float head_cross_entropy(std::span<float> dinp, std::span<float> dweight, std::span<float> scratch,

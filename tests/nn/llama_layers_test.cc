@@ -190,6 +190,36 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferencesAndAccumulates) {
   }
 }
 
+// ---------------------------------------------------------------- Grouped-query sharing
+
+// 6 query heads over 2 kv heads: heads 0-2 read kv head 0, heads 3-5 kv head 1.
+TEST(RepeatKv, EachGroupReadsItsKvHeadAndBackwardSumsTheGroup) {
+  const size_t rows = 3, heads = 6, kv = 2, HS = 4;
+  std::vector<float> inp = normal_vector(rows * kv * HS, 71);
+  std::vector<float> out(rows * heads * HS);
+  repeat_kv_forward(out, inp, rows, heads, kv, HS);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t h = 0; h < heads; ++h) {
+      for (size_t i = 0; i < HS; ++i) {
+        EXPECT_EQ(out[(r * heads + h) * HS + i], inp[(r * kv + h / 3) * HS + i]);
+      }
+    }
+  }
+  const std::vector<float> dout = normal_vector(out.size(), 72);
+  std::vector<float> dinp(inp.size(), 0.5f);
+  repeat_kv_backward(dinp, dout, rows, heads, kv, HS);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t g = 0; g < kv; ++g) {
+      for (size_t i = 0; i < HS; ++i) {
+        float want = 0.5f;
+        for (size_t h = g * 3; h < g * 3 + 3; ++h) want += dout[(r * heads + h) * HS + i];
+        EXPECT_FLOAT_EQ(dinp[(r * kv + g) * HS + i], want);
+      }
+    }
+  }
+  EXPECT_THROW(repeat_kv_forward(out, inp, rows, heads, 4, HS), InvalidArgument);
+}
+
 // ---------------------------------------------------------------- Head, in blocks of rows
 
 // Rows past one block and a short last block (2 x 64 + 17), some targets ignored.
