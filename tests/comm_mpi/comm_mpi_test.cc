@@ -1483,7 +1483,8 @@ TEST(MpiThreadsTest, NodeAllGatherMatchesTheShardsOfTheNode) {
   for (int t : {2, 3}) {
     CommOptions options = kOptions;
     options.node_ranks = t;
-    const auto ok = run_as_threads(t, options, [&](Communicator& c) {
+    // Each rank thread says what it found wrong ("" when nothing): a value, or the ledger.
+    const auto wrong = run_as_threads(t, options, [&](Communicator& c) -> std::string {
       const size_t count = 1013;
       const Partition part(count, t);
       const int local = c.rank() % t;
@@ -1492,14 +1493,22 @@ TEST(MpiThreadsTest, NodeAllGatherMatchesTheShardsOfTheNode) {
       c.node_all_gather_async(std::span<const float>(shard), std::span<float>(out), part).wait();
       for (int l = 0; l < t; ++l) {
         for (size_t i = 0; i < part.count(l); ++i) {
-          if (out[part.offset(l) + i] != static_cast<float>((c.rank() - local + l) * 10000 + i))
-            return false;
+          const float want = static_cast<float>((c.rank() - local + l) * 10000 + i);
+          if (out[part.offset(l) + i] != want) {
+            return fmt::format("element {} of local {}'s shard is {}, want {}", i, l,
+                               out[part.offset(l) + i], want);
+          }
         }
       }
-      return c.ledger().total(CommKind::kAllGather).bytes == (count - shard.size()) * 4;
+      const uint64_t bytes = c.ledger().total(CommKind::kAllGather).bytes;
+      if (bytes != (count - shard.size()) * 4) {
+        return fmt::format("the ledger has {} all-gather bytes, want {}", bytes,
+                           (count - shard.size()) * 4);
+      }
+      return "";
     });
     for (int l = 0; l < t; ++l)
-      EXPECT_TRUE(ok[static_cast<size_t>(l)]) << "T " << t << " local " << l;
+      EXPECT_EQ(wrong[static_cast<size_t>(l)], "") << "T " << t << " local " << l;
   }
 }
 
