@@ -107,9 +107,12 @@ void check_rope(std::string_view fn, std::span<const float> a, std::string_view 
 
 }  // namespace
 
-void rope_forward(std::span<float> out, std::span<const float> inp, const RopeTable& table,
-                  size_t B, size_t T, size_t heads, size_t HS) {
-  check_rope("rope_forward", out, "out", inp, "inp", table, B, T, heads, HS);
+namespace {
+
+// Turns every half pair of `from` by its angle times `sign` into `to`: forward turns by +angle,
+// backward by -angle (the transpose) and adds.
+void rope_turn(std::span<float> to, std::span<const float> from, const RopeTable& table, size_t B,
+               size_t T, size_t heads, size_t HS, float sign, bool add) {
   const size_t h = table.half;
   for (size_t b = 0; b < B; ++b) {
     for (size_t t = 0; t < T; ++t) {
@@ -117,36 +120,32 @@ void rope_forward(std::span<float> out, std::span<const float> inp, const RopeTa
       const float* s = table.sin.data() + t * h;
       for (size_t n = 0; n < heads; ++n) {
         const size_t at = ((b * T + t) * heads + n) * HS;
-        const float* x = inp.data() + at;
-        float* y = out.data() + at;
+        const float* x = from.data() + at;
+        float* y = to.data() + at;
         for (size_t i = 0; i < h; ++i) {
-          y[i] = x[i] * c[i] - x[i + h] * s[i];
-          y[i + h] = x[i + h] * c[i] + x[i] * s[i];
+          const float turn = sign * s[i];
+          const float lo = x[i] * c[i] - x[i + h] * turn;
+          const float hi = x[i + h] * c[i] + x[i] * turn;
+          y[i] = add ? y[i] + lo : lo;
+          y[i + h] = add ? y[i + h] + hi : hi;
         }
       }
     }
   }
 }
 
+}  // namespace
+
+void rope_forward(std::span<float> out, std::span<const float> inp, const RopeTable& table,
+                  size_t B, size_t T, size_t heads, size_t HS) {
+  check_rope("rope_forward", out, "out", inp, "inp", table, B, T, heads, HS);
+  rope_turn(out, inp, table, B, T, heads, HS, 1.0f, false);
+}
+
 void rope_backward(std::span<float> dinp, std::span<const float> dout, const RopeTable& table,
                    size_t B, size_t T, size_t heads, size_t HS) {
   check_rope("rope_backward", dinp, "dinp", dout, "dout", table, B, T, heads, HS);
-  const size_t h = table.half;
-  for (size_t b = 0; b < B; ++b) {
-    for (size_t t = 0; t < T; ++t) {
-      const float* c = table.cos.data() + t * h;
-      const float* s = table.sin.data() + t * h;
-      for (size_t n = 0; n < heads; ++n) {
-        const size_t at = ((b * T + t) * heads + n) * HS;
-        const float* dy = dout.data() + at;
-        float* dx = dinp.data() + at;
-        for (size_t i = 0; i < h; ++i) {
-          dx[i] += dy[i] * c[i] + dy[i + h] * s[i];
-          dx[i + h] += dy[i + h] * c[i] - dy[i] * s[i];
-        }
-      }
-    }
-  }
+  rope_turn(dinp, dout, table, B, T, heads, HS, -1.0f, true);
 }
 
 void swiglu_forward(std::span<float> out, std::span<const float> gate, std::span<const float> up) {

@@ -283,26 +283,27 @@ const IdleRule kIdleRules[] = {
      [](const TrainConfig& c) { return std::to_string(c.mlp_layers); }},
 };
 
-}  // namespace
-
-void check_idle_island_options(const TrainConfig& c, const std::set<std::string>& given) {
+// Refuses the first rule of `kIdleRules` that `applies` to, was given and has nothing to do.
+void refuse_idle(const TrainConfig& c, const std::set<std::string>& given,
+                 bool (*applies)(const IdleRule&)) {
   for (const IdleRule& rule : kIdleRules) {
-    const bool island_rule = rule.idle == no_islands || rule.key == "outer_mix";
-    if (!island_rule || given.count(std::string(rule.key)) == 0 || !rule.idle(c)) continue;
+    if (!applies(rule) || given.count(std::string(rule.key)) == 0 || !rule.idle(c)) continue;
     const std::string flag = flag_of(rule.key);
     throw InvalidArgument(fmt::format("{} {} does nothing here: {}, or leave {} out", flag,
                                       rule.value(c), rule.needs, flag));
   }
 }
 
+}  // namespace
+
+void check_idle_island_options(const TrainConfig& c, const std::set<std::string>& given) {
+  refuse_idle(c, given,
+              [](const IdleRule& r) { return r.idle == no_islands || r.key == "outer_mix"; });
+}
+
 void check_idle_options(const TrainConfig& c) {
   if (!c.given) return;
-  for (const IdleRule& rule : kIdleRules) {
-    if (c.given->count(std::string(rule.key)) == 0 || !rule.idle(c)) continue;
-    const std::string flag = flag_of(rule.key);
-    throw InvalidArgument(fmt::format("{} {} does nothing here: {}, or leave {} out", flag,
-                                      rule.value(c), rule.needs, flag));
-  }
+  refuse_idle(c, *c.given, [](const IdleRule&) { return true; });
   // 0 would mean "one node", which leaving the flag out already says; -2 is refused in
   // resolve_config.
   if (c.given->count("node_ranks") != 0 && c.launch.comm.node_ranks == 0) {
