@@ -645,7 +645,7 @@ checkpoint::Meta agree_save(RankTrainer& trainer, const SaveTicket& t, const Sha
     }
     throw CheckpointNotCommitted(
         fmt::format("checkpoint at step {} not committed: rank(s) {} could not write "
-                    "their shard{}{}",
+                    "their files{}{}",
                     step, fmt::join(failed, ", "), cause.empty() ? "" : ": ", cause));
   }
   return meta;

@@ -240,7 +240,7 @@ TEST(AsyncSave, AFailedBackgroundWriteIsNamedAndKeepsThePreviousCheckpoint) {
     EXPECT_LE(r.stopped->after_step, async ? 6 : 4);
     const std::string& m = r.stopped->message;
     EXPECT_NE(m.find("checkpoint at step 4 not committed: rank(s) 1 could not write their "
-                     "shard: cannot write "),
+                     "files: cannot write "),
               std::string::npos)
         << m;
     EXPECT_NE(m.find("rank_00001.safetensors: injected failure (--inject io@4:1)"),
