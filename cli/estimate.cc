@@ -22,6 +22,7 @@
 #include "options.h"
 #include "train/config.h"
 #include "train/forecast.h"
+#include "train/model_kind.h"
 #include "train/plan.h"
 
 namespace zerodp::cli {
@@ -30,8 +31,7 @@ namespace {
 // estimate's own flags; the options it shares with train are the table's (train/options.h).
 struct Flags {
   OptionTexts texts;
-  std::string params;  // e.g. 7.5e9
-  int vocab = 256;
+  std::string params;           // e.g. 7.5e9
   std::string flops;            // sustained FLOP/s per rank, e.g. 365e9
   std::string compute_seconds;  // or a step's measured compute, e.g. 0.219
   std::string disk_bandwidth;   // R or R/W, e.g. 2.1GB/s/1.0GB/s
@@ -178,9 +178,11 @@ struct Estimate {
 void read_model(const Flags& f, Estimate& e) {
   TrainConfig& c = e.asked;
   if (!f.params.empty()) {
-    if (c.layers != 0 || c.heads != 0 || c.embd != 0 || c.seq_len != 0) {
-      throw InvalidArgument(
-          "give either --params or a GPT shape (--layers --heads --embd --seq-len), not both");
+    for (const char* key : {"model", "size", "layers", "heads", "embd", "seq_len", "vocab",
+                            "kv_heads", "ffn_hidden", "rope_theta", "norm_eps", "head"}) {
+      if (f.texts.given(key) == nullptr) continue;
+      throw InvalidArgument(fmt::format(
+          "give either --params or a model's shape ({} and the rest), not both", flag_of(key)));
     }
     // A count of elements: whole and at least one. The cap keeps a rank's bytes far inside
     // 64 bits.
@@ -196,24 +198,43 @@ void read_model(const Flags& f, Estimate& e) {
     e.model = fmt::format("{} parameters (one flat buffer)", e.planned.units[0]);
     return;
   }
-  const GptConfig g{
-      .layers = c.layers, .heads = c.heads, .embd = c.embd, .seq_len = c.seq_len, .vocab = f.vocab};
-  if (g.layers == 0) {
-    throw InvalidArgument(
-        "give --params N or a GPT shape: --layers L --heads H --embd C --seq-len T [--vocab V]");
+  // A gpt is priced from the shape given (--size fills in what is left out); a llama from its
+  // preset with the given fields over it, as train builds it.
+  const bool gpt_shape = c.model == kGptKind && f.texts.given("size") == nullptr;
+  if (c.model != kGptKind && c.model != kLlamaKind) {
+    throw InvalidArgument(fmt::format(
+        "--model {}: estimate prices a gpt or a llama (or --params N for any model)", c.model));
   }
-  e.built = std::make_shared<const Model>(make_gpt(g));
+  if (gpt_shape && c.layers == 0) {
+    throw InvalidArgument(
+        "give --params N, a preset (--model gpt|llama --size S) or a GPT shape: --layers L "
+        "--heads H --embd C --seq-len T [--vocab V]");
+  }
+  TrainConfig shaped = c;
+  if (gpt_shape) {
+    if (shaped.vocab == 0) shaped.vocab = 256;
+  } else {
+    model_kind(shaped.model).resolve(shaped);
+  }
+  e.built = std::make_shared<const Model>(model_kind(shaped.model).build(shaped));
+  c = shaped;  // what the rows plan with: the resolved sequence length above all
   for (const auto& u : *e.built) e.planned.units.push_back(u->numel());
   e.planned.tensors = unit_tensors(*e.built);
   e.planned.model = e.built.get();
-  e.planned.layers = g.layers;
-  e.planned.seq_len = g.seq_len;
-  e.planned.embd = g.embd;
+  e.planned.layers = shaped.layers;
+  e.planned.seq_len = shaped.seq_len;
+  e.planned.embd = shaped.embd;
   uint64_t phi = 0;
   for (uint64_t n : e.planned.units) phi += n;
-  e.model =
-      fmt::format("GPT {} layers, {} heads, embd {}, seq {}, vocab {}: {} parameters in {} units",
-                  g.layers, g.heads, g.embd, g.seq_len, g.vocab, phi, e.planned.units.size());
+  const std::string kv =
+      shaped.model == kLlamaKind
+          ? fmt::format(" ({} key/value), ffn {}", shaped.kv_heads, shaped.ffn_hidden)
+          : "";
+  e.model = fmt::format(
+      "{} {} layers, {} heads{}, embd {}, seq {}, vocab {}: {} parameters in {} "
+      "units",
+      shaped.model == kLlamaKind ? "Llama" : "GPT", shaped.layers, shaped.heads, kv, shaped.embd,
+      shaped.seq_len, shaped.vocab, phi, e.planned.units.size());
 }
 
 // Every rank count of the sweep, with what it must agree with.
@@ -684,8 +705,8 @@ int run_estimate(const Flags& f) {
 
 Runner add_estimate(CLI::App& app) {
   auto f = std::make_shared<Flags>();
-  app.add_option("--params", f->params, "Trainable parameters Φ, e.g. 7.5e9 (or a GPT shape)");
-  app.add_option("--vocab", f->vocab, "GPT vocabulary")->capture_default_str();
+  app.add_option("--params", f->params,
+                 "Trainable parameters Φ, e.g. 7.5e9 (or a preset, or a GPT shape)");
   add_table_options(app, kEstimateCommand, f->texts, /*sections=*/false);
   app.get_option("--ranks")->default_str("1,2,4,8");
   app.get_option("--stage")->default_str("all");

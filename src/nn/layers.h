@@ -160,9 +160,25 @@ float cross_entropy_forward_backward(std::span<float> dlogits,          // (rows
 // ---- The Llama family's layers (docs/architecture.md, "The Llama family") ----
 // Plain loops for now: correct and deterministic; made fast where a step's profile says so.
 
+// Token embedding without positions (the Llama's: rotary positions come inside attention):
+// out[b, t, :] = wte[tokens[b, t], :]. Tokens outside [0, V) throw InvalidArgument naming the
+// position and the value, as the encoder's do. Backward adds each dout row into its token's
+// row in (b, t) order, so a token seen twice accumulates in that order every run.
+void embedding_forward(std::span<float> out,             // (B, T, C)
+                       std::span<const int32_t> tokens,  // (B, T)
+                       std::span<const float> wte,       // (V, C)
+                       size_t B, size_t T, size_t C, size_t V);
+
+void embedding_backward(std::span<float> dwte,            // (V, C) +=
+                        std::span<const float> dout,      // (B, T, C)
+                        std::span<const int32_t> tokens,  // (B, T)
+                        size_t B, size_t T, size_t C, size_t V);
+
 // RMSNorm over the last dimension: out = inp / sqrt(mean(inp^2) + eps) * weight (no mean
-// subtracted, no bias). Saves each row's 1/rms for backward.
-void rmsnorm_forward(std::span<float> out,           // (rows, C)
+// subtracted, no bias). Saves each row's 1/rms for backward. `out` is fp32, or bf16 (each
+// value the fp32 result rounded as convert() rounds) for products under kBF16: backward reads
+// the input, never the output, so the output may be kept only as the products read it.
+void rmsnorm_forward(GemmResult out,                 // (rows, C)
                      std::span<float> rstd,          // (rows) saved for backward
                      std::span<const float> inp,     // (rows, C)
                      std::span<const float> weight,  // (C)
@@ -212,6 +228,19 @@ void swiglu_backward(std::span<float> dgate,       // (count) +=
                      std::span<const float> gate,  // (count)
                      std::span<const float> up);   // (count)
 
+// The same, with gate and up side by side in each row as one product over the gate and up
+// weights writes them: row r of gate_up is gate (F values) then up (F values). Each value has
+// swiglu_forward's bits; `out` is fp32, or bf16 (rounded as convert() rounds) for the product
+// that reads it under kBF16. Backward adds into dgate_up, laid out as gate_up.
+void swiglu_rows_forward(GemmResult out,                  // (rows, F)
+                         std::span<const float> gate_up,  // (rows, 2F)
+                         size_t rows, size_t F);
+
+void swiglu_rows_backward(std::span<float> dgate_up,       // (rows, 2F) +=
+                          std::span<const float> dout,     // (rows, F)
+                          std::span<const float> gate_up,  // (rows, 2F)
+                          size_t rows, size_t F);
+
 // Grouped-query attention's sharing, as Hugging Face's repeat_kv: kv_heads key (or value)
 // heads serve heads query heads, head h reading kv head h / (heads / kv_heads). Forward
 // copies each kv head to its group, so the attention kernel sees one per query head;
@@ -223,6 +252,26 @@ void repeat_kv_forward(std::span<float> out,        // (rows, heads, HS)
 void repeat_kv_backward(std::span<float> dinp,        // (rows, kv_heads, HS) +=
                         std::span<const float> dout,  // (rows, heads, HS)
                         size_t rows, size_t heads, size_t kv_heads, size_t HS);
+
+// Rotary positions and grouped-query sharing in one pass, from the output of one product over
+// the q, k and v weights to the attention kernel's packed input (nn/attention.h). Row (b, t) of
+// proj is q (heads x HS), k (kv_heads x HS), v (kv_heads x HS); row (b, t) of qkv is the
+// rotated q, the rotated k repeated to every query head of its group (head h reads kv head
+// h / (heads / kv_heads), as repeat_kv_forward), and v repeated likewise: bit for bit
+// rope_forward on q and on k, then repeat_kv_forward on k and on v. qkv is fp32, or bf16
+// (rounded as convert() rounds) for attention's products under kBF16. t < table.max_T.
+void rope_qkv_forward(GemmResult qkv,               // (B, T, 3 x heads x HS)
+                      std::span<const float> proj,  // (B, T, (heads + 2 kv_heads) x HS)
+                      const RopeTable& table, size_t B, size_t T, size_t heads, size_t kv_heads,
+                      size_t HS);
+
+// Its transpose, added into dproj: dq = R(t)^T dq, dk = R(t)^T (the group's dk summed in head
+// order), dv = the group's dv summed in head order: bit for bit repeat_kv_backward into a
+// zeroed buffer then rope_backward for k, repeat_kv_backward for v, rope_backward for q.
+void rope_qkv_backward(std::span<float> dproj,       // (B, T, (heads + 2 kv_heads) x HS) +=
+                       std::span<const float> dqkv,  // (B, T, 3 x heads x HS)
+                       const RopeTable& table, size_t B, size_t T, size_t heads, size_t kv_heads,
+                       size_t HS);
 
 // ---- A head and its cross-entropy, a fixed block of rows at a time ----
 // logits = inp weight^T (no bias) and the softmax cross-entropy of cross_entropy_forward_
@@ -237,10 +286,13 @@ void repeat_kv_backward(std::span<float> dinp,        // (rows, kv_heads, HS) +=
 inline constexpr size_t kHeadBlockRows = 64;
 size_t head_cross_entropy_scratch_count(size_t V);
 
+// The weight is read only by products (linear_forward, linear_backward), so a unit may claim
+// TensorUse::kProductOperand for it. inp may be stored in bf16 under kBF16 (the bf16 pipeline:
+// a norm's output kept as the products read it).
 float head_cross_entropy(std::span<float> dinp,             // (rows, C) +=, or empty
                          std::span<float> dweight,          // (V, C) +=, or empty: loss only
                          std::span<float> scratch,          // (head_cross_entropy_scratch_count)
-                         std::span<const float> inp,        // (rows, C)
+                         GemmOperand inp,                   // (rows, C)
                          std::span<const float> weight,     // (V, C)
                          std::span<const int32_t> targets,  // (rows)
                          size_t rows, size_t C, size_t V, GemmCompute compute, float dloss = 1.0f);

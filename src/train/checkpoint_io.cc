@@ -2,6 +2,7 @@
 #include "train/checkpoint_io.h"
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <functional>
 #include <map>
@@ -151,12 +152,30 @@ std::string write_shard(const ShardedState& state, StateStore& store,
 
 namespace {
 
-// A model field a checkpoint's meta.json holds ("model": {...}) and the option that sets it.
+// A model field a checkpoint's meta.json holds ("model": {...}) and the option that sets it:
+// an int of TrainConfig, or (llama's RMSNorm eps) a float kept as its fp32 bits.
 struct ModelField {
   std::string_view kind;
   std::string_view shape_key;
   std::string_view option;  // config_json's key
-  int TrainConfig::*member;
+  int TrainConfig::*member = nullptr;
+  float TrainConfig::*bits_of = nullptr;
+
+  int64_t get(const TrainConfig& c) const {
+    return member != nullptr ? c.*member : std::bit_cast<uint32_t>(c.*bits_of);
+  }
+  void set(TrainConfig& c, int64_t v) const {
+    if (member != nullptr) {
+      c.*member = static_cast<int>(v);
+    } else {
+      c.*bits_of = std::bit_cast<float>(static_cast<uint32_t>(v));
+    }
+  }
+  // As the user writes it: the float, not its bits.
+  std::string show(int64_t v) const {
+    return member != nullptr ? std::to_string(v)
+                             : fmt::format("{:g}", std::bit_cast<float>(static_cast<uint32_t>(v)));
+  }
 };
 
 constexpr ModelField kModelFields[] = {
@@ -165,6 +184,15 @@ constexpr ModelField kModelFields[] = {
     {"gpt", "embd", "embd", &TrainConfig::embd},
     {"gpt", "seq_len", "seq_len", &TrainConfig::seq_len},
     {"gpt", "vocab", "vocab", &TrainConfig::vocab},
+    {"llama", "layers", "layers", &TrainConfig::layers},
+    {"llama", "heads", "heads", &TrainConfig::heads},
+    {"llama", "kv_heads", "kv_heads", &TrainConfig::kv_heads},
+    {"llama", "embd", "embd", &TrainConfig::embd},
+    {"llama", "ffn", "ffn_hidden", &TrainConfig::ffn_hidden},
+    {"llama", "seq_len", "seq_len", &TrainConfig::seq_len},
+    {"llama", "vocab", "vocab", &TrainConfig::vocab},
+    {"llama", "rope_theta", "rope_theta", &TrainConfig::rope_theta},
+    {"llama", "norm_eps_fp32_bits", "norm_eps", nullptr, &TrainConfig::norm_eps},
     {"mlp", "hidden", "mlp_hidden", &TrainConfig::mlp_hidden},
     {"mlp", "hidden_layers", "mlp_layers", &TrainConfig::mlp_layers},
 };
@@ -190,7 +218,7 @@ void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from)
     }
     // A flag that shapes the model the user did not name: it cannot shape this checkpoint's.
     const auto shapes_run_kind = [&](std::string_view key) {
-      if (key == "size") return cfg.model == kGptKind;
+      if (key == "size") return cfg.model == kGptKind || cfg.model == kLlamaKind;
       for (const ModelField& f : kModelFields) {
         if (f.option == key) return f.kind == cfg.model;
       }
@@ -230,13 +258,14 @@ void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from)
     if (f.kind != m.model_kind) continue;
     const auto saved = m.model_shape.find(std::string(f.shape_key));
     if (saved == m.model_shape.end()) continue;  // checked above: the layout needs it
-    const int value = static_cast<int>(saved->second);
-    if (given(f.option) && cfg.*f.member != value) {
+    const int64_t value = saved->second;
+    if (given(f.option) && f.get(cfg) != value) {
       throw InvalidArgument(fmt::format(
           "{} {} differs from the checkpoint's model.{}, {} ({}); leave {} out to continue it",
-          flag_of(f.option), cfg.*f.member, f.shape_key, value, what, flag_of(f.option)));
+          flag_of(f.option), f.show(f.get(cfg)), f.shape_key, f.show(value), what,
+          flag_of(f.option)));
     }
-    cfg.*f.member = value;
+    f.set(cfg, value);
   }
 }
 

@@ -90,12 +90,20 @@ Injection parse_injection(std::string_view text);
 
 struct TrainConfig {
   // Model.
-  std::string model = "gpt";  // gpt | mlp
+  std::string model = "gpt";  // gpt | llama | mlp
   std::string size = "small";
-  int layers = 0, heads = 0, embd = 0, seq_len = 0;  // gpt, resolved from size + overrides
-  // --vocab: the gpt's vocabulary, at least the data's largest token + 1; 0 until resolved
-  // (the byte vocabulary, 256).
+  // gpt and llama, resolved from size + overrides.
+  int layers = 0, heads = 0, embd = 0, seq_len = 0;
+  // --vocab: the language model's vocabulary, at least the data's largest token + 1; 0 until
+  // resolved (the preset's: the byte vocabulary, 256, but for llama 1.1b's 32,000).
   int vocab = 0;
+  // llama only, 0 until resolved from the preset: key/value heads (dividing heads), SwiGLU's
+  // hidden units, the rotary base (a whole number, as every published Llama's is) and RMSNorm's
+  // eps (0: 1e-5).
+  int kv_heads = 0, ffn_hidden = 0, rope_theta = 0;
+  float norm_eps = 0;
+  // --head: "untied" (the default and the only one built), or "tied", refused naming why.
+  std::string head = "untied";
   int mlp_hidden = 256, mlp_layers = 2;
   // Data.
   std::string data = "kjv";

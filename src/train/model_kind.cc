@@ -1,6 +1,7 @@
 // model_kind.h is the contract.
 #include "train/model_kind.h"
 
+#include <bit>
 #include <limits>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "checkpoint/consolidate.h"
 #include "core/error.h"
 #include "data/dataset.h"
+#include "models/llama.h"
 #include "models/mlp.h"
 #include "train/plan.h"
 
@@ -30,6 +32,19 @@ int ShapeReader::field(const char* key) const {
                                   it->second, std::numeric_limits<int>::max()));
   }
   return static_cast<int>(it->second);
+}
+
+int64_t ShapeReader::field64(const char* key, int64_t max) const {
+  const auto it = fields_.find(key);
+  if (it == fields_.end()) {
+    throw CorruptData(
+        fmt::format("{}: field \"model.{}\" is missing; a {} has one", what_, key, kind_));
+  }
+  if (it->second < 0 || it->second > max) {
+    throw CorruptData(
+        fmt::format("{}: field \"model.{}\" is {}; expected 0..{}", what_, key, it->second, max));
+  }
+  return it->second;
 }
 
 void ShapeReader::expect_units(const char* key, int layers, uint64_t units,
@@ -65,6 +80,21 @@ GptConfig gpt_config_from_shape(const ShapeReader& r) {
   return c;
 }
 
+LlamaConfig llama_config_from_shape(const ShapeReader& r) {
+  const LlamaConfig c{.layers = r.field("layers"),
+                      .heads = r.field("heads"),
+                      .kv_heads = r.field("kv_heads"),
+                      .embd = r.field("embd"),
+                      .ffn = r.field("ffn"),
+                      .seq_len = r.field("seq_len"),
+                      .vocab = r.field("vocab"),
+                      .rope_theta = static_cast<float>(r.field("rope_theta")),
+                      .norm_eps = std::bit_cast<float>(
+                          static_cast<uint32_t>(r.field64("norm_eps_fp32_bits", UINT32_MAX)))};
+  r.expect_units("layers", c.layers, uint64_t(c.layers) + 2, "(embedding, h.0.., head)");
+  return c;
+}
+
 namespace {
 
 GptConfig gpt_config(const TrainConfig& c) {
@@ -73,6 +103,18 @@ GptConfig gpt_config(const TrainConfig& c) {
                    .embd = c.embd,
                    .seq_len = c.seq_len,
                    .vocab = c.vocab > 0 ? c.vocab : TokenDataset::kVocabSize};
+}
+
+LlamaConfig llama_config(const TrainConfig& c) {
+  return LlamaConfig{.layers = c.layers,
+                     .heads = c.heads,
+                     .kv_heads = c.kv_heads,
+                     .embd = c.embd,
+                     .ffn = c.ffn_hidden,
+                     .seq_len = c.seq_len,
+                     .vocab = c.vocab,
+                     .rope_theta = static_cast<float>(c.rope_theta),
+                     .norm_eps = c.norm_eps};
 }
 
 MlpConfig mlp_config(const TrainConfig& c) {
@@ -97,6 +139,24 @@ void resolve_gpt(TrainConfig& c) {
   validate(gpt_config(c));
 }
 
+// A field the user left out takes the preset's; SwiGLU's width follows the embedding's when
+// that was given (the preset's is the same rule at the preset's width).
+void resolve_llama(TrainConfig& c) {
+  const LlamaPreset& preset = llama_preset(c.size);
+  const LlamaConfig& p = preset.config;
+  if (c.layers == 0) c.layers = p.layers;
+  if (c.heads == 0) c.heads = p.heads;
+  if (c.kv_heads == 0) c.kv_heads = p.kv_heads;
+  if (c.embd == 0) c.embd = p.embd;
+  if (c.ffn_hidden == 0) c.ffn_hidden = llama_ffn_hidden(c.embd, llama_ffn_multiple(c.embd));
+  if (c.seq_len == 0) c.seq_len = p.seq_len;
+  if (c.vocab == 0) c.vocab = p.vocab;
+  if (c.rope_theta == 0) c.rope_theta = static_cast<int>(p.rope_theta);
+  if (c.norm_eps == 0) c.norm_eps = p.norm_eps;
+  if (c.micro_batch == 0) c.micro_batch = preset.micro_batch;
+  validate(llama_config(c));
+}
+
 // The kinds without presets take 64 samples per micro-batch unless told.
 void resolve_unsized(TrainConfig& c) {
   if (c.micro_batch == 0) c.micro_batch = 64;
@@ -116,6 +176,15 @@ void gpt_config_fields(const TrainConfig& c, nlohmann::json& j) {
   j["embd"] = c.embd;
   j["seq_len"] = c.seq_len;
   j["vocab"] = c.vocab;
+}
+
+void llama_config_fields(const TrainConfig& c, nlohmann::json& j) {
+  gpt_config_fields(c, j);
+  j["kv_heads"] = c.kv_heads;
+  j["ffn_hidden"] = c.ffn_hidden;
+  j["rope_theta"] = c.rope_theta;
+  j["norm_eps"] = c.norm_eps;
+  j["head"] = c.head;
 }
 
 // The custom kinds write these too, as they always have: meta.json's bytes and the
@@ -141,6 +210,20 @@ ShapeFields gpt_shape(const TrainConfig& c) {
           {"vocab", g.vocab}};
 }
 
+// RMSNorm's eps is a float: the shape keeps its fp32 bits, so a resume builds it back exactly.
+ShapeFields llama_shape(const TrainConfig& c) {
+  const LlamaConfig l = llama_config(c);
+  return {{"layers", l.layers},
+          {"heads", l.heads},
+          {"kv_heads", l.kv_heads},
+          {"embd", l.embd},
+          {"ffn", l.ffn},
+          {"seq_len", l.seq_len},
+          {"vocab", l.vocab},
+          {"rope_theta", c.rope_theta},
+          {"norm_eps_fp32_bits", std::bit_cast<uint32_t>(l.norm_eps)}};
+}
+
 ShapeFields mlp_shape(const TrainConfig& c) {
   return {{"hidden", c.mlp_hidden}, {"hidden_layers", c.mlp_layers}};
 }
@@ -154,6 +237,10 @@ Model mlp_from_shape(const ShapeReader& r) {
   return make_mlp(c);
 }
 
+double llama_flops(const TrainConfig& c, double params) {
+  return training_flops_per_token(params, c.layers, c.seq_len, c.embd);
+}
+
 constexpr ModelKind kKinds[] = {
     {.name = kGptKind,
      .task = TaskKind::kLanguageModel,
@@ -164,6 +251,16 @@ constexpr ModelKind kKinds[] = {
      .build = [](const TrainConfig& c) { return make_gpt(gpt_config(c)); },
      .shape = gpt_shape,
      .build_from_shape = [](const ShapeReader& r) { return make_gpt(gpt_config_from_shape(r)); }},
+    {.name = kLlamaKind,
+     .task = TaskKind::kLanguageModel,
+     .sized = true,
+     .resolve = resolve_llama,
+     .config_fields = llama_config_fields,
+     .flops_per_token = llama_flops,
+     .build = [](const TrainConfig& c) { return make_llama(llama_config(c)); },
+     .shape = llama_shape,
+     .build_from_shape =
+         [](const ShapeReader& r) { return make_llama(llama_config_from_shape(r)); }},
     {.name = "mlp",
      .task = TaskKind::kImageClassification,
      .resolve = resolve_unsized,

@@ -4,7 +4,7 @@
 // FLOPs per token, and its name in messages. Every place that depends on the kind asks
 // here; an unknown name is refused by model_kind() alone.
 //
-// "gpt" and "mlp" are built here; "custom-text" and "custom-images" only say which data to
+// "gpt", "llama" and "mlp" are built here; "custom-text" and "custom-images" only say which data to
 // feed a model the caller builds (a ModelFactory passed to train()): they have no shape
 // fields, and asking to build one is an InvalidArgument.
 //
@@ -25,6 +25,7 @@
 #include "checkpoint/format.h"
 #include "data/dataset.h"
 #include "models/gpt.h"
+#include "models/llama.h"
 #include "models/model.h"
 #include "train/config.h"
 
@@ -41,6 +42,8 @@ class ShapeReader {
   ShapeReader(const ShapeFields& fields, std::string_view kind, std::string what, uint64_t units);
   // The field as an int in 0..INT_MAX; missing or out of range is CorruptData.
   int field(const char* key) const;
+  // The same for a field of 0..max (a float's bits).
+  int64_t field64(const char* key, int64_t max) const;
   // CorruptData unless the listed units number `units`: checked before anything is built,
   // so a hostile layer count never builds that many units. `which` names them for the
   // message, e.g. "(embedding, h.0.., head)".
@@ -82,6 +85,7 @@ const ModelKind* find_model_kind(std::string_view name);
 const ModelKind& model_kind(std::string_view name);
 
 inline constexpr std::string_view kGptKind = "gpt";
+inline constexpr std::string_view kLlamaKind = "llama";
 
 // How messages name a model: "gpt small" for a sized kind with a size, the kind alone
 // otherwise (also for a kind this build does not know).
@@ -101,5 +105,6 @@ std::optional<std::vector<checkpoint::UnitMeta>> checkpoint_model_layout(const c
 // A gpt's configuration from its shape fields, checked as build_from_checkpoint checks
 // them (for code that needs the GptConfig itself, such as sampling).
 GptConfig gpt_config_from_shape(const ShapeReader& r);
+LlamaConfig llama_config_from_shape(const ShapeReader& r);
 
 }  // namespace zerodp

@@ -39,16 +39,20 @@ const OptionSpec kOptions[] = {
     // Model.
     {.key = "model",
      .section = kModel,
-     .help = "gpt (byte-level language model) or mlp (Fashion-MNIST)",
+     .help = "gpt (GPT-2's shape), llama (RMSNorm, RoPE, SwiGLU, grouped-query attention) or mlp "
+             "(Fashion-MNIST)",
+     .commands = kBoth,
      .read = [](TrainConfig& c, const std::string& t, const OptionSpec&) { c.model = t; },
      .record = [](const TrainConfig& c) -> json { return c.model; }},
     {.key = "size",
      .section = kModel,
-     .help = "GPT preset: tiny, small (the default), medium, large",
+     .help = "gpt or llama preset: tiny, small (the default), medium, large; llama also 1.1b "
+             "(TinyLlama's shape, docs/llama.md)",
+     .commands = kBoth,
      .read = [](TrainConfig& c, const std::string& t, const OptionSpec&) { c.size = t; }},
     {.key = "layers",
      .section = kModel,
-     .help = "GPT blocks (train: overrides the --size preset)",
+     .help = "transformer blocks (train: overrides the --size preset)",
      .commands = kBoth,
      .advice = "use 1 or more (omit it for the --size preset's)",
      .type = "INT",
@@ -56,7 +60,7 @@ const OptionSpec kOptions[] = {
                 const OptionSpec& o) { c.layers = shape(t, o); }},
     {.key = "heads",
      .section = kModel,
-     .help = "GPT attention heads (train: overrides the preset)",
+     .help = "attention (query) heads (train: overrides the preset)",
      .commands = kBoth,
      .advice = "use 1 or more (omit it for the --size preset's)",
      .type = "INT",
@@ -64,7 +68,7 @@ const OptionSpec kOptions[] = {
                 const OptionSpec& o) { c.heads = shape(t, o); }},
     {.key = "embd",
      .section = kModel,
-     .help = "GPT embedding width (train: overrides the preset)",
+     .help = "embedding width (train: overrides the preset)",
      .commands = kBoth,
      .advice = "use 1 or more (omit it for the --size preset's)",
      .type = "INT",
@@ -72,7 +76,7 @@ const OptionSpec kOptions[] = {
                 const OptionSpec& o) { c.embd = shape(t, o); }},
     {.key = "seq_len",
      .section = kModel,
-     .help = "GPT context length (train: overrides the preset)",
+     .help = "context length (train: overrides the preset)",
      .commands = kBoth,
      .advice = "use 1 or more (omit it for the --size preset's)",
      .type = "INT",
@@ -80,10 +84,10 @@ const OptionSpec kOptions[] = {
                 const OptionSpec& o) { c.seq_len = shape(t, o); }},
     {.key = "vocab",
      .section = kModel,
-     .help = "GPT vocabulary: the embedding's and the head's rows, at least the data's largest "
-             "token + 1 (default 256: bytes)",
-     .commands = kTrainCommand,
-     .advice = "use 2 to 16777216 (omit it for the byte vocabulary, 256)",
+     .help = "vocabulary: the embedding's and the head's rows, at least the data's largest "
+             "token + 1 (default: the preset's, 256 bytes but for llama 1.1b's 32000)",
+     .commands = kBoth,
+     .advice = "use 2 to 16777216 (omit it for the preset's)",
      .type = "INT",
      .read =
          [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
@@ -735,12 +739,13 @@ const OptionSpec kOptions[] = {
 }  // namespace
 
 std::span<const OptionSpec> option_table() {
-  // DiLoCo's options live in options_islands.cc; --help lists them after the rest of their
-  // section.
+  // The llama's shape options live in options_llama.cc, DiLoCo's in options_islands.cc;
+  // --help lists them after the rest of their section.
   static const std::vector<OptionSpec> all = [] {
     std::vector<OptionSpec> v(std::begin(kOptions), std::end(kOptions));
-    const std::span<const OptionSpec> islands = island_option_table();
-    v.insert(v.end(), islands.begin(), islands.end());
+    for (const std::span<const OptionSpec> part : {llama_option_table(), island_option_table()}) {
+      v.insert(v.end(), part.begin(), part.end());
+    }
     return v;
   }();
   return all;

@@ -53,7 +53,9 @@ struct OptionSpec {
 };
 
 std::span<const OptionSpec> option_table();
-// Its DiLoCo part (options_islands.cc), which option_table() includes.
+// Its llama part (options_llama.cc) and its DiLoCo part (options_islands.cc), which
+// option_table() includes.
+std::span<const OptionSpec> llama_option_table();
 std::span<const OptionSpec> island_option_table();
 // The entry of `key`; throws std::logic_error for a key the table lacks.
 const OptionSpec& option_spec(std::string_view key);

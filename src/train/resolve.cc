@@ -181,9 +181,10 @@ struct IdleRule {
 };
 
 std::string on_off(bool v) { return v ? "on" : "off"; }
-// The two kinds the command line builds; a caller's kinds keep the fields they record.
-bool not_gpt(const TrainConfig& c) { return c.model == "mlp"; }
-bool not_mlp(const TrainConfig& c) { return c.model == "gpt"; }
+// The kinds the command line builds; a caller's kinds keep the fields they record.
+bool not_transformer(const TrainConfig& c) { return c.model == "mlp"; }
+bool not_mlp(const TrainConfig& c) { return c.model == "gpt" || c.model == "llama"; }
+bool not_llama(const TrainConfig& c) { return c.model == "gpt" || c.model == "mlp"; }
 bool no_offload(const TrainConfig& c) { return c.offload == Offload::kNone; }
 bool no_islands(const TrainConfig& c) { return c.islands == 1; }
 // Islands of one rank each: no gradient or parameter collective runs inside an island, so
@@ -265,18 +266,26 @@ const IdleRule kIdleRules[] = {
      "it weighs a delayed merge, and merges wait for their exchange; add --islands K and "
      "--outer-delay D",
      [](const TrainConfig& c) { return fmt::format("{:g}", c.outer_mix); }},
-    {"size", not_gpt, "it picks a gpt preset; use --model gpt",
+    {"size", not_transformer, "it picks a gpt or llama preset; use --model gpt or llama",
      [](const TrainConfig& c) { return c.size; }},
-    {"layers", not_gpt, "it shapes a gpt; use --model gpt",
+    {"layers", not_transformer, "it shapes a gpt or a llama; use --model gpt or llama",
      [](const TrainConfig& c) { return std::to_string(c.layers); }},
-    {"heads", not_gpt, "it shapes a gpt; use --model gpt",
+    {"heads", not_transformer, "it shapes a gpt or a llama; use --model gpt or llama",
      [](const TrainConfig& c) { return std::to_string(c.heads); }},
-    {"embd", not_gpt, "it shapes a gpt; use --model gpt",
+    {"embd", not_transformer, "it shapes a gpt or a llama; use --model gpt or llama",
      [](const TrainConfig& c) { return std::to_string(c.embd); }},
-    {"seq_len", not_gpt, "it shapes a gpt; use --model gpt",
+    {"seq_len", not_transformer, "it shapes a gpt or a llama; use --model gpt or llama",
      [](const TrainConfig& c) { return std::to_string(c.seq_len); }},
-    {"vocab", not_gpt, "it shapes a gpt; use --model gpt",
+    {"vocab", not_transformer, "it shapes a gpt or a llama; use --model gpt or llama",
      [](const TrainConfig& c) { return std::to_string(c.vocab); }},
+    {"kv_heads", not_llama, "it shapes a llama; use --model llama",
+     [](const TrainConfig& c) { return std::to_string(c.kv_heads); }},
+    {"ffn_hidden", not_llama, "it shapes a llama; use --model llama",
+     [](const TrainConfig& c) { return std::to_string(c.ffn_hidden); }},
+    {"rope_theta", not_llama, "it shapes a llama; use --model llama",
+     [](const TrainConfig& c) { return std::to_string(c.rope_theta); }},
+    {"norm_eps", not_llama, "it shapes a llama; use --model llama",
+     [](const TrainConfig& c) { return fmt::format("{:g}", c.norm_eps); }},
     {"mlp_hidden", not_mlp, "it shapes an mlp; use --model mlp",
      [](const TrainConfig& c) { return std::to_string(c.mlp_hidden); }},
     {"mlp_layers", not_mlp, "it shapes an mlp; use --model mlp",

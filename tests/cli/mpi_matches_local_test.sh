@@ -18,6 +18,7 @@ fail=0
 # Offloaded parameter shards are read by each process's file workers. DiLoCo's islands split
 # the world into groups on both backends (islands of two nodes each, two-level and hpZ
 # inside; two islands in a node, hpZ's copy over each; three islands in turn on every rank).
+# The llama family at three stages and precisions, on nodes too.
 # Flags are split at
 # commas; a + stands for a comma inside a flag's value.
 for case in "2 0 bf16 1 -" "2 3 bf16 1 -" "3 1 fp16 1 -" "3 2 fp32 1 -" \
@@ -34,7 +35,9 @@ for case in "2 0 bf16 1 -" "2 3 bf16 1 -" "3 1 fp16 1 -" "3 2 fp32 1 -" \
   "8 3 fp16 2 --islands=2,--outer-every=2,--node-ranks=2,--collectives=two-level,--hpz,--qwz" \
   "4 3 bf16 2 --islands=2,--outer-every=2,--node-ranks=4,--hpz" \
   "2 2 bf16 1 --islands=3,--outer-every=2,--islands-in-turn,--outer-quant=int8" \
-  "4 3 fp16 2 --islands=2,--outer-every=2,--islands-in-turn,--node-ranks=2,--collectives=two-level"; do
+  "4 3 fp16 2 --islands=2,--outer-every=2,--islands-in-turn,--node-ranks=2,--collectives=two-level" \
+  "3 3 bf16 1 --model=llama" "4 2 fp16 2 --model=llama,--node-ranks=2,--collectives=two-level" \
+  "2 0 fp32 1 --model=llama"; do
   read -r n stage precision per extras <<<"$case"
   extra=()
   [[ $extras != - ]] && IFS=, read -r -a extra <<<"$extras"

@@ -11,6 +11,7 @@
 
 #include "model_testing.h"
 #include "models/gpt.h"
+#include "models/llama.h"
 #include "models/mlp.h"
 #include "models/model.h"
 #include "tensor/gemm.h"
@@ -56,6 +57,19 @@ void expect_gpt(const GptConfig& config, int B, int T) {
   expect_declared_equals_called(model, mb);
 }
 
+void expect_llama(const LlamaConfig& config, int B, int T) {
+  const Model model = make_llama(config);
+  std::mt19937 gen(4);
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
+  for (auto& t : tokens) t = static_cast<int32_t>(gen() % static_cast<unsigned>(config.vocab));
+  for (auto& t : targets) t = static_cast<int32_t>(gen() % static_cast<unsigned>(config.vocab));
+  MicroBatch mb;
+  mb.shape = {.B = B, .T = T};
+  mb.tokens = tokens;
+  mb.targets = targets;
+  expect_declared_equals_called(model, mb);
+}
+
 void expect_mlp(const MlpConfig& config, int B) {
   const Model model = make_mlp(config);
   const std::vector<float> features =
@@ -82,6 +96,31 @@ TEST(ModelProducts, GptWithPartialQueryBlocksAndShortSequences) {
   const GptConfig c{.layers = 1, .heads = 2, .embd = 32, .seq_len = 100};
   expect_gpt(c, 2, 100);
   expect_gpt(c, 3, 40);
+}
+
+TEST(ModelProducts, LlamaPresetsDeclareWhatTheyCall) {
+  for (const char* size : {"tiny", "small", "medium"}) {
+    SCOPED_TRACE(size);
+    const LlamaPreset& p = llama_preset(size);
+    expect_llama(p.config, p.micro_batch, p.config.seq_len);
+  }
+}
+
+// The head's blocks of 64 rows: 200 rows are three and a last of 8 (and attention's query
+// blocks 64 and 36), 120 rows one and a last of 56, 20 rows one short block; kv_heads == heads
+// and kv_heads == 1 change the q/k/v product's width.
+TEST(ModelProducts, LlamaWithPartialBlocksAndEveryKvSharing) {
+  const LlamaConfig c{
+      .layers = 1, .heads = 4, .kv_heads = 2, .embd = 32, .ffn = 64, .seq_len = 100, .vocab = 50};
+  expect_llama(c, 2, 100);
+  expect_llama(c, 3, 40);
+  expect_llama(c, 1, 20);
+  LlamaConfig mha = c;
+  mha.kv_heads = 4;
+  expect_llama(mha, 2, 30);
+  LlamaConfig mqa = c;
+  mqa.kv_heads = 1;
+  expect_llama(mqa, 2, 30);
 }
 
 TEST(ModelProducts, MlpDeclaresWhatItCalls) {

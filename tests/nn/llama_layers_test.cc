@@ -1,15 +1,20 @@
-// The Llama family's layers: RMSNorm, rotary embedding (rotate-half) and SwiGLU, forward
-// against the formulas in double, backward against central finite differences, the "backward
-// adds" convention, the pinned rotary table, and shape checks. Tolerances as in
+// The Llama family's layers: the embedding, RMSNorm, rotary embedding (rotate-half), SwiGLU and
+// the rotary grouped-query pack, forward against the formulas in double (or, for the fused
+// layers, bit for bit against the composition of the plain ones), backward against central
+// finite differences, the "backward adds" convention, the pinned rotary table, bf16 outputs
+// as convert() rounds the fp32 ones, and shape checks. Tolerances as in
 // layers_test.cc: the step's truncation error for non-linear layers, rounding for linear ones.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "nn/grad_check.h"
 #include "nn/layers.h"
+#include "tensor/dtype.h"
 
 namespace zerodp {
 namespace {
@@ -24,6 +29,64 @@ using gradcheck::weighted_sum;
 constexpr Tolerance kSmooth{1e-2f, 2e-3, 2e-3};
 // The rotation is linear in its input: no truncation error.
 constexpr Tolerance kLinear{0.5f, 2e-5, 2e-5};
+
+// Bit-for-bit equality of two float vectors, naming the first difference.
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+        << what << "[" << i << "]: " << got[i] << " vs " << want[i];
+  }
+}
+
+// `values` rounded to bf16 as convert() rounds them.
+std::vector<BFloat16> rounded(const std::vector<float>& values) {
+  std::vector<BFloat16> out(values.size());
+  convert(std::span<const float>(values), std::span<BFloat16>(out));
+  return out;
+}
+
+// ---------------------------------------------------------------- Embedding
+
+TEST(Embedding, ForwardCopiesTokenRowsAndBackwardAddsThemInOrder) {
+  const size_t B = 2, T = 3, C = 4, V = 5;
+  const std::vector<float> wte = normal_vector(V * C, 21);
+  const std::vector<int32_t> tokens = {4, 0, 4, 2, 2, 1};
+  std::vector<float> out(B * T * C);
+  embedding_forward(out, tokens, wte, B, T, C, V);
+  for (size_t r = 0; r < B * T; ++r) {
+    for (size_t i = 0; i < C; ++i) EXPECT_EQ(out[r * C + i], wte[tokens[r] * C + i]) << r;
+  }
+  const std::vector<float> dout = normal_vector(B * T * C, 22);
+  std::vector<float> dwte(V * C, 0.5f);
+  embedding_backward(dwte, dout, tokens, B, T, C, V);
+  for (size_t v = 0; v < V; ++v) {
+    for (size_t i = 0; i < C; ++i) {
+      float want = 0.5f;
+      for (size_t r = 0; r < B * T; ++r)
+        want += tokens[r] == static_cast<int32_t>(v) ? dout[r * C + i] : 0.0f;
+      EXPECT_EQ(dwte[v * C + i], want) << v << "," << i;
+    }
+  }
+}
+
+TEST(Embedding, ATokenOutsideTheVocabularyIsNamedWithItsPosition) {
+  const std::vector<float> wte(5 * 2);
+  const std::vector<int32_t> tokens = {1, 2, 5, 0};
+  std::vector<float> out(4 * 2);
+  try {
+    embedding_forward(out, tokens, wte, 2, 2, 2, 5);
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("token 5 at (b=1, t=0) is outside [0, V=5)"),
+              std::string::npos)
+        << e.what();
+  }
+  const std::vector<int32_t> negative = {1, -1, 0, 0};
+  std::vector<float> dwte(wte.size());
+  EXPECT_THROW(embedding_backward(dwte, out, negative, 2, 2, 2, 5), InvalidArgument);
+}
 
 // ---------------------------------------------------------------- RMSNorm
 
@@ -69,6 +132,17 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
   rmsnorm_backward(again_inp, again_weight, k.dout, k.inp, k.weight, k.rstd, k.rows, k.C);
   for (size_t i = 0; i < dinp.size(); ++i) EXPECT_NEAR(again_inp[i], dinp[i] + 1.0f, 1e-5f);
   for (size_t i = 0; i < k.C; ++i) EXPECT_NEAR(again_weight[i], dweight[i] - 2.0f, 1e-5f);
+}
+
+// A bf16 output is the fp32 output rounded, bit for bit; the saved 1/rms is the same.
+TEST(RmsNorm, Bf16OutputIsTheFp32OutputRounded) {
+  RmsCase k;
+  k.forward();
+  std::vector<BFloat16> out16(k.out.size());
+  std::vector<float> rstd16(k.rows);
+  rmsnorm_forward(std::span<BFloat16>(out16), rstd16, k.inp, k.weight, k.rows, k.C, k.eps);
+  EXPECT_EQ(out16, rounded(k.out));
+  expect_same_bits(rstd16, k.rstd, "rstd");
 }
 
 TEST(RmsNorm, RejectsMismatchedBuffers) {
@@ -220,6 +294,152 @@ TEST(RepeatKv, EachGroupReadsItsKvHeadAndBackwardSumsTheGroup) {
   EXPECT_THROW(repeat_kv_forward(out, inp, rows, heads, 4, HS), InvalidArgument);
 }
 
+// ---------------------------------------------------------------- SwiGLU over rows
+
+// gate and up side by side in each row: each row's values are swiglu_forward's and
+// swiglu_backward's on that row's two halves, bit for bit.
+TEST(SwiGluRows, IsTheFlatLayerOnEachRowsHalves) {
+  const size_t rows = 4, F = 7;
+  const std::vector<float> gate_up = normal_vector(rows * 2 * F, 56, 2.0f);
+  const std::vector<float> dout = normal_vector(rows * F, 57);
+  std::vector<float> out(rows * F), dgate_up(rows * 2 * F, 0.25f);
+  swiglu_rows_forward(out, gate_up, rows, F);
+  swiglu_rows_backward(dgate_up, dout, gate_up, rows, F);
+  std::vector<float> want(rows * F), want_d(rows * 2 * F, 0.25f);
+  for (size_t r = 0; r < rows; ++r) {
+    const std::span<const float> g(gate_up.data() + r * 2 * F, F), u(g.data() + F, F);
+    swiglu_forward(std::span<float>(want).subspan(r * F, F), g, u);
+    swiglu_backward(std::span<float>(want_d).subspan(r * 2 * F, F),
+                    std::span<float>(want_d).subspan(r * 2 * F + F, F),
+                    std::span<const float>(dout).subspan(r * F, F), g, u);
+  }
+  expect_same_bits(out, want, "out");
+  expect_same_bits(dgate_up, want_d, "dgate_up");
+  std::vector<BFloat16> out16(rows * F);
+  swiglu_rows_forward(std::span<BFloat16>(out16), gate_up, rows, F);
+  EXPECT_EQ(out16, rounded(out));
+  std::vector<float> short_out(rows * F - 1);
+  EXPECT_THROW(swiglu_rows_forward(short_out, gate_up, rows, F), InvalidArgument);
+}
+
+// ---------------------------------------------------------------- Rotary grouped-query pack
+
+// proj (rows, (heads + 2 kv) HS) from one product; the pack against rope_forward/backward and
+// repeat_kv_forward/backward composed on dense copies of its parts.
+struct RopeQkvCase {
+  size_t B = 2, T = 5, heads = 6, kv = 2, HS = 4;
+  RopeTable table = rope_table(7, 4, 10000.0f);
+  size_t rows() const { return B * T; }
+  size_t C() const { return heads * HS; }
+  size_t KV() const { return kv * HS; }
+  size_t P() const { return C() + 2 * KV(); }
+  std::vector<float> proj = normal_vector(rows() * P(), 81);
+  std::vector<float> dqkv = normal_vector(rows() * 3 * C(), 82);
+
+  // Columns [from, from + width) of every row of `m` (row stride `stride`), densely.
+  static std::vector<float> columns(const std::vector<float>& m, size_t rows, size_t stride,
+                                    size_t from, size_t width) {
+    std::vector<float> out(rows * width);
+    for (size_t r = 0; r < rows; ++r) {
+      std::copy_n(m.begin() + static_cast<std::ptrdiff_t>(r * stride + from), width,
+                  out.begin() + static_cast<std::ptrdiff_t>(r * width));
+    }
+    return out;
+  }
+  static void put_columns(std::vector<float>& m, const std::vector<float>& part, size_t rows,
+                          size_t stride, size_t from, size_t width) {
+    for (size_t r = 0; r < rows; ++r) {
+      std::copy_n(part.begin() + static_cast<std::ptrdiff_t>(r * width), width,
+                  m.begin() + static_cast<std::ptrdiff_t>(r * stride + from));
+    }
+  }
+
+  std::vector<float> forward() const {
+    std::vector<float> qkv(rows() * 3 * C());
+    rope_qkv_forward(qkv, proj, table, B, T, heads, kv, HS);
+    return qkv;
+  }
+  std::vector<float> composed_forward() const {
+    const auto q = columns(proj, rows(), P(), 0, C());
+    const auto k = columns(proj, rows(), P(), C(), KV());
+    const auto v = columns(proj, rows(), P(), C() + KV(), KV());
+    std::vector<float> q_rot(q.size()), k_rot(k.size()), k_wide(rows() * C()), v_wide(rows() * C());
+    rope_forward(q_rot, q, table, B, T, heads, HS);
+    rope_forward(k_rot, k, table, B, T, kv, HS);
+    repeat_kv_forward(k_wide, k_rot, rows(), heads, kv, HS);
+    repeat_kv_forward(v_wide, v, rows(), heads, kv, HS);
+    std::vector<float> qkv(rows() * 3 * C());
+    put_columns(qkv, q_rot, rows(), 3 * C(), 0, C());
+    put_columns(qkv, k_wide, rows(), 3 * C(), C(), C());
+    put_columns(qkv, v_wide, rows(), 3 * C(), 2 * C(), C());
+    return qkv;
+  }
+  // Both add into dproj, which starts at `start`.
+  std::vector<float> backward(const std::vector<float>& start) const {
+    std::vector<float> dproj = start;
+    rope_qkv_backward(dproj, dqkv, table, B, T, heads, kv, HS);
+    return dproj;
+  }
+  std::vector<float> composed_backward(const std::vector<float>& start) const {
+    auto dq = columns(start, rows(), P(), 0, C());
+    auto dk = columns(start, rows(), P(), C(), KV());
+    auto dv = columns(start, rows(), P(), C() + KV(), KV());
+    std::vector<float> dk_sum(dk.size(), 0.0f);
+    repeat_kv_backward(dk_sum, columns(dqkv, rows(), 3 * C(), C(), C()), rows(), heads, kv, HS);
+    rope_backward(dk, dk_sum, table, B, T, kv, HS);
+    repeat_kv_backward(dv, columns(dqkv, rows(), 3 * C(), 2 * C(), C()), rows(), heads, kv, HS);
+    rope_backward(dq, columns(dqkv, rows(), 3 * C(), 0, C()), table, B, T, heads, HS);
+    std::vector<float> dproj(start.size());
+    put_columns(dproj, dq, rows(), P(), 0, C());
+    put_columns(dproj, dk, rows(), P(), C(), KV());
+    put_columns(dproj, dv, rows(), P(), C() + KV(), KV());
+    return dproj;
+  }
+};
+
+// Groups of 3 (6 heads over 2), no sharing (kv == heads), one kv head for all (kv == 1).
+TEST(RopeQkv, IsRopeThenRepeatKvBitForBit) {
+  for (const size_t kv : {2u, 6u, 1u}) {
+    SCOPED_TRACE(kv);
+    RopeQkvCase k;
+    k.kv = kv;
+    k.proj = normal_vector(k.rows() * k.P(), 83);
+    expect_same_bits(k.forward(), k.composed_forward(), "qkv");
+    const std::vector<float> start = normal_vector(k.rows() * k.P(), 84);
+    expect_same_bits(k.backward(start), k.composed_backward(start), "dproj");
+    std::vector<BFloat16> qkv16(k.rows() * 3 * k.C());
+    rope_qkv_forward(std::span<BFloat16>(qkv16), k.proj, k.table, k.B, k.T, k.heads, k.kv, k.HS);
+    EXPECT_EQ(qkv16, rounded(k.forward()));
+  }
+}
+
+TEST(RopeQkv, BackwardMatchesFiniteDifferences) {
+  RopeQkvCase k;
+  std::vector<float> dproj(k.rows() * k.P());
+  rope_qkv_backward(dproj, k.dqkv, k.table, k.B, k.T, k.heads, k.kv, k.HS);
+  std::vector<float> qkv(k.rows() * 3 * k.C());
+  auto objective = [&] {
+    rope_qkv_forward(qkv, k.proj, k.table, k.B, k.T, k.heads, k.kv, k.HS);
+    return weighted_sum(qkv, k.dqkv);
+  };
+  expect_gradient_matches("dproj", k.proj, dproj, objective, kLinear);
+}
+
+TEST(RopeQkv, RefusesAnUnevenGroupATableTooShortAndWrongLengths) {
+  RopeQkvCase k;
+  std::vector<float> qkv(k.rows() * 3 * k.C());
+  EXPECT_THROW(rope_qkv_forward(qkv, k.proj, k.table, k.B, k.T, k.heads, 4, k.HS), InvalidArgument);
+  const RopeTable short_table = rope_table(4, 4, 10000.0f);
+  EXPECT_THROW(rope_qkv_forward(qkv, k.proj, short_table, k.B, k.T, k.heads, k.kv, k.HS),
+               InvalidArgument);
+  std::vector<float> short_qkv(qkv.size() - 1);
+  EXPECT_THROW(rope_qkv_forward(short_qkv, k.proj, k.table, k.B, k.T, k.heads, k.kv, k.HS),
+               InvalidArgument);
+  std::vector<float> dproj(k.proj.size() + 1);
+  EXPECT_THROW(rope_qkv_backward(dproj, k.dqkv, k.table, k.B, k.T, k.heads, k.kv, k.HS),
+               InvalidArgument);
+}
+
 // ---------------------------------------------------------------- Head, in blocks of rows
 
 // Rows past one block and a short last block (2 x 64 + 17), some targets ignored.
@@ -313,6 +533,24 @@ TEST(HeadCrossEntropy, AddsIntoItsGradientsAndRefusesHalfABackward) {
   EXPECT_THROW(head_cross_entropy({}, {}, small, k.inp, k.weight, k.targets, k.rows, k.C, k.V,
                                   GemmCompute::kFP32),
                InvalidArgument);
+}
+
+// Under kBF16 the input may come in bf16 (a norm's output kept as the products read it): the
+// loss and gradients are those of the same values given in fp32, bit for bit.
+TEST(HeadCrossEntropy, ABf16InputIsItsValuesInFp32) {
+  HeadCase k;
+  const std::vector<BFloat16> inp16 = rounded(k.inp);
+  std::vector<float> inp_rounded(k.inp.size());
+  convert(std::span<const BFloat16>(inp16), std::span<float>(inp_rounded));
+  std::vector<float> dinp(k.rows * k.C), dweight(k.V * k.C);
+  std::vector<float> want_dinp(dinp.size()), want_dweight(dweight.size());
+  const float loss = head_cross_entropy(dinp, dweight, k.scratch, std::span<const BFloat16>(inp16),
+                                        k.weight, k.targets, k.rows, k.C, k.V, GemmCompute::kBF16);
+  const float want = head_cross_entropy(want_dinp, want_dweight, k.scratch, inp_rounded, k.weight,
+                                        k.targets, k.rows, k.C, k.V, GemmCompute::kBF16);
+  EXPECT_EQ(loss, want);
+  expect_same_bits(dinp, want_dinp, "dinp");
+  expect_same_bits(dweight, want_dweight, "dweight");
 }
 
 }  // namespace

@@ -90,6 +90,33 @@ INSTANTIATE_TEST_SUITE_P(Precisions, Invariance,
                            return std::string(precision_name(p.param));
                          });
 
+// The llama family keeps the contract as the gpt does: its blocked head, RoPE, grouped-query
+// sharing and SwiGLU depend on no rank count or stage.
+class LlamaInvariance : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(LlamaInvariance, EveryStageAndDivisorGivesTheSameBits) {
+  const Precision p = GetParam();
+  const auto llama = [&](int n, int stage) {
+    TrainConfig c = invariant_config(n, stage, p);
+    c.model = "llama";
+    return c;
+  };
+  const Outcome want = outcome_of(run(llama(1, 0)));
+  EXPECT_NE(want.losses.front(), want.losses.back()) << "a model that did not move agrees";
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int n : {2, 3, 4, 12}) {
+      expect_same(want, outcome_of(run(llama(n, stage))),
+                  fmt::format("llama {} stage {} N={}", precision_name(p), stage, n));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, LlamaInvariance,
+                         ::testing::Values(Precision::kBF16, Precision::kFP16, Precision::kFP32),
+                         [](const ::testing::TestParamInfo<Precision>& p) {
+                           return std::string(precision_name(p.param));
+                         });
+
 // 8-bit moments (optim/moments8.h) keep it: their blocks lie on the unit's grid and the
 // partitions are cut on it, so no rank count or stage changes a block or its scale.
 TEST(Invariance, Int8MomentsGiveTheSameBitsOnEveryDivisorAndStage) {
@@ -107,9 +134,9 @@ TEST(Invariance, Int8MomentsGiveTheSameBitsOnEveryDivisorAndStage) {
   }
 }
 
-// One rank accumulating 8 micro-batches is 8 ranks with one each, for both model kinds.
+// One rank accumulating 8 micro-batches is 8 ranks with one each, for every model kind.
 TEST(Invariance, OneRankTimesEightEqualsEightRanksTimesOne) {
-  for (const char* model : {"gpt", "mlp"}) {
+  for (const char* model : {"gpt", "llama", "mlp"}) {
     TrainConfig one = invariant_config(1, 2, Precision::kBF16);
     one.model = model;
     one.grad_accum = 8;

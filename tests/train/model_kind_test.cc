@@ -105,10 +105,11 @@ TEST(ModelKind, UnknownKindIsRefusedNamingTheValueAndTheKnownKinds) {
   EXPECT_EQ(find_model_kind("cnn"), nullptr);
   EXPECT_THROW((void)model_kind("cnn"), InvalidArgument);
   EXPECT_EQ(message_of([] { (void)model_kind("cnn"); }),
-            "--model 'cnn' is unknown; use gpt or mlp");
+            "--model 'cnn' is unknown; use gpt, llama or mlp");
   TrainConfig c;
   c.model = "Gpt";
-  EXPECT_EQ(message_of([&] { resolve_config(c); }), "--model 'Gpt' is unknown; use gpt or mlp");
+  EXPECT_EQ(message_of([&] { resolve_config(c); }),
+            "--model 'Gpt' is unknown; use gpt, llama or mlp");
 }
 
 TEST(ModelKind, FlopsPerTokenMatchTrainingFlopsPerToken) {

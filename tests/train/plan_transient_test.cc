@@ -8,6 +8,7 @@
 #include "models/gpt.h"
 #include "models/mlp.h"
 #include "temp_dir.h"
+#include "train/model_kind.h"
 #include "train/plan.h"
 #include "train_testing.h"
 
@@ -115,6 +116,57 @@ TEST(PlanTransients, CountImagesForTheMlp) {
                            .features_per_sample = 784};
   const TransientBytes t = transient_bytes(model, plan, 0);
   EXPECT_EQ(r.ranks[0].peak[static_cast<size_t>(MemCategory::kActivations)], t.activations);
+}
+
+// The llama's units are counted as the gpt's: its blocked head's scratch, RoPE's and
+// grouped-query attention's buffers, at every stage and precision.
+TEST(PlanTransients, EqualTheLedgerPeaksForTheLlama) {
+  const Case cases[] = {
+      {2, 0, Precision::kBF16, AccumulatePolicy::kLocal, 1, false},
+      {3, 1, Precision::kFP16, AccumulatePolicy::kReduce, 1, true},
+      {3, 2, Precision::kFP32, AccumulatePolicy::kReduce, 1, false},
+      {2, 3, Precision::kBF16, AccumulatePolicy::kReduce, 2, true},
+  };
+  for (const Case& k : cases) {
+    TrainConfig c = testing::tiny_config(k.ranks, k.stage, k.precision);
+    c.model = "llama";
+    c.accumulate = k.policy;
+    c.prefetch = k.prefetch;
+    c.checkpoint_activations = k.checkpoint;
+    c.steps = 1;
+    const TrainResult r = testing::run(c);
+    TrainConfig resolved = c;
+    resolve_config(resolved);
+    const Model model = model_kind("llama").build(resolved);
+    const TransientPlan plan{.world = k.ranks,
+                             .stage = k.stage,
+                             .precision = k.precision,
+                             .policy = k.policy,
+                             .prefetch = k.prefetch,
+                             .checkpoint_activations = k.checkpoint,
+                             .micro_batch = c.micro_batch,
+                             .seq_len = resolved.seq_len};
+    for (int rank = 0; rank < k.ranks; ++rank) {
+      const std::string what = fmt::format("llama N={} stage {} {} rank {}", k.ranks, k.stage,
+                                           precision_name(k.precision), rank);
+      const TransientBytes t = transient_bytes(model, plan, rank);
+      const auto& peak = r.ranks[static_cast<size_t>(rank)].peak;
+      const auto at = [&](MemCategory m) { return peak[static_cast<size_t>(m)]; };
+      EXPECT_EQ(at(MemCategory::kActivations), t.activations) << what;
+      EXPECT_EQ(at(MemCategory::kWorkspace), t.workspace) << what;
+      EXPECT_EQ(at(MemCategory::kGathered), t.gathered) << what;
+      const StateBytes s = model_state_bytes(r.unit_numel, k.ranks, k.stage, k.precision, rank);
+      EXPECT_EQ(r.ranks[static_cast<size_t>(rank)].peak_total, s.total() + t.total()) << what;
+      // The planner's comm per step is the ledger's, as for the gpt.
+      const CommBytes comm = comm_bytes_per_step(r.unit_numel, k.ranks, k.stage, k.precision, 1,
+                                                 k.policy, false, rank);
+      const auto& ledger = r.ranks[static_cast<size_t>(rank)].comm_train;
+      EXPECT_EQ(ledger[static_cast<int>(CommKind::kAllReduce)].bytes, comm.all_reduce) << what;
+      EXPECT_EQ(ledger[static_cast<int>(CommKind::kReduceScatter)].bytes, comm.reduce_scatter)
+          << what;
+      EXPECT_EQ(ledger[static_cast<int>(CommKind::kAllGather)].bytes, comm.all_gather) << what;
+    }
+  }
 }
 
 }  // namespace

@@ -11,6 +11,9 @@ expect "--flops 'inf'" estimate --layers 2 --heads 2 --embd 8 --seq-len 8 --flop
 expect "--flops '1e9x'" estimate --layers 2 --heads 2 --embd 8 --seq-len 8 --flops 1e9x
 expect "--memory-per-rank 0" estimate --params 7.5e9 --memory-per-rank 0
 expect "not both" estimate --params 7.5e9 --heads 4
+expect "give either --params or a model's shape (--model and the rest), not both" \
+  estimate --params 7.5e9 --model llama
+expect "--model mlp: estimate prices a gpt or a llama" estimate --model mlp
 expect "past 2^64" estimate --params 1e15 --ranks 1000000
 # A bad rank count later in the list is refused before the first row is printed.
 out=$(timeout 20 "$zerodp" estimate --params 100 --ranks 4,0 2>/dev/null)

@@ -266,7 +266,7 @@ done
 expect "--vocab 100 does not hold the data's token 122 (byte 30675 of kjv/train); use --vocab 123 or more" \
   train --size tiny --data kjv --steps 2 --no-progress --vocab 100
 expect "--vocab 1 is invalid; use 2 to 16777216" train "${tiny[@]}" --vocab 1
-expect "--vocab 300 does nothing here: it shapes a gpt; use --model gpt" \
+expect "--vocab 300 does nothing here: it shapes a gpt or a llama; use --model gpt or llama" \
   train --model mlp --data synthetic --steps 1 --vocab 300
 # A larger vocabulary adds its rows (2 x 44 x 32 to tiny's 42880) and a resume keeps it.
 vc=$(mktemp -d)
@@ -281,6 +281,34 @@ else
   echo "FAIL: --vocab 300: $whole / $cont"; fail=1
 fi
 rm -rf "$vc"
+# The llama's shape flags: named when wrong, idle on another model, a tied head refused
+# naming why, and a resume that keeps every field, the RMSNorm eps's bits included.
+llama=(--model llama --size tiny --data synthetic --steps 2 --no-progress)
+expect "llama: kv_heads 3 does not divide heads 2" train "${llama[@]}" --kv-heads 3
+expect "--kv-heads 2 does nothing here: it shapes a llama; use --model llama" \
+  train "${tiny[@]}" --kv-heads 2
+expect "--norm-eps 1e-06 does nothing here: it shapes a llama" train "${tiny[@]}" --norm-eps 1e-6
+expect "--rope-theta 1.5 is invalid; use a whole number" train "${llama[@]}" --rope-theta 1.5
+expect "--norm-eps 0 is invalid; use a number above 0" train "${llama[@]}" --norm-eps 0
+expect "--head tied is not built yet: a unit owns one flat buffer" train "${llama[@]}" --head tied
+expect "--size '3b' is unknown for the llama; use tiny, small, medium, large, 1.1b" \
+  train --model llama --size 3b --data synthetic
+lc=$(mktemp -d)
+lflags=(--kv-heads 1 --ffn-hidden 96 --rope-theta 500000 --norm-eps 1e-6 --vocab 260)
+"$zerodp" train "${llama[@]}" --steps 4 --stop-after 2 --checkpoint-dir "$lc/ck" "${lflags[@]}" \
+  >/dev/null 2>&1
+whole=$("$zerodp" train "${llama[@]}" --steps 4 "${lflags[@]}" 2>&1)
+cont=$("$zerodp" train "${llama[@]}" --steps 4 --checkpoint-dir "$lc/ck" --resume latest 2>&1)
+other=$("$zerodp" train "${llama[@]}" --steps 4 2>&1)
+wh() { grep -o 'weights sha256 [0-9a-f]*' <<<"$1"; }
+if [[ -n $(wh "$whole") && $(wh "$cont") == $(wh "$whole") && $(wh "$other") != $(wh "$whole") ]]; then
+  echo "ok: a llama's shape flags reach the model, and its checkpoint resumes with them"
+else
+  echo "FAIL: llama resume: $whole / $cont"; fail=1
+fi
+expect "--norm-eps 1e-05 differs from the checkpoint's model.norm_eps_fp32_bits, 1e-06" \
+  train "${llama[@]}" --steps 4 --checkpoint-dir "$lc/ck" --resume latest --norm-eps 1e-5
+rm -rf "$lc"
 # Streaming DiLoCo's fragments hold at least one parameter each, refused before any work.
 expect "--fragments 1000000 would split the model's" \
   train "${tiny[@]}" --ranks 2 --islands 2 --outer-every 1000000 --fragments 1000000
