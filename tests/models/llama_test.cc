@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "model_testing.h"
+#include "models/gpt.h"
 #include "models/init.h"
 #include "models/model.h"
 #include "nn/layers.h"
@@ -467,5 +468,35 @@ TEST(LlamaLogits, RefusesWhatDoesNotFitTheModel) {
   mb.shape = {.B = 1, .T = 10};
   EXPECT_THROW((void)model_loss(g.model, w, mb), InvalidArgument);
 }
+// Issue 48's bound: at V = 32,768 and T = 1,024 the head's logits and their gradient, which the
+// gpt's head holds for every row (saved logits, scratch dlogits), are held 64 rows at a time,
+// at least 8x less. These counts are what the planner and the memory ledger take
+// (Unit::saved_count, scratch_count), so the bound holds for both.
+TEST(LlamaHead, HoldsItsLogitsAtLeastEightTimesLessThanTheWholeHead) {
+  constexpr int kVocab = 32768, kSeq = 1024, kEmbd = 256;
+  const Model llama = make_llama({.layers = 1,
+                                  .heads = 4,
+                                  .kv_heads = 2,
+                                  .embd = kEmbd,
+                                  .ffn = 704,
+                                  .seq_len = kSeq,
+                                  .vocab = kVocab});
+  const Model gpt =
+      make_gpt({.layers = 1, .heads = 4, .embd = kEmbd, .seq_len = kSeq, .vocab = kVocab});
+  const BatchShape s{.B = 1, .T = kSeq};
+  for (const GemmCompute compute : {GemmCompute::kFP32, GemmCompute::kBF16}) {
+    const Unit& blocked = *llama.back();
+    const Unit& whole = *gpt.back();
+    const size_t blocked_floats = blocked.saved_count(s, compute) + blocked.scratch_count(s);
+    const size_t whole_floats = whole.saved_count(s, compute) + whole.scratch_count(s);
+    // The whole head's logits and gradient alone are 2 x T x V floats.
+    EXPECT_GE(whole_floats, size_t{2} * kSeq * kVocab);
+    EXPECT_GE(whole_floats, 8 * blocked_floats)
+        << "blocked " << blocked_floats << " floats, whole " << whole_floats;
+    // What the blocked head holds of the logits: two blocks of 64 rows.
+    EXPECT_LE(blocked_floats, size_t{2} * kHeadBlockRows * kVocab + size_t{2} * kSeq * (kEmbd + 1));
+  }
+}
+
 }  // namespace
 }  // namespace zerodp
