@@ -55,8 +55,8 @@ int main(int argc, char** argv) {
   CLI::App* exp = app.add_subcommand(
       "export", "Consolidate a sharded checkpoint into one fp32 safetensors file");
   runners[exp] = cli::add_export(*exp);
-  CLI::App* sample =
-      app.add_subcommand("sample", "Generate text from a trained gpt (an exported file)");
+  CLI::App* sample = app.add_subcommand(
+      "sample", "Generate text from a trained gpt or llama (an exported file or a checkpoint)");
   runners[sample] = cli::add_sample(*sample);
   CLI::App* report = app.add_subcommand(
       "report", "Run reports and metrics logs as one self-contained HTML page of charts");

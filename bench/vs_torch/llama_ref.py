@@ -178,7 +178,8 @@ def rope_tables(max_T, head_size, theta):
 
 
 def build_llama(cfg):
-    """An nn.Module whose state_dict holds exactly the HF names above; forward(idx) -> logits.
+    """An nn.Module whose state_dict holds exactly the HF names above; forward(idx) -> logits,
+    forward(idx, targets) -> the mean cross-entropy (fp32) of those logits against targets.
     cfg: layers, heads, kv_heads, embd, ffn, seq_len, vocab, rope_theta, norm_eps."""
     import numpy as np
     import torch
@@ -281,13 +282,18 @@ def build_llama(cfg):
             self.model = Body()
             self.lm_head = nn.Linear(C, V, bias=False)
 
-        def forward(self, idx):
+        def forward(self, idx, targets=None):
             if idx.shape[1] > T:
                 die(f"{idx.shape[1]} positions are past the rotary table's seq_len {T}")
             x = self.model.embed_tokens(idx)
             for layer in self.model.layers:
                 x = layer(x)
-            return self.lm_head(self.model.norm(x))
+            logits = self.lm_head(self.model.norm(x))
+            if targets is None:
+                return logits
+            # With targets: the mean cross-entropy, in fp32 under autocast too (the PyTorch
+            # peer's convention, for llama_peer.py's data-parallel training).
+            return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1))
 
     return LlamaForCausalLM()
 
@@ -452,8 +458,13 @@ def metadata_of(a, cfg):
     keys = ["layers", "heads", "embd", "seq_len", "vocab"]
     if a.model == "llama":
         keys = ["layers", "heads", "kv_heads", "embd", "ffn", "seq_len", "vocab", "rope_theta", "norm_eps"]
-    meta = {"format": "llama-ref-1" if a.model == "llama" else "zerodp-export-1", "model": a.model}
+    meta = {"format": "zerodp-export-1", "model": a.model}
     meta.update({k: cfg[k] for k in keys})
+    if a.model == "llama":
+        # As zerodp export writes them, so `zerodp sample` reads this file: the rotary base a
+        # whole number, RMSNorm's eps as its fp32 bits.
+        meta["rope_theta"] = int(cfg["rope_theta"])
+        meta["norm_eps_fp32_bits"] = struct.unpack("<I", struct.pack("<f", cfg["norm_eps"]))[0]
     return meta
 
 

@@ -25,6 +25,10 @@ std::span<const float> tensor_view(const Unit& u, std::span<const float> w, std:
 }  // namespace
 
 void validate(const GenerateOptions& options, const GptConfig& config) {
+  validate(options, config.vocab);
+}
+
+void validate(const GenerateOptions& options, int vocab) {
   if (options.max_tokens < 0) {
     throw InvalidArgument(
         fmt::format("max_tokens is {}; it must be 0 or more", options.max_tokens));
@@ -35,12 +39,81 @@ void validate(const GenerateOptions& options, const GptConfig& config) {
         "distribution)",
         options.temperature));
   }
-  if (options.top_k < 0 || options.top_k > config.vocab) {
-    throw InvalidArgument(
-        fmt::format("top_k is {}; it must be 0 (every token) or 1..{} (the vocabulary)",
-                    options.top_k, config.vocab));
+  if (options.top_k < 0 || options.top_k > vocab) {
+    throw InvalidArgument(fmt::format(
+        "top_k is {}; it must be 0 (every token) or 1..{} (the vocabulary)", options.top_k, vocab));
+  }
+  if (options.eos && (*options.eos < 0 || *options.eos >= vocab)) {
+    throw InvalidArgument(fmt::format("eos is {}; it must be a token of the vocabulary, 0..{}",
+                                      *options.eos, vocab - 1));
   }
 }
+
+std::vector<int32_t> prompt_tokens(std::string_view prompt, int vocab) {
+  std::vector<int32_t> context;
+  context.reserve(prompt.size() + 1);
+  if (prompt.empty()) context.push_back('\n');
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const int32_t byte = static_cast<unsigned char>(prompt[i]);
+    if (byte >= vocab) {
+      throw InvalidArgument(fmt::format(
+          "prompt byte {} at offset {} is outside the model's vocabulary of {}; give a prompt "
+          "of bytes below {}",
+          byte, i, vocab, vocab));
+    }
+    context.push_back(byte);
+  }
+  return context;
+}
+
+std::string generate_text(
+    std::string_view who, std::string_view prompt, const GenerateOptions& options, int vocab,
+    const std::function<std::vector<float>(std::span<const int32_t>)>& next_logits,
+    const std::function<void(char)>& on_byte) {
+  if (vocab > 256) {
+    throw InvalidArgument(fmt::format(
+        "{}: vocab is {}; generation writes bytes, so it needs vocab <= 256", who, vocab));
+  }
+  validate(options, vocab);
+  std::vector<int32_t> context = prompt_tokens(prompt, vocab);
+  context.reserve(context.size() + static_cast<size_t>(options.max_tokens));
+  GenerateRng rng(options.seed);
+  std::string out;
+  out.reserve(static_cast<size_t>(options.max_tokens));
+  for (int i = 0; i < options.max_tokens; ++i) {
+    const std::vector<float> logits = next_logits(context);
+    const uint64_t draw = options.temperature > 0 ? rng.next() : 0;
+    const int32_t token = pick_token(logits, options.temperature, options.top_k, draw);
+    if (options.eos && token == *options.eos) break;
+    context.push_back(token);
+    out.push_back(static_cast<char>(static_cast<unsigned char>(token)));
+    if (on_byte) on_byte(out.back());
+  }
+  return out;
+}
+
+namespace {
+
+// One buffer per unit of `model`, each of the unit's length; InvalidArgument naming the unit
+// and both lengths otherwise.
+void check_gpt_layout(const GptConfig& config, const Model& model,
+                      std::span<const std::vector<float>> weights) {
+  if (weights.size() != model.size()) {
+    throw InvalidArgument(fmt::format(
+        "generate: {} weight buffers given; a gpt with {} layers has {} units (embedding, "
+        "h.0..h.{}, head)",
+        weights.size(), config.layers, model.size(), config.layers - 1));
+  }
+  for (size_t u = 0; u < model.size(); ++u) {
+    if (weights[u].size() != model[u]->numel()) {
+      throw InvalidArgument(
+          fmt::format("generate: weights of unit {} hold {} elements; the unit has {}",
+                      model[u]->name(), weights[u].size(), model[u]->numel()));
+    }
+  }
+}
+
+}  // namespace
 
 Generator::Generator(const GptConfig& config, std::span<const std::vector<float>> weights)
     : config_(config), model_(make_gpt(config)), weights_(weights) {
@@ -48,27 +121,21 @@ Generator::Generator(const GptConfig& config, std::span<const std::vector<float>
     throw InvalidArgument(fmt::format(
         "gpt: vocab is {}; generation writes bytes, so it needs vocab <= 256", config.vocab));
   }
-  if (weights.size() != model_.size()) {
-    throw InvalidArgument(fmt::format(
-        "generate: {} weight buffers given; a gpt with {} layers has {} units (embedding, "
-        "h.0..h.{}, head)",
-        weights.size(), config.layers, model_.size(), config.layers - 1));
-  }
-  for (size_t u = 0; u < model_.size(); ++u) {
-    if (weights[u].size() != model_[u]->numel()) {
-      throw InvalidArgument(
-          fmt::format("generate: weights of unit {} hold {} elements; the unit has {}",
-                      model_[u]->name(), weights[u].size(), model_[u]->numel()));
-    }
-  }
+  check_gpt_layout(config_, model_, weights_);
 }
 
 std::optional<NonFiniteWeight> find_non_finite(const GptConfig& config,
                                                std::span<const std::vector<float>> weights) {
-  const Generator checked(config, weights);  // the same checks of the layout
   const Model model = make_gpt(config);
-  for (size_t u = 0; u < model.size(); ++u) {
+  check_gpt_layout(config, model, weights);
+  return find_non_finite(model, weights);
+}
+
+std::optional<NonFiniteWeight> find_non_finite(const Model& model,
+                                               std::span<const std::vector<float>> weights) {
+  for (size_t u = 0; u < model.size() && u < weights.size(); ++u) {
     for (const TensorSpec& t : model[u]->tensors()) {
+      if (t.offset + t.numel > weights[u].size()) continue;  // the caller checks the layout
       const auto values = std::span<const float>(weights[u]).subspan(t.offset, t.numel);
       const auto bad =
           std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
@@ -80,51 +147,70 @@ std::optional<NonFiniteWeight> find_non_finite(const GptConfig& config,
   return std::nullopt;
 }
 
-std::vector<float> Generator::next_token_logits(std::span<const int32_t> context) {
-  if (context.empty()) {
-    throw InvalidArgument("next_token_logits: the context is empty; give at least one token");
-  }
-  const size_t seen = std::min(context.size(), static_cast<size_t>(config_.seq_len));
-  const auto window = context.last(seen);
-  for (size_t i = 0; i < window.size(); ++i) {
-    if (window[i] < 0 || window[i] >= config_.vocab) {
-      throw InvalidArgument(
-          fmt::format("next_token_logits: token {} at position {} of the window is outside "
-                      "[0, {})",
-                      window[i], i, config_.vocab));
-    }
-  }
+namespace {
+
+// The embedding and every block of a gpt over `window` (B = 1), the units' own forward in
+// fp32; the stream of the last block is left in `a`. The buffers are (re)sized for the
+// window's length when it is not `T`.
+void run_gpt_window(const Model& model, std::span<const std::vector<float>> weights,
+                    std::span<const int32_t> window, int& T, std::vector<float>& a,
+                    std::vector<float>& b, std::vector<float>& saved, std::vector<float>& scratch) {
+  const size_t seen = window.size();
   const BatchShape shape{1, static_cast<int>(seen)};
-  const Unit& embedding = *model_.front();
-  const Unit& head = *model_.back();
-  if (shape.T != T_) {
+  const Unit& embedding = *model.front();
+  if (shape.T != T) {
     // Every block has the same counts; the head's input is the stream.
     const size_t stream = embedding.output_count(shape);
-    size_t saved = 0, scratch = 0;
-    for (size_t u = 1; u + 1 < model_.size(); ++u) {
-      saved = std::max(saved, model_[u]->saved_count(shape, GemmCompute::kFP32));
-      scratch = std::max(scratch, model_[u]->scratch_count(shape));
+    size_t saved_n = 0, scratch_n = 0;
+    for (size_t u = 1; u + 1 < model.size(); ++u) {
+      saved_n = std::max(saved_n, model[u]->saved_count(shape, GemmCompute::kFP32));
+      scratch_n = std::max(scratch_n, model[u]->scratch_count(shape));
     }
-    stream_a_.assign(stream, 0.0f);
-    stream_b_.assign(stream, 0.0f);
-    saved_.assign(saved, 0.0f);
-    scratch_.assign(scratch, 0.0f);
-    T_ = shape.T;
+    a.assign(stream, 0.0f);
+    b.assign(stream, 0.0f);
+    saved.assign(saved_n, 0.0f);
+    scratch.assign(scratch_n, 0.0f);
+    T = shape.T;
   }
   MicroBatch mb;
   mb.shape = shape;
   mb.tokens = window;
 
   // Sampling multiplies in fp32.
-  const auto weights_of = [&](size_t u) { return UnitWeights::fp32(weights_[u]); };
-  model_.front()->forward(weights_of(0), {}, stream_a_, {}, {}, mb);
-  for (size_t u = 1; u + 1 < model_.size(); ++u) {
-    model_[u]->forward(
-        weights_of(u), stream_a_, stream_b_,
-        std::span<float>(saved_).first(model_[u]->saved_count(shape, GemmCompute::kFP32)), scratch_,
+  const auto weights_of = [&](size_t u) { return UnitWeights::fp32(weights[u]); };
+  model.front()->forward(weights_of(0), {}, a, {}, {}, mb);
+  for (size_t u = 1; u + 1 < model.size(); ++u) {
+    model[u]->forward(
+        weights_of(u), a, b,
+        std::span<float>(saved).first(model[u]->saved_count(shape, GemmCompute::kFP32)), scratch,
         mb);
-    std::swap(stream_a_, stream_b_);
+    std::swap(a, b);
   }
+}
+
+}  // namespace
+
+std::span<const int32_t> context_window(std::span<const int32_t> context, int seq_len, int vocab) {
+  if (context.empty()) {
+    throw InvalidArgument("next_token_logits: the context is empty; give at least one token");
+  }
+  const auto window = context.last(std::min(context.size(), static_cast<size_t>(seq_len)));
+  for (size_t i = 0; i < window.size(); ++i) {
+    if (window[i] < 0 || window[i] >= vocab) {
+      throw InvalidArgument(
+          fmt::format("next_token_logits: token {} at position {} of the window is outside "
+                      "[0, {})",
+                      window[i], i, vocab));
+    }
+  }
+  return window;
+}
+
+std::vector<float> Generator::next_token_logits(std::span<const int32_t> context) {
+  const auto window = context_window(context, config_.seq_len, config_.vocab);
+  const size_t seen = window.size();
+  run_gpt_window(model_, weights_, window, T_, stream_a_, stream_b_, saved_, scratch_);
+  const Unit& head = *model_.back();
 
   // ln_f then lm_head on the last row: the head unit's forward would compute every row and
   // reduce them to a loss.
@@ -141,34 +227,34 @@ std::vector<float> Generator::next_token_logits(std::span<const int32_t> context
   return logits;
 }
 
+std::vector<float> gpt_logits(const GptConfig& config, std::span<const std::vector<float>> weights,
+                              std::span<const int32_t> tokens) {
+  const Model model = make_gpt(config);
+  check_gpt_layout(config, model, weights);
+  if (tokens.empty() || tokens.size() > static_cast<size_t>(config.seq_len)) {
+    throw InvalidArgument(fmt::format("gpt_logits: {} tokens given; a gpt sees 1..seq_len={}",
+                                      tokens.size(), config.seq_len));
+  }
+  int T = 0;
+  std::vector<float> a, b, saved, scratch;
+  run_gpt_window(model, weights, tokens, T, a, b, saved, scratch);  // the embedding checks tokens
+  const Unit& head = *model.back();
+  const std::span<const float> w_head = weights.back();
+  const size_t rows = tokens.size(), C = static_cast<size_t>(config.embd),
+               V = static_cast<size_t>(config.vocab);
+  std::vector<float> lnf(rows * C), mean(rows), rstd(rows), logits(rows * V);
+  layernorm_forward(lnf, mean, rstd, a, tensor_view(head, w_head, "ln_f.weight"),
+                    tensor_view(head, w_head, "ln_f.bias"), rows, C);
+  linear_forward(logits, lnf, tensor_view(head, w_head, "lm_head.weight"), {}, rows, C, V,
+                 GemmCompute::kFP32);
+  return logits;
+}
+
 std::string Generator::generate(std::string_view prompt, const GenerateOptions& options,
                                 const std::function<void(char)>& on_byte) {
-  validate(options, config_);
-  std::vector<int32_t> context;
-  context.reserve(prompt.size() + static_cast<size_t>(options.max_tokens) + 1);
-  if (prompt.empty()) context.push_back('\n');
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    const int32_t byte = static_cast<unsigned char>(prompt[i]);
-    if (byte >= config_.vocab) {
-      throw InvalidArgument(fmt::format(
-          "prompt byte {} at offset {} is outside the model's vocabulary of {}; give a prompt "
-          "of bytes below {}",
-          byte, i, config_.vocab, config_.vocab));
-    }
-    context.push_back(byte);
-  }
-  GenerateRng rng(options.seed);
-  std::string out;
-  out.reserve(static_cast<size_t>(options.max_tokens));
-  for (int i = 0; i < options.max_tokens; ++i) {
-    const std::vector<float> logits = next_token_logits(context);
-    const uint64_t draw = options.temperature > 0 ? rng.next() : 0;
-    const int32_t token = pick_token(logits, options.temperature, options.top_k, draw);
-    context.push_back(token);
-    out.push_back(static_cast<char>(static_cast<unsigned char>(token)));
-    if (on_byte) on_byte(out.back());
-  }
-  return out;
+  return generate_text(
+      "gpt", prompt, options, config_.vocab,
+      [&](std::span<const int32_t> context) { return next_token_logits(context); }, on_byte);
 }
 
 int32_t pick_token(std::span<const float> logits, double temperature, int top_k, uint64_t draw) {

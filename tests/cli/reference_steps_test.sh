@@ -85,6 +85,47 @@ compare "llama tiny, 1 rank" llama --ranks 1 --stage 0
 compare "llama tiny, 2 ranks stage 3, accumulation 2" llama --ranks 2 --stage 3 --micro-batch 4 \
   --grad-accum 2
 
+# Logits and greedy text from the same weights (std 0.3, norms jittered by 0.2, so that no two
+# top logits tie within rounding): zerodp's fp32 logits against the reference's float64 copy
+# err at most 2x the reference's own fp32 logits, on tiny and small; zerodp's greedy text
+# without the cache (and with it) equals the reference's token for token, past the context.
+printf 'In the beginning God created the' >prompt.txt  # 32 bytes: tiny's whole context
+for size in tiny small; do
+  "$torch_python" "$ref" init "l-$size.safetensors" --model llama --size "$size" --seed 3 \
+    --std 0.3 --norm-jitter 0.2 >/dev/null || { echo "FAIL: init llama $size"; fail=1; continue; }
+  if ! "$zerodp" sample "l-$size.safetensors" --prompt "$(cat prompt.txt)" --logits "z-$size.npy" \
+      2>/dev/null ||
+    ! "$torch_python" "$ref" logits "l-$size.safetensors" --text prompt.txt --out "r-$size" \
+      >/dev/null; then
+    echo "FAIL: llama $size: logits"; fail=1; continue
+  fi
+  "$torch_python" - "$size" <<'EOF' || fail=1
+import sys
+import numpy as np
+size = sys.argv[1]
+z = np.load(f"z-{size}.npy").astype(np.float64)
+t = np.load(f"r-{size}.fp32.npy")[0].astype(np.float64)
+d = np.load(f"r-{size}.fp64.npy")[0]
+assert z.shape == d.shape, (z.shape, d.shape)
+ez, et = np.abs(z - d).max(), np.abs(t - d).max()
+verdict = "ok" if ez <= 2 * et else "FAIL"
+print(f"{verdict}: llama {size} logits {z.shape}: largest error against float64 zerodp {ez:.3e}, "
+      f"PyTorch fp32 {et:.3e} (ratio {ez / et:.2f}, at most 2)")
+sys.exit(verdict != "ok")
+EOF
+  want=$("$torch_python" "$ref" greedy "l-$size.safetensors" --prompt "And God said" --max-tokens 80)
+  for cache in --no-cache ""; do
+    got=$("$zerodp" sample "l-$size.safetensors" --prompt "And God said" --temperature 0 \
+      --max-tokens 80 $cache | od -An -tu1 | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
+    if [[ -n $got && $got == "$want" ]]; then
+      echo "ok: llama $size greedy ${cache:-with the cache}: 80 tokens equal the reference's"
+    else
+      echo "FAIL: llama $size greedy ${cache:-with the cache}: zerodp '$got', reference '$want'"
+      fail=1
+    fi
+  done
+done
+
 # The Llama reference itself: HF names and shapes, and the module equal
 # to naive float64 equations (GQA, rotate-half RoPE on zerodp's pinned tables, causal, RMSNorm).
 if out=$(timeout 120 "$torch_python" "$ref" selfcheck 2>&1) && [[ $out == *'"ok": true'* ]]; then

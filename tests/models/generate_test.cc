@@ -1,5 +1,7 @@
 // Generation from a gpt: next-token logits against the training forward, greedy and sampled
-// decoding, the sliding context window, the portable random draw, and bad options.
+// decoding, the sliding context window, the end-of-sequence token, the whole window's logits
+// (gpt_logits), the portable random draw, and bad options. The llama's generator is
+// llama_generate_test.cc's.
 #include "models/generate.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "generate_testing.h"
 #include "model_testing.h"
 #include "models/model.h"
 #include "nn/layers.h"
@@ -29,15 +32,8 @@ Buffers test_weights(const GptConfig& config = kConfig, uint32_t seed = 21) {
   return random_weights(make_gpt(config), seed, 0.3f);
 }
 
-std::vector<int32_t> bytes_of(std::string_view s) {
-  std::vector<int32_t> t;
-  for (char c : s) t.push_back(static_cast<unsigned char>(c));
-  return t;
-}
-
-GenerateOptions greedy(int max_tokens) {
-  return GenerateOptions{.max_tokens = max_tokens, .temperature = 0.0, .top_k = 0, .seed = 1};
-}
+using generate_testing::bytes_of;
+using generate_testing::greedy;
 
 GenerateOptions sampled(int max_tokens, uint64_t seed, double temperature = 1.0, int top_k = 0) {
   return GenerateOptions{
@@ -222,6 +218,60 @@ TEST(GenerateContext, EmptyPromptStartsFromNewline) {
   EXPECT_EQ(gen.generate("", greedy(10)), gen.generate("\n", greedy(10)));
   EXPECT_EQ(gen.generate("", sampled(10, 5)), gen.generate("\n", sampled(10, 5)));
   EXPECT_EQ(gen.generate("abc", greedy(0)), "");
+}
+
+TEST(GenerateEos, StopsBeforeTheTokenAndDoesNotReturnIt) {
+  const Buffers w = test_weights();
+  Generator gen(kConfig, w);
+  const std::string text = gen.generate("In the", sampled(40, 3));
+  // The first byte not seen before offset 4: the text stops exactly there.
+  size_t stop = 4;
+  while (stop < text.size() && text.substr(0, stop).find(text[stop]) != std::string::npos) ++stop;
+  ASSERT_LT(stop, text.size()) << "every byte repeats: pick another seed";
+  GenerateOptions o = sampled(40, 3);
+  o.eos = static_cast<unsigned char>(text[stop]);
+  std::string streamed;
+  EXPECT_EQ(gen.generate("In the", o, [&](char c) { streamed.push_back(c); }),
+            text.substr(0, stop));
+  EXPECT_EQ(streamed, text.substr(0, stop));
+  o.eos = 256;
+  EXPECT_NE(error_of([&] { gen.generate("In the", o); }).find("eos is 256"), std::string::npos);
+}
+
+// Row t of the window's logits is the next-token logits after tokens 0..t (the window is
+// causal), within fp32 rounding: the products see other row counts.
+TEST(GptLogits, EachRowIsThePrefixsNextTokenLogits) {
+  const Buffers w = test_weights();
+  Generator gen(kConfig, w);
+  const std::vector<int32_t> tokens = bytes_of("In the beginning");  // 16 = seq_len
+  const std::vector<float> all = gpt_logits(kConfig, w, tokens);
+  ASSERT_EQ(all.size(), 16u * 256u);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const std::vector<float> next = gen.next_token_logits(std::span(tokens).first(t + 1));
+    double worst = 0, scale = 0;
+    for (size_t j = 0; j < 256; ++j) {
+      worst = std::max(worst, std::abs(static_cast<double>(all[t * 256 + j]) - next[j]));
+      scale = std::max(scale, std::abs(static_cast<double>(next[j])));
+    }
+    EXPECT_LT(worst, 1e-5 * scale) << "row " << t;
+  }
+  EXPECT_NE(error_of([&] {
+              (void)gpt_logits(kConfig, w, bytes_of("0123456789abcdefg"));
+            }).find("17 tokens"),
+            std::string::npos);
+  // Any vocabulary: no byte is written.
+  GptConfig large = kConfig;
+  large.vocab = 300;
+  const Buffers wl = test_weights(large);
+  EXPECT_EQ(gpt_logits(large, wl, std::vector<int32_t>{299, 1}).size(), 600u);
+  EXPECT_FALSE(find_non_finite(large, wl).has_value());
+}
+
+TEST(PromptTokens, AreTheBytesOrANewline) {
+  EXPECT_EQ(prompt_tokens("", 256), std::vector<int32_t>{'\n'});
+  EXPECT_EQ(prompt_tokens("ab", 256), (std::vector<int32_t>{'a', 'b'}));
+  EXPECT_NE(error_of([] { (void)prompt_tokens("a\xff", 128); }).find("prompt byte 255 at offset 1"),
+            std::string::npos);
 }
 
 // The published splitmix64 sequence for seed 0, so the draws are the same everywhere.
