@@ -18,6 +18,17 @@ per rank) is not in the default list because on 2 cores one zerodp step takes te
 and one of the peer's minutes: run it as `--cases large:bf16 --stages 3` (4 steps, 1 warm-up,
 900 s per run unless --steps, --warmup, --timeout say otherwise; ~12 min in all).
 
+--model llama runs the same cases with zerodp's `--model llama` (the --size preset of
+docs/llama.md: RMSNorm, RoPE, SwiGLU, grouped-query attention, the byte vocabulary) against
+llama_peer.py beside this file: train_ref.py's own training (same modes, data, sampler, recipe,
+timing) with llama_ref.py's Llama as its model and FSDP wrapping per decoder layer. The default,
+--model gpt, is the GPT against train_ref.py, as it always was.
+
+Besides the tables, it prints zerodp's MFU on the model's own GEMM shapes per case and stage:
+its flops per token x the median-step tokens/s over the run's calibrated model-shape peak, and
+the figure zerodp's stdout gives ("x% of a Y GFLOP/s peak on the model's own GEMM shapes", from
+its whole-run tokens/s).
+
 Run it through bench/vs_torch/vs_torch (which installs the peer and builds zerodp).
 """
 
@@ -25,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,6 +59,9 @@ def parse_args():
         epilog="Examples: bench/vs_torch/vs_torch --cases small:fp32 --stages 0,3 --repeats 2\n"
                "          bench/vs_torch/vs_torch --cases large:bf16 --stages 3   # long sequences, ~12 min")
     p.add_argument("--zerodp", required=True, help="the zerodp binary")
+    p.add_argument("--model", choices=["gpt", "llama"], default="gpt",
+                   help="gpt (default): zerodp's GPT against train_ref.py; llama: zerodp's "
+                        "--model llama against llama_peer.py (train_ref.py training llama_ref.py's Llama)")
     p.add_argument("--peer-dir", default=os.environ.get("ZERODP_TORCH_PEER") or
                    os.path.join(os.path.dirname(ROOT), "shared", "peers", "torch"),
                    help="where train_ref.py lives (default $ZERODP_TORCH_PEER, else "
@@ -90,7 +105,7 @@ def parse_args():
         p.error(f"--stages '{a.stages}': each stage must be 0, 1, 2 or 3")
     if not os.path.isfile(os.path.join(a.peer_dir, "train_ref.py")):
         p.error(f"--peer-dir {a.peer_dir} has no train_ref.py; point it at ../shared/peers/torch")
-    peer_sizes = peer_size_choices(a.peer_dir)
+    peer_sizes = peer_size_choices(a.peer_dir, a.model)
     for size in sorted({size for size, _ in a.case_list}):
         if peer_sizes is not None and size not in peer_sizes:
             p.error(f"--cases asks for size {size}, but the peer {a.peer_dir}/train_ref.py offers "
@@ -99,10 +114,17 @@ def parse_args():
     return a
 
 
-def peer_size_choices(peer_dir):
+def peer_script(peer_dir, model):
+    """The peer's command, less its flags: train_ref.py for the GPT, llama_peer.py for the llama."""
+    if model == "llama":
+        return ["/usr/bin/python3", os.path.join(HERE, "llama_peer.py"), "--peer-dir", peer_dir]
+    return ["/usr/bin/python3", os.path.join(peer_dir, "train_ref.py")]
+
+
+def peer_size_choices(peer_dir, model="gpt"):
     """The --size values the peer accepts (from its --help), or None when its help says nothing."""
     try:
-        out = subprocess.run(["/usr/bin/python3", os.path.join(peer_dir, "train_ref.py"), "--help"],
+        out = subprocess.run(peer_script(peer_dir, model) + ["--help"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                              timeout=120).stdout
     except (OSError, subprocess.SubprocessError):
@@ -131,7 +153,8 @@ def run_zerodp(a, size, prec, stage, steps, warmup, work, tag):
     for f in (report, metrics):
         if os.path.exists(f):
             os.remove(f)
-    cmd = [a.zerodp, "train", "--size", size, "--ranks", str(a.ranks), "--stage", str(stage),
+    model = ["--model", "llama"] if a.model == "llama" else []  # the GPT's command as it was
+    cmd = [a.zerodp, "train", *model, "--size", size, "--ranks", str(a.ranks), "--stage", str(stage),
            "--precision", prec, "--steps", str(steps), "--schedule", "constant", "--clip", "0",
            "--decay-all", "--lr", "1e-3", "--eval-batches", "1", "--no-progress",
            "--report", report, "--metrics", metrics]
@@ -146,6 +169,7 @@ def run_zerodp(a, size, prec, stage, steps, warmup, work, tag):
     secs = [l["seconds"] for l in lines]
     tokens = lines[0]["tokens"]
     med = statistics.median(secs[warmup:])
+    shape_line = re.search(r"[0-9.]+% of a [0-9.]+ GFLOP/s peak on the model's own GEMM shapes", proc.stdout)
     ledger = [rk["peak_bytes"]["total"] for rk in r["ranks"]]
     outside = [rk.get("outside_ledger_bytes", {}).get("gemm_bf16_copies", 0) for rk in r["ranks"]]
     rss = r["process"]["peak_rss_bytes"]
@@ -156,7 +180,11 @@ def run_zerodp(a, size, prec, stage, steps, warmup, work, tag):
                 losses=[l["loss"] for l in lines], flops_per_token=r["throughput"]["flops_per_token"],
                 peak_flops=r["throughput"]["peak_flops"], peak_cores=r["throughput"]["peak_cores"],
                 peak_precision=machine.peak_per_core(r)[0],
-                peak_gflops_per_core=machine.peak_per_core(r)[1], wall_s=time.time() - t0,
+                peak_gflops_per_core=machine.peak_per_core(r)[1],
+                peak_flops_model_shapes=r["throughput"].get("peak_flops_model_shapes"),
+                mfu_model_shapes_reported=r["throughput"].get("mfu_model_shapes"),
+                mfu_model_shapes_line=shape_line.group(0) if shape_line else None,
+                wall_s=time.time() - t0,
                 command=" ".join(cmd))
 
 
@@ -165,29 +193,36 @@ def run_peer(a, size, prec, stage, steps, warmup, text, tag):
     if a.peer_blas == "avx512":
         env.pop("OPENBLAS_CORETYPE", None)
         env.pop("OPENBLAS_L2_SIZE", None)
-    cmd = ["/usr/bin/python3", os.path.join(a.peer_dir, "train_ref.py"), "--data", text, "--size", size,
-           "--mode", MODES[stage], "--world", str(a.ranks), "--steps", str(steps),
-           "--warmup", str(warmup), "--tag", tag]
+    cmd = peer_script(a.peer_dir, a.model) + [
+        "--data", text, "--size", size, "--mode", MODES[stage], "--world", str(a.ranks),
+        "--steps", str(steps), "--warmup", str(warmup), "--tag", tag]
     if prec == "bf16":
         cmd += ["--amp", "bf16"]
     last = ""
     for attempt in range(2):  # gloo's rendezvous port can collide with a lingering socket
         t0 = time.time()
+        # Its own session, so that a hang is ended with its spawned ranks (its process group)
+        # and nothing else.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, start_new_session=True)
         try:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=env, timeout=timeout_for(a, size))
+            out, err = proc.communicate(timeout=timeout_for(a, size))
         except subprocess.TimeoutExpired:
             last = f"timed out after {timeout_for(a, size)} s"
-            subprocess.run(["pkill", "-f", "multiprocessing.spawn"], check=False)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.communicate()
             continue
-        line = next((l for l in proc.stdout.splitlines() if l.startswith("{")), None)
+        line = next((l for l in out.splitlines() if l.startswith("{")), None)
         if proc.returncode == 0 and line:
             r = json.loads(line)
             return dict(side="torch", tokens_per_s=r["tokens_per_s"], step_s=r["step_time_median_s"],
                         rss_mib_per_rank=max(r["peak_rss_mib"]), losses=r["loss_curve"],
                         openblas_core=r.get("openblas_core"), wall_s=time.time() - t0,
                         command=" ".join(cmd))
-        last = proc.stderr[-2000:]
+        last = err[-2000:]
         time.sleep(2)
     raise RuntimeError(f"peer failed twice: {' '.join(cmd)}\n{last}")
 
@@ -218,12 +253,22 @@ def med(runs, key):
     return statistics.median(r[key] for r in runs)
 
 
+def mfu_model_shapes(z):
+    """A zerodp run's flops per token x its median-step tokens/s over its calibrated peak on the
+    model's own GEMM shapes (None where the report has no such peak)."""
+    peak = z.get("peak_flops_model_shapes")
+    return z["flops_per_token"] * z["tokens_per_s"] / peak if peak else None
+
+
 def main():
     a = parse_args()
     work = a.work_dir or tempfile.mkdtemp(prefix="zerodp-vs-torch-")
     os.makedirs(work, exist_ok=True)
     text = kjv_text(work)
     total = len(a.case_list) * len(a.stage_list) * a.repeats
+    label = (lambda size: size) if a.model == "gpt" else (lambda size: f"{a.model} {size}")
+    peer = "train_ref.py" if a.model == "gpt" else "llama_peer.py (train_ref.py's training, llama_ref.py's Llama)"
+    print(f"# model: {a.model}; peer: {peer}", flush=True)
     print(f"# zerodp vs PyTorch: {a.ranks} ranks, {len(a.case_list)} cases x {len(a.stage_list)} stages "
           f"x {a.repeats} repeats = {total} pairs; work dir {work}", flush=True)
     print(f"# peer BLAS: {a.peer_blas} ({'OPENBLAS_CORETYPE unset' if a.peer_blas == 'avx512' else 'environment as set'}); "
@@ -258,7 +303,7 @@ def main():
                           f"{z['peak_gflops_per_core']:.1f} GFLOP/s (zerodp's report of {tag}: "
                           f"peak_flops / peak_cores {z['peak_cores']:g})", flush=True)
                 peaks.setdefault(z["peak_precision"], []).append(z["peak_gflops_per_core"])
-                print(f"[{n}/{total}] {size} {prec} stage {stage} ({MODES[stage]}): zerodp "
+                print(f"[{n}/{total}] {label(size)} {prec} stage {stage} ({MODES[stage]}): zerodp "
                       f"{z['tokens_per_s']:,.0f} tok/s, torch {t['tokens_per_s']:,.0f} tok/s, "
                       f"ratio {z['tokens_per_s'] / t['tokens_per_s']:.2f}x", flush=True)
                 results.setdefault((size, prec, stage), {"zerodp": [], "torch": []})
@@ -275,7 +320,7 @@ def main():
         z, t = runs["zerodp"], runs["torch"]
         zl, tl = z[0]["losses"], t[0]["losses"]
         last = min(len(zl), len(tl))
-        row = dict(size=size, precision=prec, stage=stage, peer_mode=MODES[stage],
+        row = dict(model=a.model, size=size, precision=prec, stage=stage, peer_mode=MODES[stage],
                    zerodp_tokens_per_s=med(z, "tokens_per_s"), torch_tokens_per_s=med(t, "tokens_per_s"),
                    zerodp_step_s=med(z, "step_s"), torch_step_s=med(t, "step_s"),
                    zerodp_rss_mib_per_rank=med(z, "rss_mib_per_rank"),
@@ -288,8 +333,16 @@ def main():
                    gflops=med(z, "tokens_per_s") * z[0]["flops_per_token"] / 1e9,
                    peak_gflops=z[0]["peak_flops"] / 1e9, runs=runs)
         row["ratio"] = row["zerodp_tokens_per_s"] / row["torch_tokens_per_s"]
+        row["zerodp_tokens_per_s_best"] = max(r["tokens_per_s"] for r in z)
+        row["torch_tokens_per_s_best"] = max(r["tokens_per_s"] for r in t)
+        row["ratio_best"] = row["zerodp_tokens_per_s_best"] / row["torch_tokens_per_s_best"]
+        best = max(z, key=lambda r: r["tokens_per_s"])
+        row["zerodp_mfu_model_shapes"] = mfu_model_shapes(best)
+        row["zerodp_peak_gflops_model_shapes"] = (best["peak_flops_model_shapes"] / 1e9
+                                                  if best.get("peak_flops_model_shapes") else None)
+        row["zerodp_mfu_model_shapes_line"] = best["mfu_model_shapes_line"]
         summary.append(row)
-        print(f"| {size} | {prec} | {stage} ({MODES[stage]}) | {row['zerodp_tokens_per_s']:,.0f} "
+        print(f"| {label(size)} | {prec} | {stage} ({MODES[stage]}) | {row['zerodp_tokens_per_s']:,.0f} "
               f"| {row['torch_tokens_per_s']:,.0f} | **{row['ratio']:.2f}x** | {row['zerodp_step_s']:.4f} "
               f"| {row['torch_step_s']:.4f} | {row['zerodp_rss_mib_per_rank']:.0f} "
               f"| {row['torch_rss_mib_per_rank']:.0f} | {zl[0]:.3f} / {tl[0]:.3f} "
@@ -308,7 +361,7 @@ def main():
         s3 = next((r for r in summary if (r["size"], r["precision"], r["stage"]) == (size, prec, 3)), None)
         z_ratio = f"{s3['zerodp_step_s'] / s0['zerodp_step_s']:.3f}x" if s3 else "-"
         t_ratio = f"{s3['torch_step_s'] / s0['torch_step_s']:.3f}x" if s3 else "-"
-        print(f"| {size} | {prec} | {z_ratio} | {t_ratio} | {s0['gflops']:.1f} | {s0['peak_gflops']:.1f} "
+        print(f"| {label(size)} | {prec} | {z_ratio} | {t_ratio} | {s0['gflops']:.1f} | {s0['peak_gflops']:.1f} "
               f"| {100 * s0['gflops'] / s0['peak_gflops']:.0f}% |")
 
     print()
@@ -318,8 +371,25 @@ def main():
     for r in summary:
         ledger = sum(r["zerodp_ledger_peak_mib"])
         copies = sum(r["zerodp_bf16_copies_mib"])
-        print(f"| {r['size']} | {r['precision']} | {r['stage']} | {r['zerodp_process_rss_mib']:.0f} "
+        print(f"| {label(r['size'])} | {r['precision']} | {r['stage']} | {r['zerodp_process_rss_mib']:.0f} "
               f"| {ledger:.0f} | {r['zerodp_process_rss_mib'] - ledger:.0f} | {copies:.0f} |")
+
+    print()
+    print(f"zerodp / PyTorch tokens/s per stage, best of {a.repeats} run{'s' if a.repeats > 1 else ''} "
+          "of each side (and the median's ratio, as above); zerodp's MFU on the model's own GEMM "
+          "shapes: its best run's flops/token x median-step tokens/s over that run's calibrated "
+          "model-shape peak, and what zerodp printed (whole-run tokens/s)")
+    print("| model | precision | stage (peer mode) | zerodp tok/s (best) | PyTorch tok/s (best) "
+          "| ratio (best) | ratio (median) | zerodp MFU, model shapes | zerodp printed |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in summary:
+        mfu = r["zerodp_mfu_model_shapes"]
+        mfu_text = (f"{100 * mfu:.1f}% of {r['zerodp_peak_gflops_model_shapes']:.1f} GFLOP/s"
+                    if mfu is not None else "-")
+        print(f"| {label(r['size'])} | {r['precision']} | {r['stage']} ({r['peer_mode']}) "
+              f"| {r['zerodp_tokens_per_s_best']:,.0f} | {r['torch_tokens_per_s_best']:,.0f} "
+              f"| **{r['ratio_best']:.2f}x** | {r['ratio']:.2f}x | {mfu_text} "
+              f"| {r['zerodp_mfu_model_shapes_line'] or '-'} |")
 
     print()
     print(machine.cpu_line(where["cpu"]))
