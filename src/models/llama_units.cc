@@ -300,8 +300,7 @@ class BlockUnit final : public LlamaUnit {
     linear_backward(dact, down_.of(dw), {}, dout, k.act.operand(), down_.of(w), rows, F, C, compute,
                     InputGrad::kOverwrite);
     const auto dgate_up = region_b.first(rows * 2 * F);
-    zero(dgate_up);
-    swiglu_rows_backward(dgate_up, dact, k.gate_up, rows, F);
+    swiglu_rows_backward(dgate_up, dact, k.gate_up, rows, F, InputGrad::kOverwrite);
     const auto dx2 = region_a.first(rows * C);
     linear_backward(dx2, gate_up_w_.of(dw), {}, dgate_up, k.x2.operand(), gate_up_w_.of(w), rows, C,
                     2 * F, compute, InputGrad::kOverwrite);

@@ -231,15 +231,16 @@ void swiglu_backward(std::span<float> dgate,       // (count) +=
 // The same, with gate and up side by side in each row as one product over the gate and up
 // weights writes them: row r of gate_up is gate (F values) then up (F values). Each value has
 // swiglu_forward's bits; `out` is fp32, or bf16 (rounded as convert() rounds) for the product
-// that reads it under kBF16. Backward adds into dgate_up, laid out as gate_up.
+// that reads it under kBF16. Backward adds into dgate_up, laid out as gate_up, or writes it
+// (InputGrad::kOverwrite, the block's use: no zeroing pass first).
 void swiglu_rows_forward(GemmResult out,                  // (rows, F)
                          std::span<const float> gate_up,  // (rows, 2F)
                          size_t rows, size_t F);
 
-void swiglu_rows_backward(std::span<float> dgate_up,       // (rows, 2F) +=
+void swiglu_rows_backward(std::span<float> dgate_up,       // (rows, 2F) += (or =)
                           std::span<const float> dout,     // (rows, F)
                           std::span<const float> gate_up,  // (rows, 2F)
-                          size_t rows, size_t F);
+                          size_t rows, size_t F, InputGrad dgate_up_mode = InputGrad::kAdd);
 
 // Grouped-query attention's sharing, as Hugging Face's repeat_kv: kv_heads key (or value)
 // heads serve heads query heads, head h reading kv head h / (heads / kv_heads). Forward

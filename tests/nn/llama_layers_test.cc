@@ -242,6 +242,16 @@ TEST(SwiGlu, ForwardIsSiluOfTheGateTimesUp) {
     const double want = g / (1.0 + std::exp(-g)) * up[i];
     EXPECT_NEAR(out[i], want, 1e-6 * (std::abs(want) + 1e-3)) << i;
   }
+  // Far tails: silu(g) -> g for large g, -> 0 (from below, never NaN) for very negative g.
+  const std::vector<float> tail_gate{-1000.0f, -90.0f, -30.0f, 30.0f, 90.0f, 1000.0f};
+  const std::vector<float> ones(tail_gate.size(), 1.0f);
+  std::vector<float> tail(tail_gate.size());
+  swiglu_forward(tail, tail_gate, ones);
+  for (size_t i = 0; i < tail.size(); ++i) {
+    const double g = tail_gate[i];
+    const double want = g / (1.0 + std::exp(-g));
+    EXPECT_NEAR(tail[i], want, 1e-6 * std::abs(want) + 1e-30) << g;
+  }
 }
 
 TEST(SwiGlu, BackwardMatchesFiniteDifferencesAndAccumulates) {
@@ -315,6 +325,11 @@ TEST(SwiGluRows, IsTheFlatLayerOnEachRowsHalves) {
   }
   expect_same_bits(out, want, "out");
   expect_same_bits(dgate_up, want_d, "dgate_up");
+  // Written instead of added: the sum into zeros, whatever the buffer held.
+  std::vector<float> written(rows * 2 * F, 7.0f), added(rows * 2 * F, 0.0f);
+  swiglu_rows_backward(written, dout, gate_up, rows, F, InputGrad::kOverwrite);
+  swiglu_rows_backward(added, dout, gate_up, rows, F);
+  expect_same_bits(written, added, "dgate_up written");
   std::vector<BFloat16> out16(rows * F);
   swiglu_rows_forward(std::span<BFloat16>(out16), gate_up, rows, F);
   EXPECT_EQ(out16, rounded(out));
