@@ -1,8 +1,8 @@
 // The embedding, RMSNorm, rotary position embedding, SwiGLU, grouped-query sharing and the
-// blocked head: the layers the Llama family adds to the GPT's (nn/layers.h). Sums run in double
-// per row, in index order: a row's result depends on that row alone, and the loops are not yet
-// the vectorized lanes layernorm.cc uses. Layers that write a product's input under kBF16
-// (RMSNorm, SwiGLU's rows, the rotary pack) compute a row in fp32, then round it with
+// blocked head: the layers the Llama family adds to the GPT's (nn/layers.h). Row sums run in
+// layernorm.cc's fixed lanes (nn/vecmath.h) and the elementwise loops are cloned per ISA with
+// the same bits: a row's result depends on that row alone. Layers that write a product's input
+// under kBF16 (RMSNorm, SwiGLU's rows, the rotary pack) compute a row in fp32, then round it with
 // convert(), as layernorm.cc does: the bits a product rounding the fp32 row would read.
 #include <algorithm>
 #include <cmath>
@@ -21,7 +21,11 @@ namespace zerodp {
 
 using nn_detail::check_count;
 using nn_detail::check_size;
+using nn_detail::combine;
 using nn_detail::exp_nonpositive;
+using nn_detail::kLanes;
+using nn_detail::Lanes;
+using nn_detail::load_lanes;
 
 namespace {
 
@@ -104,6 +108,48 @@ void embedding_backward(std::span<float> dwte, std::span<const float> dout,
   }
 }
 
+namespace {
+
+// RMSNorm's row sums in kLanes partial sums combined in a fixed order (layernorm.cc's way):
+// the same bits in every clone and lane, a row's result from that row alone.
+ZERODP_NN_CLONES float row_sum_sq(const float* x, size_t C) {
+  Lanes lane = {};
+  size_t i = 0;
+  for (; i + kLanes <= C; i += kLanes) {
+    const Lanes v = load_lanes(x + i);
+    lane += v * v;
+  }
+  float sum = combine(lane);
+  for (; i < C; ++i) sum += x[i] * x[i];
+  return sum;
+}
+
+ZERODP_NN_CLONES void rms_scale(float* __restrict y, const float* __restrict x, float s,
+                                const float* __restrict weight, size_t C) {
+  for (size_t i = 0; i < C; ++i) y[i] = x[i] * s * weight[i];
+}
+
+// y = x s w with s = (mean(x^2) + eps)^(-1/2): dx = s (w dy) - x s^3 mean(w dy x).
+ZERODP_NN_CLONES void rms_row_backward(float* __restrict dx, float* __restrict dweight,
+                                       const float* __restrict dy, const float* __restrict x,
+                                       const float* __restrict weight, float s, float inv_c,
+                                       size_t C) {
+  Lanes lane = {};
+  size_t i = 0;
+  for (; i + kLanes <= C; i += kLanes) {
+    lane += load_lanes(dy + i) * load_lanes(weight + i) * load_lanes(x + i);
+  }
+  float dot = combine(lane);
+  for (; i < C; ++i) dot += dy[i] * weight[i] * x[i];
+  const float k = dot * inv_c * s * s * s;
+  for (i = 0; i < C; ++i) {
+    dx[i] += s * weight[i] * dy[i] - x[i] * k;
+    dweight[i] += dy[i] * x[i] * s;
+  }
+}
+
+}  // namespace
+
 void rmsnorm_forward(GemmResult out, std::span<float> rstd, std::span<const float> inp,
                      std::span<const float> weight, size_t rows, size_t C, float eps) {
   const std::string shape = fmt::format("(rows={}, C={})", rows, C);
@@ -111,16 +157,14 @@ void rmsnorm_forward(GemmResult out, std::span<float> rstd, std::span<const floa
   check_count("rmsnorm_forward", "rstd", rstd, rows, shape);
   check_count("rmsnorm_forward", "inp", inp, rows * C, shape);
   check_count("rmsnorm_forward", "weight", weight, C, shape);
+  if (C == 0) return;
+  const float inv_c = 1.0f / static_cast<float>(C);
   with_rows(out, C, [&](auto&& rows_out) {
     for (size_t r = 0; r < rows; ++r) {
       const float* x = inp.data() + r * C;
-      double sq = 0;
-      for (size_t i = 0; i < C; ++i) sq += static_cast<double>(x[i]) * x[i];
-      const float s = static_cast<float>(
-          1.0 / std::sqrt(sq / static_cast<double>(C) + static_cast<double>(eps)));
+      const float s = 1.0f / std::sqrt(row_sum_sq(x, C) * inv_c + eps);
       rstd[r] = s;
-      float* y = rows_out.row(r);
-      for (size_t i = 0; i < C; ++i) y[i] = x[i] * s * weight[i];
+      rms_scale(rows_out.row(r), x, s, weight.data(), C);
       rows_out.finish(r);
     }
   });
@@ -136,19 +180,11 @@ void rmsnorm_backward(std::span<float> dinp, std::span<float> dweight, std::span
   check_count("rmsnorm_backward", "inp", inp, rows * C, shape);
   check_count("rmsnorm_backward", "weight", weight, C, shape);
   check_count("rmsnorm_backward", "rstd", rstd, rows, shape);
+  if (C == 0) return;
+  const float inv_c = 1.0f / static_cast<float>(C);
   for (size_t r = 0; r < rows; ++r) {
-    const float* x = inp.data() + r * C;
-    const float* dy = dout.data() + r * C;
-    const float s = rstd[r];
-    // y = x s w with s = (mean(x^2) + eps)^(-1/2): dx = s (w dy) - x s^3 mean(w dy x).
-    double dot = 0;
-    for (size_t i = 0; i < C; ++i) dot += static_cast<double>(dy[i]) * weight[i] * x[i];
-    const float k = static_cast<float>(dot / static_cast<double>(C)) * s * s * s;
-    float* dx = dinp.data() + r * C;
-    for (size_t i = 0; i < C; ++i) {
-      dx[i] += s * weight[i] * dy[i] - x[i] * k;
-      dweight[i] += dy[i] * x[i] * s;
-    }
+    rms_row_backward(dinp.data() + r * C, dweight.data(), dout.data() + r * C, inp.data() + r * C,
+                     weight.data(), rstd[r], inv_c, C);
   }
 }
 
