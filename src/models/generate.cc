@@ -12,6 +12,24 @@
 #include "nn/layers.h"
 
 namespace zerodp {
+
+void check_weight_layout(std::string_view kind, int layers, const Model& model,
+                         std::span<const std::vector<float>> weights) {
+  if (weights.size() != model.size()) {
+    throw InvalidArgument(fmt::format(
+        "generate: {} weight buffers given; a {} with {} layers has {} units (embedding, "
+        "h.0..h.{}, head)",
+        weights.size(), kind, layers, model.size(), layers - 1));
+  }
+  for (size_t u = 0; u < model.size(); ++u) {
+    if (weights[u].size() != model[u]->numel()) {
+      throw InvalidArgument(
+          fmt::format("generate: weights of unit {} hold {} elements; the unit has {}",
+                      model[u]->name(), weights[u].size(), model[u]->numel()));
+    }
+  }
+}
+
 namespace {
 
 // The one tensor `name` of unit `u`, as a view of its flat buffer.
@@ -92,42 +110,19 @@ std::string generate_text(
   return out;
 }
 
-namespace {
-
-// One buffer per unit of `model`, each of the unit's length; InvalidArgument naming the unit
-// and both lengths otherwise.
-void check_gpt_layout(const GptConfig& config, const Model& model,
-                      std::span<const std::vector<float>> weights) {
-  if (weights.size() != model.size()) {
-    throw InvalidArgument(fmt::format(
-        "generate: {} weight buffers given; a gpt with {} layers has {} units (embedding, "
-        "h.0..h.{}, head)",
-        weights.size(), config.layers, model.size(), config.layers - 1));
-  }
-  for (size_t u = 0; u < model.size(); ++u) {
-    if (weights[u].size() != model[u]->numel()) {
-      throw InvalidArgument(
-          fmt::format("generate: weights of unit {} hold {} elements; the unit has {}",
-                      model[u]->name(), weights[u].size(), model[u]->numel()));
-    }
-  }
-}
-
-}  // namespace
-
 Generator::Generator(const GptConfig& config, std::span<const std::vector<float>> weights)
     : config_(config), model_(make_gpt(config)), weights_(weights) {
   if (config.vocab > 256) {
     throw InvalidArgument(fmt::format(
         "gpt: vocab is {}; generation writes bytes, so it needs vocab <= 256", config.vocab));
   }
-  check_gpt_layout(config_, model_, weights_);
+  check_weight_layout("gpt", config_.layers, model_, weights_);
 }
 
 std::optional<NonFiniteWeight> find_non_finite(const GptConfig& config,
                                                std::span<const std::vector<float>> weights) {
   const Model model = make_gpt(config);
-  check_gpt_layout(config, model, weights);
+  check_weight_layout("gpt", config.layers, model, weights);
   return find_non_finite(model, weights);
 }
 
@@ -230,7 +225,7 @@ std::vector<float> Generator::next_token_logits(std::span<const int32_t> context
 std::vector<float> gpt_logits(const GptConfig& config, std::span<const std::vector<float>> weights,
                               std::span<const int32_t> tokens) {
   const Model model = make_gpt(config);
-  check_gpt_layout(config, model, weights);
+  check_weight_layout("gpt", config.layers, model, weights);
   if (tokens.empty() || tokens.size() > static_cast<size_t>(config.seq_len)) {
     throw InvalidArgument(fmt::format("gpt_logits: {} tokens given; a gpt sees 1..seq_len={}",
                                       tokens.size(), config.seq_len));

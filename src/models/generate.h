@@ -78,6 +78,11 @@ void validate(const GenerateOptions& options, const GptConfig& config);
 // outside [0, vocab) and its offset.
 std::vector<int32_t> prompt_tokens(std::string_view prompt, int vocab);
 
+// One buffer per unit of `model`, each of the unit's length; InvalidArgument naming the unit
+// and both lengths otherwise (`kind` and `layers` name the model in the message).
+void check_weight_layout(std::string_view kind, int layers, const Model& model,
+                         std::span<const std::vector<float>> weights);
+
 // The last `seq_len` tokens of `context`, the window a model sees; InvalidArgument for an
 // empty context or a token outside [0, vocab), naming it and its position in the window.
 std::span<const int32_t> context_window(std::span<const int32_t> context, int seq_len, int vocab);

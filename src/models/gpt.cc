@@ -18,6 +18,8 @@
 
 namespace zerodp {
 
+using models_detail::attention_backward_from;
+using models_detail::attention_into;
 using models_detail::Carver;
 using models_detail::ParamUnit;
 using models_detail::ProductInput;
@@ -32,28 +34,6 @@ constexpr TensorUse kProduct = TensorUse::kProductOperand;
 size_t rows_of(const BatchShape& s) { return static_cast<size_t>(s.B) * static_cast<size_t>(s.T); }
 
 void zero(std::span<float> x) { std::fill(x.begin(), x.end(), 0.0f); }
-
-// Attention reads qkv and writes its output in the precision both are kept in (the same).
-void attention_into(const ProductInput<float>& out, std::span<float> saved,
-                    std::span<float> scratch, const ProductInput<float>& qkv,
-                    const AttentionDims& d, GemmCompute compute) {
-  if (qkv.in_bf16) {
-    attention_forward(out.bf16, saved, scratch, qkv.bf16, d, compute);
-  } else {
-    attention_forward(out.f32, saved, scratch, qkv.f32, d, compute);
-  }
-}
-
-void attention_backward_from(std::span<float> dqkv, std::span<float> scratch,
-                             std::span<const float> dout, const ProductInput<const float>& qkv,
-                             std::span<const float> saved, const AttentionDims& d,
-                             GemmCompute compute) {
-  if (qkv.in_bf16) {
-    attention_backward(dqkv, scratch, dout, qkv.bf16, saved, d, compute);
-  } else {
-    attention_backward(dqkv, scratch, dout, qkv.f32, saved, d, compute);
-  }
-}
 
 // Every gpt unit sees the same (B, T); T is bounded by the position table.
 class GptUnit : public ParamUnit {

@@ -62,19 +62,7 @@ LlamaGenerator::LlamaGenerator(const LlamaConfig& config,
                                std::span<const std::vector<float>> weights, Cache cache)
     : config_(config), weights_(weights), cache_mode_(cache) {
   const Model model = make_llama(config);  // validates the config
-  if (weights.size() != model.size()) {
-    throw InvalidArgument(fmt::format(
-        "generate: {} weight buffers given; a llama with {} layers has {} units (embedding, "
-        "h.0..h.{}, head)",
-        weights.size(), config.layers, model.size(), config.layers - 1));
-  }
-  for (size_t u = 0; u < model.size(); ++u) {
-    if (weights[u].size() != model[u]->numel()) {
-      throw InvalidArgument(
-          fmt::format("generate: weights of unit {} hold {} elements; the unit has {}",
-                      model[u]->name(), weights[u].size(), model[u]->numel()));
-    }
-  }
+  check_weight_layout("llama", config.layers, model, weights);
   C_ = static_cast<size_t>(config.embd);
   NH_ = static_cast<size_t>(config.heads);
   KVH_ = static_cast<size_t>(config.kv_heads);

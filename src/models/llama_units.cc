@@ -44,6 +44,8 @@
 
 namespace zerodp {
 
+using models_detail::attention_backward_from;
+using models_detail::attention_into;
 using models_detail::Carver;
 using models_detail::ParamUnit;
 using models_detail::ProductInput;
@@ -63,28 +65,6 @@ std::string batch_refusal(std::string_view who, const BatchShape& s, int max_T) 
   return fmt::format(
       "{}: micro-batch (B={}, T={}) does not fit; need B >= 1 and 1 <= T <= seq_len={}", who, s.B,
       s.T, max_T);
-}
-
-// Attention reads qkv and writes its output in the precision both are kept in (the same).
-void attention_into(const ProductInput<float>& out, std::span<float> saved,
-                    std::span<float> scratch, const ProductInput<float>& qkv,
-                    const AttentionDims& d, GemmCompute compute) {
-  if (qkv.in_bf16) {
-    attention_forward(out.bf16, saved, scratch, qkv.bf16, d, compute);
-  } else {
-    attention_forward(out.f32, saved, scratch, qkv.f32, d, compute);
-  }
-}
-
-void attention_backward_from(std::span<float> dqkv, std::span<float> scratch,
-                             std::span<const float> dout, const ProductInput<const float>& qkv,
-                             std::span<const float> saved, const AttentionDims& d,
-                             GemmCompute compute) {
-  if (qkv.in_bf16) {
-    attention_backward(dqkv, scratch, dout, qkv.bf16, saved, d, compute);
-  } else {
-    attention_backward(dqkv, scratch, dout, qkv.f32, saved, d, compute);
-  }
 }
 
 // Every llama unit sees the same (B, T); T is bounded by the rotary table.

@@ -1,5 +1,6 @@
 // Helpers shared by the model files (private to models/): a Unit base that hands out views
-// of its tensors, and a bump allocator over saved/scratch buffers. (Buffer lengths are
+// of its tensors, a bump allocator over saved/scratch buffers, and attention over the qkv kept
+// in either precision. (Buffer lengths are
 // Unit::forward/backward's to check, models/unit.h.)
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "models/unit.h"
+#include "nn/attention.h"
 
 namespace zerodp::models_detail {
 
@@ -85,5 +87,28 @@ class Carver {
  private:
   std::span<T> rest_;
 };
+
+// Attention reads qkv and writes its output in the precision both are kept in (the same).
+inline void attention_into(const ProductInput<float>& out, std::span<float> saved,
+                           std::span<float> scratch, const ProductInput<float>& qkv,
+                           const AttentionDims& d, GemmCompute compute) {
+  if (qkv.in_bf16) {
+    attention_forward(out.bf16, saved, scratch, qkv.bf16, d, compute);
+  } else {
+    attention_forward(out.f32, saved, scratch, qkv.f32, d, compute);
+  }
+}
+
+inline void attention_backward_from(std::span<float> dqkv, std::span<float> scratch,
+                                    std::span<const float> dout,
+                                    const ProductInput<const float>& qkv,
+                                    std::span<const float> saved, const AttentionDims& d,
+                                    GemmCompute compute) {
+  if (qkv.in_bf16) {
+    attention_backward(dqkv, scratch, dout, qkv.bf16, saved, d, compute);
+  } else {
+    attention_backward(dqkv, scratch, dout, qkv.f32, saved, d, compute);
+  }
+}
 
 }  // namespace zerodp::models_detail
