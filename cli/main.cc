@@ -19,6 +19,9 @@ int main(int argc, char** argv) {
   // ignored, the write fails with EFBIG and goes the way of a full disk: a message naming
   // the file, the checkpoint left uncommitted, the report written.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Likewise a reader that leaves (--metrics into `head`): the write fails with EPIPE and is
+  // named, instead of the process vanishing mid-run with exit 141.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"zerodp " + std::string(zerodp_version()) +
                    ": data-parallel training with ZeRO stages 0-3, measured.\n"
                    "Every stage's memory and communication is counted per rank and reported.",

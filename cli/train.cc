@@ -1,4 +1,5 @@
 // zerodp train: a data-parallel training run at any ZeRO stage, with a report.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -179,19 +180,29 @@ int run_train(Flags& f, Launch args) {
 
   // A log, appended line by line as steps end, so it is written in place (through a link to
   // its target) rather than replaced at the end; train() has checked it can be written.
-  std::unique_ptr<std::ofstream> metrics;
+  int metrics_fd = -1;
+  struct CloseAtEnd {
+    int& fd;
+    ~CloseAtEnd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } close_metrics{metrics_fd};
   Progress progress(c.progress);
   int restarts = 0;
   StepCallback on_step = [&](const StepRecord& s, int64_t total) {
     if (!c.metrics_path.empty()) {
-      if (!metrics) {
-        metrics = std::make_unique<std::ofstream>(c.metrics_path, std::ios::trunc);
+      if (metrics_fd < 0) {
+        metrics_fd = files::open_in_place("--metrics", c.metrics_path, O_WRONLY | O_CREAT | O_TRUNC);
       }
-      *metrics << step_json(s).dump() << "\n";
-      metrics->flush();
-      if (!*metrics) {
-        throw IoError(
-            fmt::format("--metrics: cannot write '{}': {}", c.metrics_path, std::strerror(errno)));
+      const std::string line = step_json(s).dump() + "\n";
+      for (size_t done = 0; done < line.size();) {
+        const ssize_t n = ::write(metrics_fd, line.data() + done, line.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          throw IoError(fmt::format("--metrics: cannot write '{}': {}", c.metrics_path,
+                                    std::strerror(n == 0 ? ENOSPC : errno)));
+        }
+        done += static_cast<size_t>(n);
       }
     }
     progress(s, total);

@@ -190,11 +190,31 @@ void Output::commit() {
   committed_ = true;
 }
 
+int open_in_place(std::string_view what, const fs::path& path, int flags) {
+  const auto st = stat_of(path);
+  const bool fifo = st && S_ISFIFO(st->st_mode);
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC | (fifo ? O_NONBLOCK : 0), 0644);
+  if (fd < 0 && fifo && errno == ENXIO) {
+    throw IoError(fmt::format(
+        "{} '{}' is a FIFO that nobody reads; start its reader first (for example: cat '{}' &)",
+        what, path.string(), path.string()));
+  }
+  if (fd < 0) io_fail(what, "open", path);
+  if (fifo && ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    io_fail(what, "open", path);
+  }
+  return fd;
+}
+
 void write_output(std::string_view what, const fs::path& path, std::string_view text) {
   Output out{std::string(what), path};
-  const int flags = out.in_place() ? O_WRONLY | O_CLOEXEC : O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
-  const int fd = ::open(out.write_path().c_str(), flags, 0644);
-  if (fd < 0) io_fail(what, out.in_place() ? "open" : "create a file beside", out.target());
+  const int fd = out.in_place()
+                     ? open_in_place(what, out.target(), O_WRONLY)
+                     : ::open(out.write_path().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) io_fail(what, "create a file beside", out.target());
   write_all(what, fd, out.in_place() ? out.target() : out.write_path(), text);
   if (!out.in_place() && ::fsync(fd) != 0) {
     const int e = errno;

@@ -81,6 +81,13 @@ class Output {
   bool committed_ = false;
 };
 
+// Opens an output that is written in place (a log appended as it goes, a device, a FIFO) for
+// writing with `flags` (O_WRONLY and what else the writer wants). A FIFO is opened without
+// blocking: one that nobody reads would otherwise hold the open, and with it the process,
+// deaf to SIGTERM, until a reader came. Such a FIFO is refused (IoError naming `what`, the
+// path and what would work); one with a reader is returned in blocking mode. Returns the fd.
+int open_in_place(std::string_view what, const fs::path& path, int flags);
+
 // `text` to `path` through an Output: written, fsynced (regular files), committed.
 void write_output(std::string_view what, const fs::path& path, std::string_view text);
 

@@ -172,6 +172,45 @@ else
   echo "ok: SIGTERM during start-up: exit 143 after ${took}s, $(tail -1 "$d/err")"
 fi
 
+# 4d. Outputs that are FIFOs: one that nobody reads is refused where it is opened (an open
+#     that blocked held the process deaf to SIGTERM), one with a reader gets every line, and
+#     a reader that leaves early (head -n 2) ends the run with a message, not a silent SIGPIPE.
+d=$tmp/fifo
+mkdir -p "$d"
+mkfifo "$d/report" "$d/metrics" "$d/early"
+timeout -s KILL 60 "$zerodp" train "${common[@]}" --steps 3 --report "$d/report" >"$d/out" 2>"$d/err"
+rc=$?
+if [[ $rc -eq 137 ]] || [[ $rc -eq 0 ]] || ! grep -q "report '$d/report' is a FIFO that nobody reads; start its reader first" "$d/err"; then
+  failed "--report FIFO without a reader: exit $rc"; cat "$d/err"
+else
+  echo "ok: --report FIFO without a reader refused at once (exit $rc)"
+fi
+timeout -s KILL 60 "$zerodp" train "${common[@]}" --steps 3 --metrics "$d/metrics" >"$d/out" 2>"$d/err"
+rc=$?
+if [[ $rc -eq 137 ]] || [[ $rc -eq 0 ]] || ! grep -q "metrics '$d/metrics' is a FIFO that nobody reads" "$d/err"; then
+  failed "--metrics FIFO without a reader: exit $rc"; cat "$d/err"
+else
+  echo "ok: --metrics FIFO without a reader refused (exit $rc)"
+fi
+cat "$d/metrics" >"$d/m.jsonl" &
+reader=$!
+timeout -s KILL 60 "$zerodp" train "${common[@]}" --steps 4 --metrics "$d/metrics" >"$d/out" 2>"$d/err"
+rc=$?
+wait $reader
+if [[ $rc -ne 0 ]] || [[ $(wc -l <"$d/m.jsonl") -ne 4 ]]; then
+  failed "--metrics FIFO with a reader: exit $rc, $(wc -l <"$d/m.jsonl") lines"; cat "$d/err"
+else
+  echo "ok: --metrics FIFO with a reader: 4 lines"
+fi
+head -n 2 "$d/early" >/dev/null &
+timeout -s KILL 60 "$zerodp" train "${common[@]}" --steps 200 --metrics "$d/early" >"$d/out" 2>"$d/err"
+rc=$?
+if [[ $rc -eq 0 ]] || [[ $rc -ge 128 ]] || ! grep -q "metrics: cannot write '$d/early': Broken pipe" "$d/err"; then
+  failed "--metrics FIFO whose reader leaves: exit $rc"; cat "$d/err"
+else
+  echo "ok: --metrics FIFO whose reader leaves: exit $rc, named"
+fi
+
 # 5. Under mpirun: SIGTERM to one rank's process only. The other rank learns of it in the
 #    step's control exchange; both stop after the same step and commit one checkpoint.
 if [[ -n $mpirun ]]; then
