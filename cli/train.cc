@@ -192,7 +192,8 @@ int run_train(Flags& f, Launch args) {
   StepCallback on_step = [&](const StepRecord& s, int64_t total) {
     if (!c.metrics_path.empty()) {
       if (metrics_fd < 0) {
-        metrics_fd = files::open_in_place("--metrics", c.metrics_path, O_WRONLY | O_CREAT | O_TRUNC);
+        metrics_fd =
+            files::open_in_place("--metrics", c.metrics_path, O_WRONLY | O_CREAT | O_TRUNC);
       }
       const std::string line = step_json(s).dump() + "\n";
       for (size_t done = 0; done < line.size();) {

@@ -211,9 +211,9 @@ int open_in_place(std::string_view what, const fs::path& path, int flags) {
 
 void write_output(std::string_view what, const fs::path& path, std::string_view text) {
   Output out{std::string(what), path};
-  const int fd = out.in_place()
-                     ? open_in_place(what, out.target(), O_WRONLY)
-                     : ::open(out.write_path().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int fd = out.in_place() ? open_in_place(what, out.target(), O_WRONLY)
+                                : ::open(out.write_path().c_str(),
+                                         O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) io_fail(what, "create a file beside", out.target());
   write_all(what, fd, out.in_place() ? out.target() : out.write_path(), text);
   if (!out.in_place() && ::fsync(fd) != 0) {
