@@ -132,12 +132,22 @@ def read_safetensors(path):
     return tensors, metadata
 
 
-def write_safetensors(path, tensors, metadata):
-    """tensors: list of (name, fp32 torch tensor) in file order; F32, 8-aligned data."""
+def write_safetensors(path, tensors, metadata, dtype="F32"):
+    """tensors: list of (name, fp32 torch tensor) in file order; F32 (or, with dtype, BF16 or
+    F16: the values rounded to nearest even), 8-aligned data."""
+    import torch
+
+    if dtype not in ("F32", "BF16", "F16"):
+        raise ValueError(f"write_safetensors: dtype {dtype} is not F32, BF16 or F16")
     header, blobs, offset = {}, [], 0
     for name, t in tensors:
-        blob = t.detach().to("cpu").float().contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        t = t.detach().to("cpu").float().contiguous()
+        if dtype == "F32":
+            blob = t.numpy().astype("<f4").tobytes()
+        else:  # numpy has no bfloat16: the 16-bit patterns through int16
+            half = t.to(torch.bfloat16 if dtype == "BF16" else torch.float16)
+            blob = half.view(torch.int16).numpy().astype("<i2").tobytes()
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
     if metadata:
@@ -564,11 +574,7 @@ def logits_main(a):
         idx = idx[:, :cfg["seq_len"]]
     if idx.min() < 0 or idx.max() >= cfg["vocab"]:
         die(f"token ids must be in 0..{cfg['vocab'] - 1}")
-    x = torch.from_numpy(idx)
-    with torch.no_grad():
-        l32 = fwd(module, x).float().numpy()
-        l64 = fwd(module.double(), x).numpy()
-    err = np.abs(l32.astype(np.float64) - l64)
+    l32, l64 = fp32_fp64_logits(module, fwd, torch.from_numpy(idx))
     prefix = a.out
     if a.format == "npy":
         files = [prefix + ".fp32.npy", prefix + ".fp64.npy"]
@@ -578,10 +584,29 @@ def logits_main(a):
         files = [prefix + ".fp32.f32", prefix + ".fp64.f64"]
         l32.astype("<f4").tofile(files[0])
         l64.astype("<f8").tofile(files[1])
-    print(json.dumps({"model": a.model, "shape": list(l32.shape), "files": files,
-                      "max_abs_err_fp32_vs_fp64": float(err.max()),
-                      "max_abs_logit_fp64": float(np.abs(l64).max()),
-                      "max_rel_err_fp32_vs_fp64": float(err.max() / max(np.abs(l64).max(), 1e-30))}))
+    print(json.dumps(logits_report(a.model, l32, l64, files)))
+
+
+def fp32_fp64_logits(module, fwd, x):
+    """(fp32 logits, float64 logits) as numpy arrays of the fp32 module and of its float64
+    copy (the module itself is left in float64: .double() is in place)."""
+    import torch
+
+    with torch.no_grad():
+        l32 = fwd(module, x).float().numpy()
+        l64 = fwd(module.double(), x).numpy()
+    return l32, l64
+
+
+def logits_report(model, l32, l64, files):
+    """The logits subcommand's JSON line: the max abs (and relative) error of fp32 vs float64."""
+    import numpy as np
+
+    err = np.abs(l32.astype(np.float64) - l64)
+    return {"model": model, "shape": list(l32.shape), "files": files,
+            "max_abs_err_fp32_vs_fp64": float(err.max()),
+            "max_abs_logit_fp64": float(np.abs(l64).max()),
+            "max_rel_err_fp32_vs_fp64": float(err.max() / max(np.abs(l64).max(), 1e-30))}
 
 
 # ------------------------------------------------------------------------------ greedy
@@ -598,15 +623,24 @@ def greedy_main(a):
         die("the prompt is empty")
     if a.float64:
         module = module.double()
-    out = []
+    out = greedy_decode(module, fwd, cfg["seq_len"], ids, a.max_tokens)
+    print(" ".join(str(t) for t in out))
+
+
+def greedy_decode(module, fwd, seq_len, ids, max_tokens):
+    """The max_tokens ids greedy decoding appends to the prompt ids, each from a full-window
+    recompute over the last seq_len ids."""
+    import torch
+
+    ids, out = list(ids), []
     with torch.no_grad():
-        for _ in range(a.max_tokens):
-            window = ids[-cfg["seq_len"]:]  # full-window recompute, sliding past seq_len
+        for _ in range(max_tokens):
+            window = ids[-seq_len:]  # full-window recompute, sliding past seq_len
             logits = fwd(module, torch.tensor([window], dtype=torch.long))[0, -1]
             nxt = int(torch.argmax(logits).item())  # ties: torch returns the first maximum
             ids.append(nxt)
             out.append(nxt)
-    print(" ".join(str(t) for t in out))
+    return out
 
 
 # ------------------------------------------------------------------------------ selfcheck

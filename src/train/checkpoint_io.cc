@@ -199,6 +199,49 @@ constexpr ModelField kModelFields[] = {
 
 }  // namespace
 
+void adopt_model_fields(TrainConfig& cfg, const ModelSource& from) {
+  if (!cfg.given) return;
+  const auto given = [&](std::string_view key) { return cfg.given->count(std::string(key)) > 0; };
+  if (from.kind != cfg.model) {
+    if (given("model")) {
+      throw InvalidArgument(
+          fmt::format("--model {} differs from {}'s model, {} ({}); leave --model out to {}",
+                      cfg.model, from.source, from.kind, from.what, from.remedy));
+    }
+    // A flag that shapes the model the user did not name: it cannot shape this one.
+    // One that shapes both (--layers) is compared with the file's value below.
+    const auto shapes = [&](std::string_view key, std::string_view kind) {
+      if (key == "size") return kind == kGptKind || kind == kLlamaKind;
+      for (const ModelField& f : kModelFields) {
+        if (f.option == key && f.kind == kind) return true;
+      }
+      return false;
+    };
+    for (const std::string& key : *cfg.given) {
+      if (!shapes(key, cfg.model) || shapes(key, from.kind)) continue;
+      throw InvalidArgument(fmt::format(
+          "{}: {}'s model is {} ({}), but {} shapes a model of kind {}; leave it out "
+          "to {}",
+          from.flag, from.source, from.kind, from.what, flag_of(key), cfg.model, from.remedy));
+    }
+    cfg.model = from.kind;
+  }
+  for (const ModelField& f : kModelFields) {
+    if (f.kind != from.kind) continue;
+    const auto saved = from.shape.find(std::string(f.shape_key));
+    if (saved == from.shape.end()) continue;  // checked by the caller: the layout needs it
+    if (from.free_key == f.shape_key && given(f.option)) continue;
+    const int64_t value = saved->second;
+    if (given(f.option) && f.get(cfg) != value) {
+      throw InvalidArgument(fmt::format("{} {} differs from {}'s {}, {} ({}); leave {} out to {}",
+                                        flag_of(f.option), f.show(f.get(cfg)), from.source,
+                                        from.key_prefix + std::string(f.shape_key), f.show(value),
+                                        from.what, flag_of(f.option), from.remedy));
+    }
+    f.set(cfg, value);
+  }
+}
+
 void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from) {
   const checkpoint::Meta m = checkpoint::read_meta(from);
   const std::string what = (from / "meta.json").string();
@@ -209,30 +252,15 @@ void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from)
   const ModelKind* kind = find_model_kind(m.model_kind);
   if (kind == nullptr || kind->build_from_shape == nullptr) return;
   const auto given = [&](std::string_view key) { return cfg.given->count(std::string(key)) > 0; };
-  if (m.model_kind != cfg.model) {
-    if (given("model")) {
-      throw InvalidArgument(fmt::format(
-          "--model {} differs from the checkpoint's model, {} ({}); leave --model out to "
-          "continue it",
-          cfg.model, m.model_kind, what));
-    }
-    // A flag that shapes the model the user did not name: it cannot shape this checkpoint's.
-    const auto shapes_run_kind = [&](std::string_view key) {
-      if (key == "size") return cfg.model == kGptKind || cfg.model == kLlamaKind;
-      for (const ModelField& f : kModelFields) {
-        if (f.option == key) return f.kind == cfg.model;
-      }
-      return false;
-    };
-    for (const std::string& key : *cfg.given) {
-      if (!shapes_run_kind(key)) continue;
-      throw InvalidArgument(fmt::format(
-          "--resume: the checkpoint's model is {} ({}), but {} shapes a model of kind {}; leave "
-          "it out to continue the checkpoint",
-          m.model_kind, what, flag_of(key), cfg.model));
-    }
-    cfg.model = m.model_kind;
-  }
+  const ModelSource source{.kind = m.model_kind,
+                           .shape = m.model_shape,
+                           .what = what,
+                           .flag = "--resume",
+                           .source = "the checkpoint",
+                           .key_prefix = "model.",
+                           .remedy = "continue it",
+                           .free_key = ""};
+  if (m.model_kind != cfg.model) adopt_model_fields(cfg, source);  // the kind first: --size's
   // The preset decides the defaults that are not the model's (the micro-batch).
   if (const auto saved = m.config.find("size"); kind->sized && saved != m.config.end()) {
     if (given("size") && saved->second != cfg.size) {
@@ -254,19 +282,7 @@ void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from)
       cfg.micro_batch = v;
     }
   }
-  for (const ModelField& f : kModelFields) {
-    if (f.kind != m.model_kind) continue;
-    const auto saved = m.model_shape.find(std::string(f.shape_key));
-    if (saved == m.model_shape.end()) continue;  // checked above: the layout needs it
-    const int64_t value = saved->second;
-    if (given(f.option) && f.get(cfg) != value) {
-      throw InvalidArgument(fmt::format(
-          "{} {} differs from the checkpoint's model.{}, {} ({}); leave {} out to continue it",
-          flag_of(f.option), f.show(f.get(cfg)), f.shape_key, f.show(value), what,
-          flag_of(f.option)));
-    }
-    f.set(cfg, value);
-  }
+  adopt_model_fields(cfg, source);
 }
 
 void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {

@@ -17,6 +17,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/store.h"
 #include "core/error.h"
+#include "train/model_kind.h"
 #include "train/rank_trainer.h"
 #include "train/result.h"
 
@@ -52,6 +53,25 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
 // and the file). A configuration built in code (no cfg.given) is left as it stands: its
 // model is compared unit by unit when the checkpoint loads.
 void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from);
+
+// A model described somewhere other than the run's flags (a checkpoint's meta.json, a
+// Hugging Face config.json) and how messages name it.
+struct ModelSource {
+  std::string kind;
+  ShapeFields shape;
+  std::string what;        // the file, e.g. "ck/step_00000010/meta.json"
+  std::string flag;        // the flag that named it, e.g. "--resume"
+  std::string source;      // "the checkpoint", "config.json"
+  std::string key_prefix;  // before a field's name in messages: "model." or ""
+  std::string remedy;      // what leaving the flag out does: "continue it"
+  // A field the flags may set freely (a llama's seq_len: no weight depends on it).
+  std::string free_key;
+};
+
+// The run takes `from`'s kind and every model field the user left out (cfg.given); a flag
+// that differs, or that shapes another kind, is refused naming both and the file. Without
+// cfg.given (a configuration built in code) nothing changes.
+void adopt_model_fields(TrainConfig& cfg, const ModelSource& from);
 
 // A save that every rank agreed was not committed: each rank throws it, at the same point,
 // so the run can stop cleanly on all of them (EarlyStop::Reason::kCheckpointFailed).

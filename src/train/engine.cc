@@ -340,7 +340,7 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
   } else if (!cfg.init_from.empty()) {
     for (int v = 0; v < trainer.hosted_islands(); ++v) {  // every island starts from them
       trainer.activate_island(v);
-      load_initial_weights(trainer, cfg.init_from, *plan.init);
+      load_initial_weights(trainer, *plan.init);
     }
     trainer.activate_island(0);
   }
@@ -478,14 +478,20 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
 // A resume without model flags builds the checkpoint's model (train/checkpoint_io.h). A
 // checkpoint that is not there yet is named once the directory's lock is held (another run
 // may be writing it), by the same resume_point.
-void adopt_resumed_model(TrainConfig& cfg) {
-  if (cfg.resume.empty()) return;
+// The model a run continues (a checkpoint) or starts from (a Hugging Face directory).
+void adopt_given_model(TrainConfig& cfg) {
   std::filesystem::path from;
-  try {
-    from = resume_point(cfg);
-  } catch (const InvalidArgument&) {
+  if (!cfg.resume.empty()) {
+    try {
+      from = resume_point(cfg);
+    } catch (const InvalidArgument&) {
+    }
   }
-  if (!from.empty()) adopt_checkpoint_model(cfg, from);
+  if (!from.empty()) {
+    adopt_checkpoint_model(cfg, from);
+  } else {
+    adopt_init_model(cfg);
+  }
 }
 
 // A stop requested before the first launch's first step ends the run with nothing trained.
@@ -601,7 +607,7 @@ std::optional<InitDigest> check_init_from(const TrainConfig& cfg, const ModelFac
                                           const std::filesystem::path& resume_from) {
   if (cfg.init_from.empty() || !resume_from.empty()) return std::nullopt;
   return check_initial_weights(make_model ? make_model() : build_model(cfg),
-                               model_label(cfg.model, cfg.size), cfg.init_from);
+                               model_label(cfg.model, cfg.size), cfg.model, cfg.init_from);
 }
 
 // MFU's terms: the model's FLOPs per token and the GEMM peaks it is measured against.
@@ -636,7 +642,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   set_nothing_to_save(true);
   const bool default_policy = cfg.accumulate_default;
   bool derive_batch = cfg.grad_accum == 0;
-  if (!make_model) adopt_resumed_model(cfg);
+  if (!make_model) adopt_given_model(cfg);
   resolve_config(cfg);
   check_launch_environment(cfg.launch);
   check_outputs(cfg);
