@@ -362,6 +362,18 @@ std::string shape_text(const std::vector<int64_t>& s) {
 
 }  // namespace
 
+hf::HfConfig hf_model_of(const std::filesystem::path& dir) { return read_hf_config(dir, nullptr); }
+
+std::vector<std::vector<float>> read_initial_weights(const Model& model, const InitDigest& digest) {
+  OpenFiles files(digest);
+  std::vector<std::vector<float>> weights;
+  for (const auto& unit : model) {
+    UnitReader read(files, digest, *unit);
+    read.read(0, weights.emplace_back(unit->numel()));
+  }
+  return weights;
+}
+
 void adopt_init_model(TrainConfig& cfg) {
   std::error_code ec;
   if (cfg.init_from.empty() || !cfg.given || !std::filesystem::is_directory(cfg.init_from, ec)) {

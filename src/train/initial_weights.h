@@ -23,6 +23,7 @@
 
 #include "models/unit.h"
 #include "train/config.h"
+#include "train/hf_layout.h"
 #include "train/rank_trainer.h"
 
 namespace zerodp {
@@ -65,6 +66,14 @@ void adopt_init_model(TrainConfig& cfg);
 // cannot be read as safetensors, or changes while read.
 InitDigest check_initial_weights(const Model& model, const std::string& model_name,
                                  std::string_view model_kind, const std::filesystem::path& from);
+
+// The model of a Hugging Face directory: its config.json read and checked (InvalidArgument
+// naming the file and the key; a directory without one is refused saying what would do).
+hf::HfConfig hf_model_of(const std::filesystem::path& dir);
+
+// Every unit's weights whole, one flat buffer per unit, from files check_initial_weights
+// checked against `model` (zerodp sample).
+std::vector<std::vector<float>> read_initial_weights(const Model& model, const InitDigest& digest);
 
 // Replaces the trainer's parameters and master weights with the files' values over the
 // ranges this rank holds (a fresh optimizer: the moments stay zero). The files were checked:
