@@ -56,7 +56,9 @@ int main(int argc, char** argv) {
       "bench-io", "Sequential write and read bandwidth of a directory's disk, like fio");
   runners[bench_io] = cli::add_bench_io(*bench_io);
   CLI::App* exp = app.add_subcommand(
-      "export", "Consolidate a sharded checkpoint into one fp32 safetensors file");
+      "export",
+      "Consolidate a sharded checkpoint into one fp32 safetensors file, or a Hugging Face "
+      "model directory (--format hf)");
   runners[exp] = cli::add_export(*exp);
   CLI::App* sample = app.add_subcommand(
       "sample", "Generate text from a trained gpt or llama (an exported file or a checkpoint)");

@@ -337,6 +337,12 @@ Opened open_source(const std::filesystem::path& from, std::string_view kind) {
           from.string()));
     }
     for (const std::string& s : shards) {
+      if (!std::filesystem::exists(from / s, ec) && !o.placed.empty()) {
+        throw InvalidArgument(fmt::format(
+            "--init-from {}: model.safetensors.index.json names {}, which is not there; give "
+            "the whole directory the index came with",
+            from.string(), s));
+      }
       files::require_regular_input(fmt::format("--init-from {}", (from / s).string()), from / s);
       o.digest.files.push_back(digest_file(from / s));
       list(o.digest.files.back().sha256, s);

@@ -116,7 +116,7 @@ EOF
   want=$("$torch_python" "$ref" greedy "l-$size.safetensors" --prompt "And God said" --max-tokens 80)
   for cache in --no-cache ""; do
     got=$("$zerodp" sample "l-$size.safetensors" --prompt "And God said" --temperature 0 \
-      --max-tokens 80 $cache | od -An -tu1 | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
+      --max-tokens 80 $cache | od -An -v -tu1 | tr -s ' \n' ' ' | sed 's/^ //; s/ $//')
     if [[ -n $got && $got == "$want" ]]; then
       echo "ok: llama $size greedy ${cache:-with the cache}: 80 tokens equal the reference's"
     else
