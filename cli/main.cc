@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
       "  zerodp export ckpt --out model.safetensors\n"
       "  zerodp sample model.safetensors --prompt 'In the beginning' --max-tokens 200\n"
       "  zerodp report s0.json s3.json --metrics s3.jsonl --out runs.html\n"
+      "  zerodp tokenizer train --input kjv --vocab 4096 --out kjv4k.model\n"
       "Run 'zerodp SUBCOMMAND --help' for a subcommand's options.");
 
   std::map<const CLI::App*, cli::Runner> runners;
@@ -66,6 +67,9 @@ int main(int argc, char** argv) {
   CLI::App* report = app.add_subcommand(
       "report", "Run reports and metrics logs as one self-contained HTML page of charts");
   runners[report] = cli::add_report(*report);
+  CLI::App* tokenizer = app.add_subcommand(
+      "tokenizer", "Train a SentencePiece tokenizer; encode text to token ids and decode them");
+  runners[tokenizer] = cli::add_tokenizer(*tokenizer);
 
   std::vector<std::string> args;
   try {
