@@ -259,6 +259,9 @@ int run_train(Flags& f, Launch args) {
   fmt::print("final loss {:.4f}, validation loss {}, {:.0f} tokens/s, weights sha256 {}\n",
              r.final_loss, r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
              r.tokens_per_second, r.weights_sha256.substr(0, 16));
+  // What proves no sample skipped or repeated across stops and rank counts: compare it.
+  fmt::print("samples of steps {}..{} chained: sha256 {}\n", r.samples_chain_from + 1,
+             r.steps.back().step, r.samples_chain.substr(0, 16));
   // Both denominators, calibrated at start-up: 512^3, and the model's own products (a
   // caller's model declares none).
   const std::string model_shapes =

@@ -174,6 +174,10 @@ std::string to_json(const Meta& m) {
                {"samples_per_step", m.samples_per_step},
                {"dataset_size", m.dataset_size},
                {"seed", m.seed}};
+  if (!m.samples_chain.empty()) {
+    j["data"]["samples_chain"] = m.samples_chain;
+    j["data"]["samples_chain_from"] = m.samples_chain_from;
+  }
   Json rng = Json::array();
   for (size_t r = 0; r < m.rank_seeds.size(); ++r) {
     rng.push_back({{"rank", r},
@@ -488,6 +492,16 @@ Meta parse_meta(std::string_view text, std::string_view what) {
   m.samples_per_step = f.get<uint64_t>(data, "data", "samples_per_step");
   m.dataset_size = f.get<uint64_t>(data, "data", "dataset_size");
   m.seed = f.get<uint64_t>(data, "data", "seed");
+  if (data.contains("samples_chain")) {
+    m.samples_chain = f.get<std::string>(data, "data", "samples_chain");
+    m.samples_chain_from = f.get<uint64_t>(data, "data", "samples_chain_from");
+    if (m.samples_chain.size() != 64 ||
+        m.samples_chain.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      f.fail("data.samples_chain",
+             fmt::format("is \"{}\"; it should be 64 lowercase hex digits (a sha256)",
+                         m.samples_chain));
+    }
+  }
   check_data_cursor(f, m);
   const Json& rng = f.array(j, "", "rng");
   for (size_t r = 0; r < rng.size(); ++r) {

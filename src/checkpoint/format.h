@@ -116,6 +116,10 @@ struct Meta {
   uint64_t samples_per_step = 0;  // K = N * b * A
   uint64_t dataset_size = 0;
   uint64_t seed = 0;
+  // The samples every step so far read, chained (hex sha256; data.samples_chain): empty in
+  // checkpoints from before it was kept, when a resume starts a new chain at its step.
+  std::string samples_chain;
+  uint64_t samples_chain_from = 0;  // the step the chain starts after (0: the run's start)
   // Random state per rank. zerodp has none that advances: initialization and data order are
   // pure functions of (seed, ...), so each rank's entry records the seed and the counter
   // (the data position) they are keyed by.

@@ -69,6 +69,8 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
   m.samples_per_step = sampler.samples_per_step();
   m.dataset_size = sampler.options().dataset_size;
   m.seed = cfg.seed;
+  m.samples_chain = trainer.samples_chain();
+  m.samples_chain_from = trainer.samples_chain_from();
   m.rank_seeds.assign(static_cast<size_t>(m.shard_files()), cfg.seed);
   return m;
 }
@@ -487,6 +489,9 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
   }
   if (pos.step >= sampler.steps_per_epoch()) pos = {pos.epoch + 1, 0};
   sampler.set_position(pos);
+  // A checkpoint from before the chain was kept starts a new one at its step.
+  trainer.set_samples_chain(m.samples_chain.empty() ? std::string(64, '0') : m.samples_chain,
+                            m.samples_chain.empty() ? m.step : m.samples_chain_from);
 }
 
 // A step as a checkpoint's history keeps it: what the training determines, no timings.

@@ -522,6 +522,8 @@ struct RankEnd {
   double val = 0;
   std::vector<float> kept;
   std::string weights;
+  std::string samples_chain;
+  uint64_t samples_chain_from = 0;
   std::vector<double> mine, all;
 };
 
@@ -540,6 +542,8 @@ RankEnd finish_rank(RankTrainer& trainer, const RankRun& run, Tracer* tracer, bo
   end.val = interrupted ? std::nan("") : trainer.evaluate();
   const bool keep = cfg.keep_final_weights && comm.rank() == 0;
   end.weights = trainer.weights_sha256(keep ? &end.kept : nullptr);
+  end.samples_chain = trainer.samples_chain();
+  end.samples_chain_from = trainer.samples_chain_from();
   end.mine = pack_summary(mem, comm, trainer.samples_sha256());
   // Snapshot taken: the gather below is the last collective and is not in the summary.
   end.all = comm.gather_control(end.mine);
@@ -594,6 +598,8 @@ void report_run(TrainResult& result, const RunPlan& plan, RankTrainer& trainer, 
   fill_result(result, plan, trainer, run, end.all, end.mine.size());
   if (std::isfinite(end.val)) result.val_loss = end.val;
   result.weights_sha256 = end.weights;
+  result.samples_chain = end.samples_chain;
+  result.samples_chain_from = end.samples_chain_from;
   result.final_weights = std::move(end.kept);
   if (!plan.cfg.report_path.empty()) {
     files::write_output("--report", plan.cfg.report_path, report_json(result).dump(2) + "\n");

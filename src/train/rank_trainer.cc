@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include <fmt/core.h>
+
 #include "core/sysinfo.h"
 #include "train/flat.h"
 #include "train/gather_queue.h"
@@ -184,6 +186,19 @@ std::span<const BFloat16> RankTrainer::stored_bf16(size_t ui, int slot) const {
   const void* src =
       state_.plan().gather_before_compute ? buf_.gathered[slot].data() : u.params.data();
   return {static_cast<const BFloat16*>(src), u.numel};
+}
+
+std::string RankTrainer::samples_chain() const {
+  std::string hex;
+  for (const uint8_t b : samples_chain_) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+void RankTrainer::set_samples_chain(const std::string& hex, uint64_t from) {
+  for (size_t i = 0; i < samples_chain_.size(); ++i) {
+    samples_chain_[i] = static_cast<uint8_t>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
+  }
+  samples_chain_from_ = from;
 }
 
 void RankTrainer::load_micro_batch(int64_t micro) {
@@ -411,6 +426,10 @@ StepRecord RankTrainer::step(int64_t step_index) {
     rec.outer = outer_->after_step(step_index);
   }
   activate_island(0);
+  Sha256 chain;
+  chain.update(samples_chain_.data(), samples_chain_.size());
+  sha256_update_u64_le(chain, sampler_.step_samples(sampler_.position()));
+  samples_chain_ = chain.digest();
   sampler_.advance();
   rec.tokens = static_cast<uint64_t>(shape_.B) * static_cast<uint64_t>(shape_.T) *
                static_cast<uint64_t>(A) * static_cast<uint64_t>(world);

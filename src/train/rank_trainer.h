@@ -81,6 +81,14 @@ class RankTrainer {
   uint64_t params() const { return state_.params(); }
   MemoryLedger& ledger() { return ledger_; }
   std::string samples_sha256() const { return samples_hash_.hex_digest(); }
+  // Every step's K sample indices so far, chained: chain = sha256(chain || each index as
+  // le64), in the epoch order's positions, so the value depends on the samples read and
+  // their order, never on how they split over ranks. A resume carries it on
+  // (set_samples_chain); `from` is the step the chain started after.
+  std::string samples_chain() const;
+  uint64_t samples_chain_from() const { return samples_chain_from_; }
+  // CorruptData-free: `hex` was checked when the checkpoint was read.
+  void set_samples_chain(const std::string& hex, uint64_t from);
   ShardedState& state() { return state_; }
   // Where master, adam_m and adam_v live under --offload optimizer; null when in memory.
   // Islands in turn: the active island's.
@@ -199,6 +207,8 @@ class RankTrainer {
   std::optional<OuterStep> outer_;
   FaultPlan faults_;
   Sha256 samples_hash_;
+  Sha256::Digest samples_chain_{};
+  uint64_t samples_chain_from_ = 0;
   MicroBatch mb_;
   std::vector<double> losses_;   // the step's micro-batch losses; capacity kept
   std::vector<double> control_;  // the step's control exchange; capacity kept

@@ -61,6 +61,8 @@ inline constexpr char kValLoss[] = "val_loss";
 inline constexpr char kCheckpoint[] = "checkpoint";
 // `final`, `stopped`, `throughput`, `process`, `units[i]`.
 inline constexpr char kWeightsSha256[] = "weights_sha256";
+inline constexpr char kSamplesChain[] = "samples_chain_sha256";
+inline constexpr char kSamplesChainFrom[] = "samples_chain_from_step";
 inline constexpr char kReason[] = "reason";
 inline constexpr char kSignal[] = "signal";
 inline constexpr char kAfterStep[] = "after_step";

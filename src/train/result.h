@@ -128,6 +128,11 @@ struct TrainResult {
   double final_loss = 0;
   std::optional<double> val_loss;
   std::string weights_sha256;
+  // Every step's global sample indices, chained (RankTrainer::samples_chain): the same for
+  // any N, stage or resume that read the same samples in the same order. From the step the
+  // chain started after (0 unless resumed from a checkpoint written before it was kept).
+  std::string samples_chain;
+  uint64_t samples_chain_from = 0;
   std::vector<RankSummary> ranks;
   double tokens_per_second = 0;
   // MFU: model FLOPs per token (6 per parameter plus attention's 12 x layers x T x C for the

@@ -78,6 +78,9 @@ TEST_P(Resume, ContinuationIsTheRunThatNeverStopped) {
     EXPECT_EQ(cont.first_step, at + 1);
     EXPECT_EQ(losses(cont), tail(losses(full), static_cast<size_t>(at))) << "resumed at " << at;
     EXPECT_EQ(cont.weights_sha256, full.weights_sha256) << "resumed at " << at;
+    // The samples read, chained through the checkpoint: the same as the run that never stopped.
+    EXPECT_EQ(cont.samples_chain, full.samples_chain) << "resumed at " << at;
+    EXPECT_EQ(cont.samples_chain_from, 0u);
     // The continuation's own last checkpoint is the never-stopped run's, byte for byte.
     EXPECT_EQ(states(tmp.path() / fmt::format("cont{}", at)), states(tmp.path() / "full"));
   }
@@ -106,6 +109,36 @@ TEST(ResumeAt, AStopAfterTimeSliceContinuesAsTheFullRun) {
   const TrainResult rest = run(c);
   EXPECT_EQ(losses(rest), tail(losses(full), 4));
   EXPECT_EQ(rest.weights_sha256, full.weights_sha256);
+}
+
+// The chain of every step's samples says which samples were read, in which order, and
+// nothing else: the same for any split of the same K samples per step over ranks and
+// micro-batches, resumed or not; another data order changes it.
+TEST(SamplesChain, TheSameSamplesGiveTheSameChainOnAnyRanksAndAcrossAResume) {
+  TempDir tmp;
+  TrainConfig one = tiny_config(1, 0);
+  one.steps = 6;
+  one.grad_accum = 4;
+  const TrainResult a = run(one);
+  ASSERT_EQ(a.samples_chain.size(), 64u);
+  TrainConfig four = tiny_config(4, 3);
+  four.steps = 6;
+  four.checkpoint_dir = tmp.path().string();
+  four.stop_after = 2;
+  run(four);
+  TrainConfig two = tiny_config(2, 1);
+  two.steps = 6;
+  two.grad_accum = 2;
+  two.resume = (tmp.path() / "step_00000002").string();
+  const TrainResult b = run(two);
+  EXPECT_EQ(b.first_step, 3);
+  EXPECT_EQ(b.samples_chain, a.samples_chain);
+  TrainConfig other = one;
+  other.seed += 1;
+  EXPECT_NE(run(other).samples_chain, a.samples_chain);
+  TrainConfig shorter = one;
+  shorter.steps = 5;
+  EXPECT_NE(run(shorter).samples_chain, a.samples_chain);
 }
 
 // --- the loss history ---------------------------------------------------------------
