@@ -48,5 +48,6 @@ Runner add_estimate(CLI::App& app);
 Runner add_sample(CLI::App& app);
 Runner add_export(CLI::App& app);
 Runner add_report(CLI::App& app);
+Runner add_tokenizer(CLI::App& app);
 
 }  // namespace zerodp::cli

@@ -7,7 +7,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build g++ make pkg-config
-  libfmt-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libfmt-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev libopenblas-dev
   libopenmpi-dev openmpi-bin
