@@ -3,7 +3,7 @@
 #   make test         release build + every test
 #   make sanitize     ASan+UBSan over the fast tests, TSan over the comm tests
 #   make format-check clang-format over the sources, changing nothing
-#   make fuzz         libFuzzer over the safetensors header parser for 30 s
+#   make fuzz         libFuzzer over the safetensors header and the token-shard parsers, 30 s each
 #   make structure    layering, function and file lengths (scripts/check_structure.py)
 #   make thread-safety clang's -Wthread-safety over the users of core/mutex.h (syntax only)
 JOBS ?= $(shell nproc)
@@ -80,11 +80,25 @@ $(FUZZ)/safetensors_fuzz: $(FUZZ_SOURCES) src/checkpoint/safetensors.h \
 	clang++ -std=c++20 -O1 -g -Wall -Wextra -fsanitize=fuzzer,address,undefined \
 	  -fno-sanitize-recover=all -I src $(FUZZ_SOURCES) -lfmt -o $@
 
-fuzz: deps $(FUZZ)/safetensors_fuzz
+# The token-shard formats (data/shard_format.h): llm.c's shard header and manifest.json.
+SHARDS_FUZZ_SOURCES := fuzz/shards_fuzz.cc src/data/shard_format.cc src/core/error.cc \
+  src/core/files.cc src/core/sha256.cc
+$(FUZZ)/shards_fuzz: $(SHARDS_FUZZ_SOURCES) src/data/shard_format.h src/core/error.h \
+  src/core/files.h src/core/sha256.h
+	@mkdir -p $(FUZZ)
+	clang++ -std=c++20 -O1 -g -Wall -Wextra -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=all -I src $(SHARDS_FUZZ_SOURCES) -lfmt -o $@
+
+fuzz: deps $(FUZZ)/safetensors_fuzz $(FUZZ)/shards_fuzz
 	rm -rf $(FUZZ)/corpus && mkdir -p $(FUZZ)/corpus && cp fuzz/corpus/safetensors/* $(FUZZ)/corpus/
 	$(FUZZ)/safetensors_fuzz -max_total_time=30 -max_len=65536 -rss_limit_mb=512 \
 	  -malloc_limit_mb=16 -dict=fuzz/safetensors.dict -artifact_prefix=$(FUZZ)/ \
 	  -print_final_stats=1 $(FUZZ)/corpus
+	rm -rf $(FUZZ)/shards_corpus && mkdir -p $(FUZZ)/shards_corpus && \
+	  cp fuzz/corpus/shards/* $(FUZZ)/shards_corpus/
+	$(FUZZ)/shards_fuzz -max_total_time=30 -max_len=65536 -rss_limit_mb=512 \
+	  -malloc_limit_mb=16 -dict=fuzz/shards.dict -artifact_prefix=$(FUZZ)/ \
+	  -print_final_stats=1 $(FUZZ)/shards_corpus
 
 FORMAT_FILES = $(shell git ls-files '*.h' '*.cc' '*.cpp')
 format:
