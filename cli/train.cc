@@ -256,8 +256,9 @@ int run_train(Flags& f, Launch args) {
     if (!c.report_path.empty()) fmt::print("report: {}\n", c.report_path);
     return code;
   }
-  fmt::print("final loss {:.4f}, validation loss {}, {:.0f} tokens/s, weights sha256 {}\n",
+  fmt::print("final loss {:.4f}, validation loss {}{}, {:.0f} tokens/s, weights sha256 {}\n",
              r.final_loss, r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
+             r.val_bits_per_byte ? fmt::format(" ({:.4f} bits/byte)", *r.val_bits_per_byte) : "",
              r.tokens_per_second, r.weights_sha256.substr(0, 16));
   // What proves no sample skipped or repeated across stops and rank counts: compare it.
   fmt::print("samples of steps {}..{} chained: sha256 {}\n", r.samples_chain_from + 1,

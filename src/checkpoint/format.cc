@@ -174,6 +174,7 @@ std::string to_json(const Meta& m) {
                {"samples_per_step", m.samples_per_step},
                {"dataset_size", m.dataset_size},
                {"seed", m.seed}};
+  if (!m.data_identity.empty()) j["data"]["identity"] = m.data_identity;
   if (!m.samples_chain.empty()) {
     j["data"]["samples_chain"] = m.samples_chain;
     j["data"]["samples_chain_from"] = m.samples_chain_from;
@@ -492,6 +493,7 @@ Meta parse_meta(std::string_view text, std::string_view what) {
   m.samples_per_step = f.get<uint64_t>(data, "data", "samples_per_step");
   m.dataset_size = f.get<uint64_t>(data, "data", "dataset_size");
   m.seed = f.get<uint64_t>(data, "data", "seed");
+  if (data.contains("identity")) m.data_identity = f.get<std::string>(data, "data", "identity");
   if (data.contains("samples_chain")) {
     m.samples_chain = f.get<std::string>(data, "data", "samples_chain");
     m.samples_chain_from = f.get<uint64_t>(data, "data", "samples_chain_from");

@@ -118,6 +118,9 @@ struct Meta {
   uint64_t seed = 0;
   // The samples every step so far read, chained (hex sha256; data.samples_chain): empty in
   // checkpoints from before it was kept, when a resume starts a new chain at its step.
+  // What identifies the data set beyond its size (data.identity): a token shard set's
+  // digest; empty for the in-memory sources. A resume on other data is refused.
+  std::string data_identity;
   std::string samples_chain;
   uint64_t samples_chain_from = 0;  // the step the chain starts after (0: the run's start)
   // Random state per rank. zerodp has none that advances: initialization and data order are

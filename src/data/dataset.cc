@@ -190,9 +190,13 @@ uint64_t dataset_size(const Dataset& dataset) {
   return std::visit([](const auto& d) { return d.size(); }, dataset);
 }
 
+bool is_language_model_data(const Dataset& dataset) {
+  return !std::holds_alternative<ImageDataset>(dataset);
+}
+
 TaskKind task_kind(const Dataset& dataset) {
-  return std::holds_alternative<TokenDataset>(dataset) ? TaskKind::kLanguageModel
-                                                       : TaskKind::kImageClassification;
+  return is_language_model_data(dataset) ? TaskKind::kLanguageModel
+                                         : TaskKind::kImageClassification;
 }
 
 const std::string& dataset_name(const Dataset& dataset) {

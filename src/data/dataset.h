@@ -18,24 +18,13 @@
 #include <variant>
 #include <vector>
 
+#include "data/batch.h"
+#include "data/shard_dataset.h"
+
 namespace zerodp {
 
 enum class TaskKind { kLanguageModel, kImageClassification };
 const char* task_kind_name(TaskKind kind);  // "language-model" / "image-classification"
-
-struct TokenBatch {
-  int64_t batch = 0;             // B
-  int64_t seq_len = 0;           // T
-  std::vector<int32_t> inputs;   // (B, T) byte values 0..255
-  std::vector<int32_t> targets;  // (B, T) inputs shifted by one: targets[b][t] = next byte
-};
-
-struct ImageBatch {
-  int64_t batch = 0;             // B
-  int64_t pixels_per_image = 0;  // P = rows * cols
-  std::vector<float> pixels;     // (B, P) in [0, 1]: the stored byte / 255
-  std::vector<int32_t> labels;   // (B) in 0..classes-1
-};
 
 // Byte-level language-modelling samples over bytes [begin, end) of a text.
 //
@@ -132,7 +121,11 @@ class ImageDataset {
   std::string name_;
 };
 
-using Dataset = std::variant<TokenDataset, ImageDataset>;
+// ShardDataset (data/shard_dataset.h): language modelling over token shards on disk.
+using Dataset = std::variant<TokenDataset, ImageDataset, ShardDataset>;
+
+// Whether samples are token windows (bytes in memory or token shards), not images.
+bool is_language_model_data(const Dataset& dataset);
 
 uint64_t dataset_size(const Dataset& dataset);
 TaskKind task_kind(const Dataset& dataset);
@@ -143,6 +136,13 @@ struct DataSplits {
   Dataset train;
   Dataset validation;
   std::string description;  // e.g. "kjv: 4404412 bytes (cache /x/kjv.txt), seq_len 64, ..."
+  // What identifies the data beyond its sample count, for a checkpoint to refuse another
+  // set: a token shard set's digest (its manifest's); empty for the in-memory sources.
+  std::string identity;
+  // The validation text's bytes per token, to state a loss per token in bits per byte (so
+  // byte-level and tokenized runs compare): 1 for byte-level data, the manifest's bytes over
+  // tokens for token shards, 0 when unknown (llm.c's shards say nothing of their text).
+  double validation_bytes_per_token = 1.0;
 };
 
 }  // namespace zerodp

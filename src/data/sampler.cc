@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/mutex.h"
+#include "data/keyed_order.h"
 #include "data/random.h"
 
 namespace zerodp {
@@ -115,9 +116,16 @@ void DistributedSampler::rank_samples(SamplerPosition position, int64_t micro_st
     throw InvalidArgument(fmt::format("sampler: output holds {} indices, the micro-batch is {}",
                                       out.size(), options_.micro_batch));
   }
+  copy_order(position.epoch, first, out);
+}
+
+void DistributedSampler::copy_order(uint64_t epoch, uint64_t first, std::span<uint64_t> out) const {
+  if (options_.keyed) {
+    KeyedPermutation(options_.dataset_size, options_.seed, epoch).permute(first, out);
+    return;
+  }
   MutexLock lock(cache_->mutex);
-  const std::vector<uint64_t>& order =
-      cache_->of(position.epoch, options_.dataset_size, options_.seed);
+  const std::vector<uint64_t>& order = cache_->of(epoch, options_.dataset_size, options_.seed);
   std::copy_n(order.begin() + static_cast<std::ptrdiff_t>(first), out.size(), out.begin());
 }
 
@@ -139,11 +147,9 @@ std::vector<uint64_t> DistributedSampler::global_samples(SamplerPosition positio
 }
 
 std::vector<uint64_t> DistributedSampler::step_samples(SamplerPosition position) const {
-  const uint64_t first = first_position(position, 0, 0);
-  MutexLock lock(cache_->mutex);
-  const auto begin = cache_->of(position.epoch, options_.dataset_size, options_.seed).begin() +
-                     static_cast<std::ptrdiff_t>(first);
-  return std::vector<uint64_t>(begin, begin + static_cast<std::ptrdiff_t>(samples_per_step()));
+  std::vector<uint64_t> out(samples_per_step());
+  copy_order(position.epoch, first_position(position, 0, 0), out);
+  return out;
 }
 
 void DistributedSampler::set_position(SamplerPosition position) {

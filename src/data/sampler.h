@@ -27,7 +27,8 @@
 // reproduces the sequence exactly; with another N, each step still reads the same samples
 // as long as the dataset, the seed and N*b*A are kept (only their split over ranks moves).
 //
-// Cost: the current epoch's order is materialized, O(S) time once per epoch and 8*S bytes.
+// Cost: the current epoch's order is materialized, O(S) time once per epoch and 8*S bytes;
+// with SamplerOptions::keyed none is: each position is a keyed permutation's, O(1).
 //
 // Thread safety: const methods may be called from several rank threads at once (the
 // current epoch's order is cached behind a mutex); the cursor (advance, set_position) is
@@ -51,6 +52,11 @@ struct SamplerOptions {
   int64_t grad_accum = 1;     // A: micro-steps per optimizer step
   uint64_t seed = 0;
   int islands = 1;  // I: must divide N
+  // The epoch's order from KeyedPermutation (data/keyed_order.h), computed per position in
+  // O(1) memory, instead of epoch_order's stored shuffle: for token shards, whose sample
+  // count grows with the corpus. Another order of the same samples: the in-memory sources
+  // keep epoch_order (their reference hashes depend on it).
+  bool keyed = false;
 };
 
 struct SamplerPosition {
@@ -99,6 +105,8 @@ class DistributedSampler {
  private:
   struct OrderCache;
   uint64_t first_position(SamplerPosition position, int64_t micro_step, int rank) const;
+  // Positions [first, first + out.size()) of epoch `epoch`'s order.
+  void copy_order(uint64_t epoch, uint64_t first, std::span<uint64_t> out) const;
 
   SamplerOptions options_;
   SamplerPosition position_;

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "data/dataset.h"
+#include "data/batch.h"
 #include "data/shards.h"
 
 namespace zerodp {
@@ -77,8 +77,9 @@ class ShardDataset {
 struct ShardSplits {
   ShardDataset train;
   ShardDataset validation;
-  std::string digest;       // the set's (ShardSet::digest)
-  std::string description;  // ShardSet::description() and the sample counts
+  std::string digest;                     // the set's (ShardSet::digest)
+  double validation_bytes_per_token = 0;  // of the validation text; 0 when the set says none
+  std::string description;                // ShardSet::description() and the sample counts
 };
 // Throws InvalidArgument when a split is too short for one window of seq_len + 1 tokens, or
 // when the manifest's largest token does not fit vocab_size (the model's vocabulary: named,

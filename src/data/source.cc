@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 
 #include "core/error.h"
+#include "data/shard_dataset.h"
 #include "data/synthetic.h"
 #include "data/text.h"
 
@@ -31,7 +32,9 @@ DataSplits text_splits(std::vector<uint8_t> bytes, const DataOptions& options,
       splits.validation.size(), text->size() - splits.validation.begin_byte());
   return DataSplits{.train = std::move(splits.train),
                     .validation = std::move(splits.validation),
-                    .description = std::move(description)};
+                    .description = std::move(description),
+                    .identity = {},
+                    .validation_bytes_per_token = 1.0};
 }
 
 }  // namespace
@@ -56,7 +59,9 @@ DataSplits open_data(const DataOptions& options) {
         validation.size(), train.rows(), train.cols(), options.fashion_mnist_dir.string());
     return DataSplits{.train = std::move(train),
                       .validation = std::move(validation),
-                      .description = std::move(description)};
+                      .description = std::move(description),
+                      .identity = {},
+                      .validation_bytes_per_token = 1.0};
   }
   if (options.source == "synthetic") {
     if (options.task == TaskKind::kLanguageModel) {
@@ -74,7 +79,9 @@ DataSplits open_data(const DataOptions& options) {
                     validation.size(), options.seed);
     return DataSplits{.train = std::move(train),
                       .validation = std::move(validation),
-                      .description = std::move(description)};
+                      .description = std::move(description),
+                      .identity = {},
+                      .validation_bytes_per_token = 1.0};
   }
 
   const std::filesystem::path path(options.source);
@@ -85,6 +92,14 @@ DataSplits open_data(const DataOptions& options) {
         options.source));
   }
   require_task(options, TaskKind::kLanguageModel);
+  if (std::filesystem::is_directory(path, ec)) {
+    ShardSplits s = open_shard_splits(path, options.seq_len, options.vocab);
+    return DataSplits{.train = std::move(s.train),
+                      .validation = std::move(s.validation),
+                      .description = std::move(s.description),
+                      .identity = std::move(s.digest),
+                      .validation_bytes_per_token = s.validation_bytes_per_token};
+  }
   return text_splits(read_text_corpus(path), options, path.filename().string(), path.string());
 }
 

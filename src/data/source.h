@@ -4,6 +4,8 @@
 //   kjv            the KJV text (data/text.h), byte-level language modelling
 //   fashion-mnist  Fashion-MNIST from the Debian package (data/idx.h), classification
 //   synthetic      data/synthetic.h, of the kind `task` asks for
+//   a directory    token shards (data/shards.h: zerodp prepare's, with manifest.json, or
+//                  llm.c's *_train_*.bin / *_val_*.bin), read from disk as they are needed
 //   anything else  a path to a file used as a byte corpus (write ./kjv for a file named so)
 // Text sources split into train / validation with split_text(); Fashion-MNIST uses its own
 // train and t10k files.
@@ -24,6 +26,7 @@ struct DataOptions {
   // KJV text for an image classifier), never a silent substitute.
   TaskKind task = TaskKind::kLanguageModel;
   int64_t seq_len = 64;               // T, language modelling only
+  uint64_t vocab = 256;               // the model's vocabulary: token shards are checked against it
   double validation_fraction = 0.02;  // text sources: the held-out tail
   uint64_t seed = 0;                  // synthetic content
   std::filesystem::path cache_dir;    // kjv; empty = default_cache_dir()

@@ -69,6 +69,7 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
   m.samples_per_step = sampler.samples_per_step();
   m.dataset_size = sampler.options().dataset_size;
   m.seed = cfg.seed;
+  m.data_identity = trainer.data().identity;
   m.samples_chain = trainer.samples_chain();
   m.samples_chain_from = trainer.samples_chain_from();
   m.rank_seeds.assign(static_cast<size_t>(m.shard_files()), cfg.seed);
@@ -482,6 +483,17 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
         "{}: saved with a training set of {} samples, this run's has {}; use the same --data "
         "and sequence length",
         ckpt.dir().string(), m.dataset_size, sampler.options().dataset_size));
+  }
+  if (m.data_identity != trainer.data().identity) {
+    const auto named = [](const std::string& id) {
+      return id.empty() ? std::string("data held in memory (kjv, synthetic or a text file)")
+                        : fmt::format("the token shard set of digest {}", id.substr(0, 16));
+    };
+    throw InvalidArgument(fmt::format(
+        "{}: trained on {}; this run's --data {} is {}; use the data the checkpoint was "
+        "trained on",
+        ckpt.dir().string(), named(m.data_identity), trainer.config().data,
+        named(trainer.data().identity)));
   }
   if (m.samples_per_step != k) {
     const uint64_t consumed = m.data_step * m.samples_per_step;

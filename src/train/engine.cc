@@ -27,6 +27,7 @@
 #include "core/mutex.h"
 #include "core/sha256.h"
 #include "core/sysinfo.h"
+#include "data/shards.h"
 #include "data/source.h"
 #include "models/model.h"
 #include "train/async_save.h"
@@ -145,6 +146,7 @@ DataSplits open_training_data(const TrainConfig& cfg) {
   dopt.task = model_kind(cfg.model).task;
   dopt.seq_len = cfg.seq_len;
   dopt.seed = cfg.seed;
+  if (cfg.vocab > 0) dopt.vocab = static_cast<uint64_t>(cfg.vocab);
   if (!cfg.cache_dir.empty()) dopt.cache_dir = cfg.cache_dir;
   DataSplits data = open_data(dopt);
   // A token past the vocabulary would index past the embedding: refused before any rank
@@ -178,7 +180,7 @@ ModelCost model_cost(const TrainConfig& cfg, const DataSplits& data,
   for (const auto& u : m) phi += static_cast<double>(u->numel());
   // The micro-batch as the rank trainers shape it.
   const BatchShape shape{.B = cfg.micro_batch,
-                         .T = std::holds_alternative<TokenDataset>(data.train) ? cfg.seq_len : 1};
+                         .T = is_language_model_data(data.train) ? cfg.seq_len : 1};
   return {.flops_per_token = model_kind(cfg.model).flops_per_token(cfg, phi),
           .products = model_products(m, shape)};
 }
@@ -478,6 +480,24 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
 // A resume without model flags builds the checkpoint's model (train/checkpoint_io.h). A
 // checkpoint that is not there yet is named once the directory's lock is held (another run
 // may be writing it), by the same resume_point.
+// Token shards come with their tokenizer's vocabulary (manifest.json): a run over them takes
+// it unless --vocab says otherwise. llm.c's directories say none, so they need --vocab.
+void adopt_data_vocab(TrainConfig& cfg) {
+  std::error_code ec;
+  if (cfg.vocab != 0 || !std::filesystem::is_directory(cfg.data, ec) ||
+      !shards::is_shard_directory(cfg.data)) {
+    return;
+  }
+  const shards::ShardSet set = shards::open_shard_directory(cfg.data);
+  if (!set.manifest) {
+    throw InvalidArgument(fmt::format(
+        "--data {}: llm.c's shards without manifest.json do not say their vocabulary; give "
+        "--vocab (50257 for GPT-2's tokenizer, 128256 for Llama 3's)",
+        cfg.data));
+  }
+  cfg.vocab = static_cast<int>(set.manifest->vocab_size);
+}
+
 // The model a run continues (a checkpoint) or starts from (a Hugging Face directory).
 void adopt_given_model(TrainConfig& cfg) {
   std::filesystem::path from;
@@ -596,7 +616,12 @@ IslandComms split_islands(Communicator& world, const TrainConfig& cfg, Tracer* t
 void report_run(TrainResult& result, const RunPlan& plan, RankTrainer& trainer, RankRun& run,
                 RankEnd& end) {
   fill_result(result, plan, trainer, run, end.all, end.mine.size());
-  if (std::isfinite(end.val)) result.val_loss = end.val;
+  if (std::isfinite(end.val)) {
+    result.val_loss = end.val;
+    if (const double bpt = plan.data.validation_bytes_per_token; bpt > 0) {
+      result.val_bits_per_byte = end.val / std::log(2.0) / bpt;
+    }
+  }
   result.weights_sha256 = end.weights;
   result.samples_chain = end.samples_chain;
   result.samples_chain_from = end.samples_chain_from;
@@ -649,6 +674,7 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
   const bool default_policy = cfg.accumulate_default;
   bool derive_batch = cfg.grad_accum == 0;
   if (!make_model) adopt_given_model(cfg);
+  adopt_data_vocab(cfg);
   resolve_config(cfg);
   check_launch_environment(cfg.launch);
   check_outputs(cfg);

@@ -80,15 +80,15 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       model_(make_model ? make_model() : build_model(cfg)),
       ledger_(comm.rank(), cfg.memory_per_rank, budget_advice_for(cfg, model_, group_.size())),
       data_(data),
-      shape_{.B = cfg.micro_batch,
-             .T = std::holds_alternative<TokenDataset>(data.train) ? cfg.seq_len : 1},
+      shape_{.B = cfg.micro_batch, .T = is_language_model_data(data.train) ? cfg.seq_len : 1},
       layout_(transient_layout(model_, transient_plan(cfg, data, group_.size()), group_.index())),
       sampler_(SamplerOptions{.dataset_size = dataset_size(data.train),
                               .world_size = comm.size() * zerodp::hosted_islands(cfg),
                               .micro_batch = cfg.micro_batch,
                               .grad_accum = cfg.grad_accum,
                               .seed = cfg.seed,
-                              .islands = cfg.islands}),
+                              .islands = cfg.islands,
+                              .keyed = std::holds_alternative<ShardDataset>(data.train)}),
       state_(model_, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg)),
              cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed,
              group_.size(), group_.index(), ledger_, cfg.offload, cfg.int8_moments),
@@ -188,6 +188,16 @@ std::span<const BFloat16> RankTrainer::stored_bf16(size_t ui, int slot) const {
   return {static_cast<const BFloat16*>(src), u.numel};
 }
 
+// Token shards are read from disk: the next step's windows of this rank start coming in
+// now, under the optimizer step and the next forward, instead of at their first touch.
+void RankTrainer::prefetch_next_step() {
+  const auto* shards = std::get_if<ShardDataset>(&data_.train);
+  if (shards == nullptr) return;
+  for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+    shards->prefetch(sampler_.rank_samples(sampler_.position(), micro, virtual_rank_));
+  }
+}
+
 std::string RankTrainer::samples_chain() const {
   std::string hex;
   for (const uint8_t b : samples_chain_) hex += fmt::format("{:02x}", b);
@@ -215,6 +225,9 @@ void RankTrainer::fill_micro_batch(const Dataset& dataset, std::span<const uint6
   mb_.loss_grad_scale = scale;
   if (const auto* text = std::get_if<TokenDataset>(&dataset)) {
     text->fill(idx, buf_.tokens.span(), buf_.targets.span());
+    mb_.tokens = buf_.tokens.span();
+  } else if (const auto* shards = std::get_if<ShardDataset>(&dataset)) {
+    shards->fill(idx, buf_.tokens.span(), buf_.targets.span());
     mb_.tokens = buf_.tokens.span();
   } else {
     std::get<ImageDataset>(dataset).fill(idx, buf_.features.span(), buf_.targets.span());
@@ -431,6 +444,7 @@ StepRecord RankTrainer::step(int64_t step_index) {
   sha256_update_u64_le(chain, sampler_.step_samples(sampler_.position()));
   samples_chain_ = chain.digest();
   sampler_.advance();
+  prefetch_next_step();
   rec.tokens = static_cast<uint64_t>(shape_.B) * static_cast<uint64_t>(shape_.T) *
                static_cast<uint64_t>(A) * static_cast<uint64_t>(world);
   rec.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

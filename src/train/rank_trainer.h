@@ -75,6 +75,7 @@ class RankTrainer {
   std::string weights_sha256(std::vector<float>* keep);
 
   const TrainConfig& config() const { return cfg_; }
+  const DataSplits& data() const { return data_; }
   Communicator& comm() { return comm_; }
   const Communicator& comm() const { return comm_; }
   const Model& model() const { return model_; }
@@ -123,6 +124,7 @@ class RankTrainer {
   // reduced; appends its part of the control exchange to control_.
   void island_pass(int64_t step_index, int island);
   void load_micro_batch(int64_t micro);
+  void prefetch_next_step();
   void fill_micro_batch(const Dataset& dataset, std::span<const uint64_t> idx);
   std::span<const float> weights_for(size_t ui, int slot);
   // The same weights as stored in bf16 (what weights_for widened), or empty.

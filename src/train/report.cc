@@ -196,6 +196,8 @@ nlohmann::json report_json(const TrainResult& r) {
   for (const auto& s : r.steps) j[key::kSteps].push_back(step_json(s));
   j[key::kFinal] = {{key::kLoss, r.final_loss},
                     {key::kValLoss, r.val_loss ? nlohmann::json(*r.val_loss) : nlohmann::json()},
+                    {key::kValBitsPerByte,
+                     r.val_bits_per_byte ? nlohmann::json(*r.val_bits_per_byte) : nlohmann::json()},
                     {key::kWeightsSha256, r.weights_sha256},
                     {key::kSamplesChain, r.samples_chain},
                     {key::kSamplesChainFrom, r.samples_chain_from}};

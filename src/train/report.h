@@ -62,6 +62,7 @@ inline constexpr char kCheckpoint[] = "checkpoint";
 // `final`, `stopped`, `throughput`, `process`, `units[i]`.
 inline constexpr char kWeightsSha256[] = "weights_sha256";
 inline constexpr char kSamplesChain[] = "samples_chain_sha256";
+inline constexpr char kValBitsPerByte[] = "val_bits_per_byte";
 inline constexpr char kSamplesChainFrom[] = "samples_chain_from_step";
 inline constexpr char kReason[] = "reason";
 inline constexpr char kSignal[] = "signal";

@@ -127,6 +127,10 @@ struct TrainResult {
   std::string init_sha256;  // of config.init_from when this run started from it, else empty
   double final_loss = 0;
   std::optional<double> val_loss;
+  // val_loss in bits per byte of the validation text (val_loss / ln 2 / bytes per token):
+  // what compares a byte-level and a tokenized run; nullopt when the data does not say its
+  // bytes per token.
+  std::optional<double> val_bits_per_byte;
   std::string weights_sha256;
   // Every step's global sample indices, chained (RankTrainer::samples_chain): the same for
   // any N, stage or resume that read the same samples in the same order. From the step the

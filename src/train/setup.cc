@@ -134,11 +134,13 @@ void check_offload_dir(const std::string& dir, uint64_t bytes, int ranks) {
 void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactory& make_model,
                int world, int my_rank, int ranks_here) {
   // The data's own limits first: they say more precisely what is wrong with a micro-batch.
-  (void)DistributedSampler(SamplerOptions{.dataset_size = dataset_size(data.train),
-                                          .world_size = world,
-                                          .micro_batch = cfg.micro_batch,
-                                          .grad_accum = cfg.grad_accum,
-                                          .seed = cfg.seed});
+  (void)DistributedSampler(
+      SamplerOptions{.dataset_size = dataset_size(data.train),
+                     .world_size = world,
+                     .micro_batch = cfg.micro_batch,
+                     .grad_accum = cfg.grad_accum,
+                     .seed = cfg.seed,
+                     .keyed = std::holds_alternative<ShardDataset>(data.train)});
   const Model model = make_model ? make_model() : build_model(cfg);
   std::vector<uint64_t> numel;
   for (const auto& u : model) numel.push_back(u->numel());

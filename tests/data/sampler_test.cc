@@ -81,6 +81,37 @@ TEST(DistributedSampler, RankSlicesAreDisjointAndConcatenateToGlobalBatch) {
   }
 }
 
+// The keyed order (token shards): an epoch still visits every sample once, any split of a
+// step over ranks reads the same samples, and it is KeyedPermutation's order, not the
+// stored shuffle's.
+TEST(DistributedSampler, AKeyedOrderCoversTheEpochAndIgnoresHowAStepSplits) {
+  const uint64_t S = 1000;
+  const auto step_samples = [&](int N, int64_t b, int64_t A) {
+    DistributedSampler s(SamplerOptions{.dataset_size = S,
+                                        .world_size = N,
+                                        .micro_batch = b,
+                                        .grad_accum = A,
+                                        .seed = 9,
+                                        .keyed = true});
+    std::vector<uint64_t> all;
+    for (uint64_t step = 0; step < s.steps_per_epoch(); ++step) {
+      for (int64_t k = 0; k < A; ++k) {
+        for (int r = 0; r < N; ++r) {
+          for (uint64_t i : s.rank_samples({0, step}, k, r)) all.push_back(i);
+        }
+      }
+    }
+    return all;
+  };
+  const std::vector<uint64_t> one = step_samples(1, 8, 5);  // K = 40: 25 steps, all 1000
+  EXPECT_EQ(step_samples(4, 2, 5), one);
+  EXPECT_EQ(step_samples(2, 4, 5), one);
+  EXPECT_EQ(std::set<uint64_t>(one.begin(), one.end()).size(), S);
+  DistributedSampler stored(SamplerOptions{
+      .dataset_size = S, .world_size = 1, .micro_batch = 8, .grad_accum = 5, .seed = 9});
+  EXPECT_NE(stored.step_samples({0, 0}), std::vector<uint64_t>(one.begin(), one.begin() + 40));
+}
+
 TEST(DistributedSampler, GlobalBatchIsIndependentOfWorldSize) {
   // G = 12 = N * b for N = 1, 2, 3, 4: the union of the ranks' slices is the same batch.
   const std::vector<std::pair<int, int64_t>> shapes = {{1, 12}, {2, 6}, {3, 4}, {4, 3}};
