@@ -29,6 +29,7 @@
 #include "models/generate.h"
 #include "models/gpt.h"
 #include "tensor/gemm.h"
+#include "tokenizer/tokenizer.h"
 #include "train/initial_weights.h"
 #include "train/model_kind.h"
 
@@ -49,7 +50,8 @@ struct Flags {
   int64_t eos = -1;           // given when eos_option counts it
   const CLI::Option* eos_option = nullptr;
   bool no_cache = false;
-  std::string logits;  // a .npy to write, or empty: generate
+  std::string logits;     // a .npy to write, or empty: generate
+  std::string tokenizer;  // a SentencePiece .model: text in and out through it
 };
 
 // A model of either family: `kind` says which config holds its shape.
@@ -462,6 +464,67 @@ void write_logits(const Flags& f, const Loaded& g) {
              V, f.logits);
 }
 
+// Text through a tokenizer: the prompt encoded after its BOS (zerodp prepare starts every
+// document so; without one, after its EOS, which ends every document), the ids decoded to
+// text, printed up to each newline as they come and whole at the end (a newline never splits
+// a UTF-8 sequence, so what was printed stays a prefix of the final decode). Stops at the
+// tokenizer's EOS unless --eos says otherwise.
+int sample_with_tokenizer(Flags& f, const Loaded& g, bool eos_given) {
+  const tokenizer::Tokenizer tok(f.tokenizer);
+  if (tok.vocab_size() > g.vocab()) {
+    throw InvalidArgument(fmt::format(
+        "--tokenizer {} has {} ids, more than the model's vocabulary of {}; give the tokenizer "
+        "the model was trained with",
+        f.tokenizer, tok.vocab_size(), g.vocab()));
+  }
+  std::vector<int32_t> context;
+  if (tok.bos_id() >= 0) {
+    context.push_back(tok.bos_id());
+  } else if (tok.eos_id() >= 0) {
+    context.push_back(tok.eos_id());
+  }
+  for (const int32_t id : tok.encode(f.prompt)) context.push_back(id);
+  if (context.empty()) context = tok.encode("\n");
+  if (!eos_given && tok.eos_id() >= 0) f.options.eos = tok.eos_id();
+  std::optional<LlamaGenerator> llama;
+  std::optional<Generator> gpt;
+  if (g.kind == kLlamaKind) {
+    llama.emplace(g.llama, g.weights,
+                  f.no_cache ? LlamaGenerator::Cache::kOff : LlamaGenerator::Cache::kOn);
+  } else {
+    gpt.emplace(g.gpt, g.weights);
+  }
+  std::vector<int32_t> ids;
+  size_t printed = 0;
+  bool write_failed = false;
+  const auto print_from = [&](const std::string& text) {
+    if (text.size() <= printed) return;
+    write_failed |= std::fwrite(text.data() + printed, 1, text.size() - printed, stdout) !=
+                    text.size() - printed;
+    std::fflush(stdout);
+    printed = text.size();
+  };
+  generate_ids(
+      std::move(context), f.options, g.vocab(),
+      [&](std::span<const int32_t> c) {
+        return llama ? llama->next_token_logits(c) : gpt->next_token_logits(c);
+      },
+      [&](int32_t id) {
+        ids.push_back(id);
+        if (id < tok.vocab_size() &&
+            tok.decode(std::span(&id, 1)).find('\n') != std::string::npos) {
+          print_from(tok.decode(ids));
+        }
+      });
+  // Ids past the tokenizer's (a model vocabulary padded beyond it) decode to nothing.
+  std::erase_if(ids, [&](int32_t id) { return id >= tok.vocab_size(); });
+  print_from(tok.decode(ids));
+  if (std::fflush(stdout) != 0 || write_failed) {
+    throw IoError("zerodp sample: could not write the generated text to stdout");
+  }
+  return 0;
+}
+
 int run_sample(Flags& f) {
   f.options.seed = parse_seed(f.seed, "--seed");
   const fs::path path(f.model);
@@ -505,6 +568,11 @@ int run_sample(Flags& f) {
   // A FIFO would block the first read forever, a device never end.
   if (!fs::is_directory(status)) files::require_regular_input("MODEL", path);
   if (!f.logits.empty()) check_logits_path(f);
+  if (!f.logits.empty() && !f.tokenizer.empty()) {
+    throw InvalidArgument(
+        "--logits writes the logits of the prompt's bytes; leave --tokenizer out with it");
+  }
+  if (!f.tokenizer.empty()) files::require_regular_input("--tokenizer", f.tokenizer);
   const bool hugging_face = fs::is_directory(status) && fs::exists(path / "config.json") &&
                             !fs::exists(path / "meta.json") && !fs::exists(path / "latest");
   const Loaded g = hugging_face               ? load_hf_directory(path)
@@ -533,6 +601,7 @@ int run_sample(Flags& f) {
     write_logits(f, g);
     return 0;
   }
+  if (!f.tokenizer.empty()) return sample_with_tokenizer(f, g, eos_given);
   bool write_failed = false;
   const auto on_byte = [&](char c) {
     // A large model takes a while per byte: flush at each line, so a reader sees the text
@@ -563,7 +632,13 @@ Runner add_sample(CLI::App& app) {
                  "Hugging Face model directory (config.json and its safetensors)")
       ->required();
   app.add_option("--prompt", f->prompt, "Text to continue (empty: start from a newline)");
-  app.add_option("--max-tokens", f->options.max_tokens, "Bytes to generate")->capture_default_str();
+  app.add_option("--tokenizer", f->tokenizer,
+                 "A SentencePiece .model (zerodp tokenizer train's) the model was trained with: "
+                 "the prompt is encoded after its BOS, the text decoded from the ids, and "
+                 "generation stops at its EOS unless --eos says otherwise");
+  app.add_option("--max-tokens", f->options.max_tokens,
+                 "Tokens to generate (bytes without --tokenizer)")
+      ->capture_default_str();
   app.add_option("--temperature", f->options.temperature,
                  "Divides the logits; 0 = greedy (argmax), 1 = the model's distribution")
       ->capture_default_str();

@@ -84,38 +84,47 @@ std::vector<int32_t> prompt_tokens(std::string_view prompt, int vocab) {
   return context;
 }
 
-std::string generate_text(
-    std::string_view who, std::string_view prompt, const GenerateOptions& options, int vocab,
+std::vector<int32_t> generate_ids(
+    std::vector<int32_t> context, const GenerateOptions& options, int vocab,
     const std::function<std::vector<float>(std::span<const int32_t>)>& next_logits,
-    const std::function<void(char)>& on_byte) {
-  if (vocab > 256) {
-    throw InvalidArgument(fmt::format(
-        "{}: vocab is {}; generation writes bytes, so it needs vocab <= 256", who, vocab));
-  }
+    const std::function<void(int32_t)>& on_token) {
   validate(options, vocab);
-  std::vector<int32_t> context = prompt_tokens(prompt, vocab);
   context.reserve(context.size() + static_cast<size_t>(options.max_tokens));
   GenerateRng rng(options.seed);
-  std::string out;
-  out.reserve(static_cast<size_t>(options.max_tokens));
+  std::vector<int32_t> out;
   for (int i = 0; i < options.max_tokens; ++i) {
     const std::vector<float> logits = next_logits(context);
     const uint64_t draw = options.temperature > 0 ? rng.next() : 0;
     const int32_t token = pick_token(logits, options.temperature, options.top_k, draw);
     if (options.eos && token == *options.eos) break;
     context.push_back(token);
+    out.push_back(token);
+    if (on_token) on_token(token);
+  }
+  return out;
+}
+
+std::string generate_text(
+    std::string_view who, std::string_view prompt, const GenerateOptions& options, int vocab,
+    const std::function<std::vector<float>(std::span<const int32_t>)>& next_logits,
+    const std::function<void(char)>& on_byte) {
+  if (vocab > 256) {
+    throw InvalidArgument(fmt::format(
+        "{}: vocab is {}; generation writes bytes, so it needs vocab <= 256 (or a tokenizer: "
+        "zerodp sample --tokenizer)",
+        who, vocab));
+  }
+  validate(options, vocab);
+  std::string out;
+  generate_ids(prompt_tokens(prompt, vocab), options, vocab, next_logits, [&](int32_t token) {
     out.push_back(static_cast<char>(static_cast<unsigned char>(token)));
     if (on_byte) on_byte(out.back());
-  }
+  });
   return out;
 }
 
 Generator::Generator(const GptConfig& config, std::span<const std::vector<float>> weights)
     : config_(config), model_(make_gpt(config)), weights_(weights) {
-  if (config.vocab > 256) {
-    throw InvalidArgument(fmt::format(
-        "gpt: vocab is {}; generation writes bytes, so it needs vocab <= 256", config.vocab));
-  }
   check_weight_layout("gpt", config_.layers, model_, weights_);
 }
 

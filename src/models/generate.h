@@ -87,9 +87,18 @@ void check_weight_layout(std::string_view kind, int layers, const Model& model,
 // empty context or a token outside [0, vocab), naming it and its position in the window.
 std::span<const int32_t> context_window(std::span<const int32_t> context, int seq_len, int vocab);
 
-// The decoding loop every family shares: up to `options.max_tokens` bytes continuing
-// prompt_tokens(prompt, vocab), each drawn by pick_token from next_logits(the context so far),
-// the context growing by one token a step; stops early at options.eos (not returned). Checks
+// The decoding loop over token ids, any vocabulary (a tokenizer's): up to
+// `options.max_tokens` ids continuing `context`, each drawn by pick_token from
+// next_logits(the context so far) and handed to `on_token`; stops early at options.eos (not
+// returned). Checks `options` (validate).
+std::vector<int32_t> generate_ids(
+    std::vector<int32_t> context, const GenerateOptions& options, int vocab,
+    const std::function<std::vector<float>(std::span<const int32_t>)>& next_logits,
+    const std::function<void(int32_t)>& on_token);
+
+// The same loop over bytes, as every family's generate() runs it: up to `options.max_tokens` bytes
+// continuing prompt_tokens(prompt, vocab), each drawn by pick_token from next_logits(the context so
+// far), the context growing by one token a step; stops early at options.eos (not returned). Checks
 // `options` (validate) and that vocab <= 256, as `who` ("gpt", "llama"): text is bytes.
 std::string generate_text(
     std::string_view who, std::string_view prompt, const GenerateOptions& options, int vocab,
@@ -100,9 +109,9 @@ std::string generate_text(
 // the activation buffers it reuses between calls, so one thread uses it at a time.
 class Generator {
  public:
-  // Throws InvalidArgument for a bad config (validate(GptConfig)), a vocabulary above 256
-  // (tokens are bytes), or weights that do not match make_gpt(config): the wrong number of
-  // units, or a unit whose buffer length differs (naming the unit and both lengths).
+  // Throws InvalidArgument for a bad config (validate(GptConfig)) or weights that do not
+  // match make_gpt(config): the wrong number of units, or a unit whose buffer length differs
+  // (naming the unit and both lengths). Any vocabulary: generate() refuses one above 256.
   Generator(const GptConfig& config, std::span<const std::vector<float>> weights);
 
   const GptConfig& config() const { return config_; }

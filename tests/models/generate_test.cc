@@ -358,7 +358,15 @@ TEST(GenerateErrors, PromptBytesOutsideASmallVocabularyAndLargeVocabularies) {
   GptConfig large = kConfig;
   large.vocab = 300;
   const Buffers wl = test_weights(large);
-  EXPECT_NE(error_of([&] { Generator g(large, wl); }).find("vocab is 300"), std::string::npos);
+  // A tokenizer's vocabulary builds and gives logits; only bytes cannot be written from it.
+  Generator g300(large, wl);
+  EXPECT_EQ(g300.next_token_logits(std::vector<int32_t>{299}).size(), 300u);
+  EXPECT_NE(error_of([&] { g300.generate("a", greedy(1)); }).find("vocab is 300"),
+            std::string::npos);
+  const std::vector<int32_t> ids =
+      generate_ids({299, 7}, greedy(4), 300,
+                   [&](std::span<const int32_t> c) { return g300.next_token_logits(c); }, {});
+  EXPECT_EQ(ids.size(), 4u);
   GptConfig bad = kConfig;
   bad.heads = 3;
   EXPECT_NE(error_of([&] { Generator g(bad, w); }).find("heads 3"), std::string::npos);
