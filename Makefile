@@ -3,7 +3,8 @@
 #   make test         release build + every test
 #   make sanitize     ASan+UBSan over the fast tests, TSan over the comm tests
 #   make format-check clang-format over the sources, changing nothing
-#   make fuzz         libFuzzer over the safetensors header and the token-shard parsers, 30 s each
+#   make fuzz         libFuzzer over the safetensors header, the token-shard parsers and
+#                     JSONL lines, 30 s each
 #   make structure    layering, function and file lengths (scripts/check_structure.py)
 #   make thread-safety clang's -Wthread-safety over the users of core/mutex.h (syntax only)
 JOBS ?= $(shell nproc)
@@ -24,15 +25,17 @@ build: deps
 DEMO := build/demo
 demo: build
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
-	$(ZERODP) train --ranks 4 --stage 3 --steps 1000 --checkpoint-dir $(DEMO)/ckpt \
-	  --checkpoint-every 400 --stop-after 800
-	$(ZERODP) train --ranks 4 --stage 3 --steps 1000 --checkpoint-dir $(DEMO)/ckpt \
-	  --resume latest --report $(DEMO)/report.json
+	$(ZERODP) tokenizer train --input kjv --vocab 4096 --out $(DEMO)/tok.model
+	$(ZERODP) prepare --tokenizer $(DEMO)/tok.model --out $(DEMO)/shards kjv
+	$(ZERODP) train --model llama --data $(DEMO)/shards --ranks 4 --stage 3 --steps 600 \
+	  --checkpoint-dir $(DEMO)/ckpt --checkpoint-every 200 --stop-after 400
+	$(ZERODP) train --model llama --data $(DEMO)/shards --ranks 4 --stage 3 --steps 600 \
+	  --checkpoint-dir $(DEMO)/ckpt --resume latest --report $(DEMO)/report.json
 	$(ZERODP) report $(DEMO)/report.json --out $(DEMO)/report.html
-	$(ZERODP) export $(DEMO)/ckpt --out $(DEMO)/model.safetensors
-	@echo "--- zerodp sample $(DEMO)/model.safetensors --prompt 'And God said' --temperature 0.8"
-	@$(ZERODP) sample $(DEMO)/model.safetensors --prompt 'And God said' --max-tokens 300 \
-	  --temperature 0.8 --top-k 40 --seed 7; echo
+	$(ZERODP) export $(DEMO)/ckpt --format hf --out $(DEMO)/hf
+	@echo "--- zerodp sample $(DEMO)/hf --tokenizer $(DEMO)/tok.model --prompt 'And God said' --temperature 0.8"
+	@$(ZERODP) sample $(DEMO)/hf --tokenizer $(DEMO)/tok.model --prompt 'And God said' \
+	  --max-tokens 120 --temperature 0.8 --top-k 40 --seed 7; echo
 
 test: build
 	ctest --preset release -j $(JOBS)
@@ -89,7 +92,14 @@ $(FUZZ)/shards_fuzz: $(SHARDS_FUZZ_SOURCES) src/data/shard_format.h src/core/err
 	clang++ -std=c++20 -O1 -g -Wall -Wextra -fsanitize=fuzzer,address,undefined \
 	  -fno-sanitize-recover=all -I src $(SHARDS_FUZZ_SOURCES) -lfmt -o $@
 
-fuzz: deps $(FUZZ)/safetensors_fuzz $(FUZZ)/shards_fuzz
+# JSONL lines as zerodp prepare parses them (data/corpus.h), against nlohmann's DOM parse.
+JSONL_FUZZ_SOURCES := fuzz/jsonl_fuzz.cc src/data/corpus.cc src/core/error.cc src/core/files.cc
+$(FUZZ)/jsonl_fuzz: $(JSONL_FUZZ_SOURCES) src/data/corpus.h src/core/error.h src/core/files.h
+	@mkdir -p $(FUZZ)
+	clang++ -std=c++20 -O1 -g -Wall -Wextra -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=all -I src $(JSONL_FUZZ_SOURCES) -lfmt -o $@
+
+fuzz: deps $(FUZZ)/safetensors_fuzz $(FUZZ)/shards_fuzz $(FUZZ)/jsonl_fuzz
 	rm -rf $(FUZZ)/corpus && mkdir -p $(FUZZ)/corpus && cp fuzz/corpus/safetensors/* $(FUZZ)/corpus/
 	$(FUZZ)/safetensors_fuzz -max_total_time=30 -max_len=65536 -rss_limit_mb=512 \
 	  -malloc_limit_mb=16 -dict=fuzz/safetensors.dict -artifact_prefix=$(FUZZ)/ \
@@ -99,6 +109,11 @@ fuzz: deps $(FUZZ)/safetensors_fuzz $(FUZZ)/shards_fuzz
 	$(FUZZ)/shards_fuzz -max_total_time=30 -max_len=65536 -rss_limit_mb=512 \
 	  -malloc_limit_mb=16 -dict=fuzz/shards.dict -artifact_prefix=$(FUZZ)/ \
 	  -print_final_stats=1 $(FUZZ)/shards_corpus
+	rm -rf $(FUZZ)/jsonl_corpus && mkdir -p $(FUZZ)/jsonl_corpus && \
+	  cp fuzz/corpus/jsonl/* $(FUZZ)/jsonl_corpus/
+	$(FUZZ)/jsonl_fuzz -max_total_time=30 -max_len=4096 -rss_limit_mb=512 \
+	  -malloc_limit_mb=16 -dict=fuzz/jsonl.dict -artifact_prefix=$(FUZZ)/ \
+	  -print_final_stats=1 $(FUZZ)/jsonl_corpus
 
 FORMAT_FILES = $(shell git ls-files '*.h' '*.cc' '*.cpp')
 format:

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -49,5 +50,10 @@ Runner add_sample(CLI::App& app);
 Runner add_export(CLI::App& app);
 Runner add_report(CLI::App& app);
 Runner add_tokenizer(CLI::App& app);
+Runner add_prepare(CLI::App& app);
+
+// A text input the user named: "kjv" is the KJV text that train --data kjv uses, prepared
+// once into `cache_dir` (empty: ~/.cache/zerodp) and verified; any other name is a path.
+std::filesystem::path resolve_text_input(const std::string& input, const std::string& cache_dir);
 
 }  // namespace zerodp::cli

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
       "  zerodp sample model.safetensors --prompt 'In the beginning' --max-tokens 200\n"
       "  zerodp report s0.json s3.json --metrics s3.jsonl --out runs.html\n"
       "  zerodp tokenizer train --input kjv --vocab 4096 --out kjv4k.model\n"
+      "  zerodp prepare --tokenizer kjv4k.model --out kjv-shards kjv\n"
       "Run 'zerodp SUBCOMMAND --help' for a subcommand's options.");
 
   std::map<const CLI::App*, cli::Runner> runners;
@@ -70,6 +71,9 @@ int main(int argc, char** argv) {
   CLI::App* tokenizer = app.add_subcommand(
       "tokenizer", "Train a SentencePiece tokenizer; encode text to token ids and decode them");
   runners[tokenizer] = cli::add_tokenizer(*tokenizer);
+  CLI::App* prepare = app.add_subcommand(
+      "prepare", "Tokenize text and JSONL files into llm.c token shards with a manifest");
+  runners[prepare] = cli::add_prepare(*prepare);
 
   std::vector<std::string> args;
   try {

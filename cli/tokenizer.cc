@@ -56,13 +56,6 @@ struct CodecFlags {
   bool quiet = false;
 };
 
-// --input kjv: the KJV text that train --data kjv uses, prepared once into the cache.
-fs::path resolve_input(const std::string& input, const TrainFlags& f) {
-  if (input != "kjv") return input;
-  const fs::path dir = f.cache_dir.empty() ? default_cache_dir() : fs::path(f.cache_dir);
-  return load_kjv(dir).cache_file;
-}
-
 void print_train_progress(tk::TrainPhase phase, const tk::TrainResult& r, const TrainFlags& f) {
   switch (phase) {
     case tk::TrainPhase::kScanning:
@@ -102,7 +95,7 @@ void print_train_progress(tk::TrainPhase phase, const tk::TrainResult& r, const 
 
 int run_train(const TrainFlags& f) {
   tk::TrainOptions o;
-  for (const std::string& in : f.inputs) o.inputs.push_back(resolve_input(in, f));
+  for (const std::string& in : f.inputs) o.inputs.push_back(resolve_text_input(in, f.cache_dir));
   o.vocab_size = f.vocab;
   o.type = tk::parse_model_type(f.type);
   o.output = f.out;
@@ -296,6 +289,12 @@ void add_codec_flags(CLI::App& app, CodecFlags& f, const char* input_help) {
 }
 
 }  // namespace
+
+fs::path resolve_text_input(const std::string& input, const std::string& cache_dir) {
+  if (input != "kjv") return input;
+  const fs::path dir = cache_dir.empty() ? default_cache_dir() : fs::path(cache_dir);
+  return load_kjv(dir).cache_file;
+}
 
 Runner add_tokenizer(CLI::App& app) {
   app.require_subcommand(1);

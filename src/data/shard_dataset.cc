@@ -181,11 +181,18 @@ ShardSplits open_shard_splits(const std::filesystem::path& directory, int64_t se
     }
   }
   const std::string set_description = set.description();  // before the shards move
+  // The validation text's bytes per token, when the manifest says how many bytes it came from.
+  double bytes_per_token = 0;
+  if (set.manifest && set.manifest->validation_text_bytes && set.validation_tokens() > 0) {
+    bytes_per_token = static_cast<double>(*set.manifest->validation_text_bytes) /
+                      static_cast<double>(set.validation_tokens());
+  }
   ShardSplits splits{
       .train = ShardDataset(std::move(set.train), seq_len, vocab_size, name + "/train"),
       .validation =
           ShardDataset(std::move(set.validation), seq_len, vocab_size, name + "/validation"),
       .digest = set.digest,
+      .validation_bytes_per_token = bytes_per_token,
       .description = ""};
   splits.description =
       fmt::format("{}, seq_len {}: {} train and {} validation samples", set_description, seq_len,

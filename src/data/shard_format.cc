@@ -48,14 +48,17 @@ Json shard_json(const ShardEntry& s) {
               {"crc32c", s.crc32c}};
 }
 
-Json split_json(const std::vector<ShardEntry>& shards) {
+// "text_bytes" only when known: a manifest without it has the digest it always had.
+Json split_json(const std::vector<ShardEntry>& shards, const std::optional<uint64_t>& text_bytes) {
   Json list = Json::array();
   uint64_t tokens = 0;
   for (const ShardEntry& s : shards) {
     list.push_back(shard_json(s));
     tokens += s.tokens;
   }
-  return Json{{"tokens", tokens}, {"shards", std::move(list)}};
+  Json j{{"tokens", tokens}, {"shards", std::move(list)}};
+  if (text_bytes) j["text_bytes"] = *text_bytes;
+  return j;
 }
 
 Json content_json(const Manifest& m) {
@@ -65,8 +68,8 @@ Json content_json(const Manifest& m) {
               {"tokenizer", {{"sha256", m.tokenizer_sha256}, {"vocab_size", m.vocab_size}}},
               {"largest_token", m.largest_token},
               {"dropped", std::move(dropped)},
-              {"train", split_json(m.train)},
-              {"validation", split_json(m.validation)}};
+              {"train", split_json(m.train, m.train_text_bytes)},
+              {"validation", split_json(m.validation, m.validation_text_bytes)}};
 }
 
 std::string dump(const Json& j, int indent) {
@@ -154,8 +157,10 @@ ShardEntry parse_shard(const Fields& f, const Json& j, const std::string& field)
   return s;
 }
 
-std::vector<ShardEntry> parse_split(const Fields& f, const Json& j, const std::string& field) {
-  f.only(j, field, {"tokens", "shards"}, "an object");
+std::vector<ShardEntry> parse_split(const Fields& f, const Json& j, const std::string& field,
+                                    std::optional<uint64_t>& text_bytes) {
+  f.only(j, field, {"tokens", "shards", "text_bytes"}, "an object");
+  if (j.contains("text_bytes")) text_bytes = f.count(j, field, "text_bytes");
   const uint64_t tokens = f.count(j, field, "tokens");
   const Json& list = f.at(j, field, "shards");
   if (!list.is_array() || list.empty()) {
@@ -319,8 +324,8 @@ Manifest parse_manifest(std::string_view text, std::string_view what) {
   for (const auto& [reason, count] : dropped.items()) {
     m.dropped[reason] = f.count_of(count, Fields::join("dropped", reason));
   }
-  m.train = parse_split(f, f.at(j, "", "train"), "train");
-  m.validation = parse_split(f, f.at(j, "", "validation"), "validation");
+  m.train = parse_split(f, f.at(j, "", "train"), "train", m.train_text_bytes);
+  m.validation = parse_split(f, f.at(j, "", "validation"), "validation", m.validation_text_bytes);
   check_names_distinct(f, m);
   m.digest = f.string(j, "", "digest");
   const std::string content_digest = manifest_digest(m);

@@ -23,6 +23,11 @@
 //                    (e.g. "empty_documents"); {} when none
 //   "train":         {"tokens": total, "shards": [SHARD, ...]}   at least one shard
 //   "validation":    {"tokens": total, "shards": [SHARD, ...]}   at least one shard
+//                    Either split may also hold "text_bytes": the bytes of UTF-8 text its
+//                    tokens were encoded from (separators excluded), so that a loss in nats
+//                    per token converts to bits per byte: loss * tokens / (ln 2 * text_bytes).
+//                    Optional: absent in sets written from tokens alone (and in older ones);
+//                    a writer that knows it writes it for both splits.
 //   "digest":        SHA-256 (hex) of this object without "digest", serialized compactly
 //                    with keys sorted (nlohmann::json's dump(): no whitespace, integers in
 //                    decimal, UTF-8): the data set's identity. It covers every other field,
@@ -53,6 +58,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -115,6 +121,9 @@ struct Manifest {
   std::map<std::string, uint64_t> dropped;  // reason -> inputs skipped
   std::vector<ShardEntry> train;
   std::vector<ShardEntry> validation;
+  // The text each split's tokens came from, in bytes; nullopt when the writer did not say.
+  std::optional<uint64_t> train_text_bytes;
+  std::optional<uint64_t> validation_text_bytes;
   std::string digest;  // set by manifest_json's caller from manifest_digest, checked on parse
   bool operator==(const Manifest&) const = default;
 

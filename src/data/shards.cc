@@ -353,6 +353,13 @@ void ShardSetWriter::add_dropped(const std::string& reason, uint64_t count) {
   manifest_.dropped[reason] += count;
 }
 
+void ShardSetWriter::add_text_bytes(Split split, uint64_t bytes) {
+  text_bytes_known_ = true;
+  auto& total =
+      split == Split::kTrain ? manifest_.train_text_bytes : manifest_.validation_text_bytes;
+  total = total.value_or(0) + bytes;
+}
+
 uint64_t ShardSetWriter::tokens(Split split) const {
   return (split == Split::kTrain ? train_ : validation_)->tokens;
 }
@@ -370,6 +377,10 @@ Manifest ShardSetWriter::finish() {
   }
   manifest_.train = train_->entries;
   manifest_.validation = validation_->entries;
+  if (text_bytes_known_) {
+    manifest_.train_text_bytes = manifest_.train_text_bytes.value_or(0);
+    manifest_.validation_text_bytes = manifest_.validation_text_bytes.value_or(0);
+  }
   manifest_.digest = manifest_digest(manifest_);
   files::write_output("shard manifest", options_.directory / kManifestFile,
                       manifest_json(manifest_));

@@ -148,6 +148,10 @@ class ShardSetWriter {
   void append(Split split, std::span<const uint32_t> tokens);
   // Inputs the writer skipped, counted under `reason` (added up) for the manifest.
   void add_dropped(const std::string& reason, uint64_t count);
+  // Bytes of the text that `split`'s tokens were encoded from (added up). Once called for
+  // either split, the manifest records "text_bytes" for both (0 for a split never given any);
+  // never called, it records none (tokens written without their text).
+  void add_text_bytes(Split split, uint64_t bytes);
   uint64_t tokens(Split split) const;
 
   // Finishes the open shards and writes manifest.json; returns it (digest set). Throws
@@ -163,6 +167,7 @@ class ShardSetWriter {
   std::unique_ptr<Stream> train_;
   std::unique_ptr<Stream> validation_;
   Manifest manifest_;
+  bool text_bytes_known_ = false;
   bool finished_ = false;
 };
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <thread>
+#include <utility>
 
 #include <fmt/core.h>
 
@@ -212,9 +213,11 @@ void RankTrainer::set_samples_chain(const std::string& hex, uint64_t from) {
 }
 
 void RankTrainer::load_micro_batch(int64_t micro) {
+  const auto t0 = std::chrono::steady_clock::now();
   const auto idx = sampler_.rank_samples(sampler_.position(), micro, virtual_rank_);
   sha256_update_u64_le(samples_hash_, idx);
   fill_micro_batch(data_.train, idx);
+  data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // Samples `idx` of `dataset` into the micro-batch buffers, and mb_ pointing at them.
@@ -448,6 +451,7 @@ StepRecord RankTrainer::step(int64_t step_index) {
   rec.tokens = static_cast<uint64_t>(shape_.B) * static_cast<uint64_t>(shape_.T) *
                static_cast<uint64_t>(A) * static_cast<uint64_t>(world);
   rec.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  rec.data_seconds = std::exchange(data_seconds_, 0.0);
   return rec;
 }
 

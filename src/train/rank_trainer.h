@@ -209,6 +209,7 @@ class RankTrainer {
   std::optional<OuterStep> outer_;
   FaultPlan faults_;
   Sha256 samples_hash_;
+  double data_seconds_ = 0;  // reading samples, this step so far
   Sha256::Digest samples_chain_{};
   uint64_t samples_chain_from_ = 0;
   MicroBatch mb_;

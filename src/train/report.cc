@@ -34,6 +34,7 @@ nlohmann::json step_json(const StepRecord& s) {
   j[key::kSkipped] = s.skipped;
   j[key::kTokens] = s.tokens;
   j[key::kSeconds] = s.seconds;
+  j[key::kDataSeconds] = s.data_seconds;
   j[key::kMfu] = s.mfu ? nlohmann::json(*s.mfu) : nlohmann::json();
   if (s.val_loss) j[key::kValLoss] = *s.val_loss;
   if (!s.checkpoint.empty()) j[key::kCheckpoint] = s.checkpoint;
@@ -189,6 +190,7 @@ nlohmann::json report_json(const TrainResult& r) {
   for (const auto& s : r.history) {
     nlohmann::json h = step_json(s);
     h.erase(key::kSeconds);
+    h.erase(key::kDataSeconds);
     h.erase(key::kMfu);
     j[key::kHistory].push_back(std::move(h));
   }

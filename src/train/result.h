@@ -22,8 +22,11 @@ struct StepRecord {
   double grad_norm_clipped = 0;  // after clipping
   std::optional<double> loss_scale;
   bool skipped = false;
-  uint64_t tokens = 0;             // processed by all ranks and micro-batches
-  double seconds = 0;              // wall time
+  uint64_t tokens = 0;  // processed by all ranks and micro-batches
+  double seconds = 0;   // wall time
+  // Of that, the time rank 0 spent reading its samples (token shards come from disk): what
+  // a step waits for data.
+  double data_seconds = 0;
   std::optional<double> val_loss;  // when evaluated after this step
   std::string checkpoint;          // the checkpoint committed after this step, if any
   std::optional<double> mfu;       // model FLOPs / (seconds x the calibrated GEMM peak)

@@ -391,6 +391,45 @@ TEST(ShardSet, ManifestTextWithoutDroppedInputsParses) {
   EXPECT_EQ(m.validation.at(0).tokens, 50u);
 }
 
+TEST(ShardSet, TextBytesAreRecordedForBothSplitsOrNeither) {
+  TempDir tmp;
+  const std::string plain = manifest_text(tmp.path() / "plain");
+  EXPECT_EQ(plain.find("text_bytes"), std::string::npos) << plain;
+  const Manifest p = parse_manifest(plain, "m");
+  EXPECT_FALSE(p.train_text_bytes.has_value());
+  EXPECT_FALSE(p.validation_text_bytes.has_value());
+
+  const fs::path dir = tmp.path() / "text";
+  ShardSetWriter writer(set_options(dir));
+  const std::vector<uint32_t> tokens = tokens_below(1200, 50257, 9);
+  writer.append(Split::kTrain, tokens);
+  writer.append(Split::kValidation, std::span(tokens).first(50));
+  writer.add_text_bytes(Split::kTrain, 3000);
+  writer.add_text_bytes(Split::kTrain, 1234);
+  const Manifest m = writer.finish();
+  EXPECT_EQ(m.train_text_bytes, 4234u);
+  EXPECT_EQ(m.validation_text_bytes, 0u);  // known to be none, not unknown
+  const std::string text = file_bytes(dir / "manifest.json");
+  EXPECT_NE(text.find("\"text_bytes\": 4234"), std::string::npos) << text;
+  EXPECT_EQ(parse_manifest(text, "m"), m);
+  EXPECT_EQ(open_shard_directory(dir).manifest, m);
+  // The same tokens without their text: another digest, the one sets always had.
+  EXPECT_NE(m.digest, p.digest);
+  Manifest without = m;
+  without.train_text_bytes.reset();
+  without.validation_text_bytes.reset();
+  EXPECT_EQ(manifest_digest(without), p.digest);
+
+  const auto refused = [](const std::string& t, std::initializer_list<std::string> parts) {
+    expect_error<CorruptData>([&] { parse_manifest(t, "DIR/manifest.json"); }, parts);
+  };
+  refused(replaced(text, "\"text_bytes\": 4234", "\"text_bytes\": 4235"), {"\"digest\"", "edited"});
+  refused(replaced(text, "\"text_bytes\": 4234", "\"text_bytes\": -1"),
+          {"\"train.text_bytes\"", "non-negative"});
+  refused(replaced(text, "\"text_bytes\": 0", "\"text_bytes\": \"0\""),
+          {"\"validation.text_bytes\"", "non-negative"});
+}
+
 TEST(ShardSet, AShardThatDisagreesWithTheManifestIsRefused) {
   TempDir tmp;
   const fs::path dir = tmp.path() / "m";
