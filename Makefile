@@ -27,9 +27,9 @@ demo: build
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(ZERODP) tokenizer train --input kjv --vocab 4096 --out $(DEMO)/tok.model
 	$(ZERODP) prepare --tokenizer $(DEMO)/tok.model --out $(DEMO)/shards kjv
-	$(ZERODP) train --model llama --data $(DEMO)/shards --ranks 4 --stage 3 --steps 600 \
-	  --checkpoint-dir $(DEMO)/ckpt --checkpoint-every 200 --stop-after 400
-	$(ZERODP) train --model llama --data $(DEMO)/shards --ranks 4 --stage 3 --steps 600 \
+	$(ZERODP) train --model llama --data $(DEMO)/shards --ranks 4 --stage 3 --steps 1200 \
+	  --checkpoint-dir $(DEMO)/ckpt --checkpoint-every 400 --stop-after 800
+	$(ZERODP) train --model llama --data $(DEMO)/shards --ranks 4 --stage 3 --steps 1200 \
 	  --checkpoint-dir $(DEMO)/ckpt --resume latest --report $(DEMO)/report.json
 	$(ZERODP) report $(DEMO)/report.json --out $(DEMO)/report.html
 	$(ZERODP) export $(DEMO)/ckpt --format hf --out $(DEMO)/hf
