@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "data/shard_dataset.h"
+#include "data/shards.h"
 #include "data/synthetic.h"
 #include "data/text.h"
 
@@ -93,6 +94,13 @@ DataSplits open_data(const DataOptions& options) {
   }
   require_task(options, TaskKind::kLanguageModel);
   if (std::filesystem::is_directory(path, ec)) {
+    if (!shards::is_shard_directory(path)) {
+      throw InvalidArgument(fmt::format(
+          "--data '{}' is a directory without token shards (no manifest.json, no llm.c-named "
+          "*_train_*.bin); give a shard directory (zerodp prepare writes one), a text file, kjv "
+          "or synthetic",
+          options.source));
+    }
     ShardSplits s = open_shard_splits(path, options.seq_len, options.vocab);
     return DataSplits{.train = std::move(s.train),
                       .validation = std::move(s.validation),

@@ -28,7 +28,7 @@ expect "--config '$tt/unknown.json': key 'stagee' is not an option of zerodp tra
 expect "--config '$tt' is a directory" train --config "$tt"
 mkfifo "$tt/fifo"
 expect "--config '$tt/fifo' is a FIFO" train --config "$tt/fifo"
-expect "--data '$tt' is a directory" train --data "$tt"
+expect "--data '$tt' is a directory without token shards" train --data "$tt"
 # A corpus larger than the memory available is refused before it is read (sparse: no disk).
 avail_kib=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
 truncate -s "$((avail_kib * 2))K" "$tt/huge.txt"
