@@ -148,7 +148,7 @@ done
 
 # Refused, naming what is wrong: a shard the index names that is missing, a tensor of
 # another shape, a config zerodp cannot hold.
-d=ref-llama-small
+d="ref-llama-small"
 cp -r "$d" broken
 rm "broken/$(ls broken | grep -m1 '^model-')"
 expect() {  # WHAT PATTERN CMD...
