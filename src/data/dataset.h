@@ -139,6 +139,9 @@ struct DataSplits {
   // What identifies the data beyond its sample count, for a checkpoint to refuse another
   // set: a token shard set's digest (its manifest's); empty for the in-memory sources.
   std::string identity;
+  // The tokenizer the tokens came from (token shards' manifest.json), its sha256; empty for
+  // byte-level data and llm.c's shards, which do not say.
+  std::string tokenizer_sha256;
   // The validation text's bytes per token, to state a loss per token in bits per byte (so
   // byte-level and tokenized runs compare): 1 for byte-level data, the manifest's bytes over
   // tokens for token shards, 0 when unknown (llm.c's shards say nothing of their text).

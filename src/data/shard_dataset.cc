@@ -192,6 +192,7 @@ ShardSplits open_shard_splits(const std::filesystem::path& directory, int64_t se
       .validation =
           ShardDataset(std::move(set.validation), seq_len, vocab_size, name + "/validation"),
       .digest = set.digest,
+      .tokenizer_sha256 = set.manifest ? set.manifest->tokenizer_sha256 : std::string(),
       .validation_bytes_per_token = bytes_per_token,
       .description = ""};
   splits.description =

@@ -78,6 +78,7 @@ struct ShardSplits {
   ShardDataset train;
   ShardDataset validation;
   std::string digest;                     // the set's (ShardSet::digest)
+  std::string tokenizer_sha256;           // the manifest's; empty without one
   double validation_bytes_per_token = 0;  // of the validation text; 0 when the set says none
   std::string description;                // ShardSet::description() and the sample counts
 };

@@ -35,6 +35,7 @@ DataSplits text_splits(std::vector<uint8_t> bytes, const DataOptions& options,
                     .validation = std::move(splits.validation),
                     .description = std::move(description),
                     .identity = {},
+                    .tokenizer_sha256 = {},
                     .validation_bytes_per_token = 1.0};
 }
 
@@ -62,6 +63,7 @@ DataSplits open_data(const DataOptions& options) {
                       .validation = std::move(validation),
                       .description = std::move(description),
                       .identity = {},
+                      .tokenizer_sha256 = {},
                       .validation_bytes_per_token = 1.0};
   }
   if (options.source == "synthetic") {
@@ -82,6 +84,7 @@ DataSplits open_data(const DataOptions& options) {
                       .validation = std::move(validation),
                       .description = std::move(description),
                       .identity = {},
+                      .tokenizer_sha256 = {},
                       .validation_bytes_per_token = 1.0};
   }
 
@@ -106,6 +109,7 @@ DataSplits open_data(const DataOptions& options) {
                       .validation = std::move(s.validation),
                       .description = std::move(s.description),
                       .identity = std::move(s.digest),
+                      .tokenizer_sha256 = std::move(s.tokenizer_sha256),
                       .validation_bytes_per_token = s.validation_bytes_per_token};
   }
   return text_splits(read_text_corpus(path), options, path.filename().string(), path.string());

@@ -434,6 +434,7 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
   result.world_size = comm.size();
   result.backend = std::string(comm.backend_name());
   result.data_description = plan.data.description;
+  result.data_tokenizer_sha256 = plan.data.tokenizer_sha256;
   result.steps = run.steps;
   result.saves = run.saves;
   for (size_t i = 0; i < run.earlier; ++i) result.history.push_back(record_of(run.carried[i]));

@@ -179,6 +179,8 @@ nlohmann::json report_json(const TrainResult& r) {
   j[key::kBackend] = r.backend;
   j[key::kPrecision] = std::string(precision_name(r.config.precision));
   j[key::kData] = r.data_description;
+  j[key::kDataTokenizer] =
+      r.data_tokenizer_sha256.empty() ? nlohmann::json() : nlohmann::json(r.data_tokenizer_sha256);
   j[key::kResumedFrom] = r.resumed_from.empty() ? nlohmann::json() : nlohmann::json(r.resumed_from);
   // The weights a fresh start took (--init-from): the file and its sha256.
   j[key::kInitFrom] = r.init_sha256.empty()

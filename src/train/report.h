@@ -64,6 +64,7 @@ inline constexpr char kWeightsSha256[] = "weights_sha256";
 inline constexpr char kSamplesChain[] = "samples_chain_sha256";
 inline constexpr char kValBitsPerByte[] = "val_bits_per_byte";
 inline constexpr char kDataSeconds[] = "data_seconds";
+inline constexpr char kDataTokenizer[] = "data_tokenizer_sha256";
 inline constexpr char kSamplesChainFrom[] = "samples_chain_from_step";
 inline constexpr char kReason[] = "reason";
 inline constexpr char kSignal[] = "signal";

@@ -117,7 +117,8 @@ struct TrainResult {
   int world_size = 0;
   std::string backend;
   std::string data_description;
-  std::vector<StepRecord> steps;  // the steps this run took: first_step..config.steps
+  std::string data_tokenizer_sha256;  // DataSplits::tokenizer_sha256
+  std::vector<StepRecord> steps;      // the steps this run took: first_step..config.steps
   // On a continuation, the steps before first_step as the checkpoint's history carried them:
   // the fields the training determines only (seconds 0, no mfu, no checkpoint). Empty for a
   // fresh run, and for a checkpoint of an earlier version, which has no history.
