@@ -4,7 +4,7 @@
 #   make sanitize     ASan+UBSan over the fast tests, TSan over the comm tests
 #   make format-check clang-format over the sources, changing nothing
 #   make fuzz         libFuzzer over the safetensors header, the token-shard parsers and
-#                     JSONL lines, 30 s each
+#                     JSONL lines, 20 s each
 #   make structure    layering, function and file lengths (scripts/check_structure.py)
 #   make thread-safety clang's -Wthread-safety over the users of core/mutex.h (syntax only)
 JOBS ?= $(shell nproc)
@@ -101,17 +101,17 @@ $(FUZZ)/jsonl_fuzz: $(JSONL_FUZZ_SOURCES) src/data/corpus.h src/core/error.h src
 
 fuzz: deps $(FUZZ)/safetensors_fuzz $(FUZZ)/shards_fuzz $(FUZZ)/jsonl_fuzz
 	rm -rf $(FUZZ)/corpus && mkdir -p $(FUZZ)/corpus && cp fuzz/corpus/safetensors/* $(FUZZ)/corpus/
-	$(FUZZ)/safetensors_fuzz -max_total_time=30 -max_len=65536 -rss_limit_mb=512 \
+	$(FUZZ)/safetensors_fuzz -max_total_time=20 -max_len=65536 -rss_limit_mb=512 \
 	  -malloc_limit_mb=16 -dict=fuzz/safetensors.dict -artifact_prefix=$(FUZZ)/ \
 	  -print_final_stats=1 $(FUZZ)/corpus
 	rm -rf $(FUZZ)/shards_corpus && mkdir -p $(FUZZ)/shards_corpus && \
 	  cp fuzz/corpus/shards/* $(FUZZ)/shards_corpus/
-	$(FUZZ)/shards_fuzz -max_total_time=30 -max_len=65536 -rss_limit_mb=512 \
+	$(FUZZ)/shards_fuzz -max_total_time=20 -max_len=65536 -rss_limit_mb=512 \
 	  -malloc_limit_mb=16 -dict=fuzz/shards.dict -artifact_prefix=$(FUZZ)/ \
 	  -print_final_stats=1 $(FUZZ)/shards_corpus
 	rm -rf $(FUZZ)/jsonl_corpus && mkdir -p $(FUZZ)/jsonl_corpus && \
 	  cp fuzz/corpus/jsonl/* $(FUZZ)/jsonl_corpus/
-	$(FUZZ)/jsonl_fuzz -max_total_time=30 -max_len=4096 -rss_limit_mb=512 \
+	$(FUZZ)/jsonl_fuzz -max_total_time=20 -max_len=4096 -rss_limit_mb=512 \
 	  -malloc_limit_mb=16 -dict=fuzz/jsonl.dict -artifact_prefix=$(FUZZ)/ \
 	  -print_final_stats=1 $(FUZZ)/jsonl_corpus
 
