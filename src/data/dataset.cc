@@ -39,23 +39,29 @@ TokenDataset::TokenDataset(std::shared_ptr<const std::vector<uint8_t>> text, uin
   size_ = range_bytes < 1 ? 0 : (range_bytes - 1) / static_cast<uint64_t>(seq_len);
 }
 
+void check_token_batch(const std::string& name, uint64_t size, int64_t seq_len,
+                       std::span<const uint64_t> indices, size_t inputs, size_t targets) {
+  const size_t want = indices.size() * static_cast<size_t>(seq_len);
+  if (inputs != want || targets != want) {
+    throw InvalidArgument(fmt::format(
+        "{}: batch of {} samples x seq_len {} needs {} inputs and targets, got {} and {}", name,
+        indices.size(), seq_len, want, inputs, targets));
+  }
+  for (const uint64_t index : indices) {
+    if (index >= size) {
+      throw InvalidArgument(fmt::format("{}: sample index {} is out of range; {} samples (0..{})",
+                                        name, index, size, size == 0 ? 0 : size - 1));
+    }
+  }
+}
+
 void TokenDataset::fill(std::span<const uint64_t> indices, std::span<int32_t> inputs,
                         std::span<int32_t> targets) const {
+  check_token_batch(name_, size_, seq_len_, indices, inputs.size(), targets.size());
   const size_t T = static_cast<size_t>(seq_len_);
-  const size_t want = indices.size() * T;
-  if (inputs.size() != want || targets.size() != want) {
-    throw InvalidArgument(fmt::format(
-        "{}: batch of {} samples x seq_len {} needs {} inputs and targets, got {} and {}", name_,
-        indices.size(), T, want, inputs.size(), targets.size()));
-  }
   const uint8_t* text = text_->data();
   for (size_t b = 0; b < indices.size(); ++b) {
-    const uint64_t index = indices[b];
-    if (index >= size_) {
-      throw InvalidArgument(fmt::format("{}: sample index {} is out of range; {} samples (0..{})",
-                                        name_, index, size_, size_ == 0 ? 0 : size_ - 1));
-    }
-    const uint8_t* window = text + begin_byte_ + index * T;  // T + 1 bytes
+    const uint8_t* window = text + begin_byte_ + indices[b] * T;  // T + 1 bytes
     for (size_t t = 0; t < T; ++t) {
       inputs[b * T + t] = window[t];
       targets[b * T + t] = window[t + 1];

@@ -109,21 +109,11 @@ void ShardDataset::read(uint64_t first, std::span<int32_t> out) const {
 
 void ShardDataset::fill(std::span<const uint64_t> indices, std::span<int32_t> inputs,
                         std::span<int32_t> targets) const {
+  check_token_batch(name_, size_, seq_len_, indices, inputs.size(), targets.size());
   const size_t T = static_cast<size_t>(seq_len_);
-  const size_t want = indices.size() * T;
-  if (inputs.size() != want || targets.size() != want) {
-    throw InvalidArgument(fmt::format(
-        "{}: batch of {} samples x seq_len {} needs {} inputs and targets, got {} and {}", name_,
-        indices.size(), T, want, inputs.size(), targets.size()));
-  }
   for (size_t b = 0; b < indices.size(); ++b) {
-    const uint64_t index = indices[b];
-    if (index >= size_) {
-      throw InvalidArgument(fmt::format("{}: sample index {} is out of range; {} samples (0..{})",
-                                        name_, index, size_, size_ == 0 ? 0 : size_ - 1));
-    }
     // The window's T + 1 tokens: the first T are the inputs, the last T the targets.
-    const uint64_t first = index * T;
+    const uint64_t first = indices[b] * T;
     const std::span<int32_t> in = inputs.subspan(b * T, T);
     const std::span<int32_t> out = targets.subspan(b * T, T);
     read(first, in);

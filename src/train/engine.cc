@@ -489,14 +489,20 @@ void adopt_data_vocab(TrainConfig& cfg) {
       !shards::is_shard_directory(cfg.data)) {
     return;
   }
-  const shards::ShardSet set = shards::open_shard_directory(cfg.data);
-  if (!set.manifest) {
+  // The manifest alone: the shards are opened (and checked) once, by open_data.
+  const std::filesystem::path manifest = std::filesystem::path(cfg.data) / "manifest.json";
+  if (!std::filesystem::exists(manifest, ec)) {
     throw InvalidArgument(fmt::format(
         "--data {}: llm.c's shards without manifest.json do not say their vocabulary; give "
         "--vocab (50257 for GPT-2's tokenizer, 128256 for Llama 3's)",
         cfg.data));
   }
-  cfg.vocab = static_cast<int>(set.manifest->vocab_size);
+  std::string text;
+  files::require_regular_input("--data", manifest);
+  files::read_in_chunks("--data", manifest, [&](std::span<const std::byte> b) {
+    text.append(reinterpret_cast<const char*>(b.data()), b.size());
+  });
+  cfg.vocab = static_cast<int>(shards::parse_manifest(text, manifest.string()).vocab_size);
 }
 
 // The model a run continues (a checkpoint) or starts from (a Hugging Face directory).
