@@ -1,5 +1,5 @@
 # Entry points; each one installs what it needs first (Debian, as root or with sudo).
-#   make demo         train the GPT on the KJV text across 4 local ranks at stage 3
+#   make demo         tokenizer, shards and a Llama trained on the KJV on 4 local ranks at stage 3
 #   make test         release build + every test
 #   make sanitize     ASan+UBSan over the fast tests, TSan over the comm tests
 #   make format-check clang-format over the sources, changing nothing
@@ -20,8 +20,9 @@ build: deps
 	@cmake --preset release >/dev/null
 	@cmake --build --preset release -j $(JOBS)
 
-# Train with checkpoints, stop at step 800, continue to 1000 from the checkpoint, export the
-# consolidated weights, and sample from them.
+# A tokenizer trained on the KJV, token shards of it, a Llama trained on them with checkpoints,
+# stopped at step 800 and continued to 1200, exported as a Hugging Face directory with its
+# tokenizer, and text sampled from that directory.
 DEMO := build/demo
 demo: build
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
@@ -32,9 +33,9 @@ demo: build
 	$(ZERODP) train --model llama --data $(DEMO)/shards --ranks 4 --stage 3 --steps 1200 \
 	  --checkpoint-dir $(DEMO)/ckpt --resume latest --report $(DEMO)/report.json
 	$(ZERODP) report $(DEMO)/report.json --out $(DEMO)/report.html
-	$(ZERODP) export $(DEMO)/ckpt --format hf --out $(DEMO)/hf
-	@echo "--- zerodp sample $(DEMO)/hf --tokenizer $(DEMO)/tok.model --prompt 'And God said' --temperature 0.8"
-	@$(ZERODP) sample $(DEMO)/hf --tokenizer $(DEMO)/tok.model --prompt 'And God said' \
+	$(ZERODP) export $(DEMO)/ckpt --format hf --out $(DEMO)/hf --tokenizer $(DEMO)/tok.model
+	@echo "--- zerodp sample $(DEMO)/hf --prompt 'And God said' --temperature 0.8"
+	@$(ZERODP) sample $(DEMO)/hf --prompt 'And God said' \
 	  --max-tokens 120 --temperature 0.8 --top-k 40 --seed 7; echo
 
 test: build

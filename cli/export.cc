@@ -3,8 +3,11 @@
 // with --format hf as a Hugging Face model directory (config.json and save_pretrained's
 // weight files under GPT2LMHeadModel's or LlamaForCausalLM's names), streamed so the process
 // holds a few MiB whatever the model's size.
+#include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
 
 #include <fmt/core.h>
 
@@ -12,8 +15,11 @@
 #include "checkpoint/hf_export.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/sha256.h"
 #include "core/units.h"
 #include "tensor/dtype.h"
+#include "tokenizer/tokenizer.h"
 #include "train/hf_layout.h"
 #include "train/model_kind.h"
 
@@ -27,18 +33,43 @@ struct Flags {
   std::string format = "zerodp";
   std::optional<std::string> dtype;
   std::optional<std::string> max_shard_size;
+  std::string tokenizer;
   bool quiet = false;
 };
 
+// --tokenizer: its bytes for tokenizer.model, and the ids config.json names.
+struct ExportTokenizer {
+  std::string bytes;
+  int32_t vocab = 0, bos = -1, eos = -1;
+  std::string path;
+};
+
+ExportTokenizer read_export_tokenizer(const std::string& path) {
+  if (path.empty()) return {};
+  const tokenizer::Tokenizer tok(path);
+  ExportTokenizer t{.bytes = {},
+                    .vocab = tok.vocab_size(),
+                    .bos = tok.bos_id(),
+                    .eos = tok.eos_id(),
+                    .path = path};
+  files::read_in_chunks("--tokenizer", path, [&](std::span<const std::byte> b) {
+    t.bytes.append(reinterpret_cast<const char*>(b.data()), b.size());
+  });
+  if (sha256_hex(t.bytes) != tok.sha256()) {
+    throw IoError(fmt::format("--tokenizer '{}' changed while it was read; export again", path));
+  }
+  return t;
+}
+
 // HF's names, orientation and config.json (train/hf_layout.h) for the checkpoint library.
-checkpoint::HfLayout hf_layout(const std::string& ckpt) {
+checkpoint::HfLayout hf_layout(const std::string& ckpt, const ExportTokenizer& tok) {
   checkpoint::HfLayout l;
   l.tensor = [](const std::string& kind, const std::string& name) {
     hf::HfTensor t = hf::export_tensor(kind, name);
     return checkpoint::HfName{std::move(t.name), t.transposed};
   };
-  l.config = [ckpt](const std::string& kind, const ShapeFields& shape,
-                    std::string_view torch_dtype) {
+  l.config = [ckpt, tok](const std::string& kind, const ShapeFields& shape,
+                         std::string_view torch_dtype) {
     if (!hf::has_layout(kind)) {
       std::string with;
       for (const ModelKind& k : model_kinds()) {
@@ -49,7 +80,20 @@ checkpoint::HfLayout hf_layout(const std::string& ckpt) {
           "layout (the kinds with one: {}); export it with --format zerodp",
           ckpt, kind, with));
     }
-    return hf::config_json(kind, shape, torch_dtype).dump(2) + "\n";
+    nlohmann::json config = hf::config_json(kind, shape, torch_dtype);
+    if (!tok.path.empty()) {
+      const auto vocab = shape.find("vocab");
+      if (vocab != shape.end() && tok.vocab > vocab->second) {
+        throw InvalidArgument(fmt::format(
+            "--tokenizer '{}' has {} ids, more than the vocabulary of {} that checkpoint '{}' "
+            "was trained with; give the tokenizer it was trained with",
+            tok.path, tok.vocab, vocab->second, ckpt));
+      }
+      const auto id = [](int32_t v) { return v < 0 ? nlohmann::json() : nlohmann::json(v); };
+      config["bos_token_id"] = id(tok.bos);
+      config["eos_token_id"] = id(tok.eos);
+    }
+    return config.dump(2) + "\n";
   };
   return l;
 }
@@ -65,14 +109,17 @@ checkpoint::HfDtype hf_dtype(const std::optional<std::string>& text) {
 int run_hf(const Flags& f) {
   checkpoint::HfExportOptions o;
   o.dtype = hf_dtype(f.dtype);
+  ExportTokenizer tok = read_export_tokenizer(f.tokenizer);
   if (f.max_shard_size) o.max_shard_bytes = parse_bytes(*f.max_shard_size, "--max-shard-size");
-  const auto s = checkpoint::export_hf(f.checkpoint, f.out, hf_layout(f.checkpoint), o,
-                                       checkpoint_model_layout);
+  const checkpoint::HfLayout layout = hf_layout(f.checkpoint, tok);
+  o.tokenizer_model = std::move(tok.bytes);
+  const auto s = checkpoint::export_hf(f.checkpoint, f.out, layout, o, checkpoint_model_layout);
   if (f.quiet) return 0;
   std::string files = s.weight_files.size() == 1
                           ? s.weight_files.front()
                           : fmt::format("{} .. {}", s.weight_files.front(), s.weight_files.back());
   if (s.indexed) files += ", model.safetensors.index.json";
+  if (!f.tokenizer.empty()) files += ", tokenizer.model";
   fmt::print(stderr,
              "zerodp export: {} {} tensors, {} to {}: {}, config.json (held at most {} in "
              "memory)\n",
@@ -100,6 +147,11 @@ int run_zerodp(const Flags& f) {
     throw InvalidArgument(
         "--max-shard-size: --format zerodp writes one file, which nothing splits; shards are "
         "a Hugging Face export's (--format hf)");
+  }
+  if (!f.tokenizer.empty()) {
+    throw InvalidArgument(
+        "--tokenizer: --format zerodp writes the weights alone; the tokenizer goes with a "
+        "Hugging Face export (--format hf), or give it to zerodp sample --tokenizer");
   }
   const auto s =
       checkpoint::export_fp32(f.checkpoint, f.out, uint64_t{1} << 20, checkpoint_model_layout);
@@ -131,6 +183,10 @@ Runner add_export(CLI::App& app) {
                  "--format hf: the most tensor bytes in one weight file, e.g. 5GB (default), "
                  "500MB, 2GiB; more than that is split into model-0000i-of-0000N.safetensors "
                  "with model.safetensors.index.json");
+  app.add_option("--tokenizer", f->tokenizer,
+                 "--format hf: the SentencePiece .model the checkpoint was trained with, written "
+                 "as tokenizer.model (where LlamaTokenizer and zerodp sample find it); its bos "
+                 "and eos ids go into config.json");
   app.add_flag("--quiet", f->quiet, "Print nothing on success");
   app.footer(
       "--format zerodp: one F32 tensor per parameter (e.g. h.0.attn.c_attn.weight), loadable by\n"
@@ -145,6 +201,7 @@ Runner add_export(CLI::App& app) {
       "  zerodp export ckpt --out model.safetensors          # the newest checkpoint in ckpt/\n"
       "  zerodp export ckpt/step_00000200 --out model.safetensors\n"
       "  zerodp export ckpt --format hf --out hf-model --dtype bf16 --max-shard-size 2GB\n"
+      "  zerodp export ckpt --format hf --out hf-model --tokenizer kjv8k.model\n"
       "  zerodp sample model.safetensors --prompt 'In the beginning'");
   return [f](Launch) {
     if (f->format == "hf") return run_hf(*f);

@@ -572,9 +572,14 @@ int run_sample(Flags& f) {
     throw InvalidArgument(
         "--logits writes the logits of the prompt's bytes; leave --tokenizer out with it");
   }
-  if (!f.tokenizer.empty()) files::require_regular_input("--tokenizer", f.tokenizer);
   const bool hugging_face = fs::is_directory(status) && fs::exists(path / "config.json") &&
                             !fs::exists(path / "meta.json") && !fs::exists(path / "latest");
+  // An export with --tokenizer carries it (tokenizer.model, as LlamaTokenizer finds it).
+  if (hugging_face && f.tokenizer.empty() && f.logits.empty() &&
+      fs::exists(path / "tokenizer.model")) {
+    f.tokenizer = (path / "tokenizer.model").string();
+  }
+  if (!f.tokenizer.empty()) files::require_regular_input("--tokenizer", f.tokenizer);
   const Loaded g = hugging_face               ? load_hf_directory(path)
                    : fs::is_directory(status) ? load_checkpoint_directory(path)
                                               : load_export(path, f.heads);
@@ -635,7 +640,8 @@ Runner add_sample(CLI::App& app) {
   app.add_option("--tokenizer", f->tokenizer,
                  "A SentencePiece .model (zerodp tokenizer train's) the model was trained with: "
                  "the prompt is encoded after its BOS, the text decoded from the ids, and "
-                 "generation stops at its EOS unless --eos says otherwise");
+                 "generation stops at its EOS unless --eos says otherwise (default: a Hugging "
+                 "Face directory's tokenizer.model, if it has one)");
   app.add_option("--max-tokens", f->options.max_tokens,
                  "Tokens to generate (bytes without --tokenizer)")
       ->capture_default_str();

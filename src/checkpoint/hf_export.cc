@@ -22,9 +22,10 @@ namespace fs = std::filesystem;
 constexpr std::string_view kConfigFile = "config.json";
 constexpr std::string_view kSingleFile = "model.safetensors";
 constexpr std::string_view kIndexFile = "model.safetensors.index.json";
+constexpr std::string_view kTokenizerFile = "tokenizer.model";
 constexpr std::string_view kExportFiles =
     "config.json, model.safetensors, model-NNNNN-of-NNNNN.safetensors, "
-    "model.safetensors.index.json";
+    "model.safetensors.index.json, tokenizer.model";
 
 bool all_digits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -335,7 +336,8 @@ uint64_t remove_stale(const fs::path& out, const std::vector<std::string>& earli
 }  // namespace
 
 bool is_hf_export_file(std::string_view name) {
-  return name == kConfigFile || name == kSingleFile || name == kIndexFile || is_shard_file(name);
+  return name == kConfigFile || name == kSingleFile || name == kIndexFile ||
+         name == kTokenizerFile || is_shard_file(name);
 }
 
 std::vector<HfShard> plan_hf_shards(std::span<const uint64_t> tensor_bytes,
@@ -434,6 +436,11 @@ HfExportSummary export_hf(const fs::path& dir, const fs::path& out_arg, const Hf
   files::write_output("--out", out / kConfigFile, config);
   summary.bytes += config.size();
   written.insert(std::string(kConfigFile));
+  if (!options.tokenizer_model.empty()) {
+    files::write_output("--out", out / kTokenizerFile, options.tokenizer_model);
+    summary.bytes += options.tokenizer_model.size();
+    written.insert(std::string(kTokenizerFile));
+  }
   if (shards.size() > 1) {
     const std::string index = index_json(shards, tensors, summary.total_size);
     files::write_output("--out", out / kIndexFile, index);

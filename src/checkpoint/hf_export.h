@@ -53,6 +53,9 @@ struct HfExportOptions {
   HfDtype dtype = HfDtype::kF32;  // kBF16: each fp32 master value rounded to nearest even
   uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's "5GB"
   uint64_t chunk_elements = uint64_t{1} << 20;
+  // The bytes of a SentencePiece model to write as tokenizer.model (the file name
+  // LlamaTokenizer loads); empty: none written, and an earlier export's is removed.
+  std::string tokenizer_model;
 };
 
 struct HfExportSummary {
@@ -86,10 +89,10 @@ struct HfExportSummary {
 // tensor 2-D) and every shard's checksum are checked before anything is created.
 //
 // Writing: each file through files::Output (a temporary renamed over the old one), the
-// weights first, then config.json, the index last; only then are the earlier export's files
-// this one did not write removed (its index first, so no index names a missing shard), and
-// the directory fsynced. A reader that loads while an export runs may see a mix of the two
-// (HF's own save_pretrained is no different), and so may one after an export failed part way
+// weights first, then config.json and tokenizer.model, the index last; only then are the earlier
+// export's files this one did not write removed (its index first, so no index names a missing
+// shard), and the directory fsynced. A reader that loads while an export runs may see a mix of the
+// two (HF's own save_pretrained is no different), and so may one after an export failed part way
 // (each file is whole; rerun it); once it returns, the directory is one export.
 //
 // Each weight file's __metadata__: "format": "pt" (transformers refuses other values),

@@ -86,12 +86,13 @@ struct Shard::Mapping {
   ShardHeader header;
   std::byte* base = nullptr;  // the whole file, PROT_READ
   size_t size = 0;
+  std::vector<std::byte> held;  // an in-memory shard's header and tokens; base points here
 
   Mapping() = default;
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   ~Mapping() {
-    if (base != nullptr) ::munmap(base, size);
+    if (base != nullptr && held.empty()) ::munmap(base, size);
   }
 };
 
@@ -131,6 +132,20 @@ Shard Shard::open(const fs::path& path, const ShardEntry* expected) {
   return Shard(std::move(map));
 }
 
+Shard Shard::in_memory(std::string name, std::span<const uint32_t> tokens) {
+  auto map = std::make_shared<Mapping>();
+  map->path = std::move(name);
+  map->header = {.width = TokenWidth::kU32, .tokens = tokens.size()};
+  const auto head = make_header(TokenWidth::kU32, tokens.size());
+  map->held.resize(map->header.file_bytes());
+  std::memcpy(map->held.data(), head.data(), head.size());
+  // Little-endian, as in a file: the static_assert above holds the host to it.
+  std::memcpy(map->held.data() + kHeaderBytes, tokens.data(), tokens.size_bytes());
+  map->base = map->held.data();
+  map->size = map->held.size();
+  return Shard(std::move(map));
+}
+
 const fs::path& Shard::path() const { return map_->path; }
 std::string Shard::file_name() const { return map_->path.filename().string(); }
 TokenWidth Shard::width() const { return map_->header.width; }
@@ -155,7 +170,7 @@ uint32_t Shard::token(uint64_t index) const {
 }
 
 void Shard::will_need(uint64_t first, uint64_t count) const {
-  if (first >= tokens() || count == 0) return;
+  if (first >= tokens() || count == 0 || !map_->held.empty()) return;
   count = std::min(count, tokens() - first);
   const uint64_t w = width_bytes(width());
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -165,6 +180,7 @@ void Shard::will_need(uint64_t first, uint64_t count) const {
 }
 
 void Shard::drop_page_cache() const {
+  if (!map_->held.empty()) return;
   ::madvise(map_->base, map_->size, MADV_DONTNEED);
   const int fd = ::open(map_->path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;

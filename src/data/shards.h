@@ -57,6 +57,10 @@ class Shard {
   // Throws InvalidArgument for a path that is no regular file, IoError when it cannot be
   // opened or mapped, CorruptData naming the file and what is wrong.
   static Shard open(const fs::path& path, const ShardEntry* expected = nullptr);
+  // A shard held in memory (text encoded as a run starts: data/source.h), the same to its
+  // readers as a file's; `name` stands for its path in messages. Its page-cache hints do
+  // nothing. Throws InvalidArgument for no tokens or more than kMaxTokensPerShard.
+  static Shard in_memory(std::string name, std::span<const uint32_t> tokens);
 
   const fs::path& path() const;
   std::string file_name() const;
@@ -66,7 +70,7 @@ class Shard {
 
   // Token i (< tokens()), as stored: no vocabulary check.
   uint32_t token(uint64_t index) const;
-  // The mapped token array: tokens() little-endian values of width() bytes each.
+  // The token array: tokens() little-endian values of width() bytes each.
   const std::byte* token_data() const;
 
   // Hints that tokens [first, first + count) will be read soon: madvise(MADV_WILLNEED) over

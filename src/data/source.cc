@@ -1,14 +1,18 @@
 #include "data/source.h"
 
 #include <memory>
+#include <span>
 
 #include <fmt/core.h>
 
 #include "core/error.h"
+#include "core/files.h"
+#include "data/encoded_text.h"
 #include "data/shard_dataset.h"
 #include "data/shards.h"
 #include "data/synthetic.h"
 #include "data/text.h"
+#include "tokenizer/tokenizer.h"
 
 namespace zerodp {
 namespace {
@@ -22,8 +26,24 @@ void require_task(const DataOptions& options, TaskKind provides) {
                                                            : "fashion-mnist or synthetic"));
 }
 
+// The identity a checkpoint keeps for text encoded as the run starts: the tokenizer's, since
+// the in-memory sources' bytes are not part of it (kjv's are pinned, a file's are the user's).
+std::string encoded_identity(const std::string& tokenizer_sha256) {
+  return "text encoded by the tokenizer of sha256 " + tokenizer_sha256;
+}
+
 DataSplits text_splits(std::vector<uint8_t> bytes, const DataOptions& options,
                        const std::string& name, const std::string& origin) {
+  if (!options.tokenizer.empty()) {
+    EncodedTextSplits e = encode_text_splits(bytes, name, options.tokenizer, options.seq_len,
+                                             options.vocab, options.validation_fraction);
+    return DataSplits{.train = std::move(e.train),
+                      .validation = std::move(e.validation),
+                      .description = fmt::format("{}; text from {}", e.description, origin),
+                      .identity = encoded_identity(e.tokenizer_sha256),
+                      .tokenizer_sha256 = e.tokenizer_sha256,
+                      .validation_bytes_per_token = e.validation_bytes_per_token};
+  }
   const auto text = std::make_shared<const std::vector<uint8_t>>(std::move(bytes));
   TokenSplits splits = split_text(text, options.seq_len, options.validation_fraction, name);
   std::string description = fmt::format(
@@ -42,6 +62,19 @@ DataSplits text_splits(std::vector<uint8_t> bytes, const DataOptions& options,
 }  // namespace
 
 DataSplits open_data(const DataOptions& options) {
+  std::error_code ec;
+  if (!options.tokenizer.empty() &&
+      (options.source == "fashion-mnist" || options.source == "synthetic" ||
+       std::filesystem::is_directory(options.source, ec))) {
+    throw InvalidArgument(fmt::format(
+        "--tokenizer encodes text, and --data {} is {}; give kjv or a text file with it, or "
+        "leave --tokenizer out",
+        options.source,
+        options.source == "fashion-mnist" ? "images"
+        : options.source == "synthetic"
+            ? "synthetic bytes"
+            : "a directory (token shards are tokens already: their manifest names the tokenizer)"));
+  }
   if (options.source == "kjv") {
     require_task(options, TaskKind::kLanguageModel);
     const std::filesystem::path cache_dir =
@@ -89,7 +122,6 @@ DataSplits open_data(const DataOptions& options) {
   }
 
   const std::filesystem::path path(options.source);
-  std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     throw InvalidArgument(fmt::format(
         "data: '{}' is not kjv, fashion-mnist or synthetic, and no file of that name exists",
@@ -113,6 +145,26 @@ DataSplits open_data(const DataOptions& options) {
                       .validation_bytes_per_token = s.validation_bytes_per_token};
   }
   return text_splits(read_text_corpus(path), options, path.filename().string(), path.string());
+}
+
+uint64_t data_vocabulary(const std::string& source, const std::filesystem::path& tokenizer) {
+  if (!tokenizer.empty())
+    return static_cast<uint64_t>(tokenizer::Tokenizer(tokenizer).vocab_size());
+  std::error_code ec;
+  if (!std::filesystem::is_directory(source, ec) || !shards::is_shard_directory(source)) return 0;
+  const std::filesystem::path manifest = std::filesystem::path(source) / "manifest.json";
+  if (!std::filesystem::exists(manifest, ec)) {
+    throw InvalidArgument(fmt::format(
+        "--data {}: llm.c's shards without manifest.json do not say their vocabulary; give "
+        "--vocab (50257 for GPT-2's tokenizer, 128256 for Llama 3's)",
+        source));
+  }
+  std::string text;
+  files::require_regular_input("--data", manifest);
+  files::read_in_chunks("--data", manifest, [&](std::span<const std::byte> b) {
+    text.append(reinterpret_cast<const char*>(b.data()), b.size());
+  });
+  return shards::parse_manifest(text, manifest.string()).vocab_size;
 }
 
 }  // namespace zerodp

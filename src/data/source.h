@@ -8,7 +8,8 @@
 //                  llm.c's *_train_*.bin / *_val_*.bin), read from disk as they are needed
 //   anything else  a path to a file used as a byte corpus (write ./kjv for a file named so)
 // Text sources split into train / validation with split_text(); Fashion-MNIST uses its own
-// train and t10k files.
+// train and t10k files. With a tokenizer, the KJV or a text file is encoded into tokens as
+// the run starts (data/encoded_text.h) instead of read as bytes.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,7 @@ struct DataOptions {
   uint64_t vocab = 256;               // the model's vocabulary: token shards are checked against it
   double validation_fraction = 0.02;  // text sources: the held-out tail
   uint64_t seed = 0;                  // synthetic content
+  std::filesystem::path tokenizer;    // a SentencePiece .model for kjv or a text file; empty: bytes
   std::filesystem::path cache_dir;    // kjv; empty = default_cache_dir()
   std::filesystem::path fashion_mnist_dir = kFashionMnistDir;
   std::string bible_program = "bible";
@@ -38,8 +40,15 @@ struct DataOptions {
   uint64_t synthetic_validation_images = 1000;
 };
 
-// Throws InvalidArgument (unknown source that is no file, wrong task kind, bad seq_len),
+// Throws InvalidArgument (unknown source that is no file, wrong task kind, bad seq_len, a
+// tokenizer for a source that is not text),
 // IoError (missing package or file) or CorruptData (a file that fails its checks).
 DataSplits open_data(const DataOptions& options);
+
+// The vocabulary a source brings, 0 when it brings none (the byte-level sources): a
+// tokenizer's size, or a shard directory's (its manifest.json alone is read; the shards are
+// opened and checked once, by open_data). Throws InvalidArgument for llm.c's shards, which say
+// none, naming --vocab; what Tokenizer or parse_manifest throw for a bad file.
+uint64_t data_vocabulary(const std::string& source, const std::filesystem::path& tokenizer);
 
 }  // namespace zerodp

@@ -478,22 +478,22 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
   // seen twice (the order is the same: it depends on the seed and the epoch only).
   const uint64_t k = sampler.samples_per_step();
   SamplerPosition pos{m.data_epoch, m.data_step};
-  if (m.dataset_size != sampler.options().dataset_size) {
-    throw InvalidArgument(fmt::format(
-        "{}: saved with a training set of {} samples, this run's has {}; use the same --data "
-        "and sequence length",
-        ckpt.dir().string(), m.dataset_size, sampler.options().dataset_size));
-  }
   if (m.data_identity != trainer.data().identity) {
-    const auto named = [](const std::string& id) {
-      return id.empty() ? std::string("data held in memory (kjv, synthetic or a text file)")
-                        : fmt::format("the token shard set of digest {}", id.substr(0, 16));
+    const auto named = [](const std::string& id) {  // --tokenizer's start "text ": data/source.cc
+      if (id.empty()) return std::string("data held in memory (kjv, synthetic or a text file)");
+      return id.starts_with("text ") ? id : "the token shard set of digest " + id.substr(0, 16);
     };
     throw InvalidArgument(fmt::format(
         "{}: trained on {}; this run's --data {} is {}; use the data the checkpoint was "
         "trained on",
         ckpt.dir().string(), named(m.data_identity), trainer.config().data,
         named(trainer.data().identity)));
+  }
+  if (m.dataset_size != sampler.options().dataset_size) {
+    throw InvalidArgument(fmt::format(
+        "{}: saved with a training set of {} samples, this run's has {}; use the same --data "
+        "and sequence length",
+        ckpt.dir().string(), m.dataset_size, sampler.options().dataset_size));
   }
   if (m.samples_per_step != k) {
     const uint64_t consumed = m.data_step * m.samples_per_step;

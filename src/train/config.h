@@ -107,6 +107,7 @@ struct TrainConfig {
   int mlp_hidden = 256, mlp_layers = 2;
   // Data.
   std::string data = "kjv";
+  std::string tokenizer;  // a SentencePiece .model that encodes --data's text; empty: bytes
   std::string cache_dir;  // empty = default
   // Parallelism.
   LaunchOptions launch;

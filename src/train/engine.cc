@@ -27,7 +27,6 @@
 #include "core/mutex.h"
 #include "core/sha256.h"
 #include "core/sysinfo.h"
-#include "data/shards.h"
 #include "data/source.h"
 #include "models/model.h"
 #include "train/async_save.h"
@@ -146,6 +145,7 @@ DataSplits open_training_data(const TrainConfig& cfg) {
   dopt.task = model_kind(cfg.model).task;
   dopt.seq_len = cfg.seq_len;
   dopt.seed = cfg.seed;
+  dopt.tokenizer = cfg.tokenizer;
   if (cfg.vocab > 0) dopt.vocab = static_cast<uint64_t>(cfg.vocab);
   if (!cfg.cache_dir.empty()) dopt.cache_dir = cfg.cache_dir;
   DataSplits data = open_data(dopt);
@@ -481,28 +481,9 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
 // A resume without model flags builds the checkpoint's model (train/checkpoint_io.h). A
 // checkpoint that is not there yet is named once the directory's lock is held (another run
 // may be writing it), by the same resume_point.
-// Token shards come with their tokenizer's vocabulary (manifest.json): a run over them takes
-// it unless --vocab says otherwise. llm.c's directories say none, so they need --vocab.
+// The vocabulary the data brings (token shards' manifest, --tokenizer), unless --vocab says.
 void adopt_data_vocab(TrainConfig& cfg) {
-  std::error_code ec;
-  if (cfg.vocab != 0 || !std::filesystem::is_directory(cfg.data, ec) ||
-      !shards::is_shard_directory(cfg.data)) {
-    return;
-  }
-  // The manifest alone: the shards are opened (and checked) once, by open_data.
-  const std::filesystem::path manifest = std::filesystem::path(cfg.data) / "manifest.json";
-  if (!std::filesystem::exists(manifest, ec)) {
-    throw InvalidArgument(fmt::format(
-        "--data {}: llm.c's shards without manifest.json do not say their vocabulary; give "
-        "--vocab (50257 for GPT-2's tokenizer, 128256 for Llama 3's)",
-        cfg.data));
-  }
-  std::string text;
-  files::require_regular_input("--data", manifest);
-  files::read_in_chunks("--data", manifest, [&](std::span<const std::byte> b) {
-    text.append(reinterpret_cast<const char*>(b.data()), b.size());
-  });
-  cfg.vocab = static_cast<int>(shards::parse_manifest(text, manifest.string()).vocab_size);
+  if (cfg.vocab == 0) cfg.vocab = static_cast<int>(data_vocabulary(cfg.data, cfg.tokenizer));
 }
 
 // The model a run continues (a checkpoint) or starts from (a Hugging Face directory).

@@ -111,9 +111,17 @@ const OptionSpec kOptions[] = {
     // Data.
     {.key = "data",
      .section = kData,
-     .help = "kjv, fashion-mnist, synthetic or a text file PATH",
+     .help = "kjv, fashion-mnist, synthetic, a text file PATH, or a DIR of token shards "
+             "(zerodp prepare's or llm.c's)",
      .read = [](TrainConfig& c, const std::string& t, const OptionSpec&) { c.data = t; },
      .record = [](const TrainConfig& c) -> json { return c.data; }},
+    {.key = "tokenizer",
+     .section = kData,
+     .help = "A SentencePiece .model that encodes --data's text (kjv or a file) into tokens "
+             "as the run starts; the vocabulary is the tokenizer's unless --vocab is given",
+     .type = "FILE",
+     .read = [](TrainConfig& c, const std::string& t, const OptionSpec&) { c.tokenizer = t; },
+     .record = [](const TrainConfig& c) -> json { return c.tokenizer; }},
     {.key = "cache_dir",
      .section = kData,
      .help = "Where prepared data is cached (default ~/.cache/zerodp)",

@@ -6,6 +6,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/sha256.h"
+#include "data/encoded_text.h"
 #include "temp_dir.h"
 #include "tokenizer/train.h"
 
@@ -371,6 +373,46 @@ TEST_F(TokenizerTest, LoadsADefaultUnigramModel) {
   EXPECT_EQ(t.normalizer(), "nmt_nfkc");
   EXPECT_FALSE(t.lossless());
   EXPECT_EQ(t.decode(t.encode("a  b")), "a b");  // as SentencePiece does
+}
+
+// --data FILE --tokenizer: the text split at the next line start after the byte split, each
+// part the tokenizer's bos and then the ids of the whole part (blocks of lines encoded apart
+// and joined give them), read back through the dataset.
+TEST_F(TokenizerTest, EncodedTextIsEachPartsIdsAfterBos) {
+  const std::vector<uint8_t> bytes(text_->begin(), text_->end());
+  const Tokenizer t(model());
+  const EncodedTextSplits s = encode_text_splits(bytes, "corpus", model(), 32, 800, 0.02);
+  const auto byte_split =
+      text_->size() - static_cast<size_t>(static_cast<double>(text_->size()) * 0.02);
+  const size_t split = text_->find('\n', byte_split) + 1;
+  ASSERT_GT(split, byte_split);
+  for (const auto& [part, dataset] : {std::pair{text_->substr(0, split), &s.train},
+                                      std::pair{text_->substr(split), &s.validation}}) {
+    std::vector<int32_t> want = t.encode(part);
+    want.insert(want.begin(), t.bos_id());
+    ASSERT_EQ(dataset->tokens(), want.size());
+    std::vector<int32_t> got(want.size());
+    dataset->read(0, got);
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(dataset->size(), (want.size() - 1) / 32);
+  }
+  EXPECT_EQ(s.tokenizer_sha256, t.sha256());
+  EXPECT_DOUBLE_EQ(s.validation_bytes_per_token, static_cast<double>(text_->size() - split) /
+                                                     static_cast<double>(s.validation.tokens()));
+
+  EXPECT_THROW(encode_text_splits(bytes, "corpus", model(), 32, 799, 0.02), InvalidArgument);
+  std::vector<uint8_t> bad = bytes;
+  const size_t at = text_->find('\n', 5000) + 3;
+  bad[at] = 0xFF;
+  const auto line =
+      std::count(text_->begin(), text_->begin() + static_cast<ptrdiff_t>(at), '\n') + 1;
+  try {
+    encode_text_splits(bad, "corpus", model(), 32, 800, 0.02);
+    ADD_FAILURE() << "a text that is not UTF-8 was encoded";
+  } catch (const InvalidArgument& e) {
+    const std::string want = fmt::format("corpus: not UTF-8 at line {}, byte {} (0xFF)", line, at);
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
