@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 
 #include "comm/quantize.h"
+#include "comm/world_shape.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "optim/moments8.h"
@@ -447,12 +448,7 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                               bool canonical, int rank, const CommModes& modes) {
   const int node_ranks = modes.node_ranks;
   check_rank(world, rank);
-  if (node_ranks < 0 || (node_ranks > 0 && world % node_ranks != 0)) {
-    throw InvalidArgument(fmt::format(
-        "--node-ranks {} does not divide the world of {} ranks: a world is whole nodes; use a "
-        "divisor of {}",
-        node_ranks, world, world));
-  }
+  check_whole_nodes(node_ranks, world, WorldNamed::kLaunched);
   const int per_node = node_ranks > 0 ? node_ranks : world;
   const int first = rank / per_node * per_node;
   const StagePlan sp = StagePlan::make(stage, policy, canonical && grad_accum > 1);
