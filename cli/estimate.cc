@@ -283,34 +283,14 @@ void read_run(const Flags& f, Estimate& e) {
 // What prices the step: compute, the links, the disk.
 void read_costs(const Flags& f, Estimate& e) {
   const TrainConfig& c = e.asked;
-  e.in = parse_forecast({.flops = f.flops, .compute_seconds = f.compute_seconds}, c.launch.comm);
+  e.in = parse_forecast({.flops = f.flops,
+                         .compute_seconds = f.compute_seconds,
+                         .disk_bandwidth = f.disk_bandwidth,
+                         .ranks_per_disk = f.ranks_per_disk},
+                        c.launch.comm, c.offload);
   e.timed = (e.in.flops || e.in.compute_seconds) && e.built;
   // Rows set the offload per stage (row_config): parameters go to disk at stage 3 only.
   e.offload = c.offload;
-  if (!f.disk_bandwidth.empty()) {
-    if (e.offload == Offload::kNone) {
-      throw InvalidArgument(fmt::format(
-          "--disk-bandwidth {} prices the offload file's reads and writes; give --offload "
-          "optimizer with it (or leave it out)",
-          f.disk_bandwidth));
-    }
-    e.in.disk = parse_disk_bandwidth(f.disk_bandwidth);
-  }
-  if (!f.ranks_per_disk.empty()) {
-    if (!e.in.disk) {
-      throw InvalidArgument(fmt::format(
-          "--ranks-per-disk {} divides a disk's bandwidth among ranks; give --offload optimizer "
-          "and --disk-bandwidth with it",
-          f.ranks_per_disk));
-    }
-    const double k = parse_number(f.ranks_per_disk).value_or(0);
-    if (!(k >= 1) || k > 1e6 || k != std::floor(k)) {
-      throw InvalidArgument(
-          fmt::format("--ranks-per-disk '{}' is not a rank count; use a whole number, 1 or more",
-                      f.ranks_per_disk));
-    }
-    e.in.ranks_per_disk = static_cast<int>(k);
-  }
 }
 
 void print_header(const Estimate& e) {
