@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
-#include <set>
 #include <sstream>
 
 #include <fmt/core.h>
@@ -24,6 +23,7 @@
 #include "train/forecast.h"
 #include "train/model_kind.h"
 #include "train/plan.h"
+#include "train/run_check.h"
 
 namespace zerodp::cli {
 namespace {
@@ -240,24 +240,12 @@ void read_model(const Flags& f, Estimate& e) {
 // Every rank count of the sweep, with what it must agree with.
 void read_ranks(const Flags& f, Estimate& e) {
   const TrainConfig& c = e.asked;
-  const int node_ranks = c.launch.comm.node_ranks;
   double elements = 0;
   for (uint64_t u : e.planned.units) elements += static_cast<double>(u);
   const std::string* list = f.texts.given("ranks");
   sweep_values(option_spec("ranks"), list ? *list : "1,2,4,8", c, [&](const TrainConfig& row) {
     const int n = row.launch.ranks;
-    if (c.islands > 1 && !c.islands_in_turn && n % c.islands != 0) {
-      throw InvalidArgument(fmt::format(
-          "--islands {} does not divide --ranks {}: every island has as many ranks; use rank "
-          "counts that are multiples of it",
-          c.islands, n));
-    }
-    if (node_ranks > 0 && n % node_ranks != 0) {
-      throw InvalidArgument(fmt::format(
-          "--node-ranks {} does not divide --ranks {}: a world is whole nodes; use rank counts "
-          "that are multiples of it",
-          node_ranks, n));
-    }
+    check_world(row, n, WorldNamed::kRanksList);
     // Every byte count below is under 16 bytes per element per rank (all ranks' states) or
     // per micro-batch (a step's traffic, where a unit smaller than the world still moves
     // one element per peer); past 2^64 they would wrap silently.
@@ -274,10 +262,9 @@ void read_ranks(const Flags& f, Estimate& e) {
   });
 }
 
-// The run as train would take it: the same parsers and the same refusals.
+// The run as train would take it, at the stages asked (train's own check), then its rows.
 void read_run(const Flags& f, Estimate& e) {
-  TrainConfig& c = e.asked;
-  check_option_values(c, kEstimateCommand);
+  const TrainConfig& c = e.asked;
   const std::string* stages = f.texts.given("stage");
   if (!stages || *stages == "all") {
     e.stages = {0, 1, 2, 3};
@@ -288,54 +275,22 @@ void read_run(const Flags& f, Estimate& e) {
     std::sort(e.stages.begin(), e.stages.end());
     e.stages.erase(std::unique(e.stages.begin(), e.stages.end()), e.stages.end());
   }
+  check_run_at_stages(c, e.stages);
   e.budget = c.memory_per_rank;
   read_ranks(f, e);
-  const CommOptions& comm = c.launch.comm;
-  if (!c.accumulate_default) check_invariant_policy(c.invariant, c.accumulate);
-  check_invariant_collectives(c.invariant, comm);
-  check_node_modes(comm.node_ranks, comm.two_level, c.hpz, comm.qgz_bits, comm.qgz_block,
-                   c.qwz_block);
-  if (c.shard_within_node) {
-    // Rows of stage 0 stay plain ZeRO; the check wants a stage that shards, if any is asked.
-    check_shard_within_node(*std::max_element(e.stages.begin(), e.stages.end()), comm.node_ranks,
-                            c.invariant, comm.two_level, c.hpz, c.qwz, comm.qgz_bits);
-  }
-  check_inter_node_link(comm);
-  check_island_modes(c);
 }
 
 // What prices the step: compute, the links, the disk.
 void read_costs(const Flags& f, Estimate& e) {
   const TrainConfig& c = e.asked;
-  e.in = parse_forecast({.flops = f.flops, .compute_seconds = f.compute_seconds}, c.launch.comm);
+  e.in = parse_forecast({.flops = f.flops,
+                         .compute_seconds = f.compute_seconds,
+                         .disk_bandwidth = f.disk_bandwidth,
+                         .ranks_per_disk = f.ranks_per_disk},
+                        c.launch.comm, c.offload);
   e.timed = (e.in.flops || e.in.compute_seconds) && e.built;
   // Rows set the offload per stage (row_config): parameters go to disk at stage 3 only.
   e.offload = c.offload;
-  check_offload_modes(e.offload, c.qwz, 3, c.offload_overlap);
-  if (!f.disk_bandwidth.empty()) {
-    if (e.offload == Offload::kNone) {
-      throw InvalidArgument(fmt::format(
-          "--disk-bandwidth {} prices the offload file's reads and writes; give --offload "
-          "optimizer with it (or leave it out)",
-          f.disk_bandwidth));
-    }
-    e.in.disk = parse_disk_bandwidth(f.disk_bandwidth);
-  }
-  if (!f.ranks_per_disk.empty()) {
-    if (!e.in.disk) {
-      throw InvalidArgument(fmt::format(
-          "--ranks-per-disk {} divides a disk's bandwidth among ranks; give --offload optimizer "
-          "and --disk-bandwidth with it",
-          f.ranks_per_disk));
-    }
-    const double k = parse_number(f.ranks_per_disk).value_or(0);
-    if (!(k >= 1) || k > 1e6 || k != std::floor(k)) {
-      throw InvalidArgument(
-          fmt::format("--ranks-per-disk '{}' is not a rank count; use a whole number, 1 or more",
-                      f.ranks_per_disk));
-    }
-    e.in.ranks_per_disk = static_cast<int>(k);
-  }
 }
 
 void print_header(const Estimate& e) {
@@ -625,8 +580,7 @@ int run_estimate(const Flags& f) {
   e.asked.micro_batch = 1;
   e.asked.grad_accum = 1;
   e.asked.accumulate_default = true;
-  const std::set<std::string> given = read_table_options(f.texts, e.asked, kEstimateCommand);
-  check_idle_island_options(e.asked, given);
+  e.asked.given = read_table_options(f.texts, e.asked, kEstimateCommand);
   read_model(f, e);
   read_run(f, e);
   read_costs(f, e);

@@ -71,7 +71,38 @@ DiskBandwidth parse_disk_bandwidth(const std::string& text) {
   return {.read = d.read, .write = d.write};
 }
 
-StepInputs parse_forecast(const ForecastText& f, const CommOptions& comm) {
+namespace {
+
+// --disk-bandwidth prices the offload file; --ranks-per-disk shares that bandwidth.
+void parse_disk(const ForecastText& f, Offload offload, StepInputs& in) {
+  if (!f.disk_bandwidth.empty()) {
+    if (offload == Offload::kNone) {
+      throw InvalidArgument(fmt::format(
+          "--disk-bandwidth {} prices the offload file's reads and writes; give --offload "
+          "optimizer with it (or leave it out)",
+          f.disk_bandwidth));
+    }
+    in.disk = parse_disk_bandwidth(f.disk_bandwidth);
+  }
+  if (f.ranks_per_disk.empty()) return;
+  if (!in.disk) {
+    throw InvalidArgument(fmt::format(
+        "--ranks-per-disk {} divides a disk's bandwidth among ranks; give --offload optimizer "
+        "and --disk-bandwidth with it",
+        f.ranks_per_disk));
+  }
+  const double k = parse_number(f.ranks_per_disk).value_or(0);
+  if (!(k >= 1) || k > 1e6 || k != std::floor(k)) {
+    throw InvalidArgument(
+        fmt::format("--ranks-per-disk '{}' is not a rank count; use a whole number, 1 or more",
+                    f.ranks_per_disk));
+  }
+  in.ranks_per_disk = static_cast<int>(k);
+}
+
+}  // namespace
+
+StepInputs parse_forecast(const ForecastText& f, const CommOptions& comm, Offload offload) {
   StepInputs in;
   if (!f.flops.empty()) {
     in.flops = parse_number(f.flops);
@@ -95,6 +126,7 @@ StepInputs parse_forecast(const ForecastText& f, const CommOptions& comm) {
   in.inter_bandwidth =
       comm.inter_node_bandwidth > 0 ? given(comm.inter_node_bandwidth) : in.bandwidth;
   in.inter_latency = comm.inter_node_latency > 0 ? given(comm.inter_node_latency) : in.latency;
+  parse_disk(f, offload, in);
   return in;
 }
 

@@ -20,12 +20,7 @@ namespace {
 std::string shown_default(const OptionSpec& o, const TrainConfig& defaults) {
   if (!o.shown.empty()) return o.shown == "-" ? std::string() : std::string(o.shown);
   if (o.record == nullptr || o.form != OptionSpec::Form::kValue) return {};
-  const nlohmann::json v = o.record(defaults);
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_boolean()) return v.get<bool>() ? "on" : "off";
-  if (v.is_number_float()) return fmt::format("{:g}", v.get<double>());
-  if (v.is_number()) return v.dump();
-  return {};
+  return quote_value(o.record(defaults));
 }
 
 std::string type_word(const OptionSpec& o, const TrainConfig& defaults) {

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "comm/quantize.h"
+#include "comm/world_shape.h"
 #include "core/error.h"
 #include "core/mutex.h"
 #include "core/stop_flag.h"
@@ -172,12 +173,7 @@ Communicator::Communicator(int rank, int size, const CommOptions& options)
                                       options.qgz_bits));
   }
   if (options.qgz_bits != 0) check_block_quant(qgz_quant(options));
-  if (options.node_ranks < 0 || (options.node_ranks > 0 && size % options.node_ranks != 0)) {
-    throw InvalidArgument(fmt::format(
-        "--node-ranks {} does not divide the world of {} ranks: a world is whole nodes; use a "
-        "divisor of {}",
-        options.node_ranks, size, size));
-  }
+  check_whole_nodes(options.node_ranks, size, WorldNamed::kLaunched);
 }
 
 size_t Communicator::node_count(const Partition& part) const {

@@ -1,5 +1,5 @@
-// Parsing and resolving TrainConfig, and its JSON form (the report's "config", the
-// cross-rank comparison, a --config file). config.h is the contract.
+// TrainConfig's parsers and names, and the rules about it the planner asks too (the islands'
+// world, the fragments). config.h is the contract.
 #include "train/config.h"
 
 #include <charconv>
@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include "comm/world_shape.h"
 #include "core/error.h"
 
 namespace zerodp {
@@ -91,90 +92,6 @@ int parse_qgz_flag(std::string_view text) {
 
 std::string_view qgz_name(int bits) { return bits == 8 ? "int8" : bits == 4 ? "int4" : "off"; }
 
-void check_invariant_collectives(std::optional<bool> invariant, const CommOptions& comm) {
-  if (invariant.value_or(false) && comm.qgz_bits != 0) {
-    throw InvalidArgument(
-        "--invariant on needs unquantized gradients: --qgz rounds each node's partial to "
-        "blocks, so the sum depends on the ranks per node (docs/determinism.md)");
-  }
-  if (invariant.value_or(false) && comm.two_level) {
-    throw InvalidArgument(
-        "--invariant on needs --collectives flat: two-level collectives add each node's ranks "
-        "first and round that partial, so the sum depends on the ranks per node "
-        "(docs/determinism.md)");
-  }
-}
-
-void check_node_modes(int node_ranks, bool two_level, bool hpz, int qgz_bits, size_t qgz_block,
-                      int qwz_block) {
-  if (qgz_bits != 0 && qgz_block < 1) {
-    throw InvalidArgument(fmt::format(
-        "--qgz-block {} is invalid; use the elements per scale, 1 or more (default 256)",
-        qgz_block));
-  }
-  if (qwz_block < 1) {
-    throw InvalidArgument(fmt::format(
-        "--qwz-block {} is invalid; use the elements per scale, 1 or more (default 4096)",
-        qwz_block));
-  }
-  if (hpz && node_ranks == 0) {
-    throw InvalidArgument(
-        "--hpz shards a second copy of the parameters within each node; it needs --node-ranks T "
-        "to say which ranks share a node");
-  }
-  if (two_level && node_ranks == 0) {
-    throw InvalidArgument(
-        "--collectives two-level needs --node-ranks T to say which ranks share a node");
-  }
-}
-
-void check_inter_node_link(const CommOptions& comm) {
-  if (comm.node_ranks == 0 && (comm.inter_node_bandwidth > 0 || comm.inter_node_latency > 0)) {
-    throw InvalidArgument(fmt::format(
-        "{} needs --node-ranks T to say which ranks share a node",
-        comm.inter_node_bandwidth > 0 ? "--inter-node-bandwidth" : "--inter-node-latency"));
-  }
-}
-
-void check_shard_within_node(int stage, int node_ranks, std::optional<bool> invariant,
-                             bool two_level, bool hpz, bool qwz, int qgz_bits) {
-  if (node_ranks == 0) {
-    throw InvalidArgument(
-        "--shard-within-node shards the states over the ranks of each node; it needs "
-        "--node-ranks T to say which ranks share a node");
-  }
-  if (stage == 0) {
-    throw InvalidArgument(
-        "--shard-within-node shards states inside each node; --stage 0 shards none. Use "
-        "--stage 1, 2 or 3");
-  }
-  const char* other = hpz             ? "--hpz"
-                      : qwz           ? "--qwz"
-                      : qgz_bits != 0 ? "--qgz"
-                      : two_level     ? "--collectives two-level"
-                                      : nullptr;
-  if (other != nullptr) {
-    throw InvalidArgument(fmt::format(
-        "--shard-within-node already gathers inside each node and reduces in two levels; "
-        "{} has nothing to act on with it. Leave {} out",
-        other, other));
-  }
-  if (invariant.value_or(false)) {
-    throw InvalidArgument(
-        "--invariant on needs one order for every rank count, but --shard-within-node adds "
-        "each node's ranks first and rounds that partial (docs/determinism.md); use "
-        "--invariant auto or off");
-  }
-}
-
-void check_invariant_policy(std::optional<bool> invariant, AccumulatePolicy policy) {
-  if (invariant.value_or(false) && policy == AccumulatePolicy::kLocal) {
-    throw InvalidArgument(
-        "--invariant on needs --accumulate reduce: a local sum adds a rank's own micro-batches "
-        "before the ranks' sums meet, in an order that depends on the rank count");
-  }
-}
-
 Injection parse_injection(std::string_view text) {
   const auto bad = [&](std::string_view why) {
     return InvalidArgument(fmt::format(
@@ -252,29 +169,6 @@ std::string_view offload_name(Offload o) {
   return "none";
 }
 
-void check_offload_modes(Offload offload, bool qwz, int stage, bool overlap) {
-  if (offload != Offload::kNone && qwz) {
-    throw InvalidArgument(fmt::format(
-        "--qwz quantizes parameters from the fp32 master, which --offload {} keeps on disk; use "
-        "one of the two",
-        offload_name(offload)));
-  }
-  if (offload != Offload::kParams) return;
-  if (stage != 3) {
-    throw InvalidArgument(fmt::format(
-        "--offload optimizer,params puts each rank's parameter shard on disk, and only stage 3 "
-        "shards parameters (at stage {} every rank computes on its full copy); use --stage 3, "
-        "or --offload optimizer",
-        stage));
-  }
-  if (overlap) {
-    throw InvalidArgument(
-        "--offload-overlap on with --offload optimizer,params: the next forward would read "
-        "parameter shards the update is still writing; use --offload-overlap off, or "
-        "--offload optimizer");
-  }
-}
-
 bool canonical_order(const TrainConfig& c) {
   return c.invariant.value_or(c.accumulate == AccumulatePolicy::kReduce &&
                               !c.launch.comm.two_level && c.launch.comm.qgz_bits == 0 &&
@@ -296,23 +190,18 @@ void default_island_nodes(TrainConfig& c, int world) {
   }
 }
 
-// What islands in turn do not do yet, each refused naming why.
-void check_islands_in_turn(const TrainConfig& c) {
-  if (!c.islands_in_turn) return;
-  if (c.islands < 2) {
-    throw InvalidArgument(fmt::format(
-        "--islands-in-turn runs several islands on the same ranks; --islands {} is not several. "
-        "Use --islands 2 or more",
-        c.islands));
+void check_island_world(const TrainConfig& c, int world, WorldNamed named) {
+  if (c.islands == 1) return;
+  if (!c.islands_in_turn) {
+    check_divides_world("--islands", c.islands, world, "every island has as many ranks", named);
   }
-  const auto refuse = [](std::string_view flag, std::string_view why) {
-    throw InvalidArgument(
-        fmt::format("--islands-in-turn cannot be combined with {} yet: {}", flag, why));
-  };
-  if (c.checkpoint_async && c.offload != Offload::kNone) {
-    refuse("--checkpoint-async with --offload",
-           "the background writer reads one island's offload file while the next step "
-           "rewrites it; save synchronously, or keep the states in memory");
+  const int n = c.islands_in_turn ? world : world / c.islands;
+  const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : n;
+  if (n % t != 0 && t % n != 0) {
+    throw InvalidArgument(fmt::format(
+        "--islands {} of {} ranks each and --node-ranks {}: an island must be whole nodes or a "
+        "part of one; use --node-ranks dividing {} or a multiple of it",
+        c.islands, n, t, n));
   }
 }
 
@@ -322,46 +211,6 @@ void check_fragments(const TrainConfig& c, uint64_t params) {
       "--fragments {} would split the model's {} parameters into fragments of less than one "
       "element; use at most {} (a divisor of --outer-every {}, e.g. 4)",
       c.fragments, params, params, c.outer_every));
-}
-
-void check_island_modes(const TrainConfig& c) {
-  check_islands_in_turn(c);
-  if (c.islands == 1) return;
-  const int k = c.islands;
-  const auto refuse = [k](std::string_view flag, std::string_view why) {
-    throw InvalidArgument(fmt::format("--islands {} cannot be combined with {}: {}", k, flag, why));
-  };
-  if (c.shard_within_node) {
-    refuse("--shard-within-node",
-           "the islands already hold a replica each; shard inside each island with --stage");
-  }
-  if (c.outer_every % c.fragments != 0) {
-    throw InvalidArgument(fmt::format(
-        "--fragments {} does not divide --outer-every {}: each fragment's round is H steps, "
-        "one every H / F; use a divisor of {}",
-        c.fragments, c.outer_every, c.outer_every));
-  }
-  if (c.outer_delay >= c.outer_every / c.fragments) {
-    throw InvalidArgument(fmt::format(
-        "--outer-delay {} is not below --outer-every {} / --fragments {} = {}: one exchange at "
-        "a time, each merged before the next starts; use at most {}",
-        c.outer_delay, c.outer_every, c.fragments, c.outer_every / c.fragments,
-        c.outer_every / c.fragments - 1));
-  }
-  if (c.eval_every > 0 && (c.fragments > 1 || c.outer_delay > 0)) {
-    throw InvalidArgument(fmt::format(
-        "--eval-every {} with --fragments {} and --outer-delay {}: the islands hold the same "
-        "weights only once every fragment's round has ended and been merged whole, which "
-        "streaming does at the run's end only; leave --eval-every out (the run evaluates at "
-        "its end)",
-        c.eval_every, c.fragments, c.outer_delay));
-  }
-  if (c.eval_every > 0 && c.eval_every % c.outer_every != 0) {
-    throw InvalidArgument(fmt::format(
-        "--eval-every {} with --islands: evaluation reads the global weights, which the islands "
-        "share only after an outer step (every --outer-every {}); use a multiple of {}",
-        c.eval_every, c.outer_every, c.outer_every));
-  }
 }
 
 }  // namespace zerodp

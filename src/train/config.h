@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/launch.h"
+#include "comm/world_shape.h"
 
 namespace zerodp {
 
@@ -51,8 +52,6 @@ AccumulatePolicy default_accumulate(int stage, int grad_accum,
                                     std::optional<bool> invariant = std::nullopt);
 // --invariant's value: on/true, off/false, or auto (nullopt); InvalidArgument otherwise.
 std::optional<bool> parse_invariant_flag(std::string_view text);
-// InvalidArgument when --invariant on meets --accumulate local, which cannot keep the order.
-void check_invariant_policy(std::optional<bool> invariant, AccumulatePolicy policy);
 // --qgz: off (0), int8 (8) or int4 (4) (CommOptions::qgz_bits); InvalidArgument otherwise.
 int parse_qgz_flag(std::string_view text);
 std::string_view qgz_name(int bits);
@@ -60,22 +59,6 @@ std::string_view qgz_name(int bits);
 // otherwise.
 bool parse_collectives_flag(std::string_view text);
 std::string_view collectives_name(bool two_level);
-// The refusals train and estimate share for the modes over nodes: block sizes of at least 1,
-// and --hpz and --collectives two-level only with --node-ranks (node_ranks 0 = not given).
-void check_node_modes(int node_ranks, bool two_level, bool hpz, int qgz_bits, size_t qgz_block,
-                      int qwz_block);
-// InvalidArgument when a link between nodes is given without --node-ranks to say where nodes
-// begin.
-void check_inter_node_link(const CommOptions& comm);
-// InvalidArgument when --invariant on meets --collectives two-level or --qgz, whose node
-// partials (and quantization) make the sum depend on the ranks per node.
-void check_invariant_collectives(std::optional<bool> invariant, const CommOptions& comm);
-// The refusals of --shard-within-node (HSDP) train and estimate share: it needs --node-ranks
-// and a stage that shards (1-3), and stands alone among the modes over nodes (its gathers
-// stay in the node and its reduction is two-level already, so --hpz, --qwz, --qgz and
-// --collectives two-level have nothing to act on) and outside --invariant on.
-void check_shard_within_node(int stage, int node_ranks, std::optional<bool> invariant,
-                             bool two_level, bool hpz, bool qwz, int qgz_bits);
 
 // A fault to inject (--inject KIND@STEP[:RANK]), for tests and demos of failure handling
 // (docs/reliability.md). Rank defaults to 0.
@@ -268,37 +251,24 @@ inline constexpr size_t kOuterQuantBlock = 256;
 // The flag a config_json key names: "qwz_block" -> "--qwz-block".
 std::string flag_of(std::string_view key);
 
-// One rule for every option that acts only in some combinations (--qwz-block without --qwz,
-// --offload-piece without --offload, ...): given explicitly, it is refused naming the option,
-// its value and what it needs; config_json records it as null, so a report fed back through
-// --config runs. Called by resolve_config.
-void check_idle_options(const TrainConfig& c);
-// Of those, DiLoCo's (--outer-every, --fragments, ... without --islands): estimate's check,
-// which takes no other of train's rules.
-void check_idle_island_options(const TrainConfig& c, const std::set<std::string>& given);
-
-// The refusals of --islands train and estimate share: what the islands cannot be combined
-// with (--shard-within-node, --hpz, --offload), and Streaming DiLoCo's
-// schedule (--fragments dividing --outer-every, --outer-delay below H / F, evaluation where
-// the islands agree on the weights).
-void check_island_modes(const TrainConfig& c);
 // Streaming DiLoCo's fragments split the model's `params` elements: each must hold at least
 // one, or the plan would build (and time) empty exchanges by the million. InvalidArgument.
 void check_fragments(const TrainConfig& c, uint64_t params);
 // Islands are nodes unless --node-ranks says otherwise: with --islands and no --node-ranks,
 // node_ranks becomes world / islands (launch() makes the MPI world so, comm/launch.h).
 void default_island_nodes(TrainConfig& c, int world);
+// The islands' part of the world check (run_check.h), which the planner asks too: --islands
+// divides a world of `world` ranks unless the islands take turns, into islands that are whole
+// nodes or a part of one. `named`: how a refusal names the world.
+void check_island_world(const TrainConfig& c, int world, WorldNamed named);
 
 // --offload's value: "none", "optimizer" or "optimizer,params". Throws InvalidArgument naming
 // the text and what is accepted.
 Offload parse_offload(std::string_view text);
 std::string_view offload_name(Offload o);
-// Throws InvalidArgument for what offload cannot be combined with: --qwz (it quantizes from
-// the master in memory); with parameters, stages 0-2 (every rank computes on its full copy)
-// and --offload-overlap (the next forward would read parameter shards still being written).
-void check_offload_modes(Offload offload, bool qwz, int stage = 3, bool overlap = false);
 
-// Resolves size presets and defaults in place; throws InvalidArgument naming bad values.
+// Resolves size presets and defaults in place, then checks the run (check_run) and, on the
+// local backend, its world of --ranks (check_world); throws InvalidArgument naming bad values.
 void resolve_config(TrainConfig& config);
 
 // Whether the run sums gradients in the canonical order: its bits are then the same for

@@ -39,6 +39,7 @@
 #include "train/plan.h"
 #include "train/rank_trainer.h"
 #include "train/report.h"
+#include "train/run_check.h"
 #include "train/setup.h"
 #include "train/stop.h"
 #include "train/trace.h"
@@ -712,12 +713,12 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
       std::optional<TrainConfig> own;
       if (!local) {
         own.emplace(cfg);
+        resolve_world(*own, comm.size(), WorldNamed::kLaunched);
         if (saved) {
           const std::string note = keep_global_batch(
               *own, resume_from, *saved, comm.size() * hosted_islands(cfg), default_policy);
           if (comm.rank() == 0) order_note = note;
         }
-        default_island_nodes(*own, comm.size());
         // The process's first rank checks the memory of all of them.
         if (comm.rank() % here == 0)
           preflight(*own, data, make_model, comm.size(), comm.rank(), here);

@@ -12,7 +12,6 @@ namespace {
 using nlohmann::json;
 
 constexpr std::string_view kParallelism = "Parallelism";
-constexpr unsigned kBoth = kTrainCommand | kEstimateCommand;
 constexpr int kMaxFragments = 1000000;
 
 using namespace option_readers;
@@ -51,7 +50,11 @@ const OptionSpec kIslandOptions[] = {
                 const OptionSpec& o) { c.outer_every = whole<int64_t>(t, o); },
      .check = [](const TrainConfig& c,
                  const OptionSpec& o) { at_least<int64_t>(c.outer_every, 1, o); },
-     .record = [](const TrainConfig& c) -> json { return c.outer_every; }},
+     .record = [](const TrainConfig& c) -> json { return c.outer_every; },
+     .idle =
+         [](const TrainConfig& c) {
+           return unless(c.islands > 1, "it spaces DiLoCo's outer steps; add --islands K");
+         }},
     {.key = "outer_lr",
      .section = kParallelism,
      .help = "DiLoCo's outer learning rate: the Nesterov step on the averaged pseudo-gradient "
@@ -64,7 +67,11 @@ const OptionSpec kIslandOptions[] = {
            if (!(c.outer_lr > 0) || !std::isfinite(c.outer_lr))
              o.refuse(fmt::format("{}", c.outer_lr));
          },
-     .record = [](const TrainConfig& c) -> json { return c.outer_lr; }},
+     .record = [](const TrainConfig& c) -> json { return c.outer_lr; },
+     .idle =
+         [](const TrainConfig& c) {
+           return unless(c.islands > 1, "it sizes DiLoCo's outer step; add --islands K");
+         }},
     {.key = "outer_momentum",
      .section = kParallelism,
      .help = "DiLoCo's outer Nesterov momentum, 0 (plain averaging when --outer-lr is 1) to "
@@ -80,7 +87,11 @@ const OptionSpec kIslandOptions[] = {
            if (!(c.outer_momentum >= 0 && c.outer_momentum < 1))
              o.refuse(fmt::format("{}", c.outer_momentum));
          },
-     .record = [](const TrainConfig& c) -> json { return c.outer_momentum; }},
+     .record = [](const TrainConfig& c) -> json { return c.outer_momentum; },
+     .idle =
+         [](const TrainConfig& c) {
+           return unless(c.islands > 1, "it is DiLoCo's outer momentum; add --islands K");
+         }},
     {.key = "fragments",
      .section = kParallelism,
      .help = "Streaming DiLoCo: sync the parameters in this many equal fragments, one every "
@@ -98,7 +109,11 @@ const OptionSpec kIslandOptions[] = {
            at_least(c.fragments, 1, o);
            if (c.fragments > kMaxFragments) o.refuse(std::to_string(c.fragments));
          },
-     .record = [](const TrainConfig& c) -> json { return c.fragments; }},
+     .record = [](const TrainConfig& c) -> json { return c.fragments; },
+     .idle =
+         [](const TrainConfig& c) {
+           return unless(c.islands > 1, "it streams DiLoCo's outer steps; add --islands K");
+         }},
     {.key = "outer_delay",
      .section = kParallelism,
      .help = "Streaming DiLoCo: merge each fragment's exchange this many inner steps after "
@@ -111,7 +126,11 @@ const OptionSpec kIslandOptions[] = {
                 const OptionSpec& o) { c.outer_delay = whole<int64_t>(t, o); },
      .check = [](const TrainConfig& c,
                  const OptionSpec& o) { at_least<int64_t>(c.outer_delay, 0, o); },
-     .record = [](const TrainConfig& c) -> json { return c.outer_delay; }},
+     .record = [](const TrainConfig& c) -> json { return c.outer_delay; },
+     .idle =
+         [](const TrainConfig& c) {
+           return unless(c.islands > 1, "it delays DiLoCo's merges; add --islands K");
+         }},
     {.key = "outer_mix",
      .section = kParallelism,
      .help = "Streaming DiLoCo: at a delayed merge, the global weights' share against the "
@@ -125,7 +144,13 @@ const OptionSpec kIslandOptions[] = {
          [](const TrainConfig& c, const OptionSpec& o) {
            if (!(c.outer_mix > 0 && c.outer_mix <= 1)) o.refuse(fmt::format("{}", c.outer_mix));
          },
-     .record = [](const TrainConfig& c) -> json { return c.outer_mix; }},
+     .record = [](const TrainConfig& c) -> json { return c.outer_mix; },
+     .idle =
+         [](const TrainConfig& c) {
+           return unless(c.islands > 1 && c.outer_delay > 0,
+                         "it weighs a delayed merge, and merges wait for their exchange; add "
+                         "--islands K and --outer-delay D");
+         }},
     {.key = "outer_quant",
      .section = kParallelism,
      .help = "DiLoCo: send the outer gradients across islands as int8 or int4 blocks of 256 "
@@ -145,7 +170,11 @@ const OptionSpec kIslandOptions[] = {
              o.refuse(t);
            }
          },
-     .record = [](const TrainConfig& c) -> json { return qgz_name(c.outer_quant); }},
+     .record = [](const TrainConfig& c) -> json { return qgz_name(c.outer_quant); },
+     .idle =
+         [](const TrainConfig& c) {
+           return unless(c.islands > 1, "it quantizes DiLoCo's outer gradients; add --islands K");
+         }},
 };
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The llama's shape options (docs/llama.md), a part of the option table (options.h).
 #include <string>
 
+#include <fmt/core.h>
+
 #include "core/error.h"
 #include "train/option_readers.h"
 #include "train/options.h"
@@ -9,7 +11,6 @@ namespace zerodp {
 namespace {
 
 constexpr std::string_view kModel = "Model";
-constexpr unsigned kBoth = kTrainCommand | kEstimateCommand;
 
 using namespace option_readers;
 
@@ -22,7 +23,9 @@ const OptionSpec kLlamaOptions[] = {
      .advice = "use a number of heads that divides --heads (omit it for the preset's)",
      .type = "INT",
      .read = [](TrainConfig& c, const std::string& t,
-                const OptionSpec& o) { c.kv_heads = shape(t, o); }},
+                const OptionSpec& o) { c.kv_heads = shape(t, o); },
+     .idle = llama_shape,
+     .quote = [](const TrainConfig& c) { return std::to_string(c.kv_heads); }},
     {.key = "ffn_hidden",
      .section = kModel,
      .help = "llama SwiGLU hidden units (default: 8/3 of --embd, rounded up as docs/llama.md "
@@ -31,7 +34,9 @@ const OptionSpec kLlamaOptions[] = {
      .advice = "use 1 or more (omit it for the rule's)",
      .type = "INT",
      .read = [](TrainConfig& c, const std::string& t,
-                const OptionSpec& o) { c.ffn_hidden = shape(t, o); }},
+                const OptionSpec& o) { c.ffn_hidden = shape(t, o); },
+     .idle = llama_shape,
+     .quote = [](const TrainConfig& c) { return std::to_string(c.ffn_hidden); }},
     {.key = "rope_theta",
      .section = kModel,
      .help = "llama rotary base, a whole number (default 10000)",
@@ -42,17 +47,19 @@ const OptionSpec kLlamaOptions[] = {
          [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
            c.rope_theta = whole<int>(t, o);
            if (c.rope_theta < 2) o.refuse(t);
-         }},
+         },
+     .idle = llama_shape,
+     .quote = [](const TrainConfig& c) { return std::to_string(c.rope_theta); }},
     {.key = "norm_eps",
      .section = kModel,
      .help = "llama RMSNorm eps (default 1e-05)",
      .commands = kBoth,
      .advice = "use a number above 0 and at most 1, e.g. 1e-5 or 1e-6",
      .type = "NUMBER",
-     .read =
-         [](TrainConfig& c, const std::string& t, const OptionSpec& o) {
-           c.norm_eps = static_cast<float>(finite(t, o, 0, true, 1));
-         }},
+     .read = [](TrainConfig& c, const std::string& t,
+                const OptionSpec& o) { c.norm_eps = static_cast<float>(finite(t, o, 0, true, 1)); },
+     .idle = llama_shape,
+     .quote = [](const TrainConfig& c) { return fmt::format("{:g}", c.norm_eps); }},
     {.key = "head",
      .section = kModel,
      .help = "llama head: untied (its own weights) or tied (the embedding's, not built yet)",

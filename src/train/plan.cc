@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 
 #include "comm/quantize.h"
+#include "comm/world_shape.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "optim/moments8.h"
@@ -222,20 +223,9 @@ StateBytes rank_model_state_bytes(const TrainConfig& c, std::span<const uint64_t
 
 IslandLayout island_layout(const TrainConfig& c, int world) {
   const int k = c.islands;
-  if (k < 1 || (world % k != 0 && !c.islands_in_turn)) {
-    throw InvalidArgument(fmt::format(
-        "--islands {} does not divide the {} ranks; every island has as many ranks: launch a "
-        "multiple of {} ranks, or use a divisor of {}",
-        k, world, k, world));
-  }
+  check_island_world(c, world, WorldNamed::kLaunched);
   const int n = c.islands_in_turn ? world : world / k;
   const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : n;
-  if (n % t != 0 && t % n != 0) {
-    throw InvalidArgument(fmt::format(
-        "--islands {} of {} ranks each and --node-ranks {}: an island must be whole nodes or a "
-        "part of one; use --node-ranks dividing {} or a multiple of it",
-        k, n, t, n));
-  }
   return {.islands = k,
           .in_turn = c.islands_in_turn,
           .fragments = c.fragments,
@@ -447,12 +437,7 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
                               bool canonical, int rank, const CommModes& modes) {
   const int node_ranks = modes.node_ranks;
   check_rank(world, rank);
-  if (node_ranks < 0 || (node_ranks > 0 && world % node_ranks != 0)) {
-    throw InvalidArgument(fmt::format(
-        "--node-ranks {} does not divide the world of {} ranks: a world is whole nodes; use a "
-        "divisor of {}",
-        node_ranks, world, world));
-  }
+  check_whole_nodes(node_ranks, world, WorldNamed::kLaunched);
   const int per_node = node_ranks > 0 ? node_ranks : world;
   const int first = rank / per_node * per_node;
   const StagePlan sp = StagePlan::make(stage, policy, canonical && grad_accum > 1);

@@ -132,3 +132,33 @@ fi
 expect "--ranks '' is invalid; use 1 or more" estimate --params 1e9 --ranks ""
 rows=$("$zerodp" estimate --params 1e9 --ranks 2 --stage 3,1,3 | grep -c '^ *2 ')
 if [[ $rows == 2 ]]; then echo "ok: --stage 3,1,3 prints stages 1 and 3 once"; else echo "FAIL: --stage 3,1,3 printed $rows rows"; fail=1; fi
+# estimate takes train's check of the run (train/run_check.h): an option with nothing to act on
+# at every stage it sweeps is refused as train refuses it, and each row's rank count meets the
+# world's rules before the first row is printed.
+expect "--qwz-block 64 does nothing here: it sizes --qwz's blocks, and --qwz is off; add --qwz, or leave --qwz-block out" \
+  estimate --params 1e9 --ranks 8 --qwz-block 64
+expect "--prefetch 2 does nothing here: it sets how many units stage 3 gathers ahead" \
+  estimate --params 1e9 --ranks 8 --stage 1,2 --prefetch 2
+expect "--offload-overlap on does nothing here: it overlaps --offload's update, and --offload is none" \
+  estimate --params 1e9 --ranks 8 --offload-overlap on
+expect "--kv-heads 2 does nothing here: it shapes a llama; use --model llama" \
+  estimate --layers 2 --heads 2 --embd 32 --seq-len 32 --kv-heads 2
+expect "--node-ranks 0 is invalid; use the ranks per node (1 or more), or leave it out for one node" \
+  estimate --params 1e9 --ranks 4 --node-ranks 0
+expect "--hpz keeps a node's copy of stage 3's gathered parameters; --stage 1 gathers none" \
+  estimate --params 1e9 --ranks 4 --node-ranks 2 --stage 0,1 --hpz
+expect "--offload optimizer,params puts each rank's parameter shard on disk, and only stage 3 shards parameters (at stage 2" \
+  estimate --params 1e9 --ranks 4 --stage 1,2 --offload optimizer,params
+if "$zerodp" estimate --params 1e9 --ranks 4 --stage 0,2 --offload optimizer --offload-overlap on \
+  >/dev/null 2>&1; then
+  echo "ok: estimate --stage 0,2 --offload-overlap on: stage 0 overlaps, so the sweep takes it"
+else
+  echo "FAIL: estimate --stage 0,2 --offload-overlap on was refused"; fail=1
+fi
+out=$(timeout 20 "$zerodp" estimate --params 1e9 --ranks 4,12 --islands 2 --node-ranks 4 2>&1 >/dev/null)
+rows=$(timeout 20 "$zerodp" estimate --params 1e9 --ranks 4,12 --islands 2 --node-ranks 4 2>/dev/null)
+if [[ "$out" == *"--islands 2 of 6 ranks each and --node-ranks 4: an island must be whole nodes"* && -z "$rows" ]]; then
+  echo "ok: estimate --ranks 4,12 --islands 2 --node-ranks 4 -> refused before the first row"
+else
+  echo "FAIL: estimate --ranks 4,12 --islands 2 --node-ranks 4: stdout '$rows', stderr '$out'"; fail=1
+fi

@@ -1,0 +1,28 @@
+// The rule a world's shape keeps, written once for every place that learns the world's rank
+// count: train's local --ranks, each row of estimate's --ranks list, the world an MPI launch
+// made (the communicator, the planner, a launched rank). A count that must split the world
+// into equal parts (--node-ranks' ranks per node, --islands' islands) is refused naming the
+// option, the world as the user named it, and what would fit.
+#pragma once
+
+#include <string_view>
+
+namespace zerodp {
+
+// How the user named the world, which decides the words and the fix a refusal offers.
+enum class WorldNamed {
+  kRanks,      // --ranks N, one world (train's local backend): use a divisor of N
+  kRanksList,  // one of estimate's --ranks rows: use rank counts that are multiples of it
+  kLaunched,   // the world N processes and their threads made: launch a multiple, or a divisor
+};
+
+// InvalidArgument "FLAG BY does not divide WORLD: WHY; FIX" unless `by` divides `world`;
+// `by` below 1 is refused the same way, 0 excepted where `zero_is_whole` (--node-ranks 0:
+// one node).
+void check_divides_world(std::string_view flag, int by, int world, std::string_view why,
+                         WorldNamed named, bool zero_is_whole = false);
+
+// The world is whole nodes of `node_ranks` ranks (0: one node, the whole world).
+void check_whole_nodes(int node_ranks, int world, WorldNamed named);
+
+}  // namespace zerodp
