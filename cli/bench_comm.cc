@@ -305,10 +305,10 @@ void print_row(const Row& row, const Config& cfg, const Communicator& comm) {
   }
 }
 
-int run_bench(const Config& cfg, Launch args) {
-  const Backend backend = parse_backend_flag(cfg.backend);
+// --ops as the collectives they name, in their order.
+std::vector<OpInfo> chosen_ops(const std::vector<std::string>& names) {
   std::vector<OpInfo> ops;
-  for (const auto& name : cfg.ops) {
+  for (const auto& name : names) {
     auto it = std::find_if(std::begin(kOps), std::end(kOps),
                            [&](const OpInfo& o) { return name == o.name; });
     if (it == std::end(kOps)) {
@@ -318,13 +318,38 @@ int run_bench(const Config& cfg, Launch args) {
     }
     ops.push_back(*it);
   }
+  return ops;
+}
+
+// --dtypes as the element types they name, in their order.
+std::vector<DType> chosen_dtypes(const std::vector<std::string>& names) {
   std::vector<DType> dtypes;
-  for (const auto& name : cfg.dtypes) {
+  for (const auto& name : names) {
     const auto t = parse_dtype(name);
     if (!t)
       throw InvalidArgument(fmt::format("--dtypes: '{}' is unknown; use f32, bf16, f16", name));
     dtypes.push_back(*t);
   }
+  return dtypes;
+}
+
+// The table's header: the run, the memcpy reference figures and the columns.
+void print_header(const Config& cfg, const Communicator& comm) {
+  const double m1 = memcpy_bandwidth(1);
+  const double m2 = memcpy_bandwidth(2);
+  fmt::print("# zerodp bench-comm: backend {}, {} ranks\n", comm.backend_name(), comm.size());
+  fmt::print("# memcpy reference: {:.1f} GB/s on 1 thread, {:.1f} GB/s on 2 threads\n", m1 / 1e9,
+             m2 / 1e9);
+  fmt::print("# {:>14} {:>5} {:>12} {:>10} {:>8} {:>8} {:>7} {:>6}{}\n", "op", "dtype", "bytes",
+             "time_us", "algbw", "busbw", "#wrong", "iters",
+             cfg.node_ranks > 0 ? fmt::format(" {:>11}", "host_MB/s") : "");
+  std::fflush(stdout);
+}
+
+int run_bench(const Config& cfg, Launch args) {
+  const Backend backend = parse_backend_flag(cfg.backend);
+  const std::vector<OpInfo> ops = chosen_ops(cfg.ops);
+  const std::vector<DType> dtypes = chosen_dtypes(cfg.dtypes);
   const uint64_t min_bytes = parse_bytes(cfg.min_bytes, "--min-bytes");
   const uint64_t max_bytes = parse_bytes(cfg.max_bytes, "--max-bytes");
   if (min_bytes < 4) {
@@ -382,17 +407,7 @@ int run_bench(const Config& cfg, Launch args) {
   uint64_t total_wrong = 0;
   launch(opts, args.argc, args.argv, [&](Communicator& comm) {
     const bool printer = comm.rank() == 0;
-    if (printer && !cfg.json) {
-      const double m1 = memcpy_bandwidth(1);
-      const double m2 = memcpy_bandwidth(2);
-      fmt::print("# zerodp bench-comm: backend {}, {} ranks\n", comm.backend_name(), comm.size());
-      fmt::print("# memcpy reference: {:.1f} GB/s on 1 thread, {:.1f} GB/s on 2 threads\n",
-                 m1 / 1e9, m2 / 1e9);
-      fmt::print("# {:>14} {:>5} {:>12} {:>10} {:>8} {:>8} {:>7} {:>6}{}\n", "op", "dtype", "bytes",
-                 "time_us", "algbw", "busbw", "#wrong", "iters",
-                 cfg.node_ranks > 0 ? fmt::format(" {:>11}", "host_MB/s") : "");
-      std::fflush(stdout);
-    }
+    if (printer && !cfg.json) print_header(cfg, comm);
     for (const auto& info : ops) {
       for (DType t : dtypes) {
         Bench bench(comm, cfg);

@@ -87,6 +87,99 @@ json point(const ReportStep& s) {
   return json::array({step, number_or_null(s.loss), val});
 }
 
+// How the run ended, for the runs table and the loss chart's markers: an early stop, or a
+// --stop-after slice short of --steps (which the report does not count as a stop), and the
+// elastic restarts on the way.
+void add_ending(const RunReport& r, json& run) {
+  if (r.stopped) {
+    run["stopped"] = {{"reason", r.stopped->reason},
+                      {"signal", r.stopped->signal ? json(*r.stopped->signal) : json()},
+                      {"after_step", r.stopped->after_step},
+                      {"message", r.stopped->message}};
+  } else {
+    run["stopped"] = json();
+  }
+  run["planned_steps"] = r.planned_steps ? json(*r.planned_steps) : json();
+  run["stop_after"] = r.stop_after && *r.stop_after > 0 ? json(*r.stop_after) : json();
+  run["restarts"] = json::array();
+  for (const ReportRestart& x : r.restarts) {
+    run["restarts"].push_back({{"failed_step", x.failed_step},
+                               {"failed_rank", x.failed_rank ? json(*x.failed_rank) : json()},
+                               {"cause", x.cause},
+                               {"ranks_before", x.ranks_before},
+                               {"ranks_after", x.ranks_after},
+                               {"resumed_step", x.resumed_step},
+                               {"order_note", x.order_note}});
+  }
+}
+
+// Rank i's figures as the report's plan forecast them, beside the measured ones: null when
+// the report has no plan.
+void add_plan(const RunReport& r, size_t i, json& out) {
+  if (!r.plan) {
+    out["plan_states"] = json();
+    out["plan_comm_per_step"] = json();
+    out["plan_cross_per_step"] = json();
+    out["plan_outer_per_step"] = json();
+    out["plan_outer_cross_per_step"] = json();
+    return;
+  }
+  const bool nodes = r.node_ranks.has_value();
+  const double nsteps = static_cast<double>(r.steps.size());
+  const ReportPlanRank& p = (*r.plan)[i];
+  out["plan_states"] = {{"params", p.model_state.params}, {"grads", p.model_state.grads},
+                        {"master", p.model_state.master}, {"adam_m", p.model_state.adam_m},
+                        {"adam_v", p.model_state.adam_v}, {"total", p.model_state_total}};
+  out["plan_comm_per_step"] = p.comm_bytes_per_step;
+  out["plan_cross_per_step"] =
+      nodes && p.comm_cross_node_bytes_per_step ? json(*p.comm_cross_node_bytes_per_step) : json();
+  // The outer exchanges' bytes spread over the run's steps, as the ledger spread them:
+  // the inner step's formula alone sits below the measured bars by this much.
+  const bool outer = p.comm_bytes_outer_steps && !r.steps.empty();
+  out["plan_outer_per_step"] =
+      outer ? json(static_cast<double>(*p.comm_bytes_outer_steps) / nsteps) : json();
+  out["plan_outer_cross_per_step"] =
+      outer && nodes && p.comm_cross_node_bytes_outer_steps
+          ? json(static_cast<double>(*p.comm_cross_node_bytes_outer_steps) / nsteps)
+          : json();
+}
+
+// Rank i's measured model states, peaks and comm per step, and the plan's forecast of them.
+json rank_data(const RunReport& r, size_t i) {
+  // Only a run over nodes has bytes crossing them to draw: on one node they are all 0.
+  const bool nodes = r.node_ranks.has_value();
+  const double nsteps = static_cast<double>(r.steps.size());
+  const ReportRank& rank = r.ranks[i];
+  json out;
+  out["rank"] = rank.rank;
+  uint64_t total = 0;
+  for (int k = 0; k <= kLastStateCategory; ++k) {
+    out["states"][category(k)] = rank.model_state[k];
+    total += rank.model_state[k];
+  }
+  out["states_total"] = total;
+  for (int k = kLastStateCategory + 1; k < kNumMemCategories; ++k) {
+    out["peaks"][category(k)] = rank.peak[k];
+  }
+  out["peak_total"] = rank.peak_total;
+  out["nvme"] = rank.nvme_bytes;
+  json per_step = json::object();
+  for (const auto& [kind, bytes] : rank.comm_bytes) {
+    per_step[kind] = static_cast<double>(bytes) / nsteps;
+  }
+  out["comm_per_step"] = r.steps.empty() ? json() : per_step;
+  // null for a run on one node, and where the report has no cross_node_bytes (written
+  // before the ledger counted them).
+  json cross_per_step = json::object();
+  for (const auto& [kind, bytes] : rank.comm_cross_node_bytes) {
+    cross_per_step[kind] = static_cast<double>(bytes) / nsteps;
+  }
+  const bool cross = nodes && !r.steps.empty() && !rank.comm_cross_node_bytes.empty();
+  out["cross_per_step"] = cross ? cross_per_step : json();
+  add_plan(r, i, out);
+  return out;
+}
+
 json run_data(const RunReport& r, const std::string& file) {
   json run;
   run["label"] = file;
@@ -117,92 +210,13 @@ json run_data(const RunReport& r, const std::string& file) {
       if (s.outer) run["outer_steps"].push_back(point(s)[0]);
     }
   }
-  // How the run ended, for the runs table and the loss chart's markers: an early stop, or a
-  // --stop-after slice short of --steps (which the report does not count as a stop).
-  if (r.stopped) {
-    run["stopped"] = {{"reason", r.stopped->reason},
-                      {"signal", r.stopped->signal ? json(*r.stopped->signal) : json()},
-                      {"after_step", r.stopped->after_step},
-                      {"message", r.stopped->message}};
-  } else {
-    run["stopped"] = json();
-  }
-  run["planned_steps"] = r.planned_steps ? json(*r.planned_steps) : json();
-  run["stop_after"] = r.stop_after && *r.stop_after > 0 ? json(*r.stop_after) : json();
-  run["restarts"] = json::array();
-  for (const ReportRestart& x : r.restarts) {
-    run["restarts"].push_back({{"failed_step", x.failed_step},
-                               {"failed_rank", x.failed_rank ? json(*x.failed_rank) : json()},
-                               {"cause", x.cause},
-                               {"ranks_before", x.ranks_before},
-                               {"ranks_after", x.ranks_after},
-                               {"resumed_step", x.resumed_step},
-                               {"order_note", x.order_note}});
-  }
-  // Only a run over nodes has bytes crossing them to draw: on one node they are all 0.
-  const bool nodes = r.node_ranks.has_value();
-  run["node_ranks"] = nodes ? json(*r.node_ranks) : json();
+  add_ending(r, run);
+  run["node_ranks"] = r.node_ranks ? json(*r.node_ranks) : json();
   // DiLoCo's islands: ZeRO shards inside each, so the formula divides by an island's ranks.
   run["islands"] = r.islands;
   run["shard_ranks"] = r.shard_ranks;
-
-  const double nsteps = static_cast<double>(r.steps.size());
   run["ranks"] = json::array();
-  for (size_t i = 0; i < r.ranks.size(); ++i) {
-    const ReportRank& rank = r.ranks[i];
-    json out;
-    out["rank"] = rank.rank;
-    uint64_t total = 0;
-    for (int k = 0; k <= kLastStateCategory; ++k) {
-      out["states"][category(k)] = rank.model_state[k];
-      total += rank.model_state[k];
-    }
-    out["states_total"] = total;
-    for (int k = kLastStateCategory + 1; k < kNumMemCategories; ++k) {
-      out["peaks"][category(k)] = rank.peak[k];
-    }
-    out["peak_total"] = rank.peak_total;
-    out["nvme"] = rank.nvme_bytes;
-    json per_step = json::object();
-    for (const auto& [kind, bytes] : rank.comm_bytes) {
-      per_step[kind] = static_cast<double>(bytes) / nsteps;
-    }
-    out["comm_per_step"] = r.steps.empty() ? json() : per_step;
-    // null for a run on one node, and where the report has no cross_node_bytes (written
-    // before the ledger counted them).
-    json cross_per_step = json::object();
-    for (const auto& [kind, bytes] : rank.comm_cross_node_bytes) {
-      cross_per_step[kind] = static_cast<double>(bytes) / nsteps;
-    }
-    const bool cross = nodes && !r.steps.empty() && !rank.comm_cross_node_bytes.empty();
-    out["cross_per_step"] = cross ? cross_per_step : json();
-    if (r.plan) {
-      const ReportPlanRank& p = (*r.plan)[i];
-      out["plan_states"] = {{"params", p.model_state.params}, {"grads", p.model_state.grads},
-                            {"master", p.model_state.master}, {"adam_m", p.model_state.adam_m},
-                            {"adam_v", p.model_state.adam_v}, {"total", p.model_state_total}};
-      out["plan_comm_per_step"] = p.comm_bytes_per_step;
-      out["plan_cross_per_step"] = nodes && p.comm_cross_node_bytes_per_step
-                                       ? json(*p.comm_cross_node_bytes_per_step)
-                                       : json();
-      // The outer exchanges' bytes spread over the run's steps, as the ledger spread them:
-      // the inner step's formula alone sits below the measured bars by this much.
-      const bool outer = p.comm_bytes_outer_steps && !r.steps.empty();
-      out["plan_outer_per_step"] =
-          outer ? json(static_cast<double>(*p.comm_bytes_outer_steps) / nsteps) : json();
-      out["plan_outer_cross_per_step"] =
-          outer && nodes && p.comm_cross_node_bytes_outer_steps
-              ? json(static_cast<double>(*p.comm_cross_node_bytes_outer_steps) / nsteps)
-              : json();
-    } else {
-      out["plan_states"] = json();
-      out["plan_comm_per_step"] = json();
-      out["plan_cross_per_step"] = json();
-      out["plan_outer_per_step"] = json();
-      out["plan_outer_cross_per_step"] = json();
-    }
-    run["ranks"].push_back(out);
-  }
+  for (size_t i = 0; i < r.ranks.size(); ++i) run["ranks"].push_back(rank_data(r, i));
   run["formula"] = zero_formula(static_cast<double>(r.params), r.shard_ranks, r.stage, r.precision);
   return run;
 }

@@ -103,6 +103,38 @@ class Progress {
   int64_t done_ = 0;
 };
 
+// The --metrics log (none for an empty path), appended line by line as steps end, so it is
+// written in place (through a link to its target) rather than replaced at the end; train()
+// has checked it can be written. Opened at the first step, closed with the object.
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path) : path_(path) {}
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  ~MetricsLog() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  void append(const StepRecord& s) {
+    if (path_.empty()) return;
+    if (fd_ < 0) fd_ = files::open_in_place("--metrics", path_, O_WRONLY | O_CREAT | O_TRUNC);
+    const std::string line = step_json(s).dump() + "\n";
+    for (size_t done = 0; done < line.size();) {
+      const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        throw IoError(fmt::format("--metrics: cannot write '{}': {}", path_,
+                                  std::strerror(n == 0 ? ENOSPC : errno)));
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  const std::string& path_;
+  int fd_ = -1;
+};
+
 // 128 + the signal for a run a signal stopped (also one that arrived after the last step:
 // the caller asked to stop and should learn that it did), 1 for --max-skips, else 0.
 // A run whose every step was skipped trained nothing: 1 as well, since the weights it
@@ -167,6 +199,63 @@ std::string stop_note(const TrainResult& r) {
   return note;
 }
 
+// What the reporting rank prints when the run ends: what it trained, its losses, rate and
+// MFU, the tables, the command line's --report (`report_path`), and on stderr how an early
+// stop or skipped steps left it.
+void print_summary(const TrainResult& r, const std::string& report_path) {
+  fmt::print("{}\n", r.data_description);
+  const std::string islands =
+      r.config.islands < 2 ? ""
+      : r.config.islands_in_turn
+          ? fmt::format(" holding {} islands in turn", r.config.islands)
+          : fmt::format(" as {} islands of {}", r.config.islands, r.world_size / r.config.islands);
+  fmt::print("trained {} parameters for {} steps: stage {}, {} ranks{} ({}), {}\n", r.params,
+             r.steps.size(), r.config.stage, r.world_size, islands, r.backend,
+             precision_name(r.config.precision));
+  if (!r.resumed_from.empty()) {
+    fmt::print("continued from {}: steps {}..{}\n", r.resumed_from, r.first_step, r.config.steps);
+  }
+  if (!r.order_note.empty()) fmt::print(stderr, "zerodp: note: {}\n", r.order_note);
+  if (!r.init_sha256.empty()) {
+    fmt::print("started from {} (sha256 {})\n", r.config.init_from, r.init_sha256.substr(0, 16));
+  }
+  if (r.steps.empty()) {
+    // --steps 0 (or a continuation with nothing left): no loss, rate or MFU to give.
+    fmt::print("no step trained; validation loss {}, weights sha256 {}\n",
+               r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
+               r.weights_sha256.substr(0, 16));
+    if (!report_path.empty()) fmt::print("report: {}\n", report_path);
+    return;
+  }
+  fmt::print("final loss {:.4f}, validation loss {}{}, {:.0f} tokens/s, weights sha256 {}\n",
+             r.final_loss, r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
+             r.val_bits_per_byte ? fmt::format(" ({:.4f} bits/byte)", *r.val_bits_per_byte) : "",
+             r.tokens_per_second, r.weights_sha256.substr(0, 16));
+  // What proves no sample skipped or repeated across stops and rank counts: compare it.
+  fmt::print("samples of steps {}..{} chained: sha256 {}\n", r.samples_chain_from + 1,
+             r.steps.back().step, r.samples_chain.substr(0, 16));
+  // Both denominators, calibrated at start-up: 512^3, and the model's own products (a
+  // caller's model declares none).
+  const std::string model_shapes =
+      r.peak_flops_model_shapes && r.mfu_model_shapes
+          ? fmt::format("{:.1f}% of a {:.1f} GFLOP/s peak on the model's own GEMM shapes",
+                        100 * *r.mfu_model_shapes, *r.peak_flops_model_shapes / 1e9)
+          : std::string("no model-shape peak (the model declares no GEMM shapes)");
+  fmt::print(
+      "MFU {:.1f}%: {:.3g} FLOPs/token x {:.0f} tokens/s over a {:.1f} GFLOP/s {} GEMM "
+      "peak (512^3, calibrated at start-up); {}\n",
+      100 * r.mfu, r.flops_per_token, r.tokens_per_second, r.peak_flops / 1e9,
+      // The products' precision: bf16 runs multiply in bf16, fp16 runs in fp32.
+      r.config.precision == Precision::kBF16 ? "bf16" : "fp32", model_shapes);
+  fmt::print("{}", summary_table(r));
+  fmt::print("{}", formula_table(r));
+  if (!report_path.empty()) fmt::print("report: {}\n", report_path);
+  if (r.stopped) fmt::print(stderr, "zerodp: {}\n", stop_note(r));
+  if (const std::string skips = skips_note(r); !skips.empty()) {
+    fmt::print(stderr, "zerodp: {}\n", skips);
+  }
+}
+
 int run_train(Flags& f, Launch args) {
   TrainConfig& c = f.cfg;
   // A command line's policy is the stage's unless given, once the micro-batches per step are
@@ -178,34 +267,11 @@ int run_train(Flags& f, Launch args) {
   if (c.launch.backend == Backend::kMpi && c.given->count("ranks") == 0) c.launch.ranks = 0;
   c.config_file = config_file_of(args);
 
-  // A log, appended line by line as steps end, so it is written in place (through a link to
-  // its target) rather than replaced at the end; train() has checked it can be written.
-  int metrics_fd = -1;
-  struct CloseAtEnd {
-    int& fd;
-    ~CloseAtEnd() {
-      if (fd >= 0) ::close(fd);
-    }
-  } close_metrics{metrics_fd};
+  MetricsLog metrics(c.metrics_path);
   Progress progress(c.progress);
   int restarts = 0;
   StepCallback on_step = [&](const StepRecord& s, int64_t total) {
-    if (!c.metrics_path.empty()) {
-      if (metrics_fd < 0) {
-        metrics_fd =
-            files::open_in_place("--metrics", c.metrics_path, O_WRONLY | O_CREAT | O_TRUNC);
-      }
-      const std::string line = step_json(s).dump() + "\n";
-      for (size_t done = 0; done < line.size();) {
-        const ssize_t n = ::write(metrics_fd, line.data() + done, line.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          throw IoError(fmt::format("--metrics: cannot write '{}': {}", c.metrics_path,
-                                    std::strerror(n == 0 ? ENOSPC : errno)));
-        }
-        done += static_cast<size_t>(n);
-      }
-    }
+    metrics.append(s);
     progress(s, total);
     if (!s.checkpoint.empty() && c.progress) {
       progress.note(fmt::format("step {}: checkpoint committed: {}", s.step, s.checkpoint));
@@ -232,57 +298,7 @@ int run_train(Flags& f, Launch args) {
   // Under mpirun a process ending non-zero makes the launcher kill the others, which could
   // cut rank 0 off while it writes the report; rank 0 alone carries the job's exit code.
   if (!r.is_reporter) return 0;
-  fmt::print("{}\n", r.data_description);
-  const std::string islands =
-      r.config.islands < 2 ? ""
-      : r.config.islands_in_turn
-          ? fmt::format(" holding {} islands in turn", r.config.islands)
-          : fmt::format(" as {} islands of {}", r.config.islands, r.world_size / r.config.islands);
-  fmt::print("trained {} parameters for {} steps: stage {}, {} ranks{} ({}), {}\n", r.params,
-             r.steps.size(), r.config.stage, r.world_size, islands, r.backend,
-             precision_name(r.config.precision));
-  if (!r.resumed_from.empty()) {
-    fmt::print("continued from {}: steps {}..{}\n", r.resumed_from, r.first_step, r.config.steps);
-  }
-  if (!r.order_note.empty()) fmt::print(stderr, "zerodp: note: {}\n", r.order_note);
-  if (!r.init_sha256.empty()) {
-    fmt::print("started from {} (sha256 {})\n", r.config.init_from, r.init_sha256.substr(0, 16));
-  }
-  if (r.steps.empty()) {
-    // --steps 0 (or a continuation with nothing left): no loss, rate or MFU to give.
-    fmt::print("no step trained; validation loss {}, weights sha256 {}\n",
-               r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
-               r.weights_sha256.substr(0, 16));
-    if (!c.report_path.empty()) fmt::print("report: {}\n", c.report_path);
-    return code;
-  }
-  fmt::print("final loss {:.4f}, validation loss {}{}, {:.0f} tokens/s, weights sha256 {}\n",
-             r.final_loss, r.val_loss ? fmt::format("{:.4f}", *r.val_loss) : "n/a",
-             r.val_bits_per_byte ? fmt::format(" ({:.4f} bits/byte)", *r.val_bits_per_byte) : "",
-             r.tokens_per_second, r.weights_sha256.substr(0, 16));
-  // What proves no sample skipped or repeated across stops and rank counts: compare it.
-  fmt::print("samples of steps {}..{} chained: sha256 {}\n", r.samples_chain_from + 1,
-             r.steps.back().step, r.samples_chain.substr(0, 16));
-  // Both denominators, calibrated at start-up: 512^3, and the model's own products (a
-  // caller's model declares none).
-  const std::string model_shapes =
-      r.peak_flops_model_shapes && r.mfu_model_shapes
-          ? fmt::format("{:.1f}% of a {:.1f} GFLOP/s peak on the model's own GEMM shapes",
-                        100 * *r.mfu_model_shapes, *r.peak_flops_model_shapes / 1e9)
-          : std::string("no model-shape peak (the model declares no GEMM shapes)");
-  fmt::print(
-      "MFU {:.1f}%: {:.3g} FLOPs/token x {:.0f} tokens/s over a {:.1f} GFLOP/s {} GEMM "
-      "peak (512^3, calibrated at start-up); {}\n",
-      100 * r.mfu, r.flops_per_token, r.tokens_per_second, r.peak_flops / 1e9,
-      // The products' precision: bf16 runs multiply in bf16, fp16 runs in fp32.
-      r.config.precision == Precision::kBF16 ? "bf16" : "fp32", model_shapes);
-  fmt::print("{}", summary_table(r));
-  fmt::print("{}", formula_table(r));
-  if (!c.report_path.empty()) fmt::print("report: {}\n", c.report_path);
-  if (r.stopped) fmt::print(stderr, "zerodp: {}\n", stop_note(r));
-  if (const std::string skips = skips_note(r); !skips.empty()) {
-    fmt::print(stderr, "zerodp: {}\n", skips);
-  }
+  print_summary(r, c.report_path);
   return code;
 }
 

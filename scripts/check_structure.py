@@ -4,9 +4,11 @@
 * Layering: a file in src/X includes only X's own headers and those of the modules X
   depends on, directly or not, as src/X/CMakeLists.txt's DEPS say: no arrow goes back up.
 * Function length: no function over MAX_FUNCTION lines in src/ and cli/.
-* File length: no file over MAX_FILE lines.
+* File length: no file in src/ or cli/ over MAX_FILE lines; no test file (tests/**: .cc, .h,
+  .sh, .py) over MAX_TEST_FILE.
 
-Functions and files that were longer when the limits came in are listed in
+Functions and files that were longer when the limits came in (src/tensor/gemm.cc, whose
+kernels are one file on purpose, among them) are listed in
 scripts/structure_baseline.txt with their length then: they may shrink, never grow, and a
 line is dropped once its entry is under the limit. `--update` rewrites the baseline from
 the tree (only to record a shrink; review the diff).
@@ -19,8 +21,9 @@ import os
 import re
 import sys
 
-MAX_FUNCTION = 120
-MAX_FILE = 800
+MAX_FUNCTION = 100
+MAX_FILE = 700
+MAX_TEST_FILE = 1000
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE = os.path.join(ROOT, "scripts", "structure_baseline.txt")
 
@@ -31,6 +34,19 @@ def sources():
             for f in sorted(files):
                 if f.endswith((".cc", ".h")):
                     yield os.path.relpath(os.path.join(d, f), ROOT)
+
+
+def test_sources():
+    for d, _, files in os.walk(os.path.join(ROOT, "tests")):
+        for f in sorted(files):
+            if f.endswith((".cc", ".h", ".sh", ".py")):
+                yield os.path.relpath(os.path.join(d, f), ROOT)
+
+
+def line_count(path):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    return len(lines) - (1 if lines and lines[-1] == "" else 0)
 
 
 def strip_code(line, in_block):
@@ -171,7 +187,17 @@ def measure():
         for name, start, length in found:
             if length > MAX_FUNCTION:
                 long_functions[f"{path} {name}"] = max(length, long_functions.get(f"{path} {name}", 0))
+    for path in test_sources():
+        total = line_count(path)
+        if total > MAX_TEST_FILE:
+            long_files[path] = total
     return long_functions, long_files
+
+
+def limit_of(key):
+    if not key.endswith(" (file)"):
+        return MAX_FUNCTION
+    return MAX_TEST_FILE if key.startswith("tests" + os.sep) else MAX_FILE
 
 
 def read_baseline():
@@ -193,8 +219,9 @@ def main():
     if "--update" in sys.argv:
         with open(BASELINE, "w", encoding="utf-8") as f:
             f.write(f"# Written by scripts/check_structure.py --update: functions over "
-                    f"{MAX_FUNCTION} lines and files over {MAX_FILE},\n# with their length "
-                    f"when recorded. They may shrink, never grow; new ones may not appear.\n")
+                    f"{MAX_FUNCTION} lines, files over {MAX_FILE}\n# and test files over "
+                    f"{MAX_TEST_FILE}, with their length when recorded. They may shrink, never "
+                    f"grow;\n# new ones may not appear.\n")
             for key in sorted(now):
                 f.write(f"{key} {now[key]}\n")
         print(f"check_structure: baseline written, {len(now)} entries")
@@ -202,7 +229,7 @@ def main():
     base = read_baseline()
     problems = check_layering(module_deps())
     for key, length in sorted(now.items()):
-        limit = MAX_FILE if key.endswith("(file)") else MAX_FUNCTION
+        limit = limit_of(key)
         if key not in base:
             problems.append(f"{key}: {length} lines, over the limit of {limit}; split it")
         elif length > base[key]:

@@ -412,6 +412,51 @@ void check_data_cursor(const Fields& f, const Meta& m) {
   }
 }
 
+// meta.json's "optimizer": AdamW's step (0..the run's step, which m holds already) and how
+// its moments are stored.
+void parse_optimizer(const Fields& f, const Json& j, Meta& m) {
+  const Json& opt = f.at(j, "", "optimizer");
+  m.adam_step = f.get<int64_t>(opt, "optimizer", "step");
+  if (opt.contains("moments")) {
+    const std::string moments = f.get<std::string>(opt, "optimizer", "moments");
+    if (moments != "int8" && moments != "fp32") {
+      f.fail("optimizer.moments", fmt::format("is \"{}\", expected fp32 or int8", moments));
+    }
+    m.int8_moments = moments == "int8";
+  }
+  if (m.int8_moments) {
+    m.moment_code = opt.contains("moment_code")
+                        ? f.get<std::string>(opt, "optimizer", "moment_code")
+                        : std::string(kMomentCodeBeforeTheField);
+  }
+  if (m.adam_step < 0 || static_cast<uint64_t>(m.adam_step) > m.step) {
+    f.fail("optimizer.step", fmt::format("is {}, expected 0..step ({})", m.adam_step, m.step));
+  }
+}
+
+// meta.json's "data": the sampler's cursor and seed, and what identifies the data and the
+// samples taken so far.
+void parse_data(const Fields& f, const Json& j, Meta& m) {
+  const Json& data = f.at(j, "", "data");
+  m.data_epoch = f.get<uint64_t>(data, "data", "epoch");
+  m.data_step = f.get<uint64_t>(data, "data", "step_in_epoch");
+  m.samples_per_step = f.get<uint64_t>(data, "data", "samples_per_step");
+  m.dataset_size = f.get<uint64_t>(data, "data", "dataset_size");
+  m.seed = f.get<uint64_t>(data, "data", "seed");
+  if (data.contains("identity")) m.data_identity = f.get<std::string>(data, "data", "identity");
+  if (data.contains("samples_chain")) {
+    m.samples_chain = f.get<std::string>(data, "data", "samples_chain");
+    m.samples_chain_from = f.get<uint64_t>(data, "data", "samples_chain_from");
+    if (m.samples_chain.size() != 64 ||
+        m.samples_chain.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      f.fail("data.samples_chain",
+             fmt::format("is \"{}\"; it should be 64 lowercase hex digits (a sha256)",
+                         m.samples_chain));
+    }
+  }
+  check_data_cursor(f, m);
+}
+
 }  // namespace
 
 Meta parse_meta(std::string_view text, std::string_view what) {
@@ -461,23 +506,7 @@ Meta parse_meta(std::string_view text, std::string_view what) {
     if (!v.is_string()) f.fail("config." + k, "is not a string");
     m.config[k] = v.get<std::string>();
   }
-  const Json& opt = f.at(j, "", "optimizer");
-  m.adam_step = f.get<int64_t>(opt, "optimizer", "step");
-  if (opt.contains("moments")) {
-    const std::string moments = f.get<std::string>(opt, "optimizer", "moments");
-    if (moments != "int8" && moments != "fp32") {
-      f.fail("optimizer.moments", fmt::format("is \"{}\", expected fp32 or int8", moments));
-    }
-    m.int8_moments = moments == "int8";
-  }
-  if (m.int8_moments) {
-    m.moment_code = opt.contains("moment_code")
-                        ? f.get<std::string>(opt, "optimizer", "moment_code")
-                        : std::string(kMomentCodeBeforeTheField);
-  }
-  if (m.adam_step < 0 || static_cast<uint64_t>(m.adam_step) > m.step) {
-    f.fail("optimizer.step", fmt::format("is {}, expected 0..step ({})", m.adam_step, m.step));
-  }
+  parse_optimizer(f, j, m);
   m.lr_next = f.get<double>(f.at(j, "", "lr_schedule"), "lr_schedule", "lr_next");
   const Json& scaler = f.at(j, "", "loss_scaler");
   if (!scaler.is_null()) {
@@ -487,24 +516,7 @@ Meta parse_meta(std::string_view text, std::string_view what) {
     s.hysteresis_left = f.get<int32_t>(scaler, "loss_scaler", "hysteresis_left");
     m.loss_scaler = s;
   }
-  const Json& data = f.at(j, "", "data");
-  m.data_epoch = f.get<uint64_t>(data, "data", "epoch");
-  m.data_step = f.get<uint64_t>(data, "data", "step_in_epoch");
-  m.samples_per_step = f.get<uint64_t>(data, "data", "samples_per_step");
-  m.dataset_size = f.get<uint64_t>(data, "data", "dataset_size");
-  m.seed = f.get<uint64_t>(data, "data", "seed");
-  if (data.contains("identity")) m.data_identity = f.get<std::string>(data, "data", "identity");
-  if (data.contains("samples_chain")) {
-    m.samples_chain = f.get<std::string>(data, "data", "samples_chain");
-    m.samples_chain_from = f.get<uint64_t>(data, "data", "samples_chain_from");
-    if (m.samples_chain.size() != 64 ||
-        m.samples_chain.find_first_not_of("0123456789abcdef") != std::string::npos) {
-      f.fail("data.samples_chain",
-             fmt::format("is \"{}\"; it should be 64 lowercase hex digits (a sha256)",
-                         m.samples_chain));
-    }
-  }
-  check_data_cursor(f, m);
+  parse_data(f, j, m);
   const Json& rng = f.array(j, "", "rng");
   for (size_t r = 0; r < rng.size(); ++r) {
     m.rank_seeds.push_back(f.get<uint64_t>(rng[r], fmt::format("rng[{}]", r), "seed"));

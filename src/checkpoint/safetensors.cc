@@ -397,6 +397,57 @@ uint64_t TensorInfo::numel() const {
   return n;
 }
 
+namespace {
+
+// Refuses a header that names a tensor twice.
+void check_names_unique(const Header& header, std::string_view what) {
+  std::vector<size_t> by_name(header.tensors.size());
+  for (size_t i = 0; i < by_name.size(); ++i) by_name[i] = i;
+  std::sort(by_name.begin(), by_name.end(),
+            [&](size_t a, size_t b) { return header.tensors[a].name < header.tensors[b].name; });
+  for (size_t i = 1; i < by_name.size(); ++i) {
+    const std::string& name = header.tensors[by_name[i]].name;
+    if (name == header.tensors[by_name[i - 1]].name) {
+      throw CorruptData(
+          fmt::format("{}: tensor {} appears twice in the header", what, json_quoted(name)));
+    }
+  }
+}
+
+// Refuses a tensor whose data_offsets do not hold exactly its shape's bytes inside the data
+// section of a file of `file_size` bytes.
+void check_data_offsets(const Header& header, uint64_t file_size, std::string_view what) {
+  const uint64_t data_bytes = file_size - header.data_start;
+  for (const TensorInfo& t : header.tensors) {
+    const auto prefix_of = [&] { return fmt::format("{}: tensor {}", what, json_quoted(t.name)); };
+    const std::string_view type = element_type_name(t.type);
+    const std::optional<uint64_t> needed = checked_bytes(t.shape, element_size(t.type));
+    if (!needed) {
+      throw CorruptData(fmt::format("{}: {} shape {} needs 2^64 bytes or more", prefix_of(), type,
+                                    shape_text(t.shape)));
+    }
+    if (t.begin > t.end) {
+      throw CorruptData(fmt::format("{}: data_offsets [{}, {}) end before they begin", prefix_of(),
+                                    t.begin, t.end));
+    }
+    if (t.end - t.begin != *needed) {
+      throw CorruptData(fmt::format(
+          "{}: data_offsets [{}, {}) hold {} bytes but {} shape {} "
+          "needs {}",
+          prefix_of(), t.begin, t.end, t.end - t.begin, type, shape_text(t.shape), *needed));
+    }
+    if (t.end > data_bytes) {
+      throw CorruptData(
+          fmt::format("{}: data_offsets [{}, {}) pass the end of the data section "
+                      "({} bytes: the file has {}, the data starts at {}; "
+                      "truncated?)",
+                      prefix_of(), t.begin, t.end, data_bytes, file_size, header.data_start));
+    }
+  }
+}
+
+}  // namespace
+
 Header parse_header(std::span<const std::byte> prefix, uint64_t file_size, std::string_view what) {
   if (prefix.size() > file_size) {
     throw InvalidArgument(fmt::format("{}: parse_header was given {} bytes of a {}-byte file", what,
@@ -441,48 +492,9 @@ Header parse_header(std::span<const std::byte> prefix, uint64_t file_size, std::
   nlohmann::json::sax_parse(json, json + header_bytes, &sax);
   Header header = sax.take();
   header.data_start = 8 + header_bytes;
-  const uint64_t data_bytes = file_size - header.data_start;
 
-  {
-    std::vector<size_t> by_name(header.tensors.size());
-    for (size_t i = 0; i < by_name.size(); ++i) by_name[i] = i;
-    std::sort(by_name.begin(), by_name.end(),
-              [&](size_t a, size_t b) { return header.tensors[a].name < header.tensors[b].name; });
-    for (size_t i = 1; i < by_name.size(); ++i) {
-      const std::string& name = header.tensors[by_name[i]].name;
-      if (name == header.tensors[by_name[i - 1]].name) {
-        throw CorruptData(
-            fmt::format("{}: tensor {} appears twice in the header", what, json_quoted(name)));
-      }
-    }
-  }
-
-  for (const TensorInfo& t : header.tensors) {
-    const auto prefix_of = [&] { return fmt::format("{}: tensor {}", what, json_quoted(t.name)); };
-    const std::string_view type = element_type_name(t.type);
-    const std::optional<uint64_t> needed = checked_bytes(t.shape, element_size(t.type));
-    if (!needed) {
-      throw CorruptData(fmt::format("{}: {} shape {} needs 2^64 bytes or more", prefix_of(), type,
-                                    shape_text(t.shape)));
-    }
-    if (t.begin > t.end) {
-      throw CorruptData(fmt::format("{}: data_offsets [{}, {}) end before they begin", prefix_of(),
-                                    t.begin, t.end));
-    }
-    if (t.end - t.begin != *needed) {
-      throw CorruptData(fmt::format(
-          "{}: data_offsets [{}, {}) hold {} bytes but {} shape {} "
-          "needs {}",
-          prefix_of(), t.begin, t.end, t.end - t.begin, type, shape_text(t.shape), *needed));
-    }
-    if (t.end > data_bytes) {
-      throw CorruptData(
-          fmt::format("{}: data_offsets [{}, {}) pass the end of the data section "
-                      "({} bytes: the file has {}, the data starts at {}; "
-                      "truncated?)",
-                      prefix_of(), t.begin, t.end, data_bytes, file_size, header.data_start));
-    }
-  }
+  check_names_unique(header, what);
+  check_data_offsets(header, file_size, what);
 
   std::stable_sort(header.tensors.begin(), header.tensors.end(),
                    [](const TensorInfo& a, const TensorInfo& b) {

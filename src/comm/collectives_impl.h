@@ -59,11 +59,39 @@ class TransportCommunicator final : public Communicator {
     std::byte* cursor = nullptr;             // the rest of the packets' scratch
   };
 
+  // The two-level reduce-scatter's scratch (scratch_): [local peer l' (skipping `local`)][node
+  // q] pieces, then [node q] partials, then [node q (skipping `node`)] partials of this rank's
+  // range from the other nodes. `slot` bytes hold a piece or a partial of one round,
+  // `own_slot` a foreign partial.
+  struct TwoLevelScratch {
+    std::byte* pieces = nullptr;
+    std::byte* partials = nullptr;
+    std::byte* foreign_partials = nullptr;
+    size_t slot = 0;
+    size_t own_slot = 0;
+    int nodes = 0;
+    int node = 0;
+    int local = 0;
+    std::byte* piece(int l, int q) const {
+      const size_t peer = static_cast<size_t>(l < local ? l : l - 1);
+      return pieces + (peer * static_cast<size_t>(nodes) + static_cast<size_t>(q)) * slot;
+    }
+    std::byte* partial(int q) const { return partials + static_cast<size_t>(q) * slot; }
+    std::byte* foreign(int q) const {
+      return foreign_partials + static_cast<size_t>(q < node ? q : q - 1) * own_slot;
+    }
+  };
+
   void reduce_scatter_flat(ConstBuffer in, MutableBuffer out, const Partition& part, ReduceOp op);
+  // Sizes scratch_ for a two-level reduce-scatter over `part` and lays it out.
+  TwoLevelScratch two_level_scratch(const Partition& part, DType dtype);
   void reduce_scatter_two_level(ConstBuffer in, MutableBuffer out, const Partition& part,
                                 ReduceOp op);
   void reduce_scatter_quantized(ConstBuffer in, MutableBuffer out, const Partition& part,
                                 ReduceOp op);
+  // Sizes qgZ's packets' scratch for both phases (qgz_packets_) and places this node's fp32
+  // partials of the ranges it folds (qgz_partials_); the cursor at the packets' start.
+  QgzNode qgz_scratch(const Partition& part, BlockQuant quant);
   QgzNode qgz_node_partials(ConstBuffer in, const Partition& part, BlockQuant quant);
   void qgz_across_nodes(ConstBuffer in, MutableBuffer out, const Partition& part, ReduceOp op,
                         BlockQuant quant, QgzNode& node);
@@ -76,6 +104,10 @@ class TransportCommunicator final : public Communicator {
   void fold_node_pieces(ConstBuffer in, MutableBuffer out, const Partition& node_part, ReduceOp op,
                         const std::byte* partial);
 
+  // Whether this rank folds its node's partial of range (q, local), local = rank() % T, in a
+  // two-level or a quantized reduce-scatter: its own range's always; another's unless that
+  // range's rank reads this node's inputs itself.
+  bool folds_node_partial(int q) const;
   // Whether every rank of node q is here for rank x: then x folds node q's partials of its
   // range itself, reading their inputs in place, and nobody sends them.
   bool node_here(int q, int x) const {

@@ -66,6 +66,49 @@ CommOptions world_options(const LaunchOptions& options, int world) {
   return o;
 }
 
+// The MPI job's rank count (its processes x --ranks-per-process), checked against --ranks
+// when that was given.
+int mpi_world(const LaunchOptions& options, int processes) {
+  const int per_process = options.ranks_per_process;
+  const int world = processes * per_process;
+  if (options.ranks != 0 && options.ranks != world) {
+    throw InvalidArgument(
+        per_process == 1
+            ? fmt::format("--ranks {} does not match the MPI job's {} processes; omit --ranks "
+                          "under mpirun or pass -np {}",
+                          options.ranks, processes, options.ranks)
+            : fmt::format("--ranks {} does not match the MPI job's {} processes x "
+                          "--ranks-per-process {} = {} ranks; omit --ranks under mpirun",
+                          options.ranks, processes, per_process, world));
+  }
+  return world;
+}
+
+// Which of a process's rank threads failed first in cause (errors.size() when none did): the
+// first whose error is its own, else the first that failed. A CommError only repeats a peer's
+// failure, so it is a rank's own error only when it is a CommTimeout, which the rank
+// diagnosed itself.
+size_t root_cause(const std::vector<std::exception_ptr>& errors) {
+  size_t cause = errors.size();
+  bool cause_is_own = false;
+  for (size_t l = 0; l < errors.size(); ++l) {
+    if (!errors[l] || cause_is_own) continue;
+    bool own = true;
+    try {
+      std::rethrow_exception(errors[l]);
+    } catch (const CommTimeout&) {
+    } catch (const CommError&) {
+      own = false;
+    } catch (...) {
+    }
+    if (cause == errors.size() || own) {
+      cause = l;
+      cause_is_own = own;
+    }
+  }
+  return cause;
+}
+
 }  // namespace
 
 void launch(const LaunchOptions& options, int& argc, char**& argv,
@@ -87,17 +130,7 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
   const int per_process = options.ranks_per_process;
   if (per_process > 1) check_startable_threads(per_process);
   MpiSession session(argc, argv);
-  const int world = session.size() * per_process;
-  if (options.ranks != 0 && options.ranks != world) {
-    throw InvalidArgument(
-        per_process == 1
-            ? fmt::format("--ranks {} does not match the MPI job's {} processes; omit --ranks "
-                          "under mpirun or pass -np {}",
-                          options.ranks, session.size(), options.ranks)
-            : fmt::format("--ranks {} does not match the MPI job's {} processes x "
-                          "--ranks-per-process {} = {} ranks; omit --ranks under mpirun",
-                          options.ranks, session.size(), per_process, world));
-  }
+  const int world = mpi_world(options, session.size());
   std::optional<ProcessWatch> watch;
   if (session.size() > 1) watch.emplace(session, per_process);
   std::vector<std::unique_ptr<Communicator>> comms =
@@ -156,25 +189,7 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
     });
   }
   for (auto& t : threads) t.join();
-  // The root cause is a rank's own error; a CommError only repeats a peer's failure.
-  size_t cause = errors.size();
-  bool cause_is_own = false;
-  for (size_t l = 0; l < errors.size(); ++l) {
-    if (!errors[l] || cause_is_own) continue;
-    bool own = true;
-    try {
-      std::rethrow_exception(errors[l]);
-    } catch (const CommTimeout&) {
-    } catch (const CommError&) {
-      own = false;
-    } catch (...) {
-    }
-    if (cause == errors.size() || own) {
-      cause = l;
-      cause_is_own = own;
-    }
-  }
-  if (cause < errors.size()) {
+  if (const size_t cause = root_cause(errors); cause < errors.size()) {
     try {
       std::rethrow_exception(errors[cause]);
     } catch (const std::exception& e) {

@@ -63,6 +63,39 @@
 
 namespace zerodp::collectives_detail {
 
+bool TransportCommunicator::folds_node_partial(int q) const {
+  const int t = node_ranks();
+  const int node = rank() / t;
+  return q == node || !node_here(node, q * t + rank() % t);
+}
+
+TransportCommunicator::TwoLevelScratch TransportCommunicator::two_level_scratch(
+    const Partition& part, DType dtype) {
+  const int t = node_ranks();
+  const int nodes = size() / t;
+  const int node = rank() / t;
+  const int local = rank() % t;
+  const size_t w = dtype_size(dtype);
+  const size_t chunk = chunk_elements(dtype);
+  size_t widest = 0;  // the largest range of local index `local`
+  for (int q = 0; q < nodes; ++q) widest = std::max(widest, part.count(q * t + local));
+  TwoLevelScratch s;
+  s.nodes = nodes;
+  s.node = node;
+  s.local = local;
+  s.slot = std::min(chunk, widest) * w;
+  s.own_slot = std::min(chunk, part.count(rank())) * w;
+  // Pieces come from local peers in other processes only.
+  const size_t peer_pieces = node_here(node, rank()) ? 0 : static_cast<size_t>((t - 1) * nodes);
+  const size_t needed = (peer_pieces + static_cast<size_t>(nodes)) * s.slot +
+                        static_cast<size_t>(nodes - 1) * s.own_slot;
+  if (scratch_.size() < needed) scratch_.resize(needed);
+  s.pieces = scratch_.data();
+  s.partials = s.pieces + peer_pieces * s.slot;
+  s.foreign_partials = s.partials + static_cast<size_t>(nodes) * s.slot;
+  return s;
+}
+
 void TransportCommunicator::reduce_scatter_two_level(ConstBuffer in, MutableBuffer out,
                                                      const Partition& part, ReduceOp op) {
   constexpr std::string_view what = "reduce_scatter";
@@ -75,30 +108,8 @@ void TransportCommunicator::reduce_scatter_two_level(ConstBuffer in, MutableBuff
   const size_t chunk = chunk_elements(in.dtype);
   const size_t rounds = (part.max_count() + chunk - 1) / chunk;
   auto piece = [&](int x, size_t begin) { return round_piece(chunk, part.count(x), begin); };
-  size_t widest = 0;  // the largest range of local index `local`
-  for (int q = 0; q < nodes; ++q) widest = std::max(widest, part.count(rank_of(q, local)));
-  const size_t slot = std::min(chunk, widest) * w;                  // a piece or a partial
-  const size_t own_slot = std::min(chunk, part.count(rank())) * w;  // a foreign partial
-  // Pieces come from local peers in other processes only.
-  const size_t peer_pieces = node_here(node, rank()) ? 0 : static_cast<size_t>((t - 1) * nodes);
-  const size_t needed =
-      (peer_pieces + static_cast<size_t>(nodes)) * slot + static_cast<size_t>(nodes - 1) * own_slot;
-  if (scratch_.size() < needed) scratch_.resize(needed);
-  // Scratch: [local peer l' (skipping `local`)][node q] pieces, then [node q] partials, then
-  // [node q (skipping `node`)] partials of this rank's range from the other nodes.
-  auto peer_index = [local](int l) { return static_cast<size_t>(l < local ? l : l - 1); };
-  auto node_index = [node](int q) { return static_cast<size_t>(q < node ? q : q - 1); };
-  std::byte* const pieces = scratch_.data();
-  std::byte* const partials = pieces + peer_pieces * slot;
-  std::byte* const foreign = partials + static_cast<size_t>(nodes) * slot;
-  auto piece_slot = [&](int l, int q) {
-    return pieces + (peer_index(l) * static_cast<size_t>(nodes) + static_cast<size_t>(q)) * slot;
-  };
-  auto partial_slot = [&](int q) { return partials + static_cast<size_t>(q) * slot; };
-  auto foreign_slot = [&](int q) { return foreign + node_index(q) * own_slot; };
-  // Whether this rank folds its node's partial of range (q, local): its own range's always;
-  // another's unless that rank reads this node's inputs itself.
-  auto folds = [&](int q) { return q == node || !node_here(node, rank_of(q, local)); };
+  const TwoLevelScratch scratch = two_level_scratch(part, in.dtype);
+  auto folds = [this](int q) { return folds_node_partial(q); };
 
   auto* in_bytes = const_cast<std::byte*>(static_cast<const std::byte*>(in.data));
   auto* out_bytes = static_cast<std::byte*>(out.data);
@@ -121,7 +132,7 @@ void TransportCommunicator::reduce_scatter_two_level(ConstBuffer in, MutableBuff
           sends.push_back({peer, in_bytes + (part.offset(theirs) + begin) * w, n * w});
         }
         if (const size_t n = piece(rank_of(q, local), begin); n > 0) {
-          recvs.push_back({peer, piece_slot(l, q), n * w});
+          recvs.push_back({peer, scratch.piece(l, q), n * w});
         }
       }
     }
@@ -135,9 +146,9 @@ void TransportCommunicator::reduce_scatter_two_level(ConstBuffer in, MutableBuff
         node_inputs[static_cast<size_t>(l)] =
             l == local       ? static_cast<const void*>(in_bytes + (part.offset(owner) + begin) * w)
             : t_->here(peer) ? t_->in_of(peer) + (part.offset(owner) + begin) * w
-                             : piece_slot(l, q);
+                             : scratch.piece(l, q);
       }
-      reduce_rank_order(node_inputs, partial_slot(q), n, in.dtype, node_op);
+      reduce_rank_order(node_inputs, scratch.partial(q), n, in.dtype, node_op);
     }
     // Across nodes, among the ranks of local index `local`: the partials of each range go
     // to its owner, or the owner folds them itself.
@@ -148,9 +159,9 @@ void TransportCommunicator::reduce_scatter_two_level(ConstBuffer in, MutableBuff
       if (q == node) continue;
       const int peer = rank_of(q, local);
       if (const size_t n = piece(peer, begin); n > 0 && folds(q)) {
-        sends.push_back({peer, partial_slot(q), n * w});
+        sends.push_back({peer, scratch.partial(q), n * w});
       }
-      if (mine > 0 && !node_here(q, rank())) recvs.push_back({peer, foreign_slot(q), mine * w});
+      if (mine > 0 && !node_here(q, rank())) recvs.push_back({peer, scratch.foreign(q), mine * w});
     }
     t_->exchange(what, Phase::kReduceScatterCross, sends, recvs);
     if (mine == 0) continue;
@@ -160,9 +171,9 @@ void TransportCommunicator::reduce_scatter_two_level(ConstBuffer in, MutableBuff
           node_inputs[static_cast<size_t>(l)] =
               t_->in_of(rank_of(q, l)) + (part.offset(rank()) + begin) * w;
         }
-        reduce_rank_order(node_inputs, foreign_slot(q), mine, in.dtype, node_op);
+        reduce_rank_order(node_inputs, scratch.foreign(q), mine, in.dtype, node_op);
       }
-      node_partials[static_cast<size_t>(q)] = q == node ? partial_slot(q) : foreign_slot(q);
+      node_partials[static_cast<size_t>(q)] = q == node ? scratch.partial(q) : scratch.foreign(q);
     }
     reduce_rank_order(node_partials, out_bytes + begin * dtype_size(out.dtype), mine, in.dtype, op,
                       size());
@@ -176,27 +187,15 @@ void TransportCommunicator::reduce_scatter_quantized(ConstBuffer in, MutableBuff
   qgz_across_nodes(in, out, part, op, quant, node);
 }
 
-// Sizes the packets' scratch for both phases, then runs the node phase: node p's fp32
-// partials of the ranges (q, local) this rank folds.
-TransportCommunicator::QgzNode TransportCommunicator::qgz_node_partials(ConstBuffer in,
-                                                                        const Partition& part,
-                                                                        BlockQuant quant) {
-  constexpr std::string_view what = "reduce_scatter";
+TransportCommunicator::QgzNode TransportCommunicator::qgz_scratch(const Partition& part,
+                                                                  BlockQuant quant) {
   const int t = node_ranks();
   const int nodes = size() / t;
   const int node = rank() / t;
   const int local = rank() % t;
   auto rank_of = [t](int q, int l) { return q * t + l; };
   auto packed_bytes = [&](int x) { return quantized_bytes(part.count(x), quant); };
-  const size_t w = dtype_size(in.dtype);
-  const auto* in_bytes = static_cast<const std::byte*>(in.data);
-  // This rank's input of rank x's range.
-  auto input_of = [&](int x) {
-    return ConstBuffer(in_bytes + part.offset(x) * w, part.count(x), in.dtype);
-  };
-  // Whether this rank folds its node's partial of range (q, local) (as in the two-level one).
-  auto folds = [&](int q) { return q == node || !node_here(node, rank_of(q, local)); };
-
+  auto folds = [this](int q) { return folds_node_partial(q); };
   // Scratch, in order: the packets this rank sends its local peers ([l' != local][q]), the
   // packets of its local peers ([l' != local][q], received or quantized here), its quantized
   // partials for the other nodes ([q != node]), one packet to quantize into and the other
@@ -222,11 +221,6 @@ TransportCommunicator::QgzNode TransportCommunicator::qgz_node_partials(ConstBuf
   if (qgz_partials_.size() < column) qgz_partials_.resize(column);
   QgzNode result;
   result.cursor = qgz_packets_.data();
-  auto take = [&result](size_t bytes) {
-    std::byte* at = result.cursor;
-    result.cursor += bytes;
-    return at;
-  };
   result.partials.resize(static_cast<size_t>(nodes));
   for (size_t q = 0, at = 0; q < result.partials.size(); ++q) {
     if (!folds(static_cast<int>(q))) continue;
@@ -234,6 +228,34 @@ TransportCommunicator::QgzNode TransportCommunicator::qgz_node_partials(ConstBuf
     result.partials[q] = std::span<float>(qgz_partials_.data() + at, n);
     at += n;
   }
+  return result;
+}
+
+// The node phase, in the scratch qgz_scratch sized for both phases: node p's fp32 partials of
+// the ranges (q, local) this rank folds.
+TransportCommunicator::QgzNode TransportCommunicator::qgz_node_partials(ConstBuffer in,
+                                                                        const Partition& part,
+                                                                        BlockQuant quant) {
+  constexpr std::string_view what = "reduce_scatter";
+  const int t = node_ranks();
+  const int nodes = size() / t;
+  const int node = rank() / t;
+  const int local = rank() % t;
+  auto rank_of = [t](int q, int l) { return q * t + l; };
+  auto packed_bytes = [&](int x) { return quantized_bytes(part.count(x), quant); };
+  const size_t w = dtype_size(in.dtype);
+  const auto* in_bytes = static_cast<const std::byte*>(in.data);
+  // This rank's input of rank x's range.
+  auto input_of = [&](int x) {
+    return ConstBuffer(in_bytes + part.offset(x) * w, part.count(x), in.dtype);
+  };
+  auto folds = [this](int q) { return folds_node_partial(q); };
+  QgzNode result = qgz_scratch(part, quant);
+  auto take = [&result](size_t bytes) {
+    std::byte* at = result.cursor;
+    result.cursor += bytes;
+    return at;
+  };
 
   // Each local peer in another process gets this rank's own quantized copy of its ranges
   // (that peer folds all of them: it cannot read this node's inputs).

@@ -32,7 +32,8 @@
 #include <cstdint>
 #include <span>
 
-#include "comm/communicator.h"
+#include "comm/buffer.h"
+#include "comm/comm_options.h"
 #include "tensor/dtype.h"
 
 namespace zerodp {

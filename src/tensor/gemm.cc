@@ -506,6 +506,28 @@ void widen_rows(std::vector<float>& out, const BFloat16* x, size_t rows, size_t 
   }
 }
 
+// bf16 compute on AVX-512 BF16: an operand's bf16 values and row stride (stored, scoped, own).
+std::pair<const BFloat16*, size_t> bf16_operand(std::vector<BFloat16>& own, const GemmOperand& x,
+                                                size_t count, size_t rows, size_t cols, size_t ld) {
+  if (x.is_bf16()) return {x.bf16().data(), ld};
+  if (const BFloat16* scoped = scoped_bf16(x.f32().data(), count)) return {scoped, ld};
+  round_rows(own, x.f32().data(), rows, cols, ld);
+  return {own.data(), cols};
+}
+
+// bf16 compute without AVX-512 BF16: an operand's bf16 values as fp32, row stride cols.
+const float* bf16_values_as_f32(std::vector<BFloat16>& own16, std::vector<float>& own32,
+                                const GemmOperand& x, size_t rows, size_t cols, size_t ld) {
+  if (x.is_bf16()) {
+    widen_rows(own32, x.bf16().data(), rows, cols, ld);
+  } else {
+    round_rows(own16, x.f32().data(), rows, cols, ld);
+    own32.resize(own16.size());
+    convert(std::span<const BFloat16>(own16), std::span<float>(own32));
+  }
+  return own32.data();
+}
+
 // C's rows when the product is skipped (K == 0 or alpha == 0; BLAS semantics oneDNN does not
 // follow for K == 0, where it leaves C alone whatever beta is).
 void skipped_product(size_t M, size_t N, float beta, const GemmResult& c, size_t ldc,
@@ -538,12 +560,10 @@ void gemm(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, s
           GemmResult c, size_t ldc, std::span<const float> bias) {
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;
-  const char* a_shape = ta ? "A^T: K x M" : "M x K";
-  const char* b_shape = tb ? "B^T: N x K" : "K x N";
   const size_t a_rows = ta ? K : M, a_cols = ta ? M : K;
   const size_t b_rows = tb ? N : K, b_cols = tb ? K : N;
-  check_operand("a", a.size(), a_rows, a_cols, lda, a_shape);
-  check_operand("b", b.size(), b_rows, b_cols, ldb, b_shape);
+  check_operand("a", a.size(), a_rows, a_cols, lda, ta ? "A^T: K x M" : "M x K");
+  check_operand("b", b.size(), b_rows, b_cols, ldb, tb ? "B^T: N x K" : "K x N");
   check_operand("c", c.size(), M, N, ldc, "M x N");
   if (!bias.empty() && (bias.size() != N || beta != 0.0f)) {
     throw InvalidArgument(fmt::format(
@@ -594,38 +614,17 @@ void gemm(GemmCompute compute, Transpose trans_a, Transpose trans_b, size_t M, s
   // consulted there).
   if (compute == GemmCompute::kBF16) {
     if (cpu_has_bf16()) {
-      // An operand's bf16 values and their row stride: as stored, a live scope's copy, or
-      // rounded into `own`.
-      auto narrow = [](std::vector<BFloat16>& own, const GemmOperand& x, size_t count, size_t rows,
-                       size_t cols, size_t ld) -> std::pair<const BFloat16*, size_t> {
-        if (x.is_bf16()) return {x.bf16().data(), ld};
-        if (const BFloat16* scoped = scoped_bf16(x.f32().data(), count)) return {scoped, ld};
-        round_rows(own, x.f32().data(), rows, cols, ld);
-        return {own.data(), cols};
-      };
       args.bf16 = true;
-      std::tie(args.a16, args.lda16) = narrow(t_round_a16, a, a_count, a_rows, a_cols, lda);
-      std::tie(args.b16, args.ldb16) = narrow(t_round_b16, b, b_count, b_rows, b_cols, ldb);
+      std::tie(args.a16, args.lda16) = bf16_operand(t_round_a16, a, a_count, a_rows, a_cols, lda);
+      std::tie(args.b16, args.ldb16) = bf16_operand(t_round_b16, b, b_count, b_rows, b_cols, ldb);
       if (c.is_bf16()) {
         c_via_f32 = !bias.empty() && alpha != 1.0f;
         if (!c_via_f32) args.c16 = c.bf16().data();
       }
     } else {
-      // An operand's values as fp32 with row stride cols: widened from bf16, or rounded first.
-      auto widen = [](std::vector<BFloat16>& own16, std::vector<float>& own32, const GemmOperand& x,
-                      size_t rows, size_t cols, size_t ld) -> const float* {
-        if (x.is_bf16()) {
-          widen_rows(own32, x.bf16().data(), rows, cols, ld);
-        } else {
-          round_rows(own16, x.f32().data(), rows, cols, ld);
-          own32.resize(own16.size());
-          convert(std::span<const BFloat16>(own16), std::span<float>(own32));
-        }
-        return own32.data();
-      };
-      args.a = widen(t_round_a16, t_round_a32, a, a_rows, a_cols, lda);
+      args.a = bf16_values_as_f32(t_round_a16, t_round_a32, a, a_rows, a_cols, lda);
       args.lda = a_cols;
-      args.b = widen(t_round_b16, t_round_b32, b, b_rows, b_cols, ldb);
+      args.b = bf16_values_as_f32(t_round_b16, t_round_b32, b, b_rows, b_cols, ldb);
       args.ldb = b_cols;
       c_via_f32 = c.is_bf16();
     }

@@ -37,15 +37,22 @@ RankFailure failure_of(const std::exception_ptr& error, int64_t step) {
   return f;
 }
 
-// After a local launch ended with `error`: the restart the survivors make, with cfg set
-// for their launch; or `error` rethrown: unchanged when it is not a rank's failure a
-// restart gets past, with the reason appended when it is but no restart can be made.
-Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
-                     const std::vector<RankFailure>& failures, std::span<const Restart> done,
-                     bool default_policy) {
-  // The root cause run_local rethrew: a timeout names the rank that stopped arriving; any
-  // other collective failure (a mismatch) is a defect, not a lost rank; else the root is
-  // the first rank in rank order whose own failure was recorded.
+namespace {
+
+// The root cause of a local launch's failure, when a restart may get past it.
+struct RootCause {
+  std::string message;  // what `error` said
+  bool timeout = false;
+  int failed_rank = -1;
+  const RankFailure* failure = nullptr;  // the root's own record, in `failures`
+};
+
+// The root cause run_local rethrew as `error`: a timeout names the rank that stopped
+// arriving; any other collective failure (a mismatch) is a defect, not a lost rank; else the
+// root is the first rank in rank order whose own failure was recorded. Rethrows `error` when
+// it is not a failure a restart gets past.
+RootCause restartable_root(const std::exception_ptr& error,
+                           const std::vector<RankFailure>& failures) {
   std::string message;
   bool timeout = false;
   bool comm_error = false;
@@ -78,7 +85,22 @@ Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
   if (root == nullptr || !(timeout || (untyped && root->restartable))) {
     std::rethrow_exception(error);
   }
+  return {.message = message, .timeout = timeout, .failed_rank = failed_rank, .failure = root};
+}
 
+}  // namespace
+
+// After a local launch ended with `error`: the restart the survivors make, with cfg set
+// for their launch; or `error` rethrown: unchanged when it is not a rank's failure a
+// restart gets past, with the reason appended when it is but no restart can be made.
+Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
+                     const std::vector<RankFailure>& failures, std::span<const Restart> done,
+                     bool default_policy) {
+  const RootCause cause = restartable_root(error, failures);
+  const std::string& message = cause.message;
+  const bool timeout = cause.timeout;
+  const int failed_rank = cause.failed_rank;
+  const RankFailure* root = cause.failure;
   const auto refuse = [&](const std::string& why) {
     const std::string what =
         fmt::format("{}; not restarted (--max-restarts {}): {}", message, cfg.max_restarts, why);

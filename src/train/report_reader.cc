@@ -286,6 +286,67 @@ ReportStop read_stop(const Fields& F, const json& x) {
   return s;
 }
 
+// What the report's config says that the page needs (config_json's keys, train/config.h):
+// the model, the ranks per node, the planned steps and the ranks a shard spans.
+void read_config(const Fields& F, const json& root, RunReport& r) {
+  if (root.contains(key::kConfig) && root[key::kConfig].is_object()) {
+    const json& c = root[key::kConfig];
+    r.model = ReportModel{string_if_any(c, "model").value_or(""), string_if_any(c, "size")};
+    // Decides whether the page draws the bytes crossing nodes, so it is checked; reports
+    // written before nodes existed have no node_ranks, and null means one node.
+    if (c.contains(kNodeRanks) && !c[kNodeRanks].is_null()) {
+      const std::string at = fmt::format("{}.{}", key::kConfig, kNodeRanks);
+      const json& t = c[kNodeRanks];
+      const bool ok = t.is_number_unsigned() ? t.get<uint64_t>() >= 1
+                                             : t.is_number_integer() && t.get<int64_t>() >= 1;
+      if (!ok) {
+        F.bad(at,
+              fmt::format("is {}; expected a positive integer (ranks per node) or null", t.dump()));
+      }
+      r.node_ranks = t.get<uint64_t>();
+    }
+    r.planned_steps = count_if_any(c, kConfigSteps);
+    r.stop_after = count_if_any(c, kConfigStopAfter);
+    r.shard_ranks = read_shard_ranks(F, c, r);
+  } else {
+    r.shard_ranks = r.world_size;
+  }
+}
+
+// Each rank's figures, and the plan's per rank beside them when the report has a plan.
+void read_ranks(const Fields& F, const json& root, RunReport& r) {
+  const size_t world_size = static_cast<size_t>(r.world_size);
+  // The plan is newer than the report format; older reports simply lack it.
+  const json* plan_states = nullptr;
+  const json* plan_comm = nullptr;
+  const json* plan_outer = nullptr;  // --islands only; reports before it lack it
+  if (root.contains(key::kPlan)) {
+    const json& plan = F.object(root, "", key::kPlan);
+    plan_states = &F.array(plan, key::kPlan, key::kModelStateBytes);
+    plan_comm = &F.array(plan, key::kPlan, key::kCommBytesPerStep);
+    if (plan.contains(key::kCommBytesOuterSteps)) {
+      plan_outer = &F.array(plan, key::kPlan, key::kCommBytesOuterSteps);
+    }
+    if (plan_states->size() != world_size || plan_comm->size() != world_size ||
+        (plan_outer != nullptr && plan_outer->size() != world_size)) {
+      F.bad(key::kPlan,
+            fmt::format("does not have one entry per rank (world_size {})", world_size));
+    }
+  }
+  const json& ranks = F.array(root, "", key::kRanks);
+  if (ranks.size() != world_size) {
+    F.bad(key::kRanks, fmt::format("has {} entries for world_size {}", ranks.size(), world_size));
+  }
+  if (plan_states != nullptr) r.plan.emplace();
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    r.ranks.push_back(read_rank(F, ranks[i], fmt::format("{}[{}]", key::kRanks, i)));
+    if (plan_states != nullptr) {
+      r.plan->push_back(read_plan_rank(F, (*plan_states)[i], (*plan_comm)[i],
+                                       plan_outer != nullptr ? &(*plan_outer)[i] : nullptr, i));
+    }
+  }
+}
+
 }  // namespace
 
 RunReport report_from_json(const json& root, const std::string& file) {
@@ -315,29 +376,7 @@ RunReport report_from_json(const json& root, const std::string& file) {
   if (const auto it = root.find(key::kInitFrom); it != root.end() && it->is_object()) {
     r.init_sha256 = string_if_any(*it, "sha256");
   }
-  if (root.contains(key::kConfig) && root[key::kConfig].is_object()) {
-    // config_json's keys (train/config.h).
-    const json& c = root[key::kConfig];
-    r.model = ReportModel{string_if_any(c, "model").value_or(""), string_if_any(c, "size")};
-    // Decides whether the page draws the bytes crossing nodes, so it is checked; reports
-    // written before nodes existed have no node_ranks, and null means one node.
-    if (c.contains(kNodeRanks) && !c[kNodeRanks].is_null()) {
-      const std::string at = fmt::format("{}.{}", key::kConfig, kNodeRanks);
-      const json& t = c[kNodeRanks];
-      const bool ok = t.is_number_unsigned() ? t.get<uint64_t>() >= 1
-                                             : t.is_number_integer() && t.get<int64_t>() >= 1;
-      if (!ok) {
-        F.bad(at,
-              fmt::format("is {}; expected a positive integer (ranks per node) or null", t.dump()));
-      }
-      r.node_ranks = t.get<uint64_t>();
-    }
-    r.planned_steps = count_if_any(c, kConfigSteps);
-    r.stop_after = count_if_any(c, kConfigStopAfter);
-    r.shard_ranks = read_shard_ranks(F, c, r);
-  } else {
-    r.shard_ranks = r.world_size;
-  }
+  read_config(F, root, r);
 
   const json& final = F.object(root, "", key::kFinal);
   r.final_loss = F.number_or_null(final, key::kFinal, key::kLoss);
@@ -365,34 +404,7 @@ RunReport report_from_json(const json& root, const std::string& file) {
     }
   }
 
-  // The plan is newer than the report format; older reports simply lack it.
-  const json* plan_states = nullptr;
-  const json* plan_comm = nullptr;
-  const json* plan_outer = nullptr;  // --islands only; reports before it lack it
-  if (root.contains(key::kPlan)) {
-    const json& plan = F.object(root, "", key::kPlan);
-    plan_states = &F.array(plan, key::kPlan, key::kModelStateBytes);
-    plan_comm = &F.array(plan, key::kPlan, key::kCommBytesPerStep);
-    if (plan.contains(key::kCommBytesOuterSteps)) {
-      plan_outer = &F.array(plan, key::kPlan, key::kCommBytesOuterSteps);
-    }
-    if (plan_states->size() != world || plan_comm->size() != world ||
-        (plan_outer != nullptr && plan_outer->size() != world)) {
-      F.bad(key::kPlan, fmt::format("does not have one entry per rank (world_size {})", world));
-    }
-  }
-  const json& ranks = F.array(root, "", key::kRanks);
-  if (ranks.size() != world) {
-    F.bad(key::kRanks, fmt::format("has {} entries for world_size {}", ranks.size(), world));
-  }
-  if (plan_states != nullptr) r.plan.emplace();
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    r.ranks.push_back(read_rank(F, ranks[i], fmt::format("{}[{}]", key::kRanks, i)));
-    if (plan_states != nullptr) {
-      r.plan->push_back(read_plan_rank(F, (*plan_states)[i], (*plan_comm)[i],
-                                       plan_outer != nullptr ? &(*plan_outer)[i] : nullptr, i));
-    }
-  }
+  read_ranks(F, root, r);
   return r;
 }
 
