@@ -525,19 +525,9 @@ int sample_with_tokenizer(Flags& f, const Loaded& g, bool eos_given) {
   return 0;
 }
 
-int run_sample(Flags& f) {
-  f.options.seed = parse_seed(f.seed, "--seed");
-  const fs::path path(f.model);
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (!fs::exists(status)) {
-    throw InvalidArgument(
-        fmt::format("MODEL {} does not exist; give a file written by zerodp export or a checkpoint "
-                    "directory",
-                    f.model));
-  }
-  // The flags are checked here, by their names, before the model is read; GenerateOptions'
-  // own checks name the fields.
+// The flags are checked here, by their names, before the model is read; GenerateOptions'
+// own checks name the fields.
+void check_number_flags(const Flags& f) {
   const double temperature = f.options.temperature;
   if (!(temperature >= 0) || !std::isfinite(temperature)) {
     throw InvalidArgument(
@@ -560,6 +550,20 @@ int run_sample(Flags& f) {
   if (f.heads < 0) {
     throw InvalidArgument(fmt::format("--heads {} is invalid; use 1 or more", f.heads));
   }
+}
+
+int run_sample(Flags& f) {
+  f.options.seed = parse_seed(f.seed, "--seed");
+  const fs::path path(f.model);
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status)) {
+    throw InvalidArgument(
+        fmt::format("MODEL {} does not exist; give a file written by zerodp export or a checkpoint "
+                    "directory",
+                    f.model));
+  }
+  check_number_flags(f);
   const bool eos_given = f.eos_option != nullptr && f.eos_option->count() > 0;
   if (eos_given && (f.eos < 0 || f.eos > INT32_MAX)) {
     throw InvalidArgument(fmt::format(
