@@ -23,7 +23,7 @@
 #include "core/files.h"
 #include "core/sha256.h"
 #include "tensor/dtype.h"
-#include "train/checkpoint_io.h"
+#include "train/checkpoint_resume.h"
 #include "train/flat.h"
 #include "train/hf_layout.h"
 #include "train/state_store.h"
@@ -366,6 +366,35 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return fmt::format("{}", fmt::join(s, ", "));
 }
 
+// The files' values over the ranges this rank holds of one island's states.
+void load_island_weights(ShardedState& state, StateStore& store, OpenFiles& files,
+                         const InitDigest& digest) {
+  const DType dtype = state.dtype();
+  std::vector<float> tmp;
+  for (size_t i = 0; i < state.units().size(); ++i) {
+    UnitState& u = state.units()[i];
+    UnitReader values(files, digest, *u.unit);
+    const Range held = u.held;
+    if (held == u.opt_range) {
+      // The parameters it holds are those it updates, wherever the store keeps them.
+      const StateStore::Job job{i, {0, held.count()}, StateStore::kParams};
+      store.stream(std::span(&job, 1), StateStore::Access::kWrite, [&](StateStore::Piece& p) {
+        tmp.resize(p.count);
+        values.read(held.begin + p.begin, tmp);
+        narrow(tmp, p.params, dtype, 0);
+      });
+    } else {
+      tmp.resize(held.count());
+      values.read(held.begin, tmp);
+      narrow(tmp, u.params.data(), dtype, 0);
+    }
+    if (state.fp32()) continue;  // the parameters are the master
+    const StateStore::Job job{i, {0, u.opt_range.count()}, StateStore::kMaster};
+    store.stream(std::span(&job, 1), StateStore::Access::kWrite,
+                 [&](StateStore::Piece& p) { values.read(u.opt_range.begin + p.begin, p.master); });
+  }
+}
+
 }  // namespace
 
 hf::HfConfig hf_model_of(const std::filesystem::path& dir) { return read_hf_config(dir, nullptr); }
@@ -499,34 +528,10 @@ InitDigest check_initial_weights(const Model& model, const std::string& model_na
   return d;
 }
 
-void load_initial_weights(RankTrainer& trainer, const InitDigest& digest) {
+void load_initial_weights(HeldIslands& islands, const InitDigest& digest) {
   OpenFiles files(digest);
-  ShardedState& state = trainer.state();
-  StateStore& store = trainer.store();
-  const DType dtype = state.dtype();
-  std::vector<float> tmp;
-  for (size_t i = 0; i < state.units().size(); ++i) {
-    UnitState& u = state.units()[i];
-    UnitReader values(files, digest, *u.unit);
-    const Range held = u.held;
-    if (held == u.opt_range) {
-      // The parameters it holds are those it updates, wherever the store keeps them.
-      const StateStore::Job job{i, {0, held.count()}, StateStore::kParams};
-      store.stream(std::span(&job, 1), StateStore::Access::kWrite, [&](StateStore::Piece& p) {
-        tmp.resize(p.count);
-        values.read(held.begin + p.begin, tmp);
-        narrow(tmp, p.params, dtype, 0);
-      });
-    } else {
-      tmp.resize(held.count());
-      values.read(held.begin, tmp);
-      narrow(tmp, u.params.data(), dtype, 0);
-    }
-    if (state.fp32()) continue;  // the parameters are the master
-    const StateStore::Job job{i, {0, u.opt_range.count()}, StateStore::kMaster};
-    store.stream(std::span(&job, 1), StateStore::Access::kWrite,
-                 [&](StateStore::Piece& p) { values.read(u.opt_range.begin + p.begin, p.master); });
-  }
+  islands.for_each(
+      [&](int) { load_island_weights(islands.state(), islands.store(), files, digest); });
 }
 
 }  // namespace zerodp

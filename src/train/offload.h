@@ -105,7 +105,6 @@ class OffloadTier final : public StateStore {
     }
   };
   const Counters& counters() const { return counters_; }
-  bool on_disk() const override { return true; }
   uint64_t bytes_moved() const override { return counters_.bytes_read + counters_.bytes_written; }
   void count_update(uint64_t bytes, double seconds) override {
     counters_.update_bytes += bytes;
