@@ -395,6 +395,37 @@ void load_island_weights(ShardedState& state, StateStore& store, OpenFiles& file
   }
 }
 
+// Every tensor of every file, by name: its file and its header entry, each in the file the
+// index placed it in (InvalidArgument otherwise, or for a name held twice).
+using Present = std::map<std::string, std::pair<size_t, const st::TensorInfo*>>;
+
+Present tensors_present(Opened& o, OpenFiles& files, const std::filesystem::path& from) {
+  const InitDigest& d = o.digest;
+  Present present;
+  for (size_t f = 0; f < d.files.size(); ++f) {
+    const std::string where = fmt::format("--init-from {}", d.files[f].path.string());
+    for (const st::TensorInfo& info : files.reader(f).header().tensors) {
+      const std::string file = d.files[f].path.filename().string();
+      if (!o.placed.empty() && o.placed[info.name] != file) {
+        throw InvalidArgument(fmt::format(
+            "{}: holds {}, which model.safetensors.index.json places {}", where, info.name,
+            o.placed[info.name].empty() ? "nowhere" : "in " + o.placed[info.name]));
+      }
+      if (!present.emplace(info.name, std::pair{f, &info}).second) {
+        throw InvalidArgument(fmt::format("{}: holds {} a second time", where, info.name));
+      }
+    }
+  }
+  for (const auto& [name, file] : o.placed) {
+    if (present.count(name) == 0) {
+      throw InvalidArgument(fmt::format(
+          "--init-from {}: model.safetensors.index.json places {} in {}, which does not hold it",
+          from.string(), name, file));
+    }
+  }
+  return present;
+}
+
 }  // namespace
 
 hf::HfConfig hf_model_of(const std::filesystem::path& dir) { return read_hf_config(dir, nullptr); }
@@ -446,29 +477,7 @@ InitDigest check_initial_weights(const Model& model, const std::string& model_na
         from.string(), model_name));
   }
   OpenFiles files(d);
-  // Every tensor of every file, by name, each in the file the index placed it in.
-  std::map<std::string, std::pair<size_t, const st::TensorInfo*>> present;
-  for (size_t f = 0; f < d.files.size(); ++f) {
-    const std::string where = fmt::format("--init-from {}", d.files[f].path.string());
-    for (const st::TensorInfo& info : files.reader(f).header().tensors) {
-      const std::string file = d.files[f].path.filename().string();
-      if (!o.placed.empty() && o.placed[info.name] != file) {
-        throw InvalidArgument(fmt::format(
-            "{}: holds {}, which model.safetensors.index.json places {}", where, info.name,
-            o.placed[info.name].empty() ? "nowhere" : "in " + o.placed[info.name]));
-      }
-      if (!present.emplace(info.name, std::pair{f, &info}).second) {
-        throw InvalidArgument(fmt::format("{}: holds {} a second time", where, info.name));
-      }
-    }
-  }
-  for (const auto& [name, file] : o.placed) {
-    if (present.count(name) == 0) {
-      throw InvalidArgument(fmt::format(
-          "--init-from {}: model.safetensors.index.json places {} in {}, which does not hold it",
-          from.string(), name, file));
-    }
-  }
+  const Present present = tensors_present(o, files, from);
   const std::string where = fmt::format("--init-from {}", from.string());
   std::set<std::string> used;
   for (const auto& unit : model) {
