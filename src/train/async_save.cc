@@ -48,6 +48,28 @@ double thread_cpu_seconds() {
 // Offloaded, the staging is the bounce buffer and then, with an exchange in flight, its values.
 constexpr size_t kPendingAt = kCheckpointReadPiece + kOffloadAlign;
 
+// The staging an asynchronous save of `largest` (the largest shards the rank writes, an
+// outer exchange in flight included) takes: every shard's bytes, or with the states
+// offloaded the bounce buffer and what is copied at the boundary. The planner's
+// checkpoint_staging_bytes counts the same.
+uint64_t staging_bytes(const RankShards& largest, bool offloaded) {
+  if (!largest.writer) return 0;  // an HSDP replica writes no shard
+  uint64_t bytes = 0;
+  if (offloaded) {
+    bytes = kPendingAt;
+    for (const ShardTensor& t : largest.held.front().tensors) {
+      if (t.copy_at_boundary) bytes += t.byte_count();
+    }
+    return bytes;
+  }
+  // Islands in turn stage every island's shard.
+  for (const RankShards::Island& island : largest.held) {
+    bytes += kStagingShardSlack;
+    for (const ShardTensor& t : island.tensors) bytes += t.byte_count();
+  }
+  return bytes;
+}
+
 }  // namespace
 
 std::unique_ptr<Saver> make_saver(RankTrainer& trainer, SaveStats& stats) {
@@ -65,24 +87,6 @@ std::unique_ptr<Saver> make_saver(RankTrainer& trainer, SaveStats& stats) {
       staging_bytes(rank_shards(trainer, cfg.outer_delay > 0), trainer.offload() != nullptr);
   return std::make_unique<AsyncSaver>(std::move(party), stats, trainer.ledger(), staging,
                                       trainer.offload());
-}
-
-uint64_t staging_bytes(const RankShards& largest, bool offloaded) {
-  if (!largest.writer) return 0;  // an HSDP replica writes no shard
-  uint64_t bytes = 0;
-  if (offloaded) {
-    bytes = kPendingAt;
-    for (const ShardTensor& t : largest.held.front().tensors) {
-      if (t.copy_at_boundary) bytes += t.byte_count();
-    }
-    return bytes;
-  }
-  // Islands in turn stage every island's shard.
-  for (const RankShards::Island& island : largest.held) {
-    bytes += kStagingShardSlack;
-    for (const ShardTensor& t : island.tensors) bytes += t.byte_count();
-  }
-  return bytes;
 }
 
 AsyncSaver::AsyncSaver(SaveParty party, SaveStats& stats, MemoryLedger& ledger, uint64_t staging,

@@ -57,11 +57,6 @@ class RankTrainer;
 // --checkpoint-async, else a SyncSaver. `stats`: the run's, counting every save.
 std::unique_ptr<Saver> make_saver(RankTrainer& trainer, SaveStats& stats);
 
-// The staging an asynchronous save of `largest` (the largest shards the rank writes, an
-// outer exchange in flight included) takes: every shard's bytes, or with the states
-// offloaded the bounce buffer and what is copied at the boundary.
-uint64_t staging_bytes(const RankShards& largest, bool offloaded);
-
 class AsyncSaver final : public Saver {
  public:
   // `stats`: the run's, counting this saver's saves too. The staging (`staging` bytes) is on
@@ -84,6 +79,7 @@ class AsyncSaver final : public Saver {
     sync_.save_now(step, history);
   }
 
+ private:
   // Whether a save is begun and not yet committed (the same on every rank).
   bool busy() const { return ticket_.has_value() || committing_.has_value(); }
   // Whether a save's files are still being written: the staging is taken until they are.
@@ -108,7 +104,6 @@ class AsyncSaver final : public Saver {
   // the copy to the writer. `history`: rank 0's steps up to `step`.
   void start(int64_t step, std::vector<checkpoint::StepHistory> history);
 
- private:
   // A save handed to the writer: what to write where.
   // One shard file: the rank's, or with --islands-in-turn each island's it holds, staged
   // one after another.

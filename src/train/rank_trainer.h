@@ -6,6 +6,8 @@
 //   GatherQueue      (gather_queue.h)    stage 3's parameter gathers ahead of compute, from
 //                                        the pass's GatherSource
 //   StateStore       (state_store.h)     where the states live: memory, or the offload file
+//   HeldIslands      (held_islands.h)    the islands whose states the rank holds, visited in
+//                                        turn by the step, saves, loads and --init-from
 //   GradientReducer  (grad_reducer.h)    micro-batch gradients to the averaged gradient
 //   OptimizerStep    (optimizer_step.h)  clipping, loss scaling, AdamW, rounding back, gathers
 //   OuterStep        (outer_step.h)      DiLoCo's islands meeting every H steps (--islands)
