@@ -132,18 +132,7 @@ void write_file_atomically(const fs::path& path, std::string_view text) {
   const fs::path tmp = path.string() + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_fail("cannot create", tmp);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = errno;
-      ::close(fd);
-      errno = e;
-      io_fail("cannot write", tmp);
-    }
-    done += static_cast<size_t>(n);
-  }
+  files::write_all("checkpoint", fd, tmp, text);
   if (::fsync(fd) != 0) {
     const int e = errno;
     ::close(fd);

@@ -51,6 +51,8 @@ void fsync_dir(std::string_view what, const fs::path& dir) {
   ::close(fd);
 }
 
+}  // namespace
+
 void write_all(std::string_view what, int fd, const fs::path& path, std::string_view text) {
   size_t done = 0;
   while (done < text.size()) {
@@ -65,6 +67,8 @@ void write_all(std::string_view what, int fd, const fs::path& path, std::string_
     done += static_cast<size_t>(n);
   }
 }
+
+namespace {
 
 std::string temp_name(const fs::path& target) {
   static std::atomic<uint64_t> counter{0};

@@ -38,6 +38,10 @@ std::optional<std::string_view> non_regular_kind(const fs::path& path);
 // is where a new file will be created), and the result absolute.
 fs::path final_target(const fs::path& path);
 
+// Writes all of `text` to `fd`, through short writes and EINTR. On failure closes `fd` and
+// throws IoError "WHAT: cannot write 'PATH': reason" (a write that takes nothing is ENOSPC).
+void write_all(std::string_view what, int fd, const fs::path& path, std::string_view text);
+
 // One path the user named, and the flag or role it was named by.
 struct Named {
   std::string what;

@@ -18,9 +18,9 @@
 #include "core/error.h"
 #include "core/stop_flag.h"
 #include "core/stream_copy.h"
-#include "train/moments_io.h"
 #include "train/offload.h"
 #include "train/plan.h"
+#include "train/rank_trainer.h"
 #include "train/trace.h"
 
 namespace zerodp {
@@ -48,42 +48,56 @@ double thread_cpu_seconds() {
 // Offloaded, the staging is the bounce buffer and then, with an exchange in flight, its values.
 constexpr size_t kPendingAt = kCheckpointReadPiece + kOffloadAlign;
 
-}  // namespace
-
-uint64_t staging_bytes(const RankTrainer& trainer) {
-  if (!trainer.group().primary()) return 0;  // an HSDP replica writes no shard
-  // The shard's tensors as the file declares them, an outer exchange in flight included.
-  const bool outer = trainer.config().islands > 1 && trainer.comm().rank() < trainer.group().size();
-  // An exchange is in flight at a boundary only when --outer-delay streams them.
-  const bool pending = outer && trainer.config().outer_delay > 0;
-  if (trainer.offload() != nullptr) {
-    uint64_t own = 0;
-    for (const UnitState& u : trainer.state().units()) own += u.own.count();
-    return kPendingAt + (pending ? 4 * own : 0);
-  }
-  // Islands in turn stage every island's shard; island 0's holds the outer state.
+// The staging an asynchronous save of `largest` (the largest shards the rank writes, an
+// outer exchange in flight included) takes: every shard's bytes, or with the states
+// offloaded the bounce buffer and what is copied at the boundary. The planner's
+// checkpoint_staging_bytes counts the same.
+uint64_t staging_bytes(const RankShards& largest, bool offloaded) {
+  if (!largest.writer) return 0;  // an HSDP replica writes no shard
   uint64_t bytes = 0;
-  for (int v = 0; v < trainer.hosted_islands(); ++v) {
-    bytes += kStagingShardSlack;
-    for (const safetensors::TensorDecl& t :
-         shard_tensors(trainer.state(), outer && v == 0, pending && v == 0)) {
-      uint64_t n = safetensors::element_size(t.type);
-      for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-      bytes += n;
+  if (offloaded) {
+    bytes = kPendingAt;
+    for (const ShardTensor& t : largest.held.front().tensors) {
+      if (t.copy_at_boundary) bytes += t.byte_count();
     }
+    return bytes;
+  }
+  // Islands in turn stage every island's shard.
+  for (const RankShards::Island& island : largest.held) {
+    bytes += kStagingShardSlack;
+    for (const ShardTensor& t : island.tensors) bytes += t.byte_count();
   }
   return bytes;
 }
 
-AsyncSaver::AsyncSaver(RankTrainer& trainer, SaveStats& stats)
-    : trainer_(trainer),
-      staging_(trainer.ledger(), MemCategory::kCheckpointStaging,
-               static_cast<size_t>(staging_bytes(trainer))),
+}  // namespace
+
+std::unique_ptr<Saver> make_saver(RankTrainer& trainer, SaveStats& stats) {
+  const TrainConfig& cfg = trainer.config();
+  if (cfg.checkpoint_dir.empty()) return nullptr;
+  SaveParty party{.comm = &trainer.comm(),
+                  .cfg = &cfg,
+                  .faults = &trainer.faults(),
+                  .tracer = trainer.tracer(),
+                  .files_per_rank = trainer.hosted_islands(),
+                  .content = [&trainer](int64_t step) { return save_content(trainer, step); }};
+  if (!cfg.checkpoint_async) return std::make_unique<SyncSaver>(std::move(party), stats);
+  // An exchange is in flight at a boundary only when --outer-delay streams them.
+  const uint64_t staging =
+      staging_bytes(rank_shards(trainer, cfg.outer_delay > 0), trainer.offload() != nullptr);
+  return std::make_unique<AsyncSaver>(std::move(party), stats, trainer.ledger(), staging,
+                                      trainer.offload());
+}
+
+AsyncSaver::AsyncSaver(SaveParty party, SaveStats& stats, MemoryLedger& ledger, uint64_t staging,
+                       OffloadTier* offload)
+    : party_(std::move(party)),
+      offload_(offload),
+      sync_(party_, stats),
+      staging_(ledger, MemCategory::kCheckpointStaging, static_cast<size_t>(staging)),
       stats_(stats),
       writer_([this] { writer_loop(); }) {
-  if (OffloadTier* tier = trainer_.offload()) {
-    tier->set_before_write([this](size_t u) { wait_for_unit(u); });
-  }
+  if (offload_ != nullptr) offload_->set_before_write([this](size_t u) { wait_for_unit(u); });
 }
 
 AsyncSaver::~AsyncSaver() {
@@ -93,7 +107,7 @@ AsyncSaver::~AsyncSaver() {
   }
   cv_.notify_all();
   writer_.join();
-  if (OffloadTier* tier = trainer_.offload()) tier->set_before_write(nullptr);
+  if (offload_ != nullptr) offload_->set_before_write(nullptr);
 }
 
 void AsyncSaver::wait_for_unit(size_t u) {
@@ -104,59 +118,106 @@ void AsyncSaver::wait_for_unit(size_t u) {
   update_waits_ += seconds_since(t0);
 }
 
-void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> history) {
-  if (writing()) throw std::logic_error("AsyncSaver::start with a save being written");
-  const Clock::time_point t0 = Clock::now();
-  CommPhaseScope phase(trainer_.comm().ledger(), CommPhase::kOther);
-  const Tracer::Span span(trainer_.tracer(), "checkpoint copy", "checkpoint");
-  ++stats_.requested;
-  SaveTicket ticket = begin_save(trainer_, step);
-  std::vector<Shard> shards;
-  size_t at = 0;
-  const bool from_offload = ticket.writer && trainer_.offload() != nullptr;
-  if (from_offload) {
-    shards.push_back(
-        {.file = ticket.file,
-         .tensors = shard_tensors(trainer_.state(), ticket.outer != nullptr, ticket.pending)});
+std::optional<int64_t> AsyncSaver::at_boundary(const SaveBoundary& b) {
+  const TrainConfig& cfg = *party_.cfg;
+  const bool ending = b.last || b.interrupted || b.stopping;
+  std::optional<int64_t> committed;
+  if (b.interrupted && busy()) {
+    // The signal's own save follows only a save in flight that finished in time: a disk too
+    // slow for that would hold the stop up as long again.
+    committed = finish_on_signal(cfg.checkpoint_signal_wait);
+    if (!committed) return std::nullopt;
   }
-  if (from_offload && ticket.outer != nullptr && ticket.pending) {
-    // The exchange in flight is rewritten by the next round's send: staged now.
-    auto* pending = reinterpret_cast<float*>(staging_.data() + kPendingAt);
-    for (size_t i = 0; i < trainer_.state().units().size(); ++i) {
-      const size_t n = trainer_.state().units()[i].own.count();
-      ticket.outer->pending_values(i, {pending, n});
-      pending += n;
+  const Wait wait = ending                               ? Wait::kForAll
+                    : b.due && !cfg.checkpoint_skip_busy ? Wait::kForStaging
+                                                         : Wait::kNo;
+  if (const std::optional<int64_t> now = poll(wait)) committed = now;
+  if (b.due && !ending) {
+    if (writing()) {
+      ++stats_.requested;
+      ++stats_.skipped;
+    } else {
+      start(b.step, *b.history);
     }
+    return committed;
   }
-  for (int v = 0; ticket.writer && !from_offload && v < trainer_.hosted_islands(); ++v) {
-    // Islands in turn: island v's shard is rank v N + r's (checkpoint_io.h).
-    trainer_.activate_island(v);
-    const OuterStep* outer = v == 0 ? ticket.outer : nullptr;
-    const bool pending = v == 0 && ticket.pending;
-    Shard shard{.file = v == 0
-                            ? ticket.file
-                            : ticket.temp / checkpoint::rank_file_name(v * trainer_.comm().size() +
-                                                                       trainer_.comm().rank()),
-                .tensors = shard_tensors(trainer_.state(), outer != nullptr, pending)};
+  if (const std::optional<int64_t> saved = sync_.at_boundary(b)) return saved;
+  return committed;
+}
+
+std::vector<AsyncSaver::Shard> AsyncSaver::stage(const SaveTicket& ticket,
+                                                 const RankShards& shards) {
+  std::vector<Shard> staged;
+  if (!shards.writer) return staged;
+  size_t at = 0;
+  HeldIslands& islands = *shards.islands;
+  islands.for_each([&](int v) {
+    const RankShards::Island& island = shards.held[static_cast<size_t>(v)];
+    Shard shard{.file = ticket.file(island.file),
+                .tensors = shard_decls(island.tensors),
+                .begin = 0,
+                .bytes = 0,
+                .sources = {}};
     // Where the file's data section falls on its 4 KiB blocks, so the writer's O_DIRECT
     // writes go from here uncopied.
     const uint64_t header = safetensors::header_bytes(shard.tensors, shard_metadata());
     const auto address = reinterpret_cast<uintptr_t>(staging_.data() + at);
     at += static_cast<size_t>((header - address) % kStagingShardSlack);
     shard.begin = at;
-    stream_shard(trainer_.state(), trainer_.store(), outer, pending,
-                 [&](std::span<const std::byte> b) {
-                   if (b.size() > staging_.size() - at) {
-                     trainer_.activate_island(0);
-                     throw std::logic_error("checkpoint staging: the shard outgrew its buffer");
-                   }
-                   stream_copy(staging_.data() + at, b.data(), b.size());
-                   at += b.size();
-                 });
+    stream_shard(island.tensors, islands.store(), [&](std::span<const std::byte> b) {
+      if (b.size() > staging_.size() - at) {
+        throw std::logic_error("checkpoint staging: the shard outgrew its buffer");
+      }
+      stream_copy(staging_.data() + at, b.data(), b.size());
+      at += b.size();
+    });
     shard.bytes = at - shard.begin;
-    shards.push_back(std::move(shard));
+    staged.push_back(std::move(shard));
+  });
+  return staged;
+}
+
+AsyncSaver::Shard AsyncSaver::from_offload(const SaveTicket& ticket, const RankShards& shards) {
+  const RankShards::Island& island = shards.held.front();
+  Shard shard{.file = ticket.file(island.file),
+              .tensors = shard_decls(island.tensors),
+              .begin = 0,
+              .bytes = 0,
+              .sources = island.tensors};
+  // After the bounce buffer: what the next step rewrites without waiting for the writer
+  // (an outer exchange in flight, which the next round's send overwrites).
+  size_t at = kPendingAt;
+  for (ShardTensor& t : shard.sources) {
+    if (!t.copy_at_boundary) continue;
+    const size_t begin = at;
+    t.bytes([&](std::span<const std::byte> b) {
+      if (b.size() > staging_.size() - at) {
+        throw std::logic_error("checkpoint staging: the shard outgrew its buffer");
+      }
+      std::memcpy(staging_.data() + at, b.data(), b.size());
+      at += b.size();
+    });
+    const std::span<const std::byte> copy(staging_.data() + begin, at - begin);
+    t.bytes = [copy](const ByteSink& sink) { sink(copy); };
   }
-  trainer_.activate_island(0);
+  return shard;
+}
+
+void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> history) {
+  if (writing()) throw std::logic_error("AsyncSaver::start with a save being written");
+  const Clock::time_point t0 = Clock::now();
+  CommPhaseScope phase(party_.comm->ledger(), CommPhase::kOther);
+  const Tracer::Span span(party_.tracer, "checkpoint copy", "checkpoint");
+  ++stats_.requested;
+  SaveContent content = party_.content(step);
+  SaveTicket ticket = begin_save(party_, step, std::move(content.meta));
+  const bool from_offload = content.shards.writer && offload_ != nullptr;
+  std::vector<Shard> shards;
+  if (from_offload) {
+    shards.push_back(this->from_offload(ticket, content.shards));
+  } else {
+    shards = stage(ticket, content.shards);
+  }
   ticket_ = std::move(ticket);
   {
     MutexLock lock(mu_);
@@ -177,8 +238,8 @@ void AsyncSaver::start(int64_t step, std::vector<checkpoint::StepHistory> histor
 AsyncSaver::Progress AsyncSaver::exchange(const Progress& mine) {
   // Each count is at most the world's size, so as digits in base size + 1 the sum of the
   // ranks' values holds the three sums exactly.
-  const auto base = static_cast<double>(trainer_.comm().size() + 1);
-  const double sum = trainer_.comm().sum_control(
+  const auto base = static_cast<double>(party_.comm->size() + 1);
+  const double sum = party_.comm->sum_control(
       static_cast<double>(mine.unwritten) +
       base *
           (static_cast<double>(mine.uncommitted) +
@@ -197,7 +258,7 @@ AsyncSaver::Progress AsyncSaver::exchange(const Progress& mine) {
 
 std::optional<int64_t> AsyncSaver::poll(Wait wait) {
   std::optional<int64_t> committed;
-  CommPhaseScope phase(trainer_.comm().ledger(), CommPhase::kOther);
+  CommPhaseScope phase(party_.comm->ledger(), CommPhase::kOther);
   while (busy()) {
     const Clock::time_point t0 = Clock::now();
     Progress mine;
@@ -247,7 +308,7 @@ std::optional<int64_t> AsyncSaver::finish_on_signal(double limit) {
     cv_.wait_until(mu_, deadline, [this]() REQUIRES(mu_) { return own_part_done(); });
     done = !ticket_ || done_;
   }
-  Communicator& comm = trainer_.comm();
+  Communicator& comm = *party_.comm;
   CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
   // One agreement: a rank still writing at its deadline abandons the save for everyone.
   const bool written = comm.sum_control(done ? 0.0 : 1.0) == 0;
@@ -300,7 +361,7 @@ void AsyncSaver::hand_over_commit() {
   ticket_.reset();
   checkpoint::Meta meta;
   try {
-    meta = agree_save(trainer_, ticket, written);
+    meta = agree_save(party_, ticket, written);
   } catch (...) {
     stats_.stall_seconds.push_back(stall_ + seconds_since(t0));
     stall_ = 0;
@@ -337,8 +398,8 @@ int64_t AsyncSaver::settle(bool any_failed) {
   const Committing done = *committing_;
   committing_.reset();
   try {
-    settle_commit(trainer_.config(), done.step, done.owner, any_failed,
-                  any_failed ? first_error(trainer_.comm(), error) : "");
+    settle_commit(*party_.cfg, done.step, done.owner, any_failed,
+                  any_failed ? first_error(*party_.comm, error) : "");
   } catch (...) {
     stats_.stall_seconds.push_back(done.stall + seconds_since(t0));
     throw;
@@ -370,9 +431,8 @@ void AsyncSaver::writer_loop() {
     const Clock::time_point t0 = Clock::now();
     const double cpu0 = thread_cpu_seconds();
     if (commit) {
-      std::string error =
-          commit_save(trainer_.config(), trainer_.faults(), commit->ticket, commit->meta);
-      if (Tracer* t = trainer_.tracer()) {
+      std::string error = commit_save(party_, commit->ticket, commit->meta);
+      if (Tracer* t = party_.tracer) {
         t->record(fmt::format("checkpoint commit, step {}", commit->ticket.step), "checkpoint", t0,
                   Clock::now(), Tracer::kCheckpointRow);
       }
@@ -387,7 +447,7 @@ void AsyncSaver::writer_loop() {
       continue;
     }
     ShardWritten written = write(job);
-    if (Tracer* t = trainer_.tracer()) {
+    if (Tracer* t = party_.tracer) {
       t->record(fmt::format("checkpoint write, step {}", job.ticket->step), "checkpoint", t0,
                 Clock::now(), Tracer::kCheckpointRow);
     }
@@ -402,43 +462,30 @@ void AsyncSaver::writer_loop() {
   }
 }
 
-void AsyncSaver::write_from_offload(const Job& job, safetensors::Writer& out,
+void AsyncSaver::write_from_offload(const Shard& shard, safetensors::Writer& out,
                                     const std::function<void()>& check) {
-  OffloadTier& tier = *trainer_.offload();
-  const ShardedState& state = trainer_.state();
   const auto at = reinterpret_cast<uintptr_t>(staging_.data());
   const std::span<std::byte> bounce(
       staging_.data() + ((at + kOffloadAlign - 1) / kOffloadAlign * kOffloadAlign - at),
       kCheckpointReadPiece);
-  // The file's order (shard_tensors): per unit its params, master (16-bit), adam_m, adam_v
-  // (8-bit: their codes, then the scales and fp32 parts memory holds).
-  std::vector<unsigned> arrays{StateStore::kParams};
-  if (!state.fp32()) arrays.push_back(StateStore::kMaster);
-  arrays.push_back(StateStore::kAdamM);
-  arrays.push_back(StateStore::kAdamV);
   const auto write = [&](std::span<const std::byte> b) {
     check();
     out.write(b);
   };
-  const SaveTicket& t = *job.ticket;
-  const auto* pending = reinterpret_cast<const float*>(staging_.data() + kPendingAt);
-  for (size_t i = 0; i < state.units().size(); ++i) {
-    const UnitState& u = state.units()[i];
-    for (unsigned a : arrays) tier.read_out(i, a, u.opt_own, u.own.count(), bounce, write);
-    // The update rewrites the scales with the codes, and a merge the outer weights with the
-    // master: each waits for units_read_ below.
-    if (state.int8_moments()) stream_int8_moments_in_memory(u, write);
-    if (t.outer != nullptr) {
-      write(std::as_bytes(t.outer->global(i)));
-      write(std::as_bytes(t.outer->momentum(i)));
-      if (t.pending) {
-        write(std::as_bytes(std::span(pending, u.own.count())));
-        pending += u.own.count();
-      }
+  const std::vector<ShardTensor>& tensors = shard.sources;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const ShardTensor& t = tensors[k];
+    if (t.array != 0) {
+      offload_->read_out(t.unit, t.array, t.range.begin, t.range.count(), bounce, write);
+    } else {
+      t.bytes(write);
     }
+    if (k + 1 < tensors.size() && tensors[k + 1].unit == t.unit) continue;
+    // The unit's tensors are all read: the update may rewrite it (it rewrites the scales
+    // with the codes, and a merge the outer weights with the master), having waited for this.
     {
       MutexLock lock(mu_);
-      units_read_ = i + 1;
+      units_read_ = t.unit + 1;
     }
     cv_.notify_all();
   }
@@ -458,15 +505,15 @@ ShardWritten AsyncSaver::write(const Job& job) {
     }
   } reads_end{*this};
   ShardWritten w;
-  const int rank = trainer_.comm().rank();
+  const int rank = party_.comm->rank();
   try {
     const auto check_abandoned = [&] {
       if (abandoning())
-        throw IoError(fmt::format("the write of {} was abandoned", t.file.string()));
+        throw IoError(fmt::format("the write of {} was abandoned", t.file(rank).string()));
     };
-    if (t.writer) {
+    if (!job.shards.empty()) {
       // A slow disk, injected: waited out unless the save is abandoned meanwhile.
-      if (const double delay = trainer_.faults().shard_write_delay(t.step); delay > 0) {
+      if (const double delay = party_.faults->shard_write_delay(t.step); delay > 0) {
         MutexLock lock(mu_);
         cv_.wait_for(mu_, std::chrono::duration<double>(delay),
                      [this]() REQUIRES(mu_) { return abandon_; });
@@ -474,11 +521,11 @@ ShardWritten AsyncSaver::write(const Job& job) {
     }
     for (const Shard& shard : job.shards) {
       check_abandoned();
-      trainer_.faults().shard_write_failure(t.step, shard.file);
+      party_.faults->shard_write_failure(t.step, shard.file);
       safetensors::Writer out(shard.file, shard.tensors, shard_metadata(),
                               safetensors::WriteMode::kDirect, safetensors::Digest::kCrc32c);
       if (job.from_offload) {
-        write_from_offload(job, out, check_abandoned);
+        write_from_offload(shard, out, check_abandoned);
       } else {
         // In pieces, so that an abandoned save stops within one.
         for (size_t at = 0; at < shard.bytes; at += kWritePiece) {

@@ -1,8 +1,9 @@
 // --checkpoint-async: checkpoints written beside the training instead of stalling it.
 //
 // At a step boundary every rank begins the save as a synchronous one does (the temporary
-// directory agreed, meta.json of the step decided: train/checkpoint_io.h's begin_save),
-// copies its shard's bytes, in the file's order, into a staging buffer, and hands them to
+// directory agreed, meta.json of the step decided: train/checkpoint_save.h's begin_save),
+// copies its shard's bytes, in the file's order (its RankShards, train/checkpoint_shards.h),
+// into a staging buffer, and hands them to
 // its writer thread, which writes and fsyncs the shard file (rank 0 the history too) while
 // the steps go on. The staging buffer is allocated once, at the size of the largest shard
 // this rank writes (checkpoint_staging in the memory ledger and the planner): at most one
@@ -11,7 +12,7 @@
 // The agreements stay on the training thread, collectives at a step boundary that every rank
 // reaches: at each boundary while a save is in flight the ranks tell each other how far they
 // are (one control value each). Once every write is done they agree on the verdicts, sizes
-// and digests (checkpoint_io.h's agree_save, the synchronous save's own code), and the
+// and digests (checkpoint_save.h's agree_save, the synchronous save's own code), and the
 // directory's owner hands the commit (meta.json, the renames and `latest`, each fsynced;
 // commit_save) to its writer, which runs it before any later save's write; at a later
 // boundary the ranks agree on its outcome. The commit's fsyncs were most of the training
@@ -25,11 +26,16 @@
 // (and the parameters from memory) through a bounce buffer of kCheckpointReadPiece, unit by
 // unit, while the next update waits, before it rewrites a unit, until the writer has read
 // that unit's old values (OffloadTier::set_before_write). The staging is then the bounce
-// buffer alone, and a slow write shows as the update's wait (in the save's stall).
+// buffer and what the next step rewrites without that wait (ShardTensor::copy_at_boundary),
+// and a slow write shows as the update's wait (in the save's stall).
+//
+// The run's last save and the one after a signal are synchronous (SyncSaver's): the run ends
+// with them.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -38,26 +44,42 @@
 #include "checkpoint/safetensors.h"
 #include "core/mutex.h"
 #include "memory/ledger.h"
-#include "train/checkpoint_io.h"
-#include "train/rank_trainer.h"
+#include "train/checkpoint_save.h"
+#include "train/checkpoint_shards.h"
+#include "train/offload.h"
 #include "train/result.h"
 
 namespace zerodp {
 
-// The bytes of the largest shard rank `trainer` writes: every state's own ranges, and on
-// island 0's ranks the outer state with an exchange in flight.
-uint64_t staging_bytes(const RankTrainer& trainer);
+class RankTrainer;
 
-class AsyncSaver {
+// The saver the run's options ask for: none without --checkpoint-dir, an AsyncSaver with
+// --checkpoint-async, else a SyncSaver. `stats`: the run's, counting every save.
+std::unique_ptr<Saver> make_saver(RankTrainer& trainer, SaveStats& stats);
+
+class AsyncSaver final : public Saver {
  public:
-  // `stats`: the run's, counting this saver's saves too.
-  AsyncSaver(RankTrainer& trainer, SaveStats& stats);
+  // `stats`: the run's, counting this saver's saves too. The staging (`staging` bytes) is on
+  // `ledger`; `offload`: the tier the states are in, or null.
+  AsyncSaver(SaveParty party, SaveStats& stats, MemoryLedger& ledger, uint64_t staging,
+             OffloadTier* offload);
   // Waits for the writer: a save begun and not committed stays a temporary directory, which
   // the next start removes.
   ~AsyncSaver();
   AsyncSaver(const AsyncSaver&) = delete;
   AsyncSaver& operator=(const AsyncSaver&) = delete;
 
+  // A due save starts in the background once the staging is free (the last save written
+  // everywhere and its commit handed to the writer, which runs it first), waited for unless
+  // --checkpoint-busy skip skips it; the save in flight is committed once every rank's write
+  // is done. The run's end waits for every commit; its last save is synchronous, and after a
+  // signal the save in flight gets --checkpoint-signal-wait before the signal's own.
+  std::optional<int64_t> at_boundary(const SaveBoundary& b) override;
+  void save_now(int64_t step, const std::vector<checkpoint::StepHistory>& history) override {
+    sync_.save_now(step, history);
+  }
+
+ private:
   // Whether a save is begun and not yet committed (the same on every rank).
   bool busy() const { return ticket_.has_value() || committing_.has_value(); }
   // Whether a save's files are still being written: the staging is taken until they are.
@@ -82,15 +104,19 @@ class AsyncSaver {
   // the copy to the writer. `history`: rank 0's steps up to `step`.
   void start(int64_t step, std::vector<checkpoint::StepHistory> history);
 
- private:
   // A save handed to the writer: what to write where.
   // One shard file: the rank's, or with --islands-in-turn each island's it holds, staged
   // one after another.
   struct Shard {
     std::filesystem::path file;
     std::vector<safetensors::TensorDecl> tensors;
-    size_t begin = 0, bytes = 0;  // in the staging
+    size_t begin = 0, bytes = 0;       // in the staging
+    std::vector<ShardTensor> sources;  // offloaded: where the writer reads each tensor
   };
+  // The shards' bytes copied into the staging, each island's with its states active.
+  std::vector<Shard> stage(const SaveTicket& ticket, const RankShards& shards);
+  // Offloaded: the one shard to read out of the tier, what the writer cannot wait for staged.
+  Shard from_offload(const SaveTicket& ticket, const RankShards& shards);
   struct Job {
     const SaveTicket* ticket = nullptr;  // ticket_, unchanged until the save is agreed
     std::vector<Shard> shards;           // none on an HSDP replica
@@ -113,9 +139,9 @@ class AsyncSaver {
   void writer_loop();
   // The writer's part: the shard from staging, the history, fsynced.
   ShardWritten write(const Job& job);
-  // Writer: the shard read out of the offload tier, unit by unit, into `out` (the outer
-  // weights and momentum from memory, an exchange in flight from the staging).
-  void write_from_offload(const Job& job, safetensors::Writer& out,
+  // Writer: the shard read out of the offload tier, unit by unit, into `out` (what memory
+  // holds from memory, what was copied at the boundary from the staging).
+  void write_from_offload(const Shard& shard, safetensors::Writer& out,
                           const std::function<void()>& check);
   // The update's thread, before it rewrites unit `u` (offloaded): until the writer has read it.
   void wait_for_unit(size_t u);
@@ -133,7 +159,9 @@ class AsyncSaver {
     return abandon_;
   }
 
-  RankTrainer& trainer_;
+  SaveParty party_;
+  OffloadTier* offload_;
+  SyncSaver sync_;  // the saves the run ends with
   Buffer<std::byte> staging_;
   std::optional<SaveTicket> ticket_;  // the save being written (training thread)
   // The save agreed and being committed (training thread): its ticket moved to the writer.

@@ -30,13 +30,15 @@
 #include "data/source.h"
 #include "models/model.h"
 #include "train/async_save.h"
-#include "train/checkpoint_io.h"
+#include "train/checkpoint_resume.h"
+#include "train/checkpoint_save.h"
 #include "train/continuation.h"
 #include "train/elastic.h"
 #include "train/initial_weights.h"
 #include "train/model_kind.h"
 #include "train/outputs.h"
 #include "train/plan.h"
+#include "train/rank_summary.h"
 #include "train/rank_trainer.h"
 #include "train/report.h"
 #include "train/run_check.h"
@@ -46,99 +48,6 @@
 
 namespace zerodp {
 namespace {
-
-// A rank's memory as training left it, in its summary's fields (the comm tables and the
-// samples digest are filled in when it is packed).
-RankSummary memory_summary(RankTrainer& trainer) {
-  RankSummary s;
-  s.model_state = trainer.ledger().current_table();
-  s.peak = trainer.ledger().peak_table();
-  s.peak_total = trainer.ledger().peak_total();
-  s.gemm_bf16_copy_bytes = gemm_bf16_copy_bytes();
-  s.nvme_bytes = trainer.ledger().disk();
-  if (OffloadTier* tier = trainer.offload()) {
-    const OffloadTier::Counters c = trainer.offload_counters();
-    s.offload_bytes_read = c.bytes_read;
-    s.offload_bytes_written = c.bytes_written;
-    s.offload_wait_seconds = c.wait_seconds;
-    s.offload_update_bytes = c.update_bytes;
-    s.offload_update_seconds = c.update_seconds;
-    s.offload_direct = tier->file().direct();
-  }
-  return s;
-}
-
-// Each field of a rank's summary in the one order its doubles travel in (the samples digest
-// follows as 32 bytes): packing and unpacking are this walk in the two directions, so they
-// cannot disagree.
-template <typename F>
-void each_field(RankSummary& s, F&& f) {
-  for (auto& x : s.model_state) f(x);
-  for (auto& x : s.peak) f(x);
-  f(s.peak_total);
-  f(s.gemm_bf16_copy_bytes);
-  f(s.nvme_bytes);
-  f(s.offload_bytes_read);
-  f(s.offload_bytes_written);
-  f(s.offload_wait_seconds);
-  f(s.offload_update_bytes);
-  f(s.offload_update_seconds);
-  f(s.offload_direct);
-  for (auto* table : {&s.comm_train, &s.comm_other}) {
-    for (auto& c : *table) {
-      f(c.calls);
-      f(c.bytes);
-      f(c.cross_node_bytes);
-    }
-  }
-}
-
-std::vector<double> pack_summary(RankSummary s, Communicator& comm, const std::string& samples) {
-  s.comm_train = comm.ledger().table(CommPhase::kTrain);
-  s.comm_other = comm.ledger().table(CommPhase::kOther);
-  std::vector<double> v;
-  each_field(s, [&](const auto& x) { v.push_back(static_cast<double>(x)); });
-  for (size_t i = 0; i < 64; i += 2) v.push_back(std::stoi(samples.substr(i, 2), nullptr, 16));
-  return v;
-}
-
-RankSummary unpack_summary(std::span<const double> v, int rank) {
-  RankSummary s;
-  s.rank = rank;
-  size_t k = 0;
-  each_field(s, [&](auto& x) { x = static_cast<std::remove_reference_t<decltype(x)>>(v[k++]); });
-  std::string hex;
-  for (int i = 0; i < 32; ++i) hex += fmt::format("{:02x}", static_cast<int>(v[k++]));
-  s.samples_sha256 = hex;
-  return s;
-}
-
-// Where a continuation starts, decided before any rank exists: a missing checkpoint is an
-// error, never a fresh start, and a fresh start never writes over committed checkpoints.
-// Empty for a fresh start.
-std::filesystem::path resume_point(const TrainConfig& cfg) {
-  if (cfg.resume.empty()) {
-    if (!cfg.checkpoint_dir.empty() && !checkpoint::list_checkpoints(cfg.checkpoint_dir).empty()) {
-      throw InvalidArgument(fmt::format(
-          "--checkpoint-dir {} already holds checkpoints (newest {}); pass --resume latest to "
-          "continue from it, or choose an empty directory",
-          cfg.checkpoint_dir, checkpoint::list_checkpoints(cfg.checkpoint_dir).back().string()));
-    }
-    return {};
-  }
-  if (cfg.resume != "latest") return checkpoint::resolve(cfg.resume);
-  if (cfg.checkpoint_dir.empty()) {
-    throw InvalidArgument("--resume latest needs --checkpoint-dir DIR to look in");
-  }
-  const auto latest = checkpoint::find_latest(cfg.checkpoint_dir);
-  if (!latest) {
-    throw InvalidArgument(
-        fmt::format("--resume latest: {} holds no committed checkpoint (no {}/latest); run without "
-                    "--resume to start fresh",
-                    cfg.checkpoint_dir, cfg.checkpoint_dir));
-  }
-  return *latest;
-}
 
 DataSplits open_training_data(const TrainConfig& cfg) {
   DataOptions dopt;
@@ -257,66 +166,11 @@ struct RankRun {
   std::optional<double> peak_model_shapes;
 };
 
-// The checkpoint work at step s's boundary. With --checkpoint-async: the save in flight is
-// committed once every rank's write is done; a due save starts in the background once the
-// staging is free (the last save written everywhere and its commit handed to the writer,
-// which runs it first), waited for unless --checkpoint-busy skip skips it. The run's end
-// waits for every commit. The run's last save, and the one after a
-// signal, are written synchronously: the run ends with them. Every rank takes the same path.
-void save_at_boundary(RankTrainer& trainer, int64_t s, bool last_step, bool interrupted,
-                      AsyncSaver* async, RankRun& run, StepRecord& rec) {
-  const TrainConfig& cfg = trainer.config();
-  const bool due = cfg.checkpoint_every > 0 && s % cfg.checkpoint_every == 0;
-  const bool sync_save = last_step || interrupted;
-  const bool ending = sync_save || run.stopped.has_value();
-  const auto dir = [&cfg](int64_t step) {
-    return checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(step)).string();
-  };
-  if (async != nullptr) {
-    if (interrupted && async->busy()) {
-      // The signal's own save follows only a save in flight that finished in time: a disk
-      // too slow for that would hold the stop up as long again.
-      if (const std::optional<int64_t> committed =
-              async->finish_on_signal(cfg.checkpoint_signal_wait)) {
-        rec.checkpoint = dir(*committed);
-      } else {
-        return;
-      }
-    }
-    const AsyncSaver::Wait wait = ending                             ? AsyncSaver::Wait::kForAll
-                                  : due && !cfg.checkpoint_skip_busy ? AsyncSaver::Wait::kForStaging
-                                                                     : AsyncSaver::Wait::kNo;
-    if (const std::optional<int64_t> committed = async->poll(wait))
-      rec.checkpoint = dir(*committed);
-    if (due && !ending) {
-      if (async->writing()) {
-        ++run.saves.requested;
-        ++run.saves.skipped;
-      } else {
-        async->start(s, run.carried);
-      }
-      return;
-    }
-  }
-  if (!due && !sync_save) return;
-  ++run.saves.requested;
-  const auto t0 = std::chrono::steady_clock::now();
-  save_checkpoint(trainer, s, run.carried);
-  run.saves.stall_seconds.push_back(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  ++run.saves.committed;
-  rec.checkpoint = dir(s);
-}
-
-// Rank `comm.rank()`'s steps: from a fresh start or the checkpoint, evaluating,
-// checkpointing and stopping as the configuration says.
-// `from`: the verified checkpoint to continue from, released once read.
-RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
-                  std::optional<checkpoint::Checkpoint>& from, const StepCallback& on_step) {
+// Where the run starts: a continuation takes the checkpoint's states, counters and history
+// (`from`, verified, released once read), a fresh start from --init-from its weights.
+void start_from(const RunPlan& plan, RankTrainer& trainer,
+                std::optional<checkpoint::Checkpoint>& from, RankRun& run) {
   const TrainConfig& cfg = plan.cfg;
-  Communicator& comm = trainer.comm();
-  const bool reporter = comm.rank() == 0;
-  RankRun run;
   if (from) {
     check_same_model(trainer, *from);
     const int64_t saved = static_cast<int64_t>(from->meta().step);
@@ -336,21 +190,88 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
     load_checkpoint(trainer, *from);
     // The steps every checkpoint of this run carries: the loaded checkpoint's, then this
     // run's, so a report after any number of resumes has them all.
-    if (reporter) run.carried = from->history();
+    if (trainer.comm().rank() == 0) run.carried = from->history();
     run.first = saved + 1;
     run.resumed_from = from->dir();
     from.reset();
   } else if (!cfg.init_from.empty()) {
-    for (int v = 0; v < trainer.hosted_islands(); ++v) {  // every island starts from them
-      trainer.activate_island(v);
-      load_initial_weights(trainer, *plan.init);
-    }
-    trainer.activate_island(0);
+    load_initial_weights(trainer.islands(), *plan.init);  // every island starts from them
   }
   // A fresh start's global weights are the ones every island starts from.
   if (OuterStep* outer = trainer.outer(); outer != nullptr && run.resumed_from.empty()) {
     outer->begin();
   }
+}
+
+// Step s run, evaluated when due and saved through `saver` (null without --checkpoint-dir),
+// its record added to the run; a stop it decides is run.stopped.
+void run_one_step(const RunPlan& plan, RankTrainer& trainer, Saver* saver, SkipStreak& skips,
+                  int64_t s, int64_t last, RankRun& run) {
+  const TrainConfig& cfg = plan.cfg;
+  Communicator& comm = trainer.comm();
+  StepRecord rec;
+  try {
+    {
+      const Tracer::Span span(trainer.tracer(), fmt::format("step {}", s), "step");
+      rec = trainer.step(s);
+    }
+    run.stopped = skips.observe(rec);
+    if (rec.stop_signal != 0 && !run.stopped && s < last) {
+      run.stopped = EarlyStop{
+          .reason = EarlyStop::Reason::kSignal,
+          .signal = rec.stop_signal,
+          .after_step = s,
+          .message = fmt::format("step {}: interrupted by {}", s, signal_name(rec.stop_signal))};
+    }
+    const bool interrupted = run.stopped && run.stopped->reason == EarlyStop::Reason::kSignal;
+    if (cfg.eval_every > 0 && s % cfg.eval_every == 0 && s != cfg.steps && !interrupted) {
+      CommPhaseScope other(comm.ledger(), CommPhase::kOther);
+      rec.val_loss = trainer.evaluate();
+    }
+    if (comm.rank() == 0) run.carried.push_back(history_of(rec));
+    try {
+      const SaveBoundary b{.step = s,
+                           .due = cfg.checkpoint_every > 0 && s % cfg.checkpoint_every == 0,
+                           .last = s == last,
+                           .interrupted = interrupted,
+                           .stopping = run.stopped.has_value(),
+                           .history = &run.carried};
+      if (const std::optional<int64_t> committed = saver ? saver->at_boundary(b) : std::nullopt) {
+        rec.checkpoint =
+            checkpoint::step_dir(cfg.checkpoint_dir, static_cast<uint64_t>(*committed)).string();
+      }
+    } catch (const CheckpointNotCommitted& e) {
+      // Every rank caught the same verdict here: they stop together, and the report says
+      // what was trained and why the run ended.
+      run.stopped = EarlyStop{.reason = EarlyStop::Reason::kCheckpointFailed,
+                              .after_step = s,
+                              .message = fmt::format("step {}: {}", s, e.what())};
+    }
+  } catch (...) {
+    if (plan.failures != nullptr) {
+      (*plan.failures)[static_cast<size_t>(comm.rank())] = failure_of(std::current_exception(), s);
+    }
+    // Under MPI the launcher names the rank.
+    rethrow_with_context(cfg.launch.backend == Backend::kLocal
+                             ? fmt::format("rank {} of {}, step {}", comm.rank(), comm.size(), s)
+                             : fmt::format("step {}", s));
+  }
+  if (run.peak > 0 && rec.seconds > 0) {
+    rec.mfu = plan.flops_per_token * static_cast<double>(rec.tokens) / rec.seconds / run.peak;
+  }
+  run.steps.push_back(rec);
+}
+
+// Rank `comm.rank()`'s steps: from a fresh start or the checkpoint, evaluating,
+// checkpointing and stopping as the configuration says.
+// `from`: the verified checkpoint to continue from, released once read.
+RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
+                  std::optional<checkpoint::Checkpoint>& from, const StepCallback& on_step) {
+  const TrainConfig& cfg = plan.cfg;
+  Communicator& comm = trainer.comm();
+  const bool reporter = comm.rank() == 0;
+  RankRun run;
+  start_from(plan, trainer, from, run);
   if (reporter && !cfg.checkpoint_dir.empty()) {
     std::filesystem::create_directories(cfg.checkpoint_dir);
     checkpoint::clean_leftovers(cfg.checkpoint_dir);
@@ -361,66 +282,18 @@ RankRun run_steps(const RunPlan& plan, RankTrainer& trainer,
   if (plan.model_shapes_flops_per_core) {
     run.peak_model_shapes = *plan.model_shapes_flops_per_core * run.peak_cores;
   }
-  const bool local = cfg.launch.backend == Backend::kLocal;
   const int64_t last = cfg.stop_after > 0 ? std::min(cfg.steps, cfg.stop_after) : cfg.steps;
   SkipStreak skips(cfg.max_skips);
-  std::optional<AsyncSaver> async;
-  if (cfg.checkpoint_async && !cfg.checkpoint_dir.empty()) async.emplace(trainer, run.saves);
+  const std::unique_ptr<Saver> saver = make_saver(trainer, run.saves);
   // From here a signal is a stop request that saves what the steps did (train/stop.h).
   set_nothing_to_save(false);
   for (int64_t s = run.first; s <= last && !run.stopped; ++s) {
-    StepRecord rec;
-    try {
-      {
-        const Tracer::Span span(trainer.tracer(), fmt::format("step {}", s), "step");
-        rec = trainer.step(s);
-      }
-      run.stopped = skips.observe(rec);
-      if (rec.stop_signal != 0 && !run.stopped && s < last) {
-        run.stopped = EarlyStop{
-            .reason = EarlyStop::Reason::kSignal,
-            .signal = rec.stop_signal,
-            .after_step = s,
-            .message = fmt::format("step {}: interrupted by {}", s, signal_name(rec.stop_signal))};
-      }
-      const bool interrupted = run.stopped && run.stopped->reason == EarlyStop::Reason::kSignal;
-      if (cfg.eval_every > 0 && s % cfg.eval_every == 0 && s != cfg.steps && !interrupted) {
-        CommPhaseScope other(comm.ledger(), CommPhase::kOther);
-        rec.val_loss = trainer.evaluate();
-      }
-      if (reporter) run.carried.push_back(history_of(rec));
-      if (!cfg.checkpoint_dir.empty()) {
-        try {
-          save_at_boundary(trainer, s, s == last, interrupted, async ? &*async : nullptr, run, rec);
-        } catch (const CheckpointNotCommitted& e) {
-          // Every rank caught the same verdict here: they stop together, and the report
-          // says what was trained and why the run ended.
-          run.stopped = EarlyStop{.reason = EarlyStop::Reason::kCheckpointFailed,
-                                  .after_step = s,
-                                  .message = fmt::format("step {}: {}", s, e.what())};
-        }
-      }
-    } catch (...) {
-      if (plan.failures != nullptr) {
-        (*plan.failures)[static_cast<size_t>(comm.rank())] =
-            failure_of(std::current_exception(), s);
-      }
-      // Under MPI the launcher names the rank.
-      rethrow_with_context(local
-                               ? fmt::format("rank {} of {}, step {}", comm.rank(), comm.size(), s)
-                               : fmt::format("step {}", s));
-    }
-    if (run.peak > 0 && rec.seconds > 0) {
-      rec.mfu = plan.flops_per_token * static_cast<double>(rec.tokens) / rec.seconds / run.peak;
-    }
-    if (reporter && on_step) on_step(rec, cfg.steps);
-    run.steps.push_back(rec);
+    run_one_step(plan, trainer, saver.get(), skips, s, last, run);
+    if (reporter && on_step) on_step(run.steps.back(), cfg.steps);
   }
   // A continuation with nothing left to train re-saves where it stands: how a checkpoint
   // is resharded to another rank count or stage.
-  if (run.first > last && !cfg.checkpoint_dir.empty()) {
-    save_checkpoint(trainer, run.first - 1, run.carried);
-  }
+  if (run.first > last && saver) saver->save_now(run.first - 1, run.carried);
   return run;
 }
 
@@ -479,15 +352,15 @@ void fill_result(TrainResult& result, const RunPlan& plan, RankTrainer& trainer,
   }
 }
 
-// A resume without model flags builds the checkpoint's model (train/checkpoint_io.h). A
-// checkpoint that is not there yet is named once the directory's lock is held (another run
-// may be writing it), by the same resume_point.
 // The vocabulary the data brings (token shards' manifest, --tokenizer), unless --vocab says.
 void adopt_data_vocab(TrainConfig& cfg) {
   if (cfg.vocab == 0) cfg.vocab = static_cast<int>(data_vocabulary(cfg.data, cfg.tokenizer));
 }
 
-// The model a run continues (a checkpoint) or starts from (a Hugging Face directory).
+// The model a run continues (a checkpoint) or starts from (a Hugging Face directory). A
+// resume without model flags builds the checkpoint's model (train/checkpoint_resume.h). A
+// checkpoint that is not there yet is named once the directory's lock is held (another run
+// may be writing it), by the same resume_point.
 void adopt_given_model(TrainConfig& cfg) {
   std::filesystem::path from;
   if (!cfg.resume.empty()) {
@@ -654,6 +527,32 @@ void check_same_run(const RunPlan& plan, Communicator& comm) {
   check_same_options(options, comm);
 }
 
+// One rank's run on its thread: its trainer, steps and end; rank 0 reports into `result`
+// (under `mu`, which every rank thread of this process takes). `tracer_slot`: its --trace
+// slot.
+void run_rank(const RunPlan& plan, Communicator& comm, std::unique_ptr<Tracer>& tracer_slot,
+              const StepCallback& on_step, Mutex& mu, TrainResult& result) {
+  const TrainConfig& cfg = plan.cfg;
+  const bool local = cfg.launch.backend == Backend::kLocal;
+  std::optional<CheckpointDirLock> rank0_lock;
+  if (!local && comm.rank() == 0) rank0_lock.emplace(cfg.checkpoint_dir);
+  Tracer* tracer = cfg.trace_path.empty() ? nullptr : attach_tracer(tracer_slot, comm);
+  check_same_run(plan, comm);
+  // Every rank verifies the whole checkpoint before any state exists, so a corrupt one fails
+  // every rank the same way.
+  std::optional<checkpoint::Checkpoint> from = open_resume_point(comm, cfg, plan.resume_from);
+  IslandComms islands = split_islands(comm, cfg, tracer);
+  RankTrainer trainer(cfg, comm, plan.data, plan.make_model, islands.island.get(),
+                      islands.column.get());
+  trainer.set_tracer(tracer);
+  RankRun run = run_steps(plan, trainer, from, on_step);
+  RankEnd end = finish_rank(trainer, run, tracer, local);
+  MutexLock lock(mu);
+  result.stopped = run.stopped;  // every rank's is the same, and every process needs it
+  if (comm.rank() != 0) return;
+  report_run(result, plan, trainer, run, end);
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& config, int& argc, char**& argv, const StepCallback& on_step,
@@ -734,27 +633,8 @@ TrainResult train(const TrainConfig& config, int& argc, char**& argv, const Step
                               .restarts = restarts,
                               .init = init ? &*init : nullptr,
                               .failures = failures};
-      std::optional<CheckpointDirLock> rank0_lock;
-      if (!local && comm.rank() == 0) rank0_lock.emplace(rank_cfg.checkpoint_dir);
-      Tracer* tracer = rank_cfg.trace_path.empty()
-                           ? nullptr
-                           : attach_tracer(tracers[static_cast<size_t>(comm.rank() % here)], comm);
-      check_same_run(rank_plan, comm);
-      // Every rank verifies the whole checkpoint before any state exists, so a corrupt one
-      // fails every rank the same way.
-      std::optional<checkpoint::Checkpoint> from =
-          open_resume_point(comm, rank_cfg, rank_plan.resume_from);
-      IslandComms islands = split_islands(comm, rank_cfg, tracer);
-      RankTrainer trainer(rank_cfg, comm, data, make_model, islands.island.get(),
-                          islands.column.get());
-      trainer.set_tracer(tracer);
-      RankRun run = run_steps(rank_plan, trainer, from, on_step);
-      RankEnd end = finish_rank(trainer, run, tracer, local);
-      const bool reporter = comm.rank() == 0;
-      MutexLock lock(mu);
-      result.stopped = run.stopped;  // every rank's is the same, and every process needs it
-      if (!reporter) return;
-      report_run(result, rank_plan, trainer, run, end);
+      run_rank(rank_plan, comm, tracers[static_cast<size_t>(comm.rank() % here)], on_step, mu,
+               result);
     });
     if (!cfg.trace_path.empty() && local) write_local_trace(cfg.trace_path, tracers);
     result.order_note = order_note;

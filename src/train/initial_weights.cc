@@ -23,7 +23,7 @@
 #include "core/files.h"
 #include "core/sha256.h"
 #include "tensor/dtype.h"
-#include "train/checkpoint_io.h"
+#include "train/checkpoint_resume.h"
 #include "train/flat.h"
 #include "train/hf_layout.h"
 #include "train/state_store.h"
@@ -366,6 +366,66 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return fmt::format("{}", fmt::join(s, ", "));
 }
 
+// The files' values over the ranges this rank holds of one island's states.
+void load_island_weights(ShardedState& state, StateStore& store, OpenFiles& files,
+                         const InitDigest& digest) {
+  const DType dtype = state.dtype();
+  std::vector<float> tmp;
+  for (size_t i = 0; i < state.units().size(); ++i) {
+    UnitState& u = state.units()[i];
+    UnitReader values(files, digest, *u.unit);
+    const Range held = u.held;
+    if (held == u.opt_range) {
+      // The parameters it holds are those it updates, wherever the store keeps them.
+      const StateStore::Job job{i, {0, held.count()}, StateStore::kParams};
+      store.stream(std::span(&job, 1), StateStore::Access::kWrite, [&](StateStore::Piece& p) {
+        tmp.resize(p.count);
+        values.read(held.begin + p.begin, tmp);
+        narrow(tmp, p.params, dtype, 0);
+      });
+    } else {
+      tmp.resize(held.count());
+      values.read(held.begin, tmp);
+      narrow(tmp, u.params.data(), dtype, 0);
+    }
+    if (state.fp32()) continue;  // the parameters are the master
+    const StateStore::Job job{i, {0, u.opt_range.count()}, StateStore::kMaster};
+    store.stream(std::span(&job, 1), StateStore::Access::kWrite,
+                 [&](StateStore::Piece& p) { values.read(u.opt_range.begin + p.begin, p.master); });
+  }
+}
+
+// Every tensor of every file, by name: its file and its header entry, each in the file the
+// index placed it in (InvalidArgument otherwise, or for a name held twice).
+using Present = std::map<std::string, std::pair<size_t, const st::TensorInfo*>>;
+
+Present tensors_present(Opened& o, OpenFiles& files, const std::filesystem::path& from) {
+  const InitDigest& d = o.digest;
+  Present present;
+  for (size_t f = 0; f < d.files.size(); ++f) {
+    const std::string where = fmt::format("--init-from {}", d.files[f].path.string());
+    for (const st::TensorInfo& info : files.reader(f).header().tensors) {
+      const std::string file = d.files[f].path.filename().string();
+      if (!o.placed.empty() && o.placed[info.name] != file) {
+        throw InvalidArgument(fmt::format(
+            "{}: holds {}, which model.safetensors.index.json places {}", where, info.name,
+            o.placed[info.name].empty() ? "nowhere" : "in " + o.placed[info.name]));
+      }
+      if (!present.emplace(info.name, std::pair{f, &info}).second) {
+        throw InvalidArgument(fmt::format("{}: holds {} a second time", where, info.name));
+      }
+    }
+  }
+  for (const auto& [name, file] : o.placed) {
+    if (present.count(name) == 0) {
+      throw InvalidArgument(fmt::format(
+          "--init-from {}: model.safetensors.index.json places {} in {}, which does not hold it",
+          from.string(), name, file));
+    }
+  }
+  return present;
+}
+
 }  // namespace
 
 hf::HfConfig hf_model_of(const std::filesystem::path& dir) { return read_hf_config(dir, nullptr); }
@@ -417,29 +477,7 @@ InitDigest check_initial_weights(const Model& model, const std::string& model_na
         from.string(), model_name));
   }
   OpenFiles files(d);
-  // Every tensor of every file, by name, each in the file the index placed it in.
-  std::map<std::string, std::pair<size_t, const st::TensorInfo*>> present;
-  for (size_t f = 0; f < d.files.size(); ++f) {
-    const std::string where = fmt::format("--init-from {}", d.files[f].path.string());
-    for (const st::TensorInfo& info : files.reader(f).header().tensors) {
-      const std::string file = d.files[f].path.filename().string();
-      if (!o.placed.empty() && o.placed[info.name] != file) {
-        throw InvalidArgument(fmt::format(
-            "{}: holds {}, which model.safetensors.index.json places {}", where, info.name,
-            o.placed[info.name].empty() ? "nowhere" : "in " + o.placed[info.name]));
-      }
-      if (!present.emplace(info.name, std::pair{f, &info}).second) {
-        throw InvalidArgument(fmt::format("{}: holds {} a second time", where, info.name));
-      }
-    }
-  }
-  for (const auto& [name, file] : o.placed) {
-    if (present.count(name) == 0) {
-      throw InvalidArgument(fmt::format(
-          "--init-from {}: model.safetensors.index.json places {} in {}, which does not hold it",
-          from.string(), name, file));
-    }
-  }
+  const Present present = tensors_present(o, files, from);
   const std::string where = fmt::format("--init-from {}", from.string());
   std::set<std::string> used;
   for (const auto& unit : model) {
@@ -499,34 +537,10 @@ InitDigest check_initial_weights(const Model& model, const std::string& model_na
   return d;
 }
 
-void load_initial_weights(RankTrainer& trainer, const InitDigest& digest) {
+void load_initial_weights(HeldIslands& islands, const InitDigest& digest) {
   OpenFiles files(digest);
-  ShardedState& state = trainer.state();
-  StateStore& store = trainer.store();
-  const DType dtype = state.dtype();
-  std::vector<float> tmp;
-  for (size_t i = 0; i < state.units().size(); ++i) {
-    UnitState& u = state.units()[i];
-    UnitReader values(files, digest, *u.unit);
-    const Range held = u.held;
-    if (held == u.opt_range) {
-      // The parameters it holds are those it updates, wherever the store keeps them.
-      const StateStore::Job job{i, {0, held.count()}, StateStore::kParams};
-      store.stream(std::span(&job, 1), StateStore::Access::kWrite, [&](StateStore::Piece& p) {
-        tmp.resize(p.count);
-        values.read(held.begin + p.begin, tmp);
-        narrow(tmp, p.params, dtype, 0);
-      });
-    } else {
-      tmp.resize(held.count());
-      values.read(held.begin, tmp);
-      narrow(tmp, u.params.data(), dtype, 0);
-    }
-    if (state.fp32()) continue;  // the parameters are the master
-    const StateStore::Job job{i, {0, u.opt_range.count()}, StateStore::kMaster};
-    store.stream(std::span(&job, 1), StateStore::Access::kWrite,
-                 [&](StateStore::Piece& p) { values.read(u.opt_range.begin + p.begin, p.master); });
-  }
+  islands.for_each(
+      [&](int) { load_island_weights(islands.state(), islands.store(), files, digest); });
 }
 
 }  // namespace zerodp

@@ -21,10 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "models/model.h"
 #include "models/unit.h"
 #include "train/config.h"
+#include "train/held_islands.h"
 #include "train/hf_layout.h"
-#include "train/rank_trainer.h"
 
 namespace zerodp {
 
@@ -75,9 +76,10 @@ hf::HfConfig hf_model_of(const std::filesystem::path& dir);
 // checked against `model` (zerodp sample).
 std::vector<std::vector<float>> read_initial_weights(const Model& model, const InitDigest& digest);
 
-// Replaces the trainer's parameters and master weights with the files' values over the
-// ranges this rank holds (a fresh optimizer: the moments stay zero). The files were checked:
-// CorruptData when a byte read differs from what `digest` saw.
-void load_initial_weights(RankTrainer& trainer, const InitDigest& digest);
+// Replaces the parameters and master weights of every island `islands` holds (each starts
+// from them) with the files' values over the ranges this rank holds (a fresh optimizer: the
+// moments stay zero). The files were checked: CorruptData when a byte read differs from what
+// `digest` saw.
+void load_initial_weights(HeldIslands& islands, const InitDigest& digest);
 
 }  // namespace zerodp

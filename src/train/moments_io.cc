@@ -111,77 +111,71 @@ void decode_saved(const Checkpoint& ckpt, const SavedMoments& saved, size_t unit
   std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(lo - b0), hi - lo, out.begin());
 }
 
+// The own range's block scales of one moment, in order.
+void stream_scales(const UnitState& u, bool first, const ByteSink& sink) {
+  const std::span<const float> scales = first ? u.m_scales.span() : u.v_scales.span();
+  for_each_run(u, own_in_opt(u), [&](const DecaySegment& s, size_t lo, size_t hi, size_t block) {
+    if (s.quantized) sink(std::as_bytes(scales.subspan(s.block_at + block, s.block_count(lo, hi))));
+  });
+}
+
+// The own range's elements of the tensors whose moments stay fp32, of one moment.
+void stream_fp32_moments(const UnitState& u, bool first, const ByteSink& sink) {
+  const std::span<const float> values = first ? u.adam_m.span() : u.adam_v.span();
+  for_each_run(u, own_in_opt(u), [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
+    if (!s.quantized) sink(std::as_bytes(values.subspan(s.at + (lo - s.begin), hi - lo)));
+  });
+}
+
 }  // namespace
 
-void int8_moment_decls(const UnitState& u, std::vector<safetensors::TensorDecl>& decls) {
+void int8_moment_tensors(const ShardedState& state, size_t i, std::vector<ShardTensor>& out) {
   using checkpoint::tensor_name;
   namespace st = safetensors;
+  const UnitState& u = state.units()[i];
   const Range own = own_in_opt(u);
   const MomentCounts c =
       moment_counts(tensor_sizes(*u.unit), u.own.begin, u.own.begin + u.own.count());
-  const auto add = [&](const char* kind, st::ElementType type, uint64_t n) {
-    decls.push_back({tensor_name(u.unit->name(), kind), type, {static_cast<int64_t>(n)}});
+  const auto decl = [&](const char* kind, st::ElementType type, uint64_t n) {
+    return st::TensorDecl{tensor_name(u.unit->name(), kind), type, {static_cast<int64_t>(n)}};
   };
-  add("adam_m8", st::ElementType::kU8, own.count());
-  add("adam_v8", st::ElementType::kU8, own.count());
-  add("adam_m8_scale", st::ElementType::kF32, c.blocks);
-  add("adam_v8_scale", st::ElementType::kF32, c.blocks);
-  add("adam_m", st::ElementType::kF32, c.fp32);
-  add("adam_v", st::ElementType::kF32, c.fp32);
-}
-
-void stream_int8_moments(const UnitState& u, size_t i, StateStore& store,
-                         const std::function<void(std::span<const std::byte>)>& sink) {
-  const Range own = own_in_opt(u);
-  if (store.on_disk()) {
-    // The file's codes, as they are: it holds 0 at the fp32 tensors' elements (offload.h).
-    for (const StateStore::Arrays a : {StateStore::kAdamM, StateStore::kAdamV}) {
-      const StateStore::Job job{i, own, a};
-      store.stream(std::span(&job, 1), StateStore::Access::kRead, [&](StateStore::Piece& p) {
-        sink(std::as_bytes(a == StateStore::kAdamM ? p.m8 : p.v8));
-      });
-    }
-  } else {
-    const std::vector<std::byte> zeros(kMomentBlock);
-    for (bool first : {true, false}) {
-      const std::span<const uint8_t> codes = (first ? u.m_codes : u.v_codes).span();
-      for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
-        if (s.quantized) {
-          sink(std::as_bytes(codes.subspan(s.at + (lo - s.begin), hi - lo)));
-          return;
-        }
-        for (size_t k = lo; k < hi; k += kMomentBlock) {
-          sink(std::span(zeros).first(std::min(kMomentBlock, hi - k)));
-        }
-      });
-    }
+  // The codes: the store's, offloaded or not (0 at the fp32 tensors' elements).
+  for (const bool first : {true, false}) {
+    out.push_back({.decl = decl(first ? "adam_m8" : "adam_v8", st::ElementType::kU8, own.count()),
+                   .unit = i,
+                   .array = first ? StateStore::kAdamM : StateStore::kAdamV,
+                   .range = own,
+                   .bytes = {},
+                   .copy_at_boundary = false});
   }
-  stream_int8_moments_in_memory(u, sink);
-}
-
-void stream_int8_moments_in_memory(const UnitState& u,
-                                   const std::function<void(std::span<const std::byte>)>& sink) {
-  const Range own = own_in_opt(u);
-  for (bool first : {true, false}) {
-    const std::span<const float> scales = first ? u.m_scales.span() : u.v_scales.span();
-    for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t block) {
-      if (s.quantized) {
-        sink(std::as_bytes(scales.subspan(s.block_at + block, s.block_count(lo, hi))));
-      }
-    });
-  }
-  for (bool first : {true, false}) {
-    const std::span<const float> values = first ? u.adam_m.span() : u.adam_v.span();
-    for_each_run(u, own, [&](const DecaySegment& s, size_t lo, size_t hi, size_t) {
-      if (!s.quantized) sink(std::as_bytes(values.subspan(s.at + (lo - s.begin), hi - lo)));
-    });
-  }
+  // The scales, then the fp32 tensors' moments: memory's, of the island active when written.
+  const ShardedState* held = &state;
+  const auto memory = [&](const char* kind, uint64_t n, bool first, bool scales) {
+    out.push_back({.decl = decl(kind, st::ElementType::kF32, n),
+                   .unit = i,
+                   .array = 0,
+                   .range = {},
+                   .bytes =
+                       [held, i, first, scales](const ByteSink& sink) {
+                         const UnitState& unit = held->units()[i];
+                         if (scales) {
+                           stream_scales(unit, first, sink);
+                         } else {
+                           stream_fp32_moments(unit, first, sink);
+                         }
+                       },
+                   .copy_at_boundary = false});
+  };
+  memory("adam_m8_scale", c.blocks, true, true);
+  memory("adam_v8_scale", c.blocks, false, true);
+  memory("adam_m", c.fp32, true, false);
+  memory("adam_v", c.fp32, false, false);
 }
 
 namespace {
 
 // Unit i's 8-bit moments of elements `r` of its optimizer range from `ckpt`: the codes into
-// `m8`/`v8` (the offload file's piece of `r`) or, when those are empty, u's memory.
+// `m8`/`v8`, the store's piece of `r`.
 void load_int8_range(UnitState& u, const Checkpoint& ckpt, const SavedMoments& saved, size_t i,
                      Range r, std::span<uint8_t> m8, std::span<uint8_t> v8) {
   const bool saved8 = ckpt.meta().int8_moments;
@@ -232,12 +226,8 @@ void load_moments(ShardedState& state, StateStore& store, const Checkpoint& ckpt
   const SavedMoments saved(ckpt, i, tensor_sizes(*u.unit), island);
   const size_t base = u.opt_range.begin;
   const size_t n = u.opt_range.count();
-  if (state.int8_moments() && !store.on_disk()) {
-    load_int8_range(u, ckpt, saved, i, {0, n}, {}, {});
-    return;
-  }
   if (state.int8_moments()) {
-    // The offload file's codes, piece by piece (0 at the fp32 tensors' elements).
+    // The store's codes, piece by piece (0 at the fp32 tensors' elements).
     const StateStore::Job job{i, {0, n}, StateStore::kAdamM | StateStore::kAdamV};
     store.stream(std::span(&job, 1), StateStore::Access::kWrite, [&](StateStore::Piece& p) {
       std::ranges::fill(p.m8, uint8_t{0});

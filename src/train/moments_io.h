@@ -23,24 +23,19 @@
 
 #include "checkpoint/safetensors.h"
 #include "checkpoint/store.h"
+#include "train/checkpoint_shards.h"
 #include "train/sharded_state.h"
 #include "train/state_store.h"
 
 namespace zerodp {
 
-// The moment tensors of unit `u`'s own range, appended in the file's order.
-void int8_moment_decls(const UnitState& u, std::vector<safetensors::TensorDecl>& decls);
-// Their bytes, in that order: unit `u` (index i) of a state whose codes are in `store`
-// when it is the offload file's.
-void stream_int8_moments(const UnitState& u, size_t i, StateStore& store,
-                         const std::function<void(std::span<const std::byte>)>& sink);
-// Of those, what memory holds whether or not the codes are offloaded: the scales and the fp32
-// parts, in the file's order (after the codes).
-void stream_int8_moments_in_memory(const UnitState& u,
-                                   const std::function<void(std::span<const std::byte>)>& sink);
-// Unit `i`'s moments from `ckpt` (with islands, `island`'s) into `state` (through `store` when
-// they are fp32 or offloaded there), whichever of the checkpoint and the state holds 8-bit
-// moments.
+// The moment tensors of unit `i`'s own range, appended to `out` in the file's order: the
+// codes from the store, the scales and the fp32 parts from the memory of whichever island
+// of `state` is active when they are written.
+void int8_moment_tensors(const ShardedState& state, size_t i, std::vector<ShardTensor>& out);
+// Unit `i`'s moments from `ckpt` (with islands, `island`'s) into `state` (the codes and fp32
+// moments through `store`, the scales and an 8-bit run's fp32 parts in memory), whichever of
+// the checkpoint and the state holds 8-bit moments.
 void load_moments(ShardedState& state, StateStore& store, const checkpoint::Checkpoint& ckpt,
                   size_t i, int island = 0);
 

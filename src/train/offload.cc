@@ -151,10 +151,8 @@ void OffloadTier::finish(PendingRead& read) {
   counters_.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-void OffloadTier::stream(std::span<const Job> jobs, Access access,
-                         const std::function<void(Piece&)>& f) {
-  const bool reading = access != Access::kWrite;
-  const bool writing = access != Access::kRead;
+std::vector<OffloadTier::Window> OffloadTier::windows_of(std::span<const Job> jobs, bool reading,
+                                                         bool writing) const {
   std::vector<Window> windows;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const Job& job = jobs[j];
@@ -178,6 +176,14 @@ void OffloadTier::stream(std::span<const Job> jobs, Access access,
       windows.push_back(w);
     }
   }
+  return windows;
+}
+
+void OffloadTier::stream(std::span<const Job> jobs, Access access,
+                         const std::function<void(Piece&)>& f) {
+  const bool reading = access != Access::kWrite;
+  const bool writing = access != Access::kRead;
+  const std::vector<Window> windows = windows_of(jobs, reading, writing);
 
   // The file's regions a job's arrays live in.
   const auto regions = [&](unsigned arrays) {

@@ -105,7 +105,6 @@ class OffloadTier final : public StateStore {
     }
   };
   const Counters& counters() const { return counters_; }
-  bool on_disk() const override { return true; }
   uint64_t bytes_moved() const override { return counters_.bytes_read + counters_.bytes_written; }
   void count_update(uint64_t bytes, double seconds) override {
     counters_.update_bytes += bytes;
@@ -124,6 +123,9 @@ class OffloadTier final : public StateStore {
     uint64_t element_bytes = 4;
   };
   static std::vector<Region> regions_for(bool fp32, bool params, bool int8);
+  // The aligned windows a stream of `jobs` reads and writes, in order (logic_error for a job
+  // outside its unit, or a write that would leave part of a window unread).
+  std::vector<Window> windows_of(std::span<const Job> jobs, bool reading, bool writing) const;
   // Region r of staging slot s.
   std::byte* slot(int s, size_t r);
   // Points piece `p` (its unit, begin and count set) at the `arrays` it asked for: slot `s`'s

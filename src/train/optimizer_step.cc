@@ -56,12 +56,12 @@ OwnGradients OptimizerStep::inspect() const {
 }
 
 UpdateOutcome OptimizerStep::apply(int64_t step_index, std::span<const double> sum_squares,
-                                   bool overflow, const std::function<void(size_t)>& activate) {
+                                   bool overflow, HeldIslands& islands) {
   const double scale = loss_scale();
   if (!overflow) ++adam_step_;
   UpdateOutcome first;
-  for (size_t v = 0; v < sum_squares.size(); ++v) {
-    if (sum_squares.size() > 1) activate(v);
+  islands.for_each([&](int island) {
+    const auto v = static_cast<size_t>(island);
     UpdateOutcome out;
     out.loss_scale = scaler_ ? std::optional<double>(scale) : std::nullopt;
     out.grad_norm = std::sqrt(sum_squares[v]) / scale;
@@ -75,7 +75,7 @@ UpdateOutcome OptimizerStep::apply(int64_t step_index, std::span<const double> s
       update(out.lr, coef / scale);
     }
     if (v == 0) first = out;
-  }
+  });
   if (scaler_) (void)scaler_->update(overflow);
   return first;
 }
@@ -91,7 +91,10 @@ void OptimizerStep::update(double lr, double coef) {
   ac.weight_decay = cfg_.weight_decay;
   works_.clear();
   const float c = static_cast<float>(coef);
-  if (store_.on_disk() && cfg_.offload_overlap && !state_.plan().gather_after_update) {
+  // The overlap is --offload's (resolve_config refuses it otherwise): the update waits on
+  // the file's I/O, which the next forward's compute can hide.
+  if (cfg_.offload != Offload::kNone && cfg_.offload_overlap &&
+      !state_.plan().gather_after_update) {
     settle();
     updater_chunk_.resize(chunk_.size());
     {
@@ -123,11 +126,7 @@ void OptimizerStep::stream_update(const AdamWConfig& ac, float coef, std::span<f
   std::vector<UnitState>& units = state_.units();
   // 16-bit parameters are rounded from the master, never read (at fp32 they are the master).
   const unsigned unread = state_.fp32() ? 0u : StateStore::kParams;
-  // 8-bit moments in memory are the unit's own buffers, read by segment (update_piece), not
-  // streamed; offloaded, their codes are.
-  const unsigned arrays = state_.int8_moments() && !store_.on_disk()
-                              ? StateStore::kMaster | StateStore::kParams
-                              : StateStore::kAll | StateStore::kParams;
+  const unsigned arrays = StateStore::kAll | StateStore::kParams;
   std::vector<StateStore::Job> jobs;
   for (size_t i = 0; i < units.size(); ++i) {
     jobs.push_back({i, {0, units[i].opt_range.count()}, arrays, unread});

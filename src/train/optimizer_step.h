@@ -21,6 +21,7 @@
 #include "optim/lr_schedule.h"
 #include "optim/square_sum.h"
 #include "train/config.h"
+#include "train/held_islands.h"
 #include "train/shard_group.h"
 #include "train/sharded_state.h"
 #include "train/state_store.h"
@@ -60,12 +61,12 @@ class OptimizerStep {
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   OwnGradients inspect() const;
   // Given the ranks' summed squares and whether any rank saw a non-finite value, updates the
-  // model (or skips the step) and advances the scaler. Islands in turn: `sum_squares` has
-  // one entry per island the rank holds, each updated once activate(v) has put its states in
-  // place, with one AdamW counter and scaler for all (as islands on ranks of their own keep
-  // them one); the outcome is island 0's.
+  // model (or skips the step) and advances the scaler. `sum_squares` has one entry per island
+  // of `islands` (the states this optimizer's state and store show), each updated while the
+  // iteration holds it active, with one AdamW counter and scaler for all (as islands on ranks
+  // of their own keep them one); the outcome is island 0's.
   UpdateOutcome apply(int64_t step_index, std::span<const double> sum_squares, bool overflow,
-                      const std::function<void(size_t)>& activate);
+                      HeldIslands& islands);
   // The learning rate of step `step_index` (1-based): what a checkpoint records as next.
   double lr_at(int64_t step_index) const { return schedule_.lr_at(step_index - 1); }
 

@@ -49,13 +49,8 @@ void OuterStep::for_each_block_run(int f, Fn&& fn) const {
 
 OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& store,
                      ShardGroup& island, Communicator& column, MemoryLedger& ledger,
-                     std::function<void(int)> activate)
-    : cfg_(cfg),
-      state_(state),
-      store_(store),
-      island_(island),
-      column_(column),
-      activate_(std::move(activate)) {
+                     HeldIslands& held)
+    : cfg_(cfg), state_(state), store_(store), island_(island), column_(column), held_(held) {
   uint64_t total = 0;
   for (const UnitState& u : state_.units()) total += u.numel;
   check_fragments(cfg, total);
@@ -124,7 +119,7 @@ OuterStep::~OuterStep() {
 }
 
 bool OuterStep::gathers_offloaded_master() const {
-  return store_.on_disk() && !state_.fp32() &&
+  return cfg_.offload != Offload::kNone && !state_.fp32() &&
          state_.plan().optimizer == StagePlan::Extent::kFull && island_.size() > 1;
 }
 
@@ -176,8 +171,7 @@ void OuterStep::send(int f, int64_t merge_at) {
   const std::vector<StateStore::Job> jobs = master_jobs(f, StateStore::kMaster);
   const size_t at = pieces.empty() ? 0 : pieces.back().buffer_at + pieces.back().count;
   const bool quantized = cfg_.outer_quant != 0;
-  for (int v = 0; v < hosted(); ++v) {
-    if (hosted() > 1) activate_(v);
+  held_.for_each([&](int v) {
     // In turn and unquantized, the islands' pseudo-gradients fold here, in island order, as
     // the column's all-reduce folds them.
     const bool fold = v > 0 && !quantized;
@@ -192,7 +186,7 @@ void OuterStep::send(int f, int64_t merge_at) {
       }
     });
     if (quantized) send_quantized(f, v);
-  }
+  });
   if (quantized) return;
   if (hosted() > 1) {
     const auto divisor = static_cast<float>(cfg_.islands);
@@ -261,10 +255,7 @@ void OuterStep::finish_exchange() {
 
 void OuterStep::merge(float mix) {
   finish_exchange();
-  for (int v = 0; v < hosted(); ++v) {
-    if (hosted() > 1) activate_(v);
-    merge_island(mix, v == 0);
-  }
+  held_.for_each([&](int v) { merge_island(mix, v == 0); });
   pending_ = -1;
 }
 
@@ -309,7 +300,7 @@ void OuterStep::merge_island(float mix, bool outer_update) {
                                                  u.params.buffer(), u.part));
     }
     if (island && !state_.fp32() && whole_master) {
-      if (store_.on_disk()) {
+      if (gathers_offloaded_master()) {
         gather_offloaded_master(i);  // through one unit-sized buffer: a unit at a time
       } else {
         gathers.push_back(island_.all_gather_async(own_master(u), u.master.span(), u.part));

@@ -37,7 +37,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
@@ -46,6 +45,7 @@
 #include "comm/quantize.h"
 #include "memory/ledger.h"
 #include "train/config.h"
+#include "train/held_islands.h"
 #include "train/plan.h"
 #include "train/shard_group.h"
 #include "train/sharded_state.h"
@@ -63,11 +63,12 @@ class OuterStep {
  public:
   // `column`: the ranks of this rank's index in every island, in island order.
   // `store`: where the master weights (at fp32 the params) are, in memory or offloaded.
-  // Islands in turn (--islands-in-turn): the column is this rank alone, which holds every
-  // island's states; activate(v) puts island v's in `state` (and in the store). The
-  // pseudo-gradients then fold in memory, in island order, as the column's all-reduce does.
+  // `held`: the islands whose states `state` and `store` show, one at a time. Islands in turn
+  // (--islands-in-turn): the column is this rank alone, which holds every island's states;
+  // the pseudo-gradients then fold in memory, in island order, as the column's all-reduce
+  // does.
   OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& store, ShardGroup& island,
-            Communicator& column, MemoryLedger& ledger, std::function<void(int)> activate);
+            Communicator& column, MemoryLedger& ledger, HeldIslands& held);
   // Waits for an exchange still in flight (a run stopped mid-round): the column's thread
   // writes into the exchange buffer until it is done. Its error is dropped: the caller is
   // unwinding, and a failed peer aborts the column, which ends the wait.
@@ -157,7 +158,7 @@ class OuterStep {
   StateStore& store_;
   ShardGroup& island_;
   Communicator& column_;
-  std::function<void(int)> activate_;
+  HeldIslands& held_;
   std::vector<Buffer<float>> global_, momentum_;
   std::vector<std::vector<Piece>> fragments_;
   // The units each fragment overlaps in the model (the same on every rank of an island,

@@ -93,17 +93,11 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       state_(model_, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg)),
              cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed,
              group_.size(), group_.index(), ledger_, cfg.offload, cfg.int8_moments),
-      offload_([&] {
-        std::vector<std::unique_ptr<OffloadTier>> tiers;
-        if (cfg.offload != Offload::kNone) {
-          tiers.push_back(std::make_unique<OffloadTier>(
-              state_, cfg.offload, cfg.offload_dir, comm.rank(), layout_.offload_piece, ledger_));
-        }
-        return tiers;
-      }()),
-      memory_store_(state_),
-      active_store_(offload_.empty() ? static_cast<StateStore*>(&memory_store_)
-                                     : offload_.front().get()),
+      islands_(state_,
+               cfg.offload == Offload::kNone
+                   ? nullptr
+                   : std::make_unique<OffloadTier>(state_, cfg.offload, cfg.offload_dir,
+                                                   comm.rank(), layout_.offload_piece, ledger_)),
       buf_(ledger_, layout_, state_.dtype()),
       hpz_(cfg.hpz && state_.plan().gather_before_compute
                ? std::optional<HpzCopy>(std::in_place, state_.units(), buf_.hpz,
@@ -116,51 +110,29 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       reducer_(state_, layout_, cfg.grad_accum, group_, ledger_, chunk_),
       optimizer_(cfg, state_, group_, chunk_, store()),
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
-  parked_.resize(static_cast<size_t>(zerodp::hosted_islands(cfg)));
-  for (size_t v = 1; v < parked_.size(); ++v) {
+  for (int v = 1; v < zerodp::hosted_islands(cfg); ++v) {
     // Every island starts from the same weights, as on ranks of their own.
     ShardedState states(model_, state_.plan(), cfg.precision, products_read_bf16(cfg.precision),
                         cfg.decay_all, cfg.seed, group_.size(), group_.index(), ledger_,
                         cfg.offload, cfg.int8_moments);
-    parked_[v] = std::move(states.units());
     // Its tier's file, streamed through island 0's staging (islands' streams never overlap).
-    if (!offload_.empty()) {
-      offload_.push_back(std::make_unique<OffloadTier>(
-          state_, cfg.offload, cfg.offload_dir, comm.rank(), layout_.offload_piece, ledger_,
-          static_cast<int>(v), offload_.front().get()));
-    }
+    islands_.add(
+        std::move(states.units()),
+        cfg.offload == Offload::kNone
+            ? nullptr
+            : std::make_unique<OffloadTier>(state_, cfg.offload, cfg.offload_dir, comm.rank(),
+                                            layout_.offload_piece, ledger_, v, islands_.offload()));
   }
   // A tier writes its island's starting master and the parameters rounded from it.
-  for (size_t v = 0; v < offload_.size(); ++v) {
-    activate_island(static_cast<int>(v));
-    offload_[v]->initialize(cfg.seed);
+  if (cfg.offload != Offload::kNone) {
+    islands_.for_each([this](int) { islands_.offload()->initialize(cfg_.seed); });
   }
-  activate_island(0);
-  virtual_rank_ = comm.rank();
-  if (column != nullptr) {
-    outer_.emplace(cfg, state_, store(), group_, *column, ledger_,
-                   [this](int v) { activate_island(v); });
-  }
+  // An overlapped update (--offload-overlap) still streams the active island's states.
+  islands_.set_before_switch([this] { optimizer_.settle(); });
+  if (column != nullptr) outer_.emplace(cfg, state_, store(), group_, *column, ledger_, islands_);
   // Rank threads that each ask for all cores oversubscribe them; the cores are the ones the
   // process may run on (a host pinned to a cpuset has those, not the machine's).
   set_gemm_threads(std::max(1, usable_cores() / ranks_on_this_host(comm, cfg.launch)));
-}
-
-OffloadTier::Counters RankTrainer::offload_counters() const {
-  OffloadTier::Counters sum;
-  for (const auto& tier : offload_) sum += tier->counters();
-  return sum;
-}
-
-void RankTrainer::activate_island(int v) {
-  if (v == active_) return;
-  // An overlapped update (--offload-overlap) still streams the active island's states.
-  optimizer_.settle();
-  std::swap(state_.units(), parked_[static_cast<size_t>(active_)]);
-  std::swap(state_.units(), parked_[static_cast<size_t>(v)]);
-  active_ = v;
-  if (!offload_.empty()) active_store_.point_at(offload_[static_cast<size_t>(v)].get());
-  virtual_rank_ = v * comm_.size() + comm_.rank();
 }
 
 std::span<float> RankTrainer::saved_for(size_t ui) {
@@ -195,7 +167,7 @@ void RankTrainer::prefetch_next_step() {
   const auto* shards = std::get_if<ShardDataset>(&data_.train);
   if (shards == nullptr) return;
   for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
-    shards->prefetch(sampler_.rank_samples(sampler_.position(), micro, virtual_rank_));
+    shards->prefetch(sampler_.rank_samples(sampler_.position(), micro, virtual_rank()));
   }
 }
 
@@ -214,7 +186,7 @@ void RankTrainer::set_samples_chain(const std::string& hex, uint64_t from) {
 
 void RankTrainer::load_micro_batch(int64_t micro) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto idx = sampler_.rank_samples(sampler_.position(), micro, virtual_rank_);
+  const auto idx = sampler_.rank_samples(sampler_.position(), micro, virtual_rank());
   sha256_update_u64_le(samples_hash_, idx);
   fill_micro_batch(data_.train, idx);
   data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -319,8 +291,7 @@ void RankTrainer::backward() {
   reducer_.finish_micro_batch();
 }
 
-void RankTrainer::island_pass(int64_t step_index, int island) {
-  activate_island(island);
+void RankTrainer::island_pass(int64_t step_index) {
   const int A = cfg_.grad_accum;
   losses_.resize(static_cast<size_t>(A));
   for (int a = 0; a < A; ++a) {
@@ -371,7 +342,7 @@ StepRecord RankTrainer::step(int64_t step_index) {
   // micro-batches once, at the boundary (grad_reducer.h).
   mb_.loss_grad_scale = static_cast<float>(state_.plan().fp32_accumulator ? scale : scale / A);
   control_.clear();
-  for (int v = 0; v < hosted; ++v) island_pass(step_index, v);
+  islands_.for_each([&](int) { island_pass(step_index); });
 
   // The control exchange: each rank's part for each island it holds.
   constexpr size_t kSquares = SquareSum::kExchangeDoubles;
@@ -423,9 +394,7 @@ StepRecord RankTrainer::step(int64_t step_index) {
   const bool overflow = bad || !std::isfinite(rec.loss);
   std::optional<Tracer::Span> span;
   if (!overflow) span.emplace(tracer_, "optimizer");
-  const UpdateOutcome out =
-      optimizer_.apply(step_index, island_squares, overflow,
-                       [this](size_t v) { activate_island(static_cast<int>(v)); });
+  const UpdateOutcome out = optimizer_.apply(step_index, island_squares, overflow, islands_);
   // An overlapped update is timed in the step after it, which waits for it; the run's last
   // has no such step, so it is waited for here.
   const int64_t last = cfg_.stop_after > 0 ? std::min(cfg_.steps, cfg_.stop_after) : cfg_.steps;
@@ -441,7 +410,6 @@ StepRecord RankTrainer::step(int64_t step_index) {
     const Tracer::Span outer_span(tracer_, "outer step", "outer");
     rec.outer = outer_->after_step(step_index);
   }
-  activate_island(0);
   Sha256 chain;
   chain.update(samples_chain_.data(), samples_chain_.size());
   sha256_update_u64_le(chain, sampler_.step_samples(sampler_.position()));

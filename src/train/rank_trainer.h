@@ -6,6 +6,8 @@
 //   GatherQueue      (gather_queue.h)    stage 3's parameter gathers ahead of compute, from
 //                                        the pass's GatherSource
 //   StateStore       (state_store.h)     where the states live: memory, or the offload file
+//   HeldIslands      (held_islands.h)    the islands whose states the rank holds, visited in
+//                                        turn by the step, saves, loads and --init-from
 //   GradientReducer  (grad_reducer.h)    micro-batch gradients to the averaged gradient
 //   OptimizerStep    (optimizer_step.h)  clipping, loss scaling, AdamW, rounding back, gathers
 //   OuterStep        (outer_step.h)      DiLoCo's islands meeting every H steps (--islands)
@@ -36,6 +38,7 @@
 #include "train/fault_plan.h"
 #include "train/gather_queue.h"
 #include "train/grad_reducer.h"
+#include "train/held_islands.h"
 #include "train/offload.h"
 #include "train/optimizer_step.h"
 #include "train/outer_step.h"
@@ -93,16 +96,12 @@ class RankTrainer {
   ShardedState& state() { return state_; }
   // Where master, adam_m and adam_v live under --offload optimizer; null when in memory.
   // Islands in turn: the active island's.
-  OffloadTier* offload() {
-    return offload_.empty() ? nullptr : offload_[static_cast<size_t>(active_)].get();
-  }
-  const OffloadTier* offload() const {
-    return offload_.empty() ? nullptr : offload_[static_cast<size_t>(active_)].get();
-  }
+  OffloadTier* offload() { return islands_.offload(); }
+  const OffloadTier* offload() const { return islands_.offload(); }
   // What every island's tier has moved (one tier but with islands in turn).
-  OffloadTier::Counters offload_counters() const;
+  OffloadTier::Counters offload_counters() const { return islands_.offload_counters(); }
   // Where the states live, memory or the offload file, to stream them from.
-  StateStore& store() { return active_store_; }
+  StateStore& store() { return islands_.store(); }
   const ShardGroup& group() const { return group_; }
   const ShardedState& state() const { return state_; }
   // DiLoCo's outer step; null without --islands.
@@ -114,17 +113,20 @@ class RankTrainer {
   const FaultPlan& faults() const { return faults_; }
   void set_tracer(Tracer* t) { tracer_ = t; }
   Tracer* tracer() const { return tracer_; }
-  // --islands-in-turn: the islands this rank holds states of (1 otherwise), and the one whose
-  // states state() shows. Outside step() that is island 0, whose weights a run reports.
-  int hosted_islands() const { return static_cast<int>(parked_.size()); }
-  void activate_island(int v);
+  // The islands this rank holds states of (--islands-in-turn: every island, else one), each
+  // put in state() and store() while an iteration visits it. Outside one, island 0, whose
+  // weights a run reports.
+  HeldIslands& islands() { return islands_; }
+  int hosted_islands() const { return islands_.size(); }
 
  private:
-  // One island's forward and backward passes over the step's micro-batches, its gradient
-  // reduced; appends its part of the control exchange to control_.
-  void island_pass(int64_t step_index, int island);
+  // The active island's forward and backward passes over the step's micro-batches, its
+  // gradient reduced; appends its part of the control exchange to control_.
+  void island_pass(int64_t step_index);
   void load_micro_batch(int64_t micro);
   void prefetch_next_step();
+  // This rank's place in the islands' world: rank r's for the active island v, v N + r.
+  int virtual_rank() const { return islands_.active() * comm_.size() + comm_.rank(); }
   void fill_micro_batch(const Dataset& dataset, std::span<const uint64_t> idx);
   std::span<const float> weights_for(size_t ui, int slot);
   // The same weights as stored in bf16 (what weights_for widened), or empty.
@@ -170,33 +172,7 @@ class RankTrainer {
   TransientLayout layout_;
   DistributedSampler sampler_;
   ShardedState state_;
-  // Islands in turn: island v's units (the states) while another is active; the active
-  // one's are in state_, its slot empty. One empty slot without --islands-in-turn.
-  std::vector<std::vector<UnitState>> parked_;
-  int active_ = 0;
-  int virtual_rank_ = 0;  // this rank's in the active island's place in the islands' world
-  // One tier per island the rank holds (offloaded), else none.
-  std::vector<std::unique_ptr<OffloadTier>> offload_;
-  MemoryStore memory_store_;  // the store when nothing is offloaded
-  // The store the parts stream through: the memory store, or the active island's tier.
-  class ActiveStore final : public StateStore {
-   public:
-    explicit ActiveStore(StateStore* target) : target_(target) {}
-    void point_at(StateStore* target) { target_ = target; }
-    void stream(std::span<const Job> jobs, Access access,
-                const std::function<void(Piece&)>& f) override {
-      target_->stream(jobs, access, f);
-    }
-    bool on_disk() const override { return target_->on_disk(); }
-    uint64_t bytes_moved() const override { return target_->bytes_moved(); }
-    void count_update(uint64_t bytes, double seconds) override {
-      target_->count_update(bytes, seconds);
-    }
-
-   private:
-    StateStore* target_;
-  };
-  ActiveStore active_store_;
+  HeldIslands islands_;
   Buffers buf_;
   std::optional<HpzCopy> hpz_;
   std::optional<QuantizedGather> qwz_;

@@ -1,9 +1,10 @@
 // Where a rank's optimizer states (and, offloaded at stage 3, its parameter shards) live,
 // as one interface: a StateStore streams the arrays of a unit's optimizer range to a
 // callback in pieces. In memory (MemoryStore) a job is one piece pointing at the buffers
-// themselves; offloaded (OffloadTier, train/offload.h) it is many, staged through the
-// file. Code that reads or writes whole states (checkpoints, the weights' hash, the
-// optimizer's update) streams from the store and never asks where the states are.
+// themselves (one per tensor for 8-bit moments' codes); offloaded (OffloadTier,
+// train/offload.h) it is many, staged through the file. Both hand out the same values in the
+// same shapes, so code that reads or writes whole states (checkpoints, the weights' hash, the
+// optimizer's update, --init-from) streams from the store and never asks where they are.
 #pragma once
 
 #include <cstddef>
@@ -47,9 +48,10 @@ class StateStore {
     // file does not hold (kParams in memory; kMaster at fp32, which is the params) point into
     // the params' own memory.
     std::span<float> master, m, v;
-    // Offloaded 8-bit moments: kAdamM and kAdamV are their codes, one byte per element of
-    // the optimizer range (0 at elements of tensors whose moments stay fp32; those, and the
-    // scales, stay in the unit's memory). In memory the codes are never streamed.
+    // 8-bit moments: kAdamM and kAdamV are their codes, one byte per element of the
+    // optimizer range, 0 at elements of tensors whose moments stay fp32 (what is written
+    // there is dropped); those tensors' moments and the block scales stay in the unit's
+    // memory (UnitState::quantized, moments_io.h), offloaded or not.
     std::span<uint8_t> m8, v8;
     void* params = nullptr;  // count elements of the state's dtype
     size_t size() const { return count; }
@@ -60,8 +62,6 @@ class StateStore {
   // stored. Rethrows the first I/O error.
   virtual void stream(std::span<const Job> jobs, Access access,
                       const std::function<void(Piece&)>& f) = 0;
-  // Whether reading a piece moves bytes (the file) or only points (memory).
-  virtual bool on_disk() const = 0;
   // Bytes read and written so far (none in memory).
   virtual uint64_t bytes_moved() const { return 0; }
   // Records that one optimizer update streamed `bytes` (read + written) in `seconds`.
@@ -69,13 +69,14 @@ class StateStore {
 };
 
 // The states in memory: each job is one piece over the unit's own buffers, so a callback
-// reads and writes them in place and Access changes nothing.
+// reads and writes them in place and Access changes nothing. 8-bit codes are held only for
+// the quantized tensors, so a job asking for them comes as one piece per tensor of its
+// range: a quantized one's points at its codes, another's at zeros of its own.
 class MemoryStore final : public StateStore {
  public:
   explicit MemoryStore(ShardedState& state) : state_(state) {}
   void stream(std::span<const Job> jobs, Access access,
               const std::function<void(Piece&)>& f) override;
-  bool on_disk() const override { return false; }
 
  private:
   ShardedState& state_;
