@@ -32,21 +32,8 @@ uint64_t own_count(uint64_t numel, int world, int rank) {
   const uint64_t n = static_cast<uint64_t>(world);
   return numel / n + (static_cast<uint64_t>(rank) < numel % n ? 1 : 0);
 }
-
-// Rank `rank`'s range of Partition::aligned(numel, world, grain), in closed form.
-struct OwnRange {
-  uint64_t begin = 0, count = 0;
-};
-OwnRange own_range(uint64_t numel, int world, int rank, uint64_t grain) {
-  const uint64_t n = static_cast<uint64_t>(world), r = static_cast<uint64_t>(rank);
-  const uint64_t grains = (numel + grain - 1) / grain;
-  const uint64_t b = r * (grains / n) + std::min(r, grains % n);
-  const uint64_t e = b + grains / n + (r < grains % n ? 1 : 0);
-  const uint64_t begin = std::min(b * grain, numel);
-  return {begin, std::min(e * grain, numel) - begin};
-}
 uint64_t own_count(uint64_t numel, int world, int rank, uint64_t grain) {
-  return grain == 1 ? own_count(numel, world, rank) : own_range(numel, world, rank, grain).count;
+  return grain == 1 ? own_count(numel, world, rank) : own_range(numel, world, rank, grain).count();
 }
 
 // The sum of f(own_count(numel, world, k)) over the `count` ranks k = first, first + step, ...,
@@ -70,51 +57,38 @@ uint64_t sum_over_ranks(uint64_t numel, int world, int first, int count, int ste
 
 }  // namespace
 
+StateBytes state_bytes(const LayoutBytes& b) {
+  return {.params = b[MemCategory::kParams],
+          .grads = b[MemCategory::kGrads],
+          .master = b[MemCategory::kMaster],
+          .adam_m = b[MemCategory::kAdamM],
+          .adam_v = b[MemCategory::kAdamV],
+          .nvme = b.file};
+}
+
+LayoutBytes layout_bytes(const LayoutPlan& p, std::span<const uint64_t> unit_numel,
+                         const UnitTensors* tensors, int shards, int index) {
+  check_rank(shards, index);
+  if (tensors != nullptr && tensors->size() != unit_numel.size()) {
+    throw std::logic_error(fmt::format("state layout: tensors of {} units for {} units",
+                                       tensors->size(), unit_numel.size()));
+  }
+  LayoutBytes b;
+  for (size_t i = 0; i < unit_numel.size(); ++i) {
+    const UnitShape unit{
+        .numel = unit_numel[i],
+        .tensors = tensors != nullptr ? std::span((*tensors)[i]) : std::span<const uint64_t>()};
+    b += unit_layout(p, unit, shards, index);
+  }
+  return b;
+}
+
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                              Precision precision, int rank, bool fp32_accumulator, Offload offload,
                              const UnitTensors* int8) {
-  check_rank(world, rank);
-  const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce, fp32_accumulator);
-  const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
-  const uint64_t gw = sp.grads_fp32 ? 4 : w;
-  const uint64_t grain = int8 != nullptr ? kMomentBlock : 1;
-  if (int8 != nullptr && int8->size() != unit_numel.size()) {
-    throw std::logic_error(fmt::format("model_state_bytes: tensors of {} units for {} units",
-                                       int8->size(), unit_numel.size()));
-  }
-  StateBytes b;
-  for (size_t i = 0; i < unit_numel.size(); ++i) {
-    const uint64_t numel = unit_numel[i];
-    const uint64_t own = own_count(numel, world, rank, grain);
-    const uint64_t opt = StagePlan::count(sp.optimizer, own, numel);
-    const uint64_t params = StagePlan::count(sp.params, own, numel);
-    b.grads += StagePlan::count(sp.grads, own, numel) * gw;
-    const bool fp32 = precision == Precision::kFP32;
-    if (offload == Offload::kNone) {
-      b.params += params * w;
-      b.master += fp32 ? 0 : opt * 4;
-    } else {
-      // The file: the master (at fp32 the parameters, and so only with them), the 16-bit
-      // parameters with them (stage 3, config checks it: the parameters are the optimizer
-      // range), the moments (8-bit: their codes; the scales and small tensors stay here).
-      if (offload == Offload::kOptimizer) b.params += params * w;
-      if (!fp32 || offload == Offload::kParams) b.nvme += offload_region_bytes(opt);
-      if (!fp32 && offload == Offload::kParams) b.nvme += offload_region_bytes(params, w);
-      b.nvme += 2 * offload_region_bytes(opt, int8 != nullptr ? 1 : 4);
-    }
-    if (int8 != nullptr) {
-      const uint64_t begin =
-          sp.optimizer == StagePlan::Extent::kOwn ? own_range(numel, world, rank, grain).begin : 0;
-      MomentCounts moments = moment_counts((*int8)[i], begin, begin + opt);
-      if (offload != Offload::kNone) moments.codes = 0;
-      b.adam_m += moments.bytes();
-      b.adam_v += moments.bytes();
-    } else if (offload == Offload::kNone) {
-      b.adam_m += opt * 4;
-      b.adam_v += opt * 4;
-    }
-  }
-  return b;
+  return state_bytes(
+      layout_bytes(layout_plan(stage, precision, fp32_accumulator, offload, int8 != nullptr),
+                   unit_numel, int8, world, rank));
 }
 
 UnitTensors unit_tensors(const Model& model) {
@@ -273,9 +247,9 @@ FragmentShare fragment_share(std::span<const uint64_t> unit_numel, const IslandL
   uint64_t at = 0;
   std::optional<uint64_t> last;  // the last block touched
   for (uint64_t numel : unit_numel) {
-    const OwnRange own = own_range(numel, l.ranks, rank % l.ranks, l.grain);
-    const uint64_t b = std::max(lo, at + own.begin);
-    const uint64_t e = std::min(hi, at + own.begin + own.count);
+    const Range own = own_range(numel, l.ranks, rank % l.ranks, l.grain);
+    const uint64_t b = std::max<uint64_t>(lo, at + own.begin);
+    const uint64_t e = std::min<uint64_t>(hi, at + own.end);
     if (b < e) {
       s.count += e - b;
       const uint64_t first = (b - lo) / block, end = (e - 1 - lo) / block + 1;
@@ -319,10 +293,10 @@ uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const Tr
   const auto k = static_cast<uint64_t>(hosted_islands(c));
   uint64_t bytes = 0;
   for (size_t i = 0; i < unit_numel.size(); ++i) {
-    const OwnRange own = own_range(unit_numel[i], shards, shard_index(c, world, rank), grain);
-    bytes += own.count * (per_element * k + outer);
+    const Range own = own_range(unit_numel[i], shards, shard_index(c, world, rank), grain);
+    bytes += own.count() * (per_element * k + outer);
     if (int8) {
-      const MomentCounts m = moment_counts((*tensors)[i], own.begin, own.begin + own.count);
+      const MomentCounts m = moment_counts((*tensors)[i], own.begin, own.end);
       bytes += k * 2 * 4 * (m.blocks + m.fp32);
     }
   }

@@ -12,6 +12,7 @@
 #include "data/source.h"
 #include "models/unit.h"
 #include "train/config.h"
+#include "train/state_layout.h"
 
 namespace zerodp {
 
@@ -37,13 +38,10 @@ struct StateBytes {
 // the master is the parameters), adam_m and adam_v of the optimizer range (fp32, or with
 // --optimizer-states int8 one code byte per element), every region padded to whole
 // kOffloadAlign-byte blocks so O_DIRECT can read any piece of it.
-inline constexpr uint64_t kOffloadAlign = 4096;
+// (kOffloadAlign and offload_region_bytes: train/state_layout.h.)
 // Elements per staged piece (4 MiB of fp32 per array): large enough that one read or write
 // runs at the disk's sequential speed, small enough that the staging stays a few MiB.
 inline constexpr uint64_t kOffloadPiece = uint64_t{1} << 20;
-inline uint64_t offload_region_bytes(uint64_t elements, uint64_t element_bytes = 4) {
-  return (elements * element_bytes + kOffloadAlign - 1) / kOffloadAlign * kOffloadAlign;
-}
 // A piece's elements must fill whole blocks in every region: 1024 fp32, 2048 16-bit, 4096
 // 8-bit codes.
 inline uint64_t offload_block_elements(Offload o, Precision p, bool int8_moments = false) {
@@ -79,6 +77,12 @@ UnitTensors unit_tensors(const Model& model);
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                              Precision precision, int rank, bool fp32_accumulator = false,
                              Offload offload = Offload::kNone, const UnitTensors* int8 = nullptr);
+// The same from a layout plan: what rank `index` of the `shards` ranks each unit is partitioned
+// over holds of every unit (`tensors`: the units' tensors, which quantized moments and whole
+// matrices need; null: one tensor a unit), and those bytes as the model-state categories.
+LayoutBytes layout_bytes(const LayoutPlan& p, std::span<const uint64_t> unit_numel,
+                         const UnitTensors* tensors, int shards, int index);
+StateBytes state_bytes(const LayoutBytes& b);
 // The largest over ranks (rank 0 holds the largest ranges).
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                                  Precision precision, bool fp32_accumulator = false,

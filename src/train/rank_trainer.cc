@@ -90,9 +90,10 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                               .seed = cfg.seed,
                               .islands = cfg.islands,
                               .keyed = std::holds_alternative<ShardDataset>(data.train)}),
-      state_(model_, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg)),
-             cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed,
-             group_.size(), group_.index(), ledger_, cfg.offload, cfg.int8_moments),
+      state_(model_,
+             layout_plan(cfg, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg))),
+             products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed, group_.size(),
+             group_.index(), ledger_),
       offload_([&] {
         std::vector<std::unique_ptr<OffloadTier>> tiers;
         if (cfg.offload != Offload::kNone) {
@@ -119,9 +120,8 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
   parked_.resize(static_cast<size_t>(zerodp::hosted_islands(cfg)));
   for (size_t v = 1; v < parked_.size(); ++v) {
     // Every island starts from the same weights, as on ranks of their own.
-    ShardedState states(model_, state_.plan(), cfg.precision, products_read_bf16(cfg.precision),
-                        cfg.decay_all, cfg.seed, group_.size(), group_.index(), ledger_,
-                        cfg.offload, cfg.int8_moments);
+    ShardedState states(model_, layout_plan(cfg, state_.plan()), products_read_bf16(cfg.precision),
+                        cfg.decay_all, cfg.seed, group_.size(), group_.index(), ledger_);
     parked_[v] = std::move(states.units());
     // Its tier's file, streamed through island 0's staging (islands' streams never overlap).
     if (!offload_.empty()) {
