@@ -16,6 +16,7 @@
 
 #include "models/unit.h"
 #include "train/config.h"
+#include "train/holdings.h"
 #include "train/plan.h"
 
 namespace zerodp {
@@ -34,17 +35,6 @@ struct StepInputs {
   // Ranks whose offload files share one disk's bandwidth; default a node's ranks, else every
   // rank of the run (one machine).
   std::optional<int> ranks_per_disk{};
-};
-
-// The model as the planner sees it: the units' element counts and, for a model with layers
-// (a GPT shape), the model itself, whose activations and buffers are laid out as the engine
-// allocates them. Without one (`zerodp estimate --params`), one flat buffer and no transients.
-struct PlannedModel {
-  std::vector<uint64_t> units{};
-  // Each unit's tensors' sizes (--optimizer-states int8); one per unit without a model.
-  UnitTensors tensors{};
-  const Model* model = nullptr;
-  int layers = 0, seq_len = 0, embd = 0;  // for the FLOPs per token; 0 without a model
 };
 
 // Per-rank step time from the cost model: compute = model FLOPs / flops (or the given

@@ -186,14 +186,6 @@ int hosted_islands(const TrainConfig& c) {
   return c.islands > 1 && c.islands_in_turn ? c.islands : 1;
 }
 
-StateBytes rank_model_state_bytes(const TrainConfig& c, std::span<const uint64_t> unit_numel,
-                                  int world, int rank, const UnitTensors* int8) {
-  return model_state_bytes(unit_numel, shard_ranks(c, world), c.stage, c.precision,
-                           shard_index(c, world, rank), fp32_accumulator(c), c.offload,
-                           c.int8_moments ? int8 : nullptr)
-      .times(static_cast<uint64_t>(hosted_islands(c)));
-}
-
 IslandLayout island_layout(const TrainConfig& c, int world) {
   const int k = c.islands;
   if (k < 1 || (world % k != 0 && !c.islands_in_turn)) {
@@ -717,9 +709,13 @@ int hpz_node_ranks(const TrainConfig& cfg, int shard_ranks) {
   return t > 0 ? std::min(t, shard_ranks) : shard_ranks;
 }
 
-TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world) {
+uint64_t features_per_sample(const DataSplits& data) {
   const auto* images = std::get_if<ImageDataset>(&data.train);
-  return transient_plan(cfg, world, images ? static_cast<uint64_t>(images->pixels_per_image()) : 0);
+  return images ? static_cast<uint64_t>(images->pixels_per_image()) : 0;
+}
+
+TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world) {
+  return transient_plan(cfg, world, features_per_sample(data));
 }
 
 TransientPlan transient_plan(const TrainConfig& cfg, int world, uint64_t features_per_sample) {

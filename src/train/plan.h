@@ -139,10 +139,6 @@ int shard_ranks(const TrainConfig& c, int world);
 int shard_index(const TrainConfig& c, int world, int rank);
 // The islands whose states each rank holds: all of them with --islands-in-turn, else 1.
 int hosted_islands(const TrainConfig& c);
-// Rank `rank`'s model states in a world of `world` ranks of run `c`: its shard of each copy
-// it holds (`int8`: the units' tensors, for --optimizer-states int8).
-StateBytes rank_model_state_bytes(const TrainConfig& c, std::span<const uint64_t> unit_numel,
-                                  int world, int rank, const UnitTensors* int8);
 // --islands (train/outer_step.h): I islands of n = N / I consecutive ranks. Islands are
 // nodes unless --node-ranks T says otherwise: an island is then whole nodes (n % T == 0) or
 // a part of one (T % n == 0). The node layouts of an island's communicator and of the column
@@ -345,6 +341,8 @@ double training_flops_per_token(double params, int layers = 0, int seq_len = 0, 
 // The transient buffers a rank of `cfg` allocates on data `data`: what the preflight plans,
 // the engine allocates and the forecast counts, from one place.
 TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world);
+// What one sample of `data` feeds the model besides tokens: an image's floats; 0 for text.
+uint64_t features_per_sample(const DataSplits& data);
 // The same for samples described without the data: `features_per_sample` 0 for text
 // (cfg.seq_len tokens each), else an image of that many floats.
 TransientPlan transient_plan(const TrainConfig& cfg, int world, uint64_t features_per_sample = 0);
