@@ -123,43 +123,6 @@ nlohmann::json node_modes_json(std::span<const ModeForecast> rows, std::optional
   return out;
 }
 
-// The no-fit sentence under --offload optimizer: what memory keeps of each stage's states
-// (the planner's budget_advice counts the states offload moves to disk), and the fewest ranks
-// at which stage 3's fit.
-std::string offload_advice(std::span<const uint64_t> units, int n, Precision precision,
-                           uint64_t budget, bool accumulator, bool transients, Offload offload) {
-  const auto states = [&](int stage, int ranks) {
-    return max_model_state_bytes(units, ranks, stage, precision, accumulator,
-                                 stage_offload(offload, stage))
-        .total();
-  };
-  std::string s = fmt::format(
-      "model states in memory per rank with --offload {} at {} ranks:", offload_name(offload), n);
-  for (int stage = 0; stage <= 3; ++stage) {
-    s += fmt::format(" stage {} {}{}{}", stage, gb(states(stage, n)),
-                     states(stage, n) <= budget ? " (fits)" : "", stage < 3 ? "," : "");
-  }
-  if (states(3, n) <= budget) {
-    return s + (transients ? "; it is the activations and buffers that do not fit"
-                           : "; use a stage marked (fits)");
-  }
-  // Stage 3's states shrink as 1/N: double, then bisect to the fewest ranks.
-  int hi = n;
-  while (hi < (1 << 20) && states(3, hi) > budget) hi *= 2;
-  if (states(3, hi) > budget) return s + "; no rank count makes them fit";
-  int lo = std::max(n, hi / 2);
-  while (lo < hi) {
-    const int mid = lo + (hi - lo) / 2;
-    if (states(3, mid) <= budget) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  return s + fmt::format("; stage 3 needs at least {} ranks for them to fit{}", hi,
-                         transients ? " (activations and buffers come on top)" : "");
-}
-
 // What estimate was asked, read and checked: the model, the sweep, and the run as train
 // would take it (its ranks, stage and offload set per row by row_config).
 struct Estimate {
@@ -553,15 +516,8 @@ std::string no_fit_advice(const Estimate& e, int n) {
   reduce3.accumulate = AccumulatePolicy::kReduce;
   reduce3.shard_within_node = false;
   const bool accumulator3 = fp32_accumulator(reduce3);
-  std::string why;
-  if (!offload) {
-    // The clause below prices offload by all a rank holds, not by its states alone.
-    why = budget_advice(e.planned.units, n, asked.precision, budget, accumulator3,
-                        /*name_offload=*/false);
-  } else {
-    why = offload_advice(e.planned.units, n, asked.precision, budget, accumulator3,
-                         e.built != nullptr, e.offload);
-  }
+  // The clause below prices offload by all a rank holds, not by its states alone.
+  std::string why = budget_advice(asked, e.planned, n, budget, /*name_offload=*/false);
   if (e.built) {
     // What stage 3 would need with less of the activations kept: reduced every micro-batch,
     // its own --hpz kept, no qwZ staging, the states sharded over the world.

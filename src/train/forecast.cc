@@ -3,11 +3,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
+#include <optional>
 
 #include <fmt/core.h>
 
 #include "comm/link_model.h"
+#include "core/error.h"
+#include "core/units.h"
 #include "train/stage_plan.h"
 
 namespace zerodp {
@@ -40,6 +44,105 @@ TrainConfig row_config(const TrainConfig& asked, int ranks, int stage, Offload o
     c.accumulate_default = false;
   }
   return c;
+}
+
+namespace {
+
+// The fewest ranks, from `world` on, with which stage 3's states of `c` fit `budget` (`fits`),
+// or none below 2^20: a doubling then a bisection over the rank counts a run of `c` can have,
+// multiples of its node and (apart from in turn) of its islands, the first one whose islands
+// lie on its nodes. A rank's states shrink as the ranks grow, so the bisection holds.
+std::optional<int> fewest_ranks(const TrainConfig& c, int world,
+                                const std::function<bool(int)>& fits) {
+  const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : 1;
+  const int islands = c.islands > 1 && !c.islands_in_turn ? c.islands : 1;
+  const int q = std::lcm(t, islands);
+  constexpr int kMost = 1 << 20;
+  const int first = std::max(1, (world + q - 1) / q);
+  int k = first;
+  while (k * q < kMost && !fits(k * q)) k *= 2;
+  int lo = std::max(first, k / 2), hi = k;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (fits(mid * q)) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  if (!fits(hi * q)) return std::nullopt;
+  // Every larger count fits too; islands lie on nodes at least every gcd(islands, T)-th.
+  for (int j = hi; islands > 1 && j * q <= kMost; ++j) {
+    try {
+      (void)island_layout(c, j * q);
+      return j * q;
+    } catch (const InvalidArgument&) {  // an island astride two nodes: the next multiple
+    }
+  }
+  return islands > 1 ? std::nullopt : std::optional<int>(hi * q);
+}
+
+}  // namespace
+
+std::string budget_advice(const TrainConfig& c, const PlannedModel& m, int world,
+                          uint64_t budget_bytes, bool name_offload) {
+  // Model states only: the sentence compares states with the budget, whatever the buffers.
+  const PlannedModel states_of{.units = m.units, .tensors = m.tensors};
+  const auto states = [&](int stage, int ranks, Offload offload) {
+    return rank_holdings(row_config(c, ranks, stage, offload), states_of, ranks, 0).states.total();
+  };
+  const auto fits = [&](int stage, int ranks) {
+    return states(stage, ranks, c.offload) <= budget_bytes;
+  };
+  std::string s =
+      c.offload == Offload::kNone
+          ? fmt::format("model states per rank at {} ranks:", world)
+          : fmt::format("model states in memory per rank with --offload {} at {} ranks:",
+                        offload_name(c.offload), world);
+  for (int stage = 0; stage <= 3; ++stage) {
+    const uint64_t need = states(stage, world, c.offload);
+    s += fmt::format(" stage {} {}{}{}", stage, format_bytes(static_cast<double>(need)),
+                     need <= budget_bytes ? " (fits)" : "", stage < 3 ? "," : "");
+  }
+  // Offload keeps only the params and grads in memory; worth naming when no stage fits here.
+  if (name_offload && c.offload == Offload::kNone && !fits(3, world)) {
+    std::optional<std::string> named;
+    for (int stage = 0; stage <= 3 && !named; ++stage) {
+      const uint64_t need = states(stage, world, Offload::kOptimizer);
+      if (need <= budget_bytes) {
+        named = fmt::format("; with --offload optimizer, stage {} would hold {} in memory", stage,
+                            format_bytes(static_cast<double>(need)));
+      }
+    }
+    // Then only the gradients stay: stage 3 with its parameter shards on disk too.
+    const uint64_t need = states(3, world, Offload::kParams);
+    if (!named && need <= budget_bytes) {
+      named = fmt::format("; with --offload optimizer,params, stage 3 would hold {} in memory",
+                          format_bytes(static_cast<double>(need)));
+    }
+    s += named.value_or("");
+  }
+  const std::string tail =
+      " (activations and buffers come on top; zerodp never changes stage by itself)";
+  // Naming a rank count when the states already fit would send the user after the wrong
+  // cause.
+  if (fits(0, world)) {
+    return s + "; every stage's states fit, so it is the activations and buffers that do not";
+  }
+  if (fits(3, world)) return s + "; use a stage marked (fits)" + tail;
+  if (const auto n = fewest_ranks(c, world, [&](int ranks) { return fits(3, ranks); })) {
+    return s + fmt::format("; stage 3 needs at least {} ranks for the states to fit", *n) + tail;
+  }
+  if (row_config(c, world, 3, c.offload).shard_within_node) {
+    // HSDP shards over a node whatever the nodes: only more ranks per node would shrink them.
+    return s +
+           fmt::format(
+               "; --shard-within-node shards them over a node's {} ranks, so no rank "
+               "count makes them fit",
+               c.launch.comm.node_ranks) +
+           tail;
+  }
+  return s + "; no rank count makes the states fit" + tail;
 }
 
 namespace {

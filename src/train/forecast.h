@@ -94,6 +94,17 @@ struct Forecast {
 // The run of `c` (resolved: its accumulation policy known) at c.launch.ranks ranks.
 Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs& in = {});
 
+// One sentence for a budget error and estimate's no-fit line: rank 0's model states in memory
+// (rank_holdings: the largest ranges) at every stage of `c` at `world` ranks, each stage's run
+// as row_config makes it (with c.offload, its islands, 8-bit moments and HSDP), and what
+// would make them fit: a stage marked (fits), or the fewest ranks with which stage 3's do, a
+// bisection over the rank counts `c` can run at (whole nodes, whole islands).
+// `name_offload`: when no stage's states fit and `c` offloads nothing, the least offload
+// whose states would (callers that price offload by more than the states say it
+// themselves).
+std::string budget_advice(const TrainConfig& c, const PlannedModel& m, int world,
+                          uint64_t budget_bytes, bool name_offload = true);
+
 // What --offload `asked` keeps on disk at `stage`: parameters only at stage 3.
 Offload stage_offload(Offload asked, int stage);
 

@@ -8,7 +8,6 @@
 
 #include "comm/quantize.h"
 #include "core/error.h"
-#include "core/units.h"
 #include "optim/moments8.h"
 #include "train/stage_plan.h"
 
@@ -607,75 +606,6 @@ TransientBytes transient_bytes(const TransientLayout& l) {
         2 * l.offload_element_bytes * l.offload_piece + l.offload_bounce + kOffloadAlign;
   }
   return b;
-}
-
-std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,
-                          uint64_t budget_bytes, bool fp32_accumulator, bool name_offload) {
-  std::string s = fmt::format("model states per rank at {} ranks:", world);
-  for (int stage = 0; stage <= 3; ++stage) {
-    const uint64_t need =
-        max_model_state_bytes(unit_numel, world, stage, precision, fp32_accumulator).total();
-    s += fmt::format(" stage {} {}{}", stage, format_bytes(static_cast<double>(need)),
-                     need <= budget_bytes ? " (fits)" : "");
-    s += stage < 3 ? "," : "";
-  }
-  const auto fits = [&](int stage, int ranks) {
-    return max_model_state_bytes(unit_numel, ranks, stage, precision, fp32_accumulator).total() <=
-           budget_bytes;
-  };
-  // Offload keeps only the params and grads in memory; worth naming when no stage fits here.
-  if (name_offload && !fits(3, world)) {
-    bool named = false;
-    for (int stage = 0; stage <= 3 && !named; ++stage) {
-      const uint64_t need = max_model_state_bytes(unit_numel, world, stage, precision,
-                                                  fp32_accumulator, Offload::kOptimizer)
-                                .total();
-      if (need <= budget_bytes) {
-        s += fmt::format("; with --offload optimizer, stage {} would hold {} in memory", stage,
-                         format_bytes(static_cast<double>(need)));
-        named = true;
-      }
-    }
-    // Then only the gradients stay: stage 3 with its parameter shards on disk too.
-    const uint64_t need =
-        max_model_state_bytes(unit_numel, world, 3, precision, fp32_accumulator, Offload::kParams)
-            .total();
-    if (!named && need <= budget_bytes) {
-      s += fmt::format("; with --offload optimizer,params, stage 3 would hold {} in memory",
-                       format_bytes(static_cast<double>(need)));
-    }
-  }
-  const std::string tail =
-      " (activations and buffers come on top; zerodp never changes stage by itself)";
-  // Naming a rank count when the states already fit would send the user after the wrong
-  // cause.
-  if (fits(0, world))
-    return s + "; every stage's states fit, so it is the activations and buffers that do not";
-  if (fits(3, world)) return s + "; use a stage marked (fits)" + tail;
-  int ranks = world;
-  while (ranks < (1 << 20) &&
-         max_model_state_bytes(unit_numel, ranks, 3, precision, fp32_accumulator).total() >
-             budget_bytes) {
-    ranks = ranks * 2;
-  }
-  // Refine the doubling to the fewest ranks.
-  int lo = std::max(world, ranks / 2), hi = ranks;
-  while (lo < hi) {
-    const int mid = lo + (hi - lo) / 2;
-    if (max_model_state_bytes(unit_numel, mid, 3, precision, fp32_accumulator).total() <=
-        budget_bytes) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  if (max_model_state_bytes(unit_numel, hi, 3, precision, fp32_accumulator).total() <=
-      budget_bytes) {
-    s += fmt::format("; stage 3 needs at least {} ranks for the states to fit", hi);
-  } else {
-    s += "; no rank count makes the states fit";
-  }
-  return s + tail;
 }
 
 double training_flops_per_token(double params, int layers, int seq_len, int embd) {

@@ -323,15 +323,6 @@ inline TransientBytes transient_bytes(const Model& model, const TransientPlan& p
   return transient_bytes(transient_layout(model, plan, rank));
 }
 
-// One sentence for a budget error: the model-state bytes per rank of every stage at this N,
-// and the fewest ranks with which stage 3's states fit the budget.
-// `name_offload`: when no stage's states fit at this N but would with --offload optimizer, it
-// says so (callers that price offload by more than the states pass false and say it
-// themselves).
-std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,
-                          uint64_t budget_bytes, bool fp32_accumulator = false,
-                          bool name_offload = true);
-
 // Training FLOPs per token, the one definition MFU and the step-time estimate share: 6 per
 // parameter (forward and backward) plus, for a transformer, attention's 12 x layers x T x C
 // (the PaLM accounting; pass layers 0 for a model without attention). Recomputation under

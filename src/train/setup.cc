@@ -18,6 +18,7 @@
 #include "core/sysinfo.h"
 #include "core/units.h"
 #include "data/sampler.h"
+#include "train/forecast.h"
 #include "train/holdings.h"
 #include "train/model_kind.h"
 #include "train/plan.h"
@@ -191,9 +192,7 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
         "--micro-batch",
         worst_rank, format_bytes(static_cast<double>(worst)),
         format_bytes(static_cast<double>(*cfg.memory_per_rank)), offer,
-        budget_advice(planned.units, world, cfg.precision, *cfg.memory_per_rank,
-                      fp32_accumulator(cfg),
-                      /*name_offload=*/false)));
+        budget_advice(cfg, planned, world, *cfg.memory_per_rank, /*name_offload=*/false)));
   }
   if (cfg.offload != Offload::kNone)
     check_offload_dir(cfg.offload_dir, disk, local ? world : ranks_here);
