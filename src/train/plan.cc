@@ -407,6 +407,33 @@ CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLay
   return b;
 }
 
+namespace {
+
+// HSDP's step (CommModes::shard_within_node): ranges of Partition(numel, T); each of the
+// `reductions` is a node_reduce_scatter (inside the node (T - 1) c_l w, across an all-reduce
+// of c_l split over the P nodes), each of the `gathers` a node_all_gather (inside the node
+// only).
+CommBytes hsdp_comm_bytes(std::span<const uint64_t> unit_numel, int world, int rank,
+                          const CommModes& modes, uint64_t w, uint64_t reductions,
+                          uint64_t gathers) {
+  const int per_node = modes.node_ranks > 0 ? modes.node_ranks : world;
+  const int nodes = world / per_node;
+  const int local = rank % per_node;
+  const int node = rank / per_node;
+  CommBytes b;
+  for (uint64_t numel : unit_numel) {
+    const uint64_t own = own_count(numel, per_node, local, modes.grain);
+    const uint64_t piece = own_count(own, nodes, node);
+    const uint64_t cross = (static_cast<uint64_t>(nodes - 1) * piece + own - piece) * w;
+    b.reduce_scatter += reductions * (static_cast<uint64_t>(per_node - 1) * own * w + cross);
+    b.cross_reduce_scatter += reductions * cross;
+    b.all_gather += gathers * (numel - own) * w;
+  }
+  return b;
+}
+
+}  // namespace
+
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
                               bool canonical, int rank, const CommModes& modes) {
@@ -453,23 +480,10 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
   const auto qgz_payload = [&](uint64_t c) {
     return static_cast<uint64_t>(quantized_bytes(c, qgz));
   };
-  CommBytes b;
   if (modes.shard_within_node && reduce == StagePlan::Reduce::kReduceScatter) {
-    // HSDP: ranges of Partition(numel, T); each reduction is a node_reduce_scatter (inside
-    // the node (T - 1) c_l w, across an all-reduce of c_l split over the P nodes), each
-    // gather a node_all_gather (inside the node only).
-    const int local = rank % per_node;
-    const int node = rank / per_node;
-    for (uint64_t numel : unit_numel) {
-      const uint64_t own = own_count(numel, per_node, local, modes.grain);
-      const uint64_t piece = own_count(own, nodes, node);
-      const uint64_t cross = (static_cast<uint64_t>(nodes - 1) * piece + own - piece) * w;
-      b.reduce_scatter += reductions * (static_cast<uint64_t>(per_node - 1) * own * w + cross);
-      b.cross_reduce_scatter += reductions * cross;
-      b.all_gather += gathers * (numel - own) * w;
-    }
-    return b;
+    return hsdp_comm_bytes(unit_numel, world, rank, modes, w, reductions, gathers);
   }
+  CommBytes b;
   // The unit's partition cuts on the grain (--optimizer-states int8); an all-reduce splits
   // the buffer its own way, balanced.
   const uint64_t g = reduce == StagePlan::Reduce::kAllReduce ? 1 : modes.grain;
