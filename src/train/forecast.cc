@@ -10,7 +10,6 @@
 #include <fmt/core.h>
 
 #include "comm/link_model.h"
-#include "core/error.h"
 #include "core/units.h"
 #include "train/stage_plan.h"
 
@@ -48,15 +47,20 @@ TrainConfig row_config(const TrainConfig& asked, int ranks, int stage, Offload o
 
 namespace {
 
-// The fewest ranks, from `world` on, with which stage 3's states of `c` fit `budget` (`fits`),
-// or none below 2^20: a doubling then a bisection over the rank counts a run of `c` can have,
-// multiples of its node and (apart from in turn) of its islands, the first one whose islands
-// lie on its nodes. A rank's states shrink as the ranks grow, so the bisection holds.
+// The fewest ranks, from `world` on, with which stage 3's states of `c` fit (`fits`), or none
+// up to 2^20, among the rank counts a run of `c` can have: whole nodes of T, and (apart from
+// in turn) I islands each whole nodes (multiples of I T) or a part of one (I d, d dividing T).
+// A rank's states shrink as the ranks grow, so a doubling then a bisection over the multiples
+// finds the fewest; `fits` is asked of those counts alone (rank_holdings refuses the others).
 std::optional<int> fewest_ranks(const TrainConfig& c, int world,
                                 const std::function<bool(int)>& fits) {
   const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : 1;
   const int islands = c.islands > 1 && !c.islands_in_turn ? c.islands : 1;
-  const int q = std::lcm(t, islands);
+  for (int d = 1; islands > 1 && d < t; ++d) {  // islands inside a node
+    const int n = islands * d;
+    if (t % d == 0 && n % t == 0 && n >= world && fits(n)) return n;
+  }
+  const int q = islands * t;
   constexpr int kMost = 1 << 20;
   const int first = std::max(1, (world + q - 1) / q);
   int k = first;
@@ -70,16 +74,7 @@ std::optional<int> fewest_ranks(const TrainConfig& c, int world,
       lo = mid + 1;
     }
   }
-  if (!fits(hi * q)) return std::nullopt;
-  // Every larger count fits too; islands lie on nodes at least every gcd(islands, T)-th.
-  for (int j = hi; islands > 1 && j * q <= kMost; ++j) {
-    try {
-      (void)island_layout(c, j * q);
-      return j * q;
-    } catch (const InvalidArgument&) {  // an island astride two nodes: the next multiple
-    }
-  }
-  return islands > 1 ? std::nullopt : std::optional<int>(hi * q);
+  return fits(hi * q) ? std::optional<int>(hi * q) : std::nullopt;
 }
 
 }  // namespace

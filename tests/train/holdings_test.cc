@@ -130,6 +130,12 @@ TEST(BudgetAdvice, CountsRanksInWholeNodesAndIslands) {
   EXPECT_NO_THROW((void)island_layout(c, n));
   EXPECT_LE(forecast(row_config(c, n, 3, Offload::kNone), m).states.total(), budget);
   EXPECT_GT(forecast(row_config(c, n - 6, 3, Offload::kNone), m).states.total(), budget);
+  // 2 islands on nodes of 4: 92 ranks would be islands of 46 astride nodes, which no run can
+  // launch and the sweep must not ask about; the answer is islands of whole nodes (60 each).
+  c.launch.comm.node_ranks = 4;
+  c.islands = 2;
+  const std::string two = budget_advice(c, m, 4, budget);
+  EXPECT_NE(two.find("needs at least 120 ranks"), std::string::npos) << two;
 }
 
 // HSDP shards over a node whatever the node count: the advice says so rather than naming a
