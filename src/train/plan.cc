@@ -111,35 +111,20 @@ StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int
                                        Precision precision, bool fp32_accumulator,
                                        const UnitTensors* int8) {
   check_rank(world, 0);
-  if (int8 != nullptr) {  // blocks split by ranks: summed rank by rank
-    StateBytes sum;
-    for (int r = 0; r < world; ++r) {
-      const StateBytes b = model_state_bytes(unit_numel, world, stage, precision, r,
-                                             fp32_accumulator, Offload::kNone, int8);
-      sum.params += b.params;
-      sum.grads += b.grads;
-      sum.master += b.master;
-      sum.adam_m += b.adam_m;
-      sum.adam_v += b.adam_v;
-    }
-    return sum;
+  if (int8 != nullptr && int8->size() != unit_numel.size()) {
+    throw std::logic_error(fmt::format("state layout: tensors of {} units for {} units",
+                                       int8->size(), unit_numel.size()));
   }
-  const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce, fp32_accumulator);
-  const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
-  const uint64_t gw = sp.grads_fp32 ? 4 : w;
-  const uint64_t n = static_cast<uint64_t>(world);
-  StateBytes b;
-  for (uint64_t numel : unit_numel) {
-    // A sharded state's ranges add up to one copy; a replicated one is held by every rank.
-    const auto total = [&](StagePlan::Extent e) { return StagePlan::count(e, numel, n * numel); };
-    const uint64_t opt = total(sp.optimizer);
-    b.params += total(sp.params) * w;
-    b.grads += total(sp.grads) * gw;
-    b.master += precision == Precision::kFP32 ? 0 : opt * 4;
-    b.adam_m += opt * 4;
-    b.adam_v += opt * 4;
+  const LayoutPlan p =
+      layout_plan(stage, precision, fp32_accumulator, Offload::kNone, int8 != nullptr);
+  LayoutBytes b;
+  for (size_t i = 0; i < unit_numel.size(); ++i) {
+    const UnitShape unit{
+        .numel = unit_numel[i],
+        .tensors = int8 != nullptr ? std::span((*int8)[i]) : std::span<const uint64_t>()};
+    b += all_ranks_layout(p, unit, world);
   }
-  return b;
+  return state_bytes(b);
 }
 
 PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precision precision) {

@@ -90,7 +90,7 @@ StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world
                                  const UnitTensors* int8 = nullptr);
 // The sum over all `world` ranks of model_state_bytes, in closed form: the ranges of a unit
 // add up to the unit, so a sharded state sums to one copy and a replicated one to `world`
-// (with int8 moments rank by rank: how blocks split depends on the ranks).
+// (8-bit moments too: their partitions are cut on the block grid, so no rank splits a block).
 StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                                        Precision precision, bool fp32_accumulator = false,
                                        const UnitTensors* int8 = nullptr);

@@ -11,31 +11,6 @@
 
 namespace zerodp {
 
-const StateEntrySpec& state_entry_spec(StateEntry e) {
-  using C = MemCategory;
-  static constexpr StateEntrySpec kSpecs[kNumStateEntries] = {
-      {"params", C::kParams},
-      {"grads", C::kGrads},
-      {"master", C::kMaster},
-      {"adam_m", C::kAdamM},
-      {"adam_v", C::kAdamV},
-      {"codes_m", C::kAdamM},
-      {"codes_v", C::kAdamV},
-      {"scales_m", C::kAdamM},
-      {"scales_v", C::kAdamV},
-      // Muon's momentum is the first moment of the matrices it takes.
-      {"muon_momentum", C::kAdamM},
-      {"master_remainder", C::kMaster},
-      {"master_tie_bits", C::kMaster},
-      {"codes4_m", C::kAdamM},
-      {"codes4_v", C::kAdamV},
-      {"scales4_m", C::kAdamM},
-      {"scales4_v", C::kAdamV},
-      {"error_feedback", C::kOuterState},
-  };
-  return kSpecs[static_cast<size_t>(e)];
-}
-
 uint64_t LayoutPlan::grain() const { return int8_moments || moments4 ? kMomentBlock : 1; }
 
 LayoutPlan layout_plan(const TrainConfig& c) {
@@ -139,7 +114,9 @@ void lay_out_moments(const LayoutPlan& p, const UnitShape& u, uint64_t taken, Un
 }  // namespace
 
 UnitLayout unit_layout(const LayoutPlan& p, const UnitShape& u, int shards, int index) {
-  if (!u.tensors.empty()) {
+  // Only the entries that read the tensors need them to add up to the unit (the planner asks
+  // the layout of every rank of a million-rank world: the check is not free).
+  if ((p.int8_moments || p.moments4 || p.muon) && !u.tensors.empty()) {
     uint64_t sum = 0;
     for (uint64_t t : u.tensors) sum += t;
     if (sum != u.numel) {
@@ -176,14 +153,35 @@ UnitLayout unit_layout(const LayoutPlan& p, const UnitShape& u, int shards, int 
   return l;
 }
 
+UnitLayout all_ranks_layout(const LayoutPlan& p, const UnitShape& unit, int shards) {
+  UnitLayout all = unit_layout(p, unit, 1, 0);
+  const auto whole = [&](Covers c) {
+    switch (c) {
+      case Covers::kParams:
+        return p.stage.params == StagePlan::Extent::kFull;
+      case Covers::kGrads:
+        return p.stage.grads == StagePlan::Extent::kFull;
+      case Covers::kOptimizer:
+        return p.stage.optimizer == StagePlan::Extent::kFull;
+      case Covers::kOwn:
+        return false;
+    }
+    return false;
+  };
+  for (size_t k = 0; k < all.entries.size(); ++k) {
+    if (whole(kStateEntrySpecs[k].covers)) all.entries[k].count *= static_cast<uint64_t>(shards);
+  }
+  return all;
+}
+
 LayoutBytes& LayoutBytes::operator+=(const UnitLayout& l) {
-  for (int k = 0; k < kNumStateEntries; ++k) {
-    const Holding& h = l.entries[static_cast<size_t>(k)];
+  for (size_t k = 0; k < l.entries.size(); ++k) {
+    const Holding& h = l.entries[k];
+    if (h.count == 0) continue;
     if (h.in_file) {
       file += h.file_bytes();
     } else {
-      memory[static_cast<size_t>(state_entry_spec(static_cast<StateEntry>(k)).category)] +=
-          h.bytes();
+      memory[static_cast<size_t>(kStateEntrySpecs[k].category)] += h.bytes();
     }
   }
   return *this;

@@ -55,11 +55,38 @@ enum class StateEntry : uint8_t {
 };
 inline constexpr int kNumStateEntries = 17;
 
+// The range of the unit an entry covers on a rank: the params' extent, the grads', the
+// optimizer's (full or own, as the stage says), or always the own range.
+enum class Covers : uint8_t { kParams, kGrads, kOptimizer, kOwn };
 struct StateEntrySpec {
   std::string_view name;
   MemCategory category;  // the ledger category its buffer is charged to
+  Covers covers;
 };
-const StateEntrySpec& state_entry_spec(StateEntry e);
+// In StateEntry's order.
+inline constexpr std::array<StateEntrySpec, kNumStateEntries> kStateEntrySpecs = {{
+    {"params", MemCategory::kParams, Covers::kParams},
+    {"grads", MemCategory::kGrads, Covers::kGrads},
+    {"master", MemCategory::kMaster, Covers::kOptimizer},
+    {"adam_m", MemCategory::kAdamM, Covers::kOptimizer},
+    {"adam_v", MemCategory::kAdamV, Covers::kOptimizer},
+    {"codes_m", MemCategory::kAdamM, Covers::kOptimizer},
+    {"codes_v", MemCategory::kAdamV, Covers::kOptimizer},
+    {"scales_m", MemCategory::kAdamM, Covers::kOptimizer},
+    {"scales_v", MemCategory::kAdamV, Covers::kOptimizer},
+    // Muon's momentum is the first moment of the matrices it takes.
+    {"muon_momentum", MemCategory::kAdamM, Covers::kOptimizer},
+    {"master_remainder", MemCategory::kMaster, Covers::kOptimizer},
+    {"master_tie_bits", MemCategory::kMaster, Covers::kOptimizer},
+    {"codes4_m", MemCategory::kAdamM, Covers::kOptimizer},
+    {"codes4_v", MemCategory::kAdamV, Covers::kOptimizer},
+    {"scales4_m", MemCategory::kAdamM, Covers::kOptimizer},
+    {"scales4_v", MemCategory::kAdamV, Covers::kOptimizer},
+    {"error_feedback", MemCategory::kOuterState, Covers::kOwn},
+}};
+inline const StateEntrySpec& state_entry_spec(StateEntry e) {
+  return kStateEntrySpecs[static_cast<size_t>(e)];
+}
 
 // What decides a unit's layout, read from a run's options once (layout_plan).
 struct LayoutPlan {
@@ -125,6 +152,12 @@ struct UnitLayout {
 
 // What rank `index` of the `shards` ranks a unit is partitioned over holds of it. O(tensors).
 UnitLayout unit_layout(const LayoutPlan& p, const UnitShape& unit, int shards, int index);
+
+// What all `shards` ranks hold of the unit together: one copy of each entry that covers the
+// own range (the ranges add up to the unit; aligned partitions cut no block of quantized
+// moments, so their blocks add up too), `shards` of each that covers the whole unit. In
+// O(tensors), whatever the ranks. Sub-byte entries round once per copy, not per rank.
+UnitLayout all_ranks_layout(const LayoutPlan& p, const UnitShape& unit, int shards);
 
 // A layout's bytes: in memory by ledger category, and the offload file's.
 struct LayoutBytes {

@@ -78,6 +78,40 @@ TEST(StateLayout, EntriesFollowTheStageTable) {
   EXPECT_EQ(b[MemCategory::kGrads], 253u * 2);
 }
 
+// What all ranks hold together is the sum of every rank's layout, computed without a loop over
+// the ranks: with 8-bit moments too, whose blocks no aligned partition splits.
+TEST(StateLayout, AllRanksAreTheSumOfEveryRank) {
+  const Model model = make_gpt({.layers = 2, .heads = 2, .embd = 64, .seq_len = 16});
+  std::vector<uint64_t> numel;
+  for (const auto& u : model) numel.push_back(u->numel());
+  const UnitTensors tensors = unit_tensors(model);
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const UnitTensors* int8 : {static_cast<const UnitTensors*>(nullptr), &tensors}) {
+      for (const int world : {1, 3, 7, 64}) {
+        StateBytes sum;
+        for (int r = 0; r < world; ++r) {
+          const StateBytes b = model_state_bytes(numel, world, stage, Precision::kBF16, r, true,
+                                                 Offload::kNone, int8);
+          sum.params += b.params;
+          sum.grads += b.grads;
+          sum.master += b.master;
+          sum.adam_m += b.adam_m;
+          sum.adam_v += b.adam_v;
+        }
+        const StateBytes all =
+            all_ranks_model_state_bytes(numel, world, stage, Precision::kBF16, true, int8);
+        const std::string where =
+            fmt::format("stage {} world {} int8 {}", stage, world, int8 != nullptr);
+        EXPECT_EQ(all.params, sum.params) << where;
+        EXPECT_EQ(all.grads, sum.grads) << where;
+        EXPECT_EQ(all.master, sum.master) << where;
+        EXPECT_EQ(all.adam_m, sum.adam_m) << where;
+        EXPECT_EQ(all.adam_v, sum.adam_v) << where;
+      }
+    }
+  }
+}
+
 // Every entry that no option enables is zero in a run's layout, whatever the run.
 TEST(StateLayout, EntriesNotYetUsedAreSizedZero) {
   TrainConfig c;
