@@ -4,11 +4,11 @@
 // from this table and the planner (train/plan.h, train/holdings.h) sums it, so what a rank
 // allocates and what a forecast, the preflight and the report's plan say cannot drift.
 //
-// A new kind of state is one entry: its spec in `state_entry_spec`, its count in
-// `unit_layout`, a switch in `LayoutPlan` if an option enables it, and a buffer where the
-// allocating code keeps it. Entries that no option enables yet are declared and sized zero
-// (their arithmetic is tested), so the memory they will cost is decided before the code that
-// uses them is written:
+// A new kind of state is one entry: its spec in `kStateEntrySpecs` (name, category, the range
+// it covers), its count in `unit_layout`, a switch in `LayoutPlan` if an option enables it,
+// and a buffer where the allocating code keeps it. Entries that no option enables yet are
+// declared and sized zero (their arithmetic is tested), so the memory they will cost is
+// decided before the code that uses them is written:
 //   muon_momentum      Muon's per-matrix momentum: fp32, a whole matrix at one owner rank
 //                      (the one whose range holds the matrix's first element; every rank at
 //                      stage 0); Adam's moments then cover the other tensors only.
