@@ -8,6 +8,8 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "estimate_inputs.h"
+#include "estimate_rows.h"
 #include "models/gpt.h"
 #include "models/unit.h"
 #include "options.h"
@@ -38,14 +41,6 @@ struct Flags {
   std::string ranks_per_disk;   // empty: the ranks of a node (or of the row, on one node)
   bool json = false;
 };
-
-// Decimal units, as hardware is sold and as the ZeRO paper's tables are written.
-std::string gb(uint64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
-  return fmt::format("{:.2f} KB", b / 1e3);
-}
 
 // `transients`: need counts activations and buffers (a GPT shape), not only model states.
 void print_node_modes(std::span<const ModeForecast> rows, const ModeChoice& choice, int n,
@@ -123,43 +118,6 @@ nlohmann::json node_modes_json(std::span<const ModeForecast> rows, std::optional
   return out;
 }
 
-// The no-fit sentence under --offload optimizer: what memory keeps of each stage's states
-// (the planner's budget_advice counts the states offload moves to disk), and the fewest ranks
-// at which stage 3's fit.
-std::string offload_advice(std::span<const uint64_t> units, int n, Precision precision,
-                           uint64_t budget, bool accumulator, bool transients, Offload offload) {
-  const auto states = [&](int stage, int ranks) {
-    return max_model_state_bytes(units, ranks, stage, precision, accumulator,
-                                 stage_offload(offload, stage))
-        .total();
-  };
-  std::string s = fmt::format(
-      "model states in memory per rank with --offload {} at {} ranks:", offload_name(offload), n);
-  for (int stage = 0; stage <= 3; ++stage) {
-    s += fmt::format(" stage {} {}{}{}", stage, gb(states(stage, n)),
-                     states(stage, n) <= budget ? " (fits)" : "", stage < 3 ? "," : "");
-  }
-  if (states(3, n) <= budget) {
-    return s + (transients ? "; it is the activations and buffers that do not fit"
-                           : "; use a stage marked (fits)");
-  }
-  // Stage 3's states shrink as 1/N: double, then bisect to the fewest ranks.
-  int hi = n;
-  while (hi < (1 << 20) && states(3, hi) > budget) hi *= 2;
-  if (states(3, hi) > budget) return s + "; no rank count makes them fit";
-  int lo = std::max(n, hi / 2);
-  while (lo < hi) {
-    const int mid = lo + (hi - lo) / 2;
-    if (states(3, mid) <= budget) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  return s + fmt::format("; stage 3 needs at least {} ranks for them to fit{}", hi,
-                         transients ? " (activations and buffers come on top)" : "");
-}
-
 // What estimate was asked, read and checked: the model, the sweep, and the run as train
 // would take it (its ranks, stage and offload set per row by row_config).
 struct Estimate {
@@ -173,6 +131,11 @@ struct Estimate {
   StepInputs in;
   bool timed = false;
   bool json = false;
+  RowColumns columns() const {
+    return {.offload = offload != Offload::kNone,
+            .budget = budget.has_value(),
+            .disk = in.disk.has_value()};
+  }
 };
 
 void read_model(const Flags& f, Estimate& e) {
@@ -346,123 +309,6 @@ void print_header(const Estimate& e) {
             : "",
         e.timed ? "; bound: the largest of compute s, comm s and io s" : "");
   }
-  fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11}", "ranks", "stage", "params", "grads",
-             "master", "adam m+v", "per rank");
-  if (offload) fmt::print(" {:>11}", "nvme");
-  fmt::print(" {:>13} {:>13} {:>5}", "all ranks", "comm/step", "fits");
-  if (node_ranks > 0) fmt::print(" {:>11}", "cross-node");
-  if (e.built) fmt::print(" {:>11} {:>11}", "activations", "peak/rank");
-  if (e.timed && disk) {
-    fmt::print(" {:>9} {:>9} {:>9} {:>9} {:>7}", "compute s", "comm s", "io s", "step s", "bound");
-  } else if (e.timed) {
-    fmt::print(" {:>9} {:>9} {:>9}", "compute s", "comm s", "step s");
-  } else if (disk) {
-    fmt::print(" {:>9}", "io s");
-  }
-  fmt::print("\n");
-}
-
-void print_row(const Estimate& e, const TrainConfig& c, const Forecast& fc, bool fits) {
-  const StateBytes& s = fc.states;
-  fmt::print("{:>6} {:>5} {:>11} {:>11} {:>11} {:>11} {:>11}", c.launch.ranks, c.stage,
-             gb(s.params), gb(s.grads), gb(s.master), gb(s.adam_m + s.adam_v), gb(s.total()));
-  if (e.offload != Offload::kNone) fmt::print(" {:>11}", gb(s.nvme));
-  fmt::print(" {:>13} {:>13} {:>5}", gb(fc.all_ranks), gb(fc.comm.total()),
-             e.budget ? (fits ? "yes" : "no") : "-");
-  if (c.launch.comm.node_ranks > 0) fmt::print(" {:>11}", gb(fc.comm.cross_total()));
-  if (fc.transients) fmt::print(" {:>11} {:>11}", gb(fc.transients->activations), gb(fc.need));
-  const std::optional<StepTime>& time = fc.time;
-  if (time && e.in.disk) {
-    fmt::print(" {:>9.3g} {:>9.3g} {:>9.3g} {:>9.3g} {:>7}", time->compute, time->comm(), fc.io,
-               offload_step_seconds(*time, fc.io, c.stage, c.offload_overlap),
-               step_bound(*time, fc.io));
-  } else if (time) {
-    fmt::print(" {:>9.3g} {:>9.3g} {:>9.3g}", time->compute, time->comm(), time->overlapped());
-  } else if (e.in.disk) {
-    fmt::print(" {:>9.3g}", fc.io);
-  }
-  fmt::print("\n");
-}
-
-nlohmann::json row_json(const Estimate& e, const TrainConfig& c, const Forecast& fc, bool fits) {
-  const StateBytes& s = fc.states;
-  const CommBytes& b = fc.comm;
-  const std::optional<TransientBytes>& t = fc.transients;
-  const std::optional<StepTime>& time = fc.time;
-  nlohmann::json row = {
-      {"ranks", c.launch.ranks},
-      {"stage", c.stage},
-      {"precision", std::string(precision_name(c.precision))},
-      {"accumulate", std::string(accumulate_name(c.accumulate))},
-      {"invariant", canonical_order(c) ? "on" : "off"},
-      {"collectives", std::string(collectives_name(c.launch.comm.two_level))},
-      {"model_state_bytes",
-       {{"params", s.params},
-        {"grads", s.grads},
-        {"master", s.master},
-        {"adam_m", s.adam_m},
-        {"adam_v", s.adam_v},
-        {"total", s.total()}}},
-      {"all_ranks_bytes", fc.all_ranks},
-      {"comm_bytes_per_step",
-       {{"all_reduce", b.all_reduce},
-        {"reduce_scatter", b.reduce_scatter},
-        {"all_gather", b.all_gather},
-        {"total", b.total()},
-        {"cross_node",
-         {{"all_reduce", b.cross_all_reduce},
-          {"reduce_scatter", b.cross_reduce_scatter},
-          {"all_gather", b.cross_all_gather},
-          {"total", b.cross_total()}}}}},
-      {"transient_bytes", t ? nlohmann::json{{"activations", t->activations},
-                                             {"workspace", t->workspace},
-                                             {"gathered", t->gathered},
-                                             {"grad_buckets", t->grad_buckets},
-                                             {"grad_accum", t->grad_accum},
-                                             {"comm_buffers", t->comm_buffers},
-                                             {"hpz_params", t->hpz_params},
-                                             {"total", t->total()}}
-                            : nlohmann::json()},
-      {"peak_bytes", t ? nlohmann::json(fc.need) : nlohmann::json()},
-      {"step_seconds", time ? nlohmann::json{{"compute", time->compute},
-                                             {"comm", time->comm()},
-                                             {"comm_overlappable", time->comm_overlap},
-                                             {"serial", time->serial()},
-                                             {"overlapped", time->overlapped()}}
-                            : nlohmann::json()},
-      {"fits", e.budget ? nlohmann::json(fits) : nlohmann::json()}};
-  if (fc.outer) {
-    const Forecast::Outer& o = *fc.outer;
-    row["islands"] = {
-        {"islands", c.islands},
-        {"outer_every", c.outer_every},
-        {"fragments", c.fragments},
-        {"outer_state_bytes", o.state},
-        {"round_bytes", o.exchange_round.total()},
-        {"round_cross_node_bytes", o.exchange_round.cross_total()},
-        {"burst_bytes", o.burst.total()},
-        {"round_seconds", o.round_seconds ? nlohmann::json(*o.round_seconds) : nlohmann::json()},
-        {"advised_outer_every",
-         o.advised_every ? nlohmann::json(*o.advised_every) : nlohmann::json()}};
-  }
-  if (c.checkpoint_async) row["checkpoint_staging_bytes"] = fc.checkpoint_staging;
-  // Offload's keys only where it is asked for: rows without it read as they always did.
-  if (e.offload != Offload::kNone) {
-    row["offload"] = std::string(offload_name(c.offload));
-    row["model_state_bytes"]["nvme"] = s.nvme;
-    if (t) row["transient_bytes"]["offload_staging"] = t->offload_staging;
-    if (e.in.disk) {
-      row["io_seconds"] = fc.io;
-      row["ranks_per_disk"] = fc.disk_sharers;
-      if (time) {
-        row["step_seconds"]["io"] = fc.io;
-        row["step_seconds"]["predicted"] =
-            offload_step_seconds(*time, fc.io, c.stage, c.offload_overlap);
-        row["step_seconds"]["bound"] = std::string(step_bound(*time, fc.io));
-      }
-    }
-  }
-  return row;
 }
 
 // DiLoCo's outer state and exchanges at `n` ranks (the same at every stage: the islands'
@@ -508,15 +354,8 @@ std::string no_fit_advice(const Estimate& e, int n) {
   reduce3.accumulate = AccumulatePolicy::kReduce;
   reduce3.shard_within_node = false;
   const bool accumulator3 = fp32_accumulator(reduce3);
-  std::string why;
-  if (!offload) {
-    // The clause below prices offload by all a rank holds, not by its states alone.
-    why = budget_advice(e.planned.units, n, asked.precision, budget, accumulator3,
-                        /*name_offload=*/false);
-  } else {
-    why = offload_advice(e.planned.units, n, asked.precision, budget, accumulator3,
-                         e.built != nullptr, e.offload);
-  }
+  // The clause below prices offload by all a rank holds, not by its states alone.
+  std::string why = budget_advice(asked, e.planned, n, budget, /*name_offload=*/false);
   if (e.built) {
     // What stage 3 would need with less of the activations kept: reduced every micro-batch,
     // its own --hpz kept, no qwZ staging, the states sharded over the world.
@@ -600,9 +439,13 @@ int run_estimate(const Flags& f) {
       if (fits && !cheapest) cheapest = stage;
       if (e.json) {
         if (stage == 3) stage3_row = rows.size();
-        rows.push_back(row_json(e, c, fc, fits));
+        rows.push_back(row_json(e.columns(), c, fc, fits));
       } else {
-        print_row(e, c, fc, fits);
+        // The columns are the same for every row: named above the first.
+        if (n == e.ranks.front() && stage == e.stages.front()) {
+          fmt::print("{}\n", table_line(e.columns(), c, fc, fits, true));
+        }
+        fmt::print("{}\n", table_line(e.columns(), c, fc, fits, false));
       }
     }
     if (outer && !e.json) print_islands(e, n, *outer);

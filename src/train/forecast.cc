@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
+#include <optional>
 
 #include <fmt/core.h>
 
 #include "comm/link_model.h"
+#include "core/units.h"
 #include "train/stage_plan.h"
 
 namespace zerodp {
@@ -40,6 +43,101 @@ TrainConfig row_config(const TrainConfig& asked, int ranks, int stage, Offload o
     c.accumulate_default = false;
   }
   return c;
+}
+
+namespace {
+
+// The fewest ranks, from `world` on, with which stage 3's states of `c` fit (`fits`), or none
+// up to 2^20, among the rank counts a run of `c` can have: whole nodes of T, and (apart from
+// in turn) I islands each whole nodes (multiples of I T) or a part of one (I d, d dividing T).
+// A rank's states shrink as the ranks grow, so a doubling then a bisection over the multiples
+// finds the fewest; `fits` is asked of those counts alone (rank_holdings refuses the others).
+std::optional<int> fewest_ranks(const TrainConfig& c, int world,
+                                const std::function<bool(int)>& fits) {
+  const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : 1;
+  const int islands = c.islands > 1 && !c.islands_in_turn ? c.islands : 1;
+  for (int d = 1; islands > 1 && d < t; ++d) {  // islands inside a node
+    const int n = islands * d;
+    if (t % d == 0 && n % t == 0 && n >= world && fits(n)) return n;
+  }
+  const int q = islands * t;
+  constexpr int kMost = 1 << 20;
+  const int first = std::max(1, (world + q - 1) / q);
+  int k = first;
+  while (k * q < kMost && !fits(k * q)) k *= 2;
+  int lo = std::max(first, k / 2), hi = k;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (fits(mid * q)) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return fits(hi * q) ? std::optional<int>(hi * q) : std::nullopt;
+}
+
+}  // namespace
+
+std::string budget_advice(const TrainConfig& c, const PlannedModel& m, int world,
+                          uint64_t budget_bytes, bool name_offload) {
+  // Model states only: the sentence compares states with the budget, whatever the buffers.
+  const PlannedModel states_of{.units = m.units, .tensors = m.tensors};
+  const auto states = [&](int stage, int ranks, Offload offload) {
+    return rank_holdings(row_config(c, ranks, stage, offload), states_of, ranks, 0).states.total();
+  };
+  const auto fits = [&](int stage, int ranks) {
+    return states(stage, ranks, c.offload) <= budget_bytes;
+  };
+  std::string s =
+      c.offload == Offload::kNone
+          ? fmt::format("model states per rank at {} ranks:", world)
+          : fmt::format("model states in memory per rank with --offload {} at {} ranks:",
+                        offload_name(c.offload), world);
+  for (int stage = 0; stage <= 3; ++stage) {
+    const uint64_t need = states(stage, world, c.offload);
+    s += fmt::format(" stage {} {}{}{}", stage, format_bytes(static_cast<double>(need)),
+                     need <= budget_bytes ? " (fits)" : "", stage < 3 ? "," : "");
+  }
+  // Offload keeps only the params and grads in memory; worth naming when no stage fits here.
+  if (name_offload && c.offload == Offload::kNone && !fits(3, world)) {
+    std::optional<std::string> named;
+    for (int stage = 0; stage <= 3 && !named; ++stage) {
+      const uint64_t need = states(stage, world, Offload::kOptimizer);
+      if (need <= budget_bytes) {
+        named = fmt::format("; with --offload optimizer, stage {} would hold {} in memory", stage,
+                            format_bytes(static_cast<double>(need)));
+      }
+    }
+    // Then only the gradients stay: stage 3 with its parameter shards on disk too.
+    const uint64_t need = states(3, world, Offload::kParams);
+    if (!named && need <= budget_bytes) {
+      named = fmt::format("; with --offload optimizer,params, stage 3 would hold {} in memory",
+                          format_bytes(static_cast<double>(need)));
+    }
+    s += named.value_or("");
+  }
+  const std::string tail =
+      " (activations and buffers come on top; zerodp never changes stage by itself)";
+  // Naming a rank count when the states already fit would send the user after the wrong
+  // cause.
+  if (fits(0, world)) {
+    return s + "; every stage's states fit, so it is the activations and buffers that do not";
+  }
+  if (fits(3, world)) return s + "; use a stage marked (fits)" + tail;
+  if (const auto n = fewest_ranks(c, world, [&](int ranks) { return fits(3, ranks); })) {
+    return s + fmt::format("; stage 3 needs at least {} ranks for the states to fit", *n) + tail;
+  }
+  if (row_config(c, world, 3, c.offload).shard_within_node) {
+    // HSDP shards over a node whatever the nodes: only more ranks per node would shrink them.
+    return s +
+           fmt::format(
+               "; --shard-within-node shards them over a node's {} ranks, so no rank "
+               "count makes them fit",
+               c.launch.comm.node_ranks) +
+           tail;
+  }
+  return s + "; no rank count makes the states fit" + tail;
 }
 
 namespace {
@@ -124,89 +222,15 @@ double io_seconds(const TrainConfig& c, const PlannedModel& m, const StateBytes&
 
 namespace {
 
-// DiLoCo's islands: an island's run, then the outer state and exchanges on top.
-Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const StepInputs& in) {
-  check_fragments(c, std::accumulate(m.units.begin(), m.units.end(), uint64_t{0}));
-  const IslandLayout l = island_layout(c, c.launch.ranks);
-  TrainConfig island = c;
-  island.islands = 1;
-  island.checkpoint_async = false;  // staged below, with the outer state
-  island.launch.ranks = l.ranks;
-  island.launch.comm.node_ranks = l.inside_node_ranks;
-  Forecast f = forecast(island, m, in);
-  f.all_ranks *= static_cast<uint64_t>(l.islands);
-  if (l.in_turn) {
-    // Every rank holds each island's states and takes each island's step in turn: the
-    // states, their collectives and the step's time once per island; the buffers once.
-    const auto k = static_cast<uint64_t>(l.islands);
-    f.need += f.states.total() * (k - 1);
-    f.states = f.states.times(k);
-    f.comm = f.comm.times(k);
-    if (f.time) {
-      const double s = static_cast<double>(k);
-      StepTime& t = *f.time;
-      t = {t.compute * s, t.comm_overlap * s, t.comm_serial * s, t.forward * s,
-           t.backward_reduce * s};
-    }
-  }
-  Forecast::Outer o;
-  o.state = outer_state_bytes(m.units, l, 0);
-  o.round = outer_round_bytes(m.units, l, 0);
-  o.exchange_round = outer_round_bytes(m.units, l, 0, true);
-  for (int k = 0; k < l.fragments; ++k) {
-    const CommBytes b = outer_exchange_bytes(m.units, l, 0, k);
-    if (b.total() > o.burst.total()) o.burst = b;
-  }
-  f.need += o.state;
-  f.checkpoint_staging = checkpoint_staging_bytes(m.units, c, c.launch.ranks, 0, &m.tensors);
-  f.need += f.checkpoint_staging;
-  const uint64_t h = static_cast<uint64_t>(c.outer_every);
-  f.comm.all_reduce += o.round.all_reduce / h;
-  f.comm.cross_all_reduce += o.round.cross_all_reduce / h;
-  f.comm.all_gather += o.round.all_gather / h;
-  f.comm.cross_all_gather += o.round.cross_all_gather / h;
-  if (f.time && (in.inter_bandwidth || in.bandwidth)) {
-    // Every rank of a node runs its column's all-reduce at once: they share the node's link.
-    const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : l.ranks;
-    const LinkModel link{.bandwidth = in.bandwidth.value_or(0),
-                         .latency = in.latency.value_or(0),
-                         .inter_bandwidth = in.inter_bandwidth.value_or(0),
-                         .inter_latency = in.inter_latency.value_or(0),
-                         .nic_ranks = static_cast<double>(std::min(t, l.ranks))};
-    // An all-reduce's ring steps, or a quantized exchange's all-gather's (the island's small
-    // all-reduce of block maxima stays inside a node when islands are, and is left out).
-    const double steps = (l.quant_bits != 0 ? 1.0 : 2.0) * (l.islands - 1) * l.fragments;
-    o.round_seconds = link.flat_seconds(static_cast<double>(o.exchange_round.total()),
-                                        static_cast<double>(o.exchange_round.cross_total()), steps,
-                                        l.across_node_ranks < l.islands);
-    const double inner = f.time->overlapped();
-    (c.outer_delay > 0 ? f.time->comm_overlap : f.time->comm_serial) +=
-        *o.round_seconds / static_cast<double>(h);
-    if (inner > 0) {
-      o.advised_every = std::max<int64_t>(
-          1, static_cast<int64_t>(std::ceil(*o.round_seconds / (0.1 * inner) - 1e-9)));
-    }
-  }
-  f.outer = o;
-  return f;
-}
-
-}  // namespace
-
-Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs& in) {
-  if (c.islands > 1) return forecast_islands(c, m, in);
+// A run of one world (no islands) but for its holdings, which forecast() takes from
+// rank_holdings: what memory keeps of every rank's states, the comm, the offload file's I/O
+// and the step's time.
+Forecast forecast_world(const TrainConfig& c, const PlannedModel& m, const StepInputs& in) {
   const int n = c.launch.ranks;
   const int shards = shard_ranks(c, n);
   const bool accumulator = fp32_accumulator(c);
   Forecast f;
   const UnitTensors* int8 = c.int8_moments ? &m.tensors : nullptr;
-  f.states =
-      max_model_state_bytes(m.units, shards, c.stage, c.precision, accumulator, c.offload, int8);
-  if (m.model) {
-    f.transients = transient_bytes(*m.model, transient_plan(c, shards), 0);
-  }
-  f.checkpoint_staging = checkpoint_staging_bytes(m.units, c, n, 0, &m.tensors);
-  f.need = f.states.total() + (f.transients ? f.transients->total() : 0) + f.checkpoint_staging;
   // Offload moves master, adam_m and adam_v of every rank to disk: what memory keeps of all
   // ranks' states is their params and grads (their grads alone with the params).
   const StateBytes a =
@@ -220,7 +244,8 @@ Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs&
   if (in.disk) {
     const int node_ranks = c.launch.comm.node_ranks;
     f.disk_sharers = std::min(in.ranks_per_disk.value_or(node_ranks > 0 ? node_ranks : n), n);
-    f.io = io_seconds(c, m, f.states, shards, *in.disk, f.disk_sharers);
+    const StateBytes states = rank_holdings(c, m, n, 0).states;
+    f.io = io_seconds(c, m, states, shards, *in.disk, f.disk_sharers);
   }
   if (m.model && (in.flops || in.compute_seconds)) {
     StepTime st;
@@ -231,6 +256,83 @@ Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs&
     price_comm(c, f.comm, static_cast<double>(m.units.size()), in, st);
     f.time = st;
   }
+  return f;
+}
+
+// The outer round's seconds at the links, per step: serial, unless --outer-delay overlaps it.
+void price_outer(const TrainConfig& c, const IslandLayout& l, const StepInputs& in,
+                 Forecast::Outer& o, StepTime& t) {
+  // Every rank of a node runs its column's all-reduce at once: they share the node's link.
+  const int per_node = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : l.ranks;
+  const LinkModel link{.bandwidth = in.bandwidth.value_or(0),
+                       .latency = in.latency.value_or(0),
+                       .inter_bandwidth = in.inter_bandwidth.value_or(0),
+                       .inter_latency = in.inter_latency.value_or(0),
+                       .nic_ranks = static_cast<double>(std::min(per_node, l.ranks))};
+  // An all-reduce's ring steps, or a quantized exchange's all-gather's (the island's small
+  // all-reduce of block maxima stays inside a node when islands are, and is left out).
+  const double steps = (l.quant_bits != 0 ? 1.0 : 2.0) * (l.islands - 1) * l.fragments;
+  o.round_seconds = link.flat_seconds(static_cast<double>(o.exchange_round.total()),
+                                      static_cast<double>(o.exchange_round.cross_total()), steps,
+                                      l.across_node_ranks < l.islands);
+  const double inner = t.overlapped();
+  const auto h = static_cast<double>(c.outer_every);
+  (c.outer_delay > 0 ? t.comm_overlap : t.comm_serial) += *o.round_seconds / h;
+  if (inner > 0) {
+    o.advised_every = std::max<int64_t>(
+        1, static_cast<int64_t>(std::ceil(*o.round_seconds / (0.1 * inner) - 1e-9)));
+  }
+}
+
+// DiLoCo's islands: an island's run, then the outer exchanges on top.
+Forecast forecast_islands(const TrainConfig& c, const PlannedModel& m, const StepInputs& in) {
+  check_fragments(c, std::accumulate(m.units.begin(), m.units.end(), uint64_t{0}));
+  const IslandLayout l = island_layout(c, c.launch.ranks);
+  TrainConfig island = c;
+  island.islands = 1;
+  island.checkpoint_async = false;
+  island.launch.ranks = l.ranks;
+  island.launch.comm.node_ranks = l.inside_node_ranks;
+  Forecast f = forecast_world(island, m, in);
+  f.all_ranks *= static_cast<uint64_t>(l.islands);
+  if (l.in_turn) {
+    // Every rank takes each island's step in turn: its collectives and time once per island.
+    const auto k = static_cast<uint64_t>(l.islands);
+    f.comm = f.comm.times(k);
+    if (f.time) {
+      const double s = static_cast<double>(k);
+      StepTime& t = *f.time;
+      t = {t.compute * s, t.comm_overlap * s, t.comm_serial * s, t.forward * s,
+           t.backward_reduce * s};
+    }
+  }
+  Forecast::Outer o;
+  o.round = outer_round_bytes(m.units, l, 0);
+  o.exchange_round = outer_round_bytes(m.units, l, 0, true);
+  for (int k = 0; k < l.fragments; ++k) {
+    const CommBytes b = outer_exchange_bytes(m.units, l, 0, k);
+    if (b.total() > o.burst.total()) o.burst = b;
+  }
+  const uint64_t h = static_cast<uint64_t>(c.outer_every);
+  f.comm.all_reduce += o.round.all_reduce / h;
+  f.comm.cross_all_reduce += o.round.cross_all_reduce / h;
+  f.comm.all_gather += o.round.all_gather / h;
+  f.comm.cross_all_gather += o.round.cross_all_gather / h;
+  if (f.time && (in.inter_bandwidth || in.bandwidth)) price_outer(c, l, in, o, *f.time);
+  f.outer = o;
+  return f;
+}
+
+}  // namespace
+
+Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs& in) {
+  Forecast f = c.islands > 1 ? forecast_islands(c, m, in) : forecast_world(c, m, in);
+  const Holdings h = rank_holdings(c, m, c.launch.ranks, 0);
+  f.states = h.states;
+  f.transients = h.transients;
+  f.checkpoint_staging = h.checkpoint_staging;
+  f.need = h.memory();
+  if (f.outer) f.outer->state = h.outer_state;
   return f;
 }
 

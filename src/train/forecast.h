@@ -16,6 +16,7 @@
 
 #include "models/unit.h"
 #include "train/config.h"
+#include "train/holdings.h"
 #include "train/plan.h"
 
 namespace zerodp {
@@ -34,17 +35,6 @@ struct StepInputs {
   // Ranks whose offload files share one disk's bandwidth; default a node's ranks, else every
   // rank of the run (one machine).
   std::optional<int> ranks_per_disk{};
-};
-
-// The model as the planner sees it: the units' element counts and, for a model with layers
-// (a GPT shape), the model itself, whose activations and buffers are laid out as the engine
-// allocates them. Without one (`zerodp estimate --params`), one flat buffer and no transients.
-struct PlannedModel {
-  std::vector<uint64_t> units{};
-  // Each unit's tensors' sizes (--optimizer-states int8); one per unit without a model.
-  UnitTensors tensors{};
-  const Model* model = nullptr;
-  int layers = 0, seq_len = 0, embd = 0;  // for the FLOPs per token; 0 without a model
 };
 
 // Per-rank step time from the cost model: compute = model FLOPs / flops (or the given
@@ -103,6 +93,17 @@ struct Forecast {
 
 // The run of `c` (resolved: its accumulation policy known) at c.launch.ranks ranks.
 Forecast forecast(const TrainConfig& c, const PlannedModel& m, const StepInputs& in = {});
+
+// One sentence for a budget error and estimate's no-fit line: rank 0's model states in memory
+// (rank_holdings: the largest ranges) at every stage of `c` at `world` ranks, each stage's run
+// as row_config makes it (with c.offload, its islands, 8-bit moments and HSDP), and what
+// would make them fit: a stage marked (fits), or the fewest ranks with which stage 3's do, a
+// bisection over the rank counts `c` can run at (whole nodes, whole islands).
+// `name_offload`: when no stage's states fit and `c` offloads nothing, the least offload
+// whose states would (callers that price offload by more than the states say it
+// themselves).
+std::string budget_advice(const TrainConfig& c, const PlannedModel& m, int world,
+                          uint64_t budget_bytes, bool name_offload = true);
 
 // What --offload `asked` keeps on disk at `stage`: parameters only at stage 3.
 Offload stage_offload(Offload asked, int stage);

@@ -9,7 +9,6 @@
 #include "comm/quantize.h"
 #include "comm/world_shape.h"
 #include "core/error.h"
-#include "core/units.h"
 #include "optim/moments8.h"
 #include "train/stage_plan.h"
 
@@ -33,21 +32,8 @@ uint64_t own_count(uint64_t numel, int world, int rank) {
   const uint64_t n = static_cast<uint64_t>(world);
   return numel / n + (static_cast<uint64_t>(rank) < numel % n ? 1 : 0);
 }
-
-// Rank `rank`'s range of Partition::aligned(numel, world, grain), in closed form.
-struct OwnRange {
-  uint64_t begin = 0, count = 0;
-};
-OwnRange own_range(uint64_t numel, int world, int rank, uint64_t grain) {
-  const uint64_t n = static_cast<uint64_t>(world), r = static_cast<uint64_t>(rank);
-  const uint64_t grains = (numel + grain - 1) / grain;
-  const uint64_t b = r * (grains / n) + std::min(r, grains % n);
-  const uint64_t e = b + grains / n + (r < grains % n ? 1 : 0);
-  const uint64_t begin = std::min(b * grain, numel);
-  return {begin, std::min(e * grain, numel) - begin};
-}
 uint64_t own_count(uint64_t numel, int world, int rank, uint64_t grain) {
-  return grain == 1 ? own_count(numel, world, rank) : own_range(numel, world, rank, grain).count;
+  return grain == 1 ? own_count(numel, world, rank) : own_range(numel, world, rank, grain).count();
 }
 
 // The sum of f(own_count(numel, world, k)) over the `count` ranks k = first, first + step, ...,
@@ -71,51 +57,38 @@ uint64_t sum_over_ranks(uint64_t numel, int world, int first, int count, int ste
 
 }  // namespace
 
+StateBytes state_bytes(const LayoutBytes& b) {
+  return {.params = b[MemCategory::kParams],
+          .grads = b[MemCategory::kGrads],
+          .master = b[MemCategory::kMaster],
+          .adam_m = b[MemCategory::kAdamM],
+          .adam_v = b[MemCategory::kAdamV],
+          .nvme = b.file};
+}
+
+LayoutBytes layout_bytes(const LayoutPlan& p, std::span<const uint64_t> unit_numel,
+                         const UnitTensors* tensors, int shards, int index) {
+  check_rank(shards, index);
+  if (tensors != nullptr && tensors->size() != unit_numel.size()) {
+    throw std::logic_error(fmt::format("state layout: tensors of {} units for {} units",
+                                       tensors->size(), unit_numel.size()));
+  }
+  LayoutBytes b;
+  for (size_t i = 0; i < unit_numel.size(); ++i) {
+    const UnitShape unit{
+        .numel = unit_numel[i],
+        .tensors = tensors != nullptr ? std::span((*tensors)[i]) : std::span<const uint64_t>()};
+    b += unit_layout(p, unit, shards, index);
+  }
+  return b;
+}
+
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                              Precision precision, int rank, bool fp32_accumulator, Offload offload,
                              const UnitTensors* int8) {
-  check_rank(world, rank);
-  const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce, fp32_accumulator);
-  const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
-  const uint64_t gw = sp.grads_fp32 ? 4 : w;
-  const uint64_t grain = int8 != nullptr ? kMomentBlock : 1;
-  if (int8 != nullptr && int8->size() != unit_numel.size()) {
-    throw std::logic_error(fmt::format("model_state_bytes: tensors of {} units for {} units",
-                                       int8->size(), unit_numel.size()));
-  }
-  StateBytes b;
-  for (size_t i = 0; i < unit_numel.size(); ++i) {
-    const uint64_t numel = unit_numel[i];
-    const uint64_t own = own_count(numel, world, rank, grain);
-    const uint64_t opt = StagePlan::count(sp.optimizer, own, numel);
-    const uint64_t params = StagePlan::count(sp.params, own, numel);
-    b.grads += StagePlan::count(sp.grads, own, numel) * gw;
-    const bool fp32 = precision == Precision::kFP32;
-    if (offload == Offload::kNone) {
-      b.params += params * w;
-      b.master += fp32 ? 0 : opt * 4;
-    } else {
-      // The file: the master (at fp32 the parameters, and so only with them), the 16-bit
-      // parameters with them (stage 3, config checks it: the parameters are the optimizer
-      // range), the moments (8-bit: their codes; the scales and small tensors stay here).
-      if (offload == Offload::kOptimizer) b.params += params * w;
-      if (!fp32 || offload == Offload::kParams) b.nvme += offload_region_bytes(opt);
-      if (!fp32 && offload == Offload::kParams) b.nvme += offload_region_bytes(params, w);
-      b.nvme += 2 * offload_region_bytes(opt, int8 != nullptr ? 1 : 4);
-    }
-    if (int8 != nullptr) {
-      const uint64_t begin =
-          sp.optimizer == StagePlan::Extent::kOwn ? own_range(numel, world, rank, grain).begin : 0;
-      MomentCounts moments = moment_counts((*int8)[i], begin, begin + opt);
-      if (offload != Offload::kNone) moments.codes = 0;
-      b.adam_m += moments.bytes();
-      b.adam_v += moments.bytes();
-    } else if (offload == Offload::kNone) {
-      b.adam_m += opt * 4;
-      b.adam_v += opt * 4;
-    }
-  }
-  return b;
+  return state_bytes(
+      layout_bytes(layout_plan(stage, precision, fp32_accumulator, offload, int8 != nullptr),
+                   unit_numel, int8, world, rank));
 }
 
 UnitTensors unit_tensors(const Model& model) {
@@ -139,35 +112,20 @@ StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int
                                        Precision precision, bool fp32_accumulator,
                                        const UnitTensors* int8) {
   check_rank(world, 0);
-  if (int8 != nullptr) {  // blocks split by ranks: summed rank by rank
-    StateBytes sum;
-    for (int r = 0; r < world; ++r) {
-      const StateBytes b = model_state_bytes(unit_numel, world, stage, precision, r,
-                                             fp32_accumulator, Offload::kNone, int8);
-      sum.params += b.params;
-      sum.grads += b.grads;
-      sum.master += b.master;
-      sum.adam_m += b.adam_m;
-      sum.adam_v += b.adam_v;
-    }
-    return sum;
+  if (int8 != nullptr && int8->size() != unit_numel.size()) {
+    throw std::logic_error(fmt::format("state layout: tensors of {} units for {} units",
+                                       int8->size(), unit_numel.size()));
   }
-  const StagePlan sp = StagePlan::make(stage, AccumulatePolicy::kReduce, fp32_accumulator);
-  const uint64_t w = precision == Precision::kFP32 ? 4 : 2;
-  const uint64_t gw = sp.grads_fp32 ? 4 : w;
-  const uint64_t n = static_cast<uint64_t>(world);
-  StateBytes b;
-  for (uint64_t numel : unit_numel) {
-    // A sharded state's ranges add up to one copy; a replicated one is held by every rank.
-    const auto total = [&](StagePlan::Extent e) { return StagePlan::count(e, numel, n * numel); };
-    const uint64_t opt = total(sp.optimizer);
-    b.params += total(sp.params) * w;
-    b.grads += total(sp.grads) * gw;
-    b.master += precision == Precision::kFP32 ? 0 : opt * 4;
-    b.adam_m += opt * 4;
-    b.adam_v += opt * 4;
+  const LayoutPlan p =
+      layout_plan(stage, precision, fp32_accumulator, Offload::kNone, int8 != nullptr);
+  LayoutBytes b;
+  for (size_t i = 0; i < unit_numel.size(); ++i) {
+    const UnitShape unit{
+        .numel = unit_numel[i],
+        .tensors = int8 != nullptr ? std::span((*int8)[i]) : std::span<const uint64_t>()};
+    b += all_ranks_layout(p, unit, world);
   }
-  return b;
+  return state_bytes(b);
 }
 
 PaperStateBytes paper_model_state_bytes(double phi, int world, int stage, Precision precision) {
@@ -213,14 +171,6 @@ int hosted_islands(const TrainConfig& c) {
   return c.islands > 1 && c.islands_in_turn ? c.islands : 1;
 }
 
-StateBytes rank_model_state_bytes(const TrainConfig& c, std::span<const uint64_t> unit_numel,
-                                  int world, int rank, const UnitTensors* int8) {
-  return model_state_bytes(unit_numel, shard_ranks(c, world), c.stage, c.precision,
-                           shard_index(c, world, rank), fp32_accumulator(c), c.offload,
-                           c.int8_moments ? int8 : nullptr)
-      .times(static_cast<uint64_t>(hosted_islands(c)));
-}
-
 IslandLayout island_layout(const TrainConfig& c, int world) {
   const int k = c.islands;
   check_island_world(c, world, WorldNamed::kLaunched);
@@ -263,9 +213,9 @@ FragmentShare fragment_share(std::span<const uint64_t> unit_numel, const IslandL
   uint64_t at = 0;
   std::optional<uint64_t> last;  // the last block touched
   for (uint64_t numel : unit_numel) {
-    const OwnRange own = own_range(numel, l.ranks, rank % l.ranks, l.grain);
-    const uint64_t b = std::max(lo, at + own.begin);
-    const uint64_t e = std::min(hi, at + own.begin + own.count);
+    const Range own = own_range(numel, l.ranks, rank % l.ranks, l.grain);
+    const uint64_t b = std::max<uint64_t>(lo, at + own.begin);
+    const uint64_t e = std::min<uint64_t>(hi, at + own.end);
     if (b < e) {
       s.count += e - b;
       const uint64_t first = (b - lo) / block, end = (e - 1 - lo) / block + 1;
@@ -309,10 +259,10 @@ uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const Tr
   const auto k = static_cast<uint64_t>(hosted_islands(c));
   uint64_t bytes = 0;
   for (size_t i = 0; i < unit_numel.size(); ++i) {
-    const OwnRange own = own_range(unit_numel[i], shards, shard_index(c, world, rank), grain);
-    bytes += own.count * (per_element * k + outer);
+    const Range own = own_range(unit_numel[i], shards, shard_index(c, world, rank), grain);
+    bytes += own.count() * (per_element * k + outer);
     if (int8) {
-      const MomentCounts m = moment_counts((*tensors)[i], own.begin, own.begin + own.count);
+      const MomentCounts m = moment_counts((*tensors)[i], own.begin, own.end);
       bytes += k * 2 * 4 * (m.blocks + m.fp32);
     }
   }
@@ -432,6 +382,33 @@ CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLay
   return b;
 }
 
+namespace {
+
+// HSDP's step (CommModes::shard_within_node): ranges of Partition(numel, T); each of the
+// `reductions` is a node_reduce_scatter (inside the node (T - 1) c_l w, across an all-reduce
+// of c_l split over the P nodes), each of the `gathers` a node_all_gather (inside the node
+// only).
+CommBytes hsdp_comm_bytes(std::span<const uint64_t> unit_numel, int world, int rank,
+                          const CommModes& modes, uint64_t w, uint64_t reductions,
+                          uint64_t gathers) {
+  const int per_node = modes.node_ranks > 0 ? modes.node_ranks : world;
+  const int nodes = world / per_node;
+  const int local = rank % per_node;
+  const int node = rank / per_node;
+  CommBytes b;
+  for (uint64_t numel : unit_numel) {
+    const uint64_t own = own_count(numel, per_node, local, modes.grain);
+    const uint64_t piece = own_count(own, nodes, node);
+    const uint64_t cross = (static_cast<uint64_t>(nodes - 1) * piece + own - piece) * w;
+    b.reduce_scatter += reductions * (static_cast<uint64_t>(per_node - 1) * own * w + cross);
+    b.cross_reduce_scatter += reductions * cross;
+    b.all_gather += gathers * (numel - own) * w;
+  }
+  return b;
+}
+
+}  // namespace
+
 CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, int stage,
                               Precision precision, int grad_accum, AccumulatePolicy policy,
                               bool canonical, int rank, const CommModes& modes) {
@@ -473,23 +450,10 @@ CommBytes comm_bytes_per_step(std::span<const uint64_t> unit_numel, int world, i
   const auto qgz_payload = [&](uint64_t c) {
     return static_cast<uint64_t>(quantized_bytes(c, qgz));
   };
-  CommBytes b;
   if (modes.shard_within_node && reduce == StagePlan::Reduce::kReduceScatter) {
-    // HSDP: ranges of Partition(numel, T); each reduction is a node_reduce_scatter (inside
-    // the node (T - 1) c_l w, across an all-reduce of c_l split over the P nodes), each
-    // gather a node_all_gather (inside the node only).
-    const int local = rank % per_node;
-    const int node = rank / per_node;
-    for (uint64_t numel : unit_numel) {
-      const uint64_t own = own_count(numel, per_node, local, modes.grain);
-      const uint64_t piece = own_count(own, nodes, node);
-      const uint64_t cross = (static_cast<uint64_t>(nodes - 1) * piece + own - piece) * w;
-      b.reduce_scatter += reductions * (static_cast<uint64_t>(per_node - 1) * own * w + cross);
-      b.cross_reduce_scatter += reductions * cross;
-      b.all_gather += gathers * (numel - own) * w;
-    }
-    return b;
+    return hsdp_comm_bytes(unit_numel, world, rank, modes, w, reductions, gathers);
   }
+  CommBytes b;
   // The unit's partition cuts on the grain (--optimizer-states int8); an all-reduce splits
   // the buffer its own way, balanced.
   const uint64_t g = reduce == StagePlan::Reduce::kAllReduce ? 1 : modes.grain;
@@ -628,75 +592,6 @@ TransientBytes transient_bytes(const TransientLayout& l) {
   return b;
 }
 
-std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,
-                          uint64_t budget_bytes, bool fp32_accumulator, bool name_offload) {
-  std::string s = fmt::format("model states per rank at {} ranks:", world);
-  for (int stage = 0; stage <= 3; ++stage) {
-    const uint64_t need =
-        max_model_state_bytes(unit_numel, world, stage, precision, fp32_accumulator).total();
-    s += fmt::format(" stage {} {}{}", stage, format_bytes(static_cast<double>(need)),
-                     need <= budget_bytes ? " (fits)" : "");
-    s += stage < 3 ? "," : "";
-  }
-  const auto fits = [&](int stage, int ranks) {
-    return max_model_state_bytes(unit_numel, ranks, stage, precision, fp32_accumulator).total() <=
-           budget_bytes;
-  };
-  // Offload keeps only the params and grads in memory; worth naming when no stage fits here.
-  if (name_offload && !fits(3, world)) {
-    bool named = false;
-    for (int stage = 0; stage <= 3 && !named; ++stage) {
-      const uint64_t need = max_model_state_bytes(unit_numel, world, stage, precision,
-                                                  fp32_accumulator, Offload::kOptimizer)
-                                .total();
-      if (need <= budget_bytes) {
-        s += fmt::format("; with --offload optimizer, stage {} would hold {} in memory", stage,
-                         format_bytes(static_cast<double>(need)));
-        named = true;
-      }
-    }
-    // Then only the gradients stay: stage 3 with its parameter shards on disk too.
-    const uint64_t need =
-        max_model_state_bytes(unit_numel, world, 3, precision, fp32_accumulator, Offload::kParams)
-            .total();
-    if (!named && need <= budget_bytes) {
-      s += fmt::format("; with --offload optimizer,params, stage 3 would hold {} in memory",
-                       format_bytes(static_cast<double>(need)));
-    }
-  }
-  const std::string tail =
-      " (activations and buffers come on top; zerodp never changes stage by itself)";
-  // Naming a rank count when the states already fit would send the user after the wrong
-  // cause.
-  if (fits(0, world))
-    return s + "; every stage's states fit, so it is the activations and buffers that do not";
-  if (fits(3, world)) return s + "; use a stage marked (fits)" + tail;
-  int ranks = world;
-  while (ranks < (1 << 20) &&
-         max_model_state_bytes(unit_numel, ranks, 3, precision, fp32_accumulator).total() >
-             budget_bytes) {
-    ranks = ranks * 2;
-  }
-  // Refine the doubling to the fewest ranks.
-  int lo = std::max(world, ranks / 2), hi = ranks;
-  while (lo < hi) {
-    const int mid = lo + (hi - lo) / 2;
-    if (max_model_state_bytes(unit_numel, mid, 3, precision, fp32_accumulator).total() <=
-        budget_bytes) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  if (max_model_state_bytes(unit_numel, hi, 3, precision, fp32_accumulator).total() <=
-      budget_bytes) {
-    s += fmt::format("; stage 3 needs at least {} ranks for the states to fit", hi);
-  } else {
-    s += "; no rank count makes the states fit";
-  }
-  return s + tail;
-}
-
 double training_flops_per_token(double params, int layers, int seq_len, int embd) {
   return 6 * params + 12.0 * layers * seq_len * static_cast<double>(embd);
 }
@@ -728,9 +623,13 @@ int hpz_node_ranks(const TrainConfig& cfg, int shard_ranks) {
   return t > 0 ? std::min(t, shard_ranks) : shard_ranks;
 }
 
-TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world) {
+uint64_t features_per_sample(const DataSplits& data) {
   const auto* images = std::get_if<ImageDataset>(&data.train);
-  return transient_plan(cfg, world, images ? static_cast<uint64_t>(images->pixels_per_image()) : 0);
+  return images ? static_cast<uint64_t>(images->pixels_per_image()) : 0;
+}
+
+TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world) {
+  return transient_plan(cfg, world, features_per_sample(data));
 }
 
 TransientPlan transient_plan(const TrainConfig& cfg, int world, uint64_t features_per_sample) {

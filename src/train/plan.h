@@ -12,6 +12,7 @@
 #include "data/source.h"
 #include "models/unit.h"
 #include "train/config.h"
+#include "train/state_layout.h"
 
 namespace zerodp {
 
@@ -37,13 +38,10 @@ struct StateBytes {
 // the master is the parameters), adam_m and adam_v of the optimizer range (fp32, or with
 // --optimizer-states int8 one code byte per element), every region padded to whole
 // kOffloadAlign-byte blocks so O_DIRECT can read any piece of it.
-inline constexpr uint64_t kOffloadAlign = 4096;
+// (kOffloadAlign and offload_region_bytes: train/state_layout.h.)
 // Elements per staged piece (4 MiB of fp32 per array): large enough that one read or write
 // runs at the disk's sequential speed, small enough that the staging stays a few MiB.
 inline constexpr uint64_t kOffloadPiece = uint64_t{1} << 20;
-inline uint64_t offload_region_bytes(uint64_t elements, uint64_t element_bytes = 4) {
-  return (elements * element_bytes + kOffloadAlign - 1) / kOffloadAlign * kOffloadAlign;
-}
 // A piece's elements must fill whole blocks in every region: 1024 fp32, 2048 16-bit, 4096
 // 8-bit codes.
 inline uint64_t offload_block_elements(Offload o, Precision p, bool int8_moments = false) {
@@ -79,6 +77,12 @@ UnitTensors unit_tensors(const Model& model);
 StateBytes model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                              Precision precision, int rank, bool fp32_accumulator = false,
                              Offload offload = Offload::kNone, const UnitTensors* int8 = nullptr);
+// The same from a layout plan: what rank `index` of the `shards` ranks each unit is partitioned
+// over holds of every unit (`tensors`: the units' tensors, which quantized moments and whole
+// matrices need; null: one tensor a unit), and those bytes as the model-state categories.
+LayoutBytes layout_bytes(const LayoutPlan& p, std::span<const uint64_t> unit_numel,
+                         const UnitTensors* tensors, int shards, int index);
+StateBytes state_bytes(const LayoutBytes& b);
 // The largest over ranks (rank 0 holds the largest ranges).
 StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                                  Precision precision, bool fp32_accumulator = false,
@@ -86,7 +90,7 @@ StateBytes max_model_state_bytes(std::span<const uint64_t> unit_numel, int world
                                  const UnitTensors* int8 = nullptr);
 // The sum over all `world` ranks of model_state_bytes, in closed form: the ranges of a unit
 // add up to the unit, so a sharded state sums to one copy and a replicated one to `world`
-// (with int8 moments rank by rank: how blocks split depends on the ranks).
+// (8-bit moments too: their partitions are cut on the block grid, so no rank splits a block).
 StateBytes all_ranks_model_state_bytes(std::span<const uint64_t> unit_numel, int world, int stage,
                                        Precision precision, bool fp32_accumulator = false,
                                        const UnitTensors* int8 = nullptr);
@@ -135,10 +139,6 @@ int shard_ranks(const TrainConfig& c, int world);
 int shard_index(const TrainConfig& c, int world, int rank);
 // The islands whose states each rank holds: all of them with --islands-in-turn, else 1.
 int hosted_islands(const TrainConfig& c);
-// Rank `rank`'s model states in a world of `world` ranks of run `c`: its shard of each copy
-// it holds (`int8`: the units' tensors, for --optimizer-states int8).
-StateBytes rank_model_state_bytes(const TrainConfig& c, std::span<const uint64_t> unit_numel,
-                                  int world, int rank, const UnitTensors* int8);
 // --islands (train/outer_step.h): I islands of n = N / I consecutive ranks. Islands are
 // nodes unless --node-ranks T says otherwise: an island is then whole nodes (n % T == 0) or
 // a part of one (T % n == 0). The node layouts of an island's communicator and of the column
@@ -323,15 +323,6 @@ inline TransientBytes transient_bytes(const Model& model, const TransientPlan& p
   return transient_bytes(transient_layout(model, plan, rank));
 }
 
-// One sentence for a budget error: the model-state bytes per rank of every stage at this N,
-// and the fewest ranks with which stage 3's states fit the budget.
-// `name_offload`: when no stage's states fit at this N but would with --offload optimizer, it
-// says so (callers that price offload by more than the states pass false and say it
-// themselves).
-std::string budget_advice(std::span<const uint64_t> unit_numel, int world, Precision precision,
-                          uint64_t budget_bytes, bool fp32_accumulator = false,
-                          bool name_offload = true);
-
 // Training FLOPs per token, the one definition MFU and the step-time estimate share: 6 per
 // parameter (forward and backward) plus, for a transformer, attention's 12 x layers x T x C
 // (the PaLM accounting; pass layers 0 for a model without attention). Recomputation under
@@ -341,6 +332,8 @@ double training_flops_per_token(double params, int layers = 0, int seq_len = 0, 
 // The transient buffers a rank of `cfg` allocates on data `data`: what the preflight plans,
 // the engine allocates and the forecast counts, from one place.
 TransientPlan transient_plan(const TrainConfig& cfg, const DataSplits& data, int world);
+// What one sample of `data` feeds the model besides tokens: an image's floats; 0 for text.
+uint64_t features_per_sample(const DataSplits& data);
 // The same for samples described without the data: `features_per_sample` 0 for text
 // (cfg.seq_len tokens each), else an image of that many floats.
 TransientPlan transient_plan(const TrainConfig& cfg, int world, uint64_t features_per_sample = 0);

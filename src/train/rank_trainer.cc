@@ -12,6 +12,7 @@
 
 #include "core/sysinfo.h"
 #include "train/flat.h"
+#include "train/forecast.h"
 #include "train/gather_queue.h"
 #include "train/setup.h"
 #include "train/stop.h"
@@ -36,9 +37,7 @@ using Clock = std::chrono::steady_clock;
 
 std::string budget_advice_for(const TrainConfig& cfg, const Model& model, int world) {
   if (!cfg.memory_per_rank) return {};
-  std::vector<uint64_t> numel;
-  for (const auto& u : model) numel.push_back(u->numel());
-  return budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank, fp32_accumulator(cfg));
+  return budget_advice(cfg, planned_model(model), world, *cfg.memory_per_rank);
 }
 
 // Native bf16 products read 16-bit weights from their stored copy (weights_for).
@@ -79,7 +78,7 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       group_(island != nullptr ? ShardGroup(*island) : ShardGroup(comm, cfg)),
       compute_(compute_for(cfg.precision)),
       model_(make_model ? make_model() : build_model(cfg)),
-      ledger_(comm.rank(), cfg.memory_per_rank, budget_advice_for(cfg, model_, group_.size())),
+      ledger_(comm.rank(), cfg.memory_per_rank, budget_advice_for(cfg, model_, comm.size())),
       data_(data),
       shape_{.B = cfg.micro_batch, .T = is_language_model_data(data.train) ? cfg.seq_len : 1},
       layout_(transient_layout(model_, transient_plan(cfg, data, group_.size()), group_.index())),
@@ -90,9 +89,10 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
                               .seed = cfg.seed,
                               .islands = cfg.islands,
                               .keyed = std::holds_alternative<ShardDataset>(data.train)}),
-      state_(model_, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg)),
-             cfg.precision, products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed,
-             group_.size(), group_.index(), ledger_, cfg.offload, cfg.int8_moments),
+      state_(model_,
+             layout_plan(cfg, StagePlan::make(cfg.stage, cfg.accumulate, fp32_accumulator(cfg))),
+             products_read_bf16(cfg.precision), cfg.decay_all, cfg.seed, group_.size(),
+             group_.index(), ledger_),
       islands_(state_,
                cfg.offload == Offload::kNone
                    ? nullptr
@@ -112,9 +112,8 @@ RankTrainer::RankTrainer(const TrainConfig& cfg, Communicator& comm, const DataS
       faults_(cfg.inject, comm.rank(), cfg.launch.comm.timeout_seconds) {
   for (int v = 1; v < zerodp::hosted_islands(cfg); ++v) {
     // Every island starts from the same weights, as on ranks of their own.
-    ShardedState states(model_, state_.plan(), cfg.precision, products_read_bf16(cfg.precision),
-                        cfg.decay_all, cfg.seed, group_.size(), group_.index(), ledger_,
-                        cfg.offload, cfg.int8_moments);
+    ShardedState states(model_, layout_plan(cfg, state_.plan()), products_read_bf16(cfg.precision),
+                        cfg.decay_all, cfg.seed, group_.size(), group_.index(), ledger_);
     // Its tier's file, streamed through island 0's staging (islands' streams never overlap).
     islands_.add(
         std::move(states.units()),

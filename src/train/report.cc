@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "core/version.h"
+#include "train/holdings.h"
 #include "train/outer_step.h"
 #include "train/plan.h"
 #include "train/stop.h"
@@ -129,9 +130,10 @@ nlohmann::json plan_json(const TrainResult& r) {
   const TrainConfig& c = r.config;
   nlohmann::json plan_states = nlohmann::json::array(), plan_comm = nlohmann::json::array(),
                  plan_outer = nlohmann::json::array(), plan_outer_steps = nlohmann::json::array();
+  const PlannedModel planned{.units = r.unit_numel, .tensors = r.unit_tensors};
   for (int rank = 0; rank < r.world_size; ++rank) {
-    const StateBytes s =
-        rank_model_state_bytes(c, r.unit_numel, r.world_size, rank, &r.unit_tensors);
+    const Holdings h = rank_holdings(c, planned, r.world_size, rank);
+    const StateBytes& s = h.states;
     plan_states.push_back({{name(MemCategory::kParams), s.params},
                            {name(MemCategory::kGrads), s.grads},
                            {name(MemCategory::kMaster), s.master},
@@ -151,12 +153,10 @@ nlohmann::json plan_json(const TrainResult& r) {
     if (c.islands > 1) {
       plan_outer.push_back(comm(pc.outer));
       plan_outer_steps.push_back(comm(planned_outer_comm(r, rank)));
-      plan_states.back()[name(MemCategory::kOuterState)] =
-          outer_state_bytes(r.unit_numel, island_layout(c, r.world_size), rank);
+      plan_states.back()[name(MemCategory::kOuterState)] = h.outer_state;
     }
     if (c.checkpoint_async && !c.checkpoint_dir.empty()) {
-      plan_states.back()[name(MemCategory::kCheckpointStaging)] =
-          checkpoint_staging_bytes(r.unit_numel, c, r.world_size, rank, &r.unit_tensors);
+      plan_states.back()[name(MemCategory::kCheckpointStaging)] = h.checkpoint_staging;
     }
   }
   nlohmann::json j{{key::kModelStateBytes, plan_states}, {key::kCommBytesPerStep, plan_comm}};
@@ -331,9 +331,9 @@ std::string formula_table(const TrainResult& r) {
   out += fmt::format("{:>5} {:>14} {:>14} {:>6} {:>16} {:>16} {:>6}\n", "rank", "states", "formula",
                      "", "comm/step", "formula", "");
   const double steps = static_cast<double>(std::max<size_t>(1, r.steps.size()));
+  const PlannedModel model{.units = r.unit_numel, .tensors = r.unit_tensors};
   for (const auto& rank : r.ranks) {
-    const StateBytes plan =
-        rank_model_state_bytes(c, r.unit_numel, r.world_size, rank.rank, &r.unit_tensors);
+    const StateBytes plan = rank_holdings(c, model, r.world_size, rank.rank).states;
     uint64_t states = 0;
     for (int k = 0; k <= static_cast<int>(MemCategory::kAdamV); ++k) states += rank.model_state[k];
     uint64_t comm = 0;

@@ -18,6 +18,8 @@
 #include "core/sysinfo.h"
 #include "core/units.h"
 #include "data/sampler.h"
+#include "train/forecast.h"
+#include "train/holdings.h"
 #include "train/model_kind.h"
 #include "train/plan.h"
 #include "train/rank_trainer.h"
@@ -142,24 +144,16 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
                      .seed = cfg.seed,
                      .keyed = std::holds_alternative<ShardDataset>(data.train)});
   const Model model = make_model ? make_model() : build_model(cfg);
-  std::vector<uint64_t> numel;
-  for (const auto& u : model) numel.push_back(u->numel());
-  check_fragments(cfg, std::accumulate(numel.begin(), numel.end(), uint64_t{0}));
-  const UnitTensors tensors = unit_tensors(model);
+  PlannedModel planned = planned_model(model);
+  planned.features_per_sample = features_per_sample(data);
+  check_fragments(cfg, std::accumulate(planned.units.begin(), planned.units.end(), uint64_t{0}));
   const bool local = cfg.launch.backend == Backend::kLocal;
-  const TransientPlan plan = transient_plan(cfg, data, shard_ranks(cfg, world));
   // A rank's memory and disk bytes with `offload`.
   const auto bytes = [&](int r, Offload offload) {
     TrainConfig with = cfg;
     with.offload = offload;
-    const StateBytes s = rank_model_state_bytes(with, numel, world, r, &tensors);
-    TransientPlan p = plan;
-    p.offload = offload;
-    const uint64_t outer =
-        (cfg.islands > 1 ? outer_state_bytes(numel, island_layout(cfg, world), r) : 0) +
-        (cfg.checkpoint_dir.empty() ? 0 : checkpoint_staging_bytes(numel, cfg, world, r, &tensors));
-    return std::pair(
-        s.total() + outer + transient_bytes(model, p, shard_index(cfg, world, r)).total(), s.nvme);
+    const Holdings h = rank_holdings(with, planned, world, r);
+    return std::pair(h.memory(), h.states.nvme);
   };
   uint64_t process = 0, worst = 0, disk = 0;
   int worst_rank = my_rank;
@@ -198,8 +192,7 @@ void preflight(const TrainConfig& cfg, const DataSplits& data, const ModelFactor
         "--micro-batch",
         worst_rank, format_bytes(static_cast<double>(worst)),
         format_bytes(static_cast<double>(*cfg.memory_per_rank)), offer,
-        budget_advice(numel, world, cfg.precision, *cfg.memory_per_rank, fp32_accumulator(cfg),
-                      /*name_offload=*/false)));
+        budget_advice(cfg, planned, world, *cfg.memory_per_rank, /*name_offload=*/false)));
   }
   if (cfg.offload != Offload::kNone)
     check_offload_dir(cfg.offload_dir, disk, local ? world : ranks_here);

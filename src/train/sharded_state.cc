@@ -2,6 +2,9 @@
 #include "train/sharded_state.h"
 
 #include <algorithm>
+#include <stdexcept>
+
+#include <fmt/core.h>
 
 #include "models/init.h"
 #include "optim/moments8.h"
@@ -93,10 +96,11 @@ void initialize(UnitState& u, uint64_t seed, Range skip) {
   }
 }
 
-// Where each tensor's moments live (DecaySegment), and the int8 buffers sized to hold them:
-// quantized tensors' blocks are their parts of the unit's kMomentBlock grid, starting at
-// zero (Adam's moments start at 0).
-void lay_out_moments(UnitState& u, MemoryLedger& ledger, bool int8, bool offloaded) {
+// Where each tensor's moments live (DecaySegment), and the moments' buffers as the layout
+// sizes them: quantized tensors' blocks are their parts of the unit's kMomentBlock grid,
+// starting at zero (Adam's moments start at 0). The segments count the same elements the
+// layout does, from the tensors: a difference is a bug in one of them.
+void lay_out_moments(UnitState& u, MemoryLedger& ledger, const UnitLayout& l, bool int8) {
   size_t fp32 = 0, codes = 0, blocks = 0;
   for (DecaySegment& s : u.decay) {
     const size_t n = s.end - s.begin;
@@ -112,16 +116,23 @@ void lay_out_moments(UnitState& u, MemoryLedger& ledger, bool int8, bool offload
       fp32 += n;
     }
   }
+  using E = StateEntry;
+  const uint64_t codes_held = l[E::kCodesM].in_file ? codes : l[E::kCodesM].count;
+  if (int8 ? (l[E::kAdamM].count != fp32 || codes_held != codes || l[E::kScalesM].count != blocks)
+           : l[E::kAdamM].count != u.opt_range.count()) {
+    throw std::logic_error(fmt::format(
+        "sharded state: the layout holds {} fp32 moments, {} codes and {} blocks; the tensors "
+        "{}, {} and {}",
+        l[E::kAdamM].count, codes_held, l[E::kScalesM].count, fp32, codes, blocks));
+  }
   // Offloaded, the file holds the fp32 moments, or the codes (OffloadTier::initialize).
-  if (offloaded && !int8) return;
-  u.adam_m = Buffer<float>(ledger, MemCategory::kAdamM, int8 ? fp32 : u.opt_range.count());
-  u.adam_v = Buffer<float>(ledger, MemCategory::kAdamV, int8 ? fp32 : u.opt_range.count());
-  if (!int8) return;
-  u.m_scales = Buffer<float>(ledger, MemCategory::kAdamM, blocks);
-  u.v_scales = Buffer<float>(ledger, MemCategory::kAdamV, blocks);
-  if (offloaded) return;
-  u.m_codes = Buffer<uint8_t>(ledger, MemCategory::kAdamM, codes);
-  u.v_codes = Buffer<uint8_t>(ledger, MemCategory::kAdamV, codes);
+  const auto held = [&l](E e) { return l[e].in_file ? 0 : l[e].count; };
+  u.adam_m = Buffer<float>(ledger, MemCategory::kAdamM, held(E::kAdamM));
+  u.adam_v = Buffer<float>(ledger, MemCategory::kAdamV, held(E::kAdamV));
+  u.m_scales = Buffer<float>(ledger, MemCategory::kAdamM, held(E::kScalesM));
+  u.v_scales = Buffer<float>(ledger, MemCategory::kAdamV, held(E::kScalesV));
+  u.m_codes = Buffer<uint8_t>(ledger, MemCategory::kAdamM, held(E::kCodesM));
+  u.v_codes = Buffer<uint8_t>(ledger, MemCategory::kAdamV, held(E::kCodesV));
   // Zero moments: the code of 0 with scale 0 (any code decodes to 0 under scale 0; the
   // first moment's own zero keeps a fresh state's bytes plain).
   std::ranges::fill(u.m_codes.span(), encode_moment(0.0f, true));
@@ -133,31 +144,53 @@ void lay_out_moments(UnitState& u, MemoryLedger& ledger, bool int8, bool offload
 ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision precision,
                            bool products_read_bf16, bool decay_all, uint64_t seed, int world,
                            int rank, MemoryLedger& ledger, Offload offload, bool int8_moments)
-    : plan_(plan), dtype_(param_dtype(precision)), int8_moments_(int8_moments) {
+    : ShardedState(model,
+                   LayoutPlan{.stage = plan,
+                              .precision = precision,
+                              .offload = offload,
+                              .int8_moments = int8_moments},
+                   products_read_bf16, decay_all, seed, world, rank, ledger) {}
+
+ShardedState::ShardedState(const Model& model, const LayoutPlan& layout, bool products_read_bf16,
+                           bool decay_all, uint64_t seed, int world, int rank, MemoryLedger& ledger)
+    : plan_(layout.stage),
+      dtype_(param_dtype(layout.precision)),
+      int8_moments_(layout.int8_moments) {
   using E = StagePlan;
+  const StagePlan& plan = plan_;
   units_.resize(model.size());
   for (size_t i = 0; i < model.size(); ++i) {
     UnitState& u = units_[i];
     u.unit = model[i].get();
     u.numel = u.unit->numel();
     max_numel_ = std::max(max_numel_, u.numel);
-    u.part =
-        int8_moments ? Partition::aligned(u.numel, world, kMomentBlock) : Partition(u.numel, world);
-    u.own = u.part.range(rank);
-    u.held = E::held(plan.params, u.own, u.numel);
-    u.opt_range = E::held(plan.optimizer, u.own, u.numel);
+    std::vector<uint64_t> tensors;
+    for (const TensorSpec& t : u.unit->tensors()) tensors.push_back(t.numel);
+    const UnitLayout l = unit_layout(layout, {.numel = u.numel, .tensors = tensors}, world, rank);
+    u.part = Partition::aligned(u.numel, world, layout.grain());
+    if (u.part.range(rank) != l.own) {
+      throw std::logic_error(fmt::format(
+          "sharded state: unit {} of {} elements: the layout's range [{}, {}) is not the "
+          "partition's [{}, {}) on rank {} of {}",
+          i, u.numel, l.own.begin, l.own.end, u.part.range(rank).begin, u.part.range(rank).end,
+          rank, world));
+    }
+    u.own = l.own;
+    u.held = l.params;
+    u.opt_range = l.optimizer;
     u.params_own = E::offset(plan.params, u.own, u.own.begin);
     u.params_opt = E::offset(plan.params, u.own, u.opt_range.begin);
     u.grads_own = E::offset(plan.grads, u.own, u.own.begin);
     u.grads_opt = E::offset(plan.grads, u.own, u.opt_range.begin);
     u.opt_own = u.own.begin - u.opt_range.begin;
-    u.params = Flat(ledger, MemCategory::kParams, dtype_,
-                    offload == Offload::kParams ? 0 : u.held.count());
-    u.grads = Flat(ledger, MemCategory::kGrads, plan.grads_fp32 ? DType::kF32 : dtype_,
-                   E::held(plan.grads, u.own, u.numel).count());
-    const size_t opt = u.opt_range.count();
-    if (offload == Offload::kNone && !fp32()) {
-      u.master = Buffer<float>(ledger, MemCategory::kMaster, opt);
+    const Holding& params = l[StateEntry::kParams];
+    const Holding& grads = l[StateEntry::kGrads];
+    const Holding& master = l[StateEntry::kMaster];
+    u.params = Flat(ledger, MemCategory::kParams, dtype_, params.in_file ? 0 : params.count);
+    u.grads =
+        Flat(ledger, MemCategory::kGrads, grads.bits == 32 ? DType::kF32 : dtype_, grads.count);
+    if (!master.in_file && master.count > 0) {
+      u.master = Buffer<float>(ledger, MemCategory::kMaster, master.count);
     }
     for (const TensorSpec& t : u.unit->tensors()) {
       if (products_read_bf16 && t.use == TensorUse::kProductOperand) continue;
@@ -175,12 +208,12 @@ ShardedState::ShardedState(const Model& model, const StagePlan& plan, Precision 
         u.decay.push_back({.begin = b - u.opt_range.begin,
                            .end = e - u.opt_range.begin,
                            .decay = decay_all || t.weight_decay,
-                           .quantized = int8_moments && moments_quantized(t.numel)});
+                           .quantized = int8_moments_ && moments_quantized(t.numel)});
       }
     }
-    lay_out_moments(u, ledger, int8_moments, offload != Offload::kNone);
+    lay_out_moments(u, ledger, l, int8_moments_);
     // 16-bit parameters beside an offloaded master: the tier writes both from one pass.
-    const bool tier_rounds = offload == Offload::kOptimizer && !fp32();
+    const bool tier_rounds = layout.offload == Offload::kOptimizer && !fp32();
     initialize(u, seed, tier_rounds ? u.opt_range : Range{});
   }
 }

@@ -10,6 +10,7 @@
 //                   --optimizer-states int8 (optim/moments8.h): tensors of kMomentMinNumel
 //                   elements or more as one byte each plus an fp32 scale per block, the rest
 //                   fp32; the partition is then cut on the block grid (Partition::aligned)
+// The counts are the unit's state layout (train/state_layout.h), which the planner sums.
 // Every offset the step needs ("where does my own range start in this buffer") is computed
 // here once, when the buffers are allocated, and read from UnitState.
 #pragma once
@@ -26,6 +27,7 @@
 #include "tensor/dtype.h"
 #include "train/config.h"
 #include "train/stage_plan.h"
+#include "train/state_layout.h"
 
 namespace zerodp {
 
@@ -128,6 +130,10 @@ class ShardedState {
   ShardedState(const Model& model, const StagePlan& plan, Precision precision,
                bool products_read_bf16, bool decay_all, uint64_t seed, int world, int rank,
                MemoryLedger& ledger, Offload offload = Offload::kNone, bool int8_moments = false);
+  // The same from the run's layout plan (train/state_layout.h; layout.stage is the plan the
+  // step reads): every buffer is sized by unit_layout, the planner's own table.
+  ShardedState(const Model& model, const LayoutPlan& layout, bool products_read_bf16,
+               bool decay_all, uint64_t seed, int world, int rank, MemoryLedger& ledger);
 
   std::vector<UnitState>& units() { return units_; }
   const std::vector<UnitState>& units() const { return units_; }
