@@ -3,6 +3,8 @@
 
 * Layering: a file in src/X includes only X's own headers and those of the modules X
   depends on, directly or not, as src/X/CMakeLists.txt's DEPS say: no arrow goes back up.
+  Inside src/train, a module too large to be one layer, src/train/LAYERS puts each file in
+  a layer, and a file includes train/ headers of its own layer or those below.
 * Function length: no function over MAX_FUNCTION lines in src/ and cli/.
 * File length: no file in src/ or cli/ over MAX_FILE lines; no test file (tests/**: .cc, .h,
   .sh, .py) over MAX_TEST_FILE.
@@ -177,6 +179,55 @@ def check_layering(closure):
     return problems
 
 
+LAYERS = os.path.join(ROOT, "src", "train", "LAYERS")
+
+
+def read_layers():
+    """{file stem: (layer index, layer name)} from src/train/LAYERS ("name: stems...", a
+    line that starts with blanks continuing the one before)."""
+    layers = {}
+    names = []
+    with open(LAYERS, encoding="utf-8") as f:
+        for line in f:
+            line = line.split("#", 1)[0].rstrip()
+            if not line.strip():
+                continue
+            if not line[0].isspace():
+                name, _, rest = line.partition(":")
+                names.append(name.strip())
+            else:
+                rest = line
+            for stem in rest.split():
+                layers[stem] = (len(names) - 1, names[-1])
+    return layers
+
+
+def check_train_layers():
+    layers = read_layers()
+    problems = []
+    train = os.path.join("src", "train")
+    for path in sources():
+        if os.path.dirname(path) != train:
+            continue
+        mine = os.path.splitext(os.path.basename(path))[0]
+        if mine not in layers:
+            problems.append(f"{path}: in no layer of src/train/LAYERS; give it one")
+            continue
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                m = re.match(r'#include "train/(\w+)\.h"', line)
+                if not m or m.group(1) == mine:
+                    continue
+                other = m.group(1)
+                if other not in layers:
+                    problems.append(f"{path}:{n}: train/{other}.h is in no layer of src/train/LAYERS")
+                elif layers[other][0] > layers[mine][0]:
+                    problems.append(
+                        f"{path}:{n}: {mine} ({layers[mine][1]} layer) includes train/{other}.h of "
+                        f"the {layers[other][1]} layer above it (src/train/LAYERS)")
+    return problems
+
+
 def measure():
     long_functions = {}
     long_files = {}
@@ -227,7 +278,7 @@ def main():
         print(f"check_structure: baseline written, {len(now)} entries")
         return 0
     base = read_baseline()
-    problems = check_layering(module_deps())
+    problems = check_layering(module_deps()) + check_train_layers()
     for key, length in sorted(now.items()):
         limit = limit_of(key)
         if key not in base:

@@ -1,6 +1,5 @@
 #include "train/setup.h"
 
-#include "train/rank_trainer.h"
 
 #include <chrono>
 #include <filesystem>
@@ -22,7 +21,6 @@
 #include "train/holdings.h"
 #include "train/model_kind.h"
 #include "train/plan.h"
-#include "train/rank_trainer.h"
 
 namespace zerodp {
 namespace {

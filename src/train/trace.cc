@@ -6,7 +6,6 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/units.h"
-#include "train/report.h"
 
 namespace zerodp {
 
