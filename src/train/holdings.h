@@ -46,7 +46,7 @@ struct Holdings {
 };
 
 // Rank `rank` of `c` run at `world` ranks. A run with --checkpoint-async is taken to save
-// (kIdleRules refuses the option without --checkpoint-dir).
+// (the option table calls it idle without --checkpoint-dir, and refuses it).
 Holdings rank_holdings(const TrainConfig& c, const PlannedModel& m, int world, int rank);
 
 }  // namespace zerodp
