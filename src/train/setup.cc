@@ -1,6 +1,5 @@
 #include "train/setup.h"
 
-
 #include <chrono>
 #include <filesystem>
 #include <map>
