@@ -1,5 +1,6 @@
 // What the local backend's collective tests share (comm_test.cc and its neighbours, one
-// binary): inputs that depend on rank and index, and the plain reference reduction.
+// binary; quantize_test.cc takes the dtype conversions): inputs that depend on rank and
+// index, and the plain reference reduction.
 #pragma once
 
 #include <algorithm>

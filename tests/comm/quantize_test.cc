@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "comm_testing.h"
 #include "core/error.h"
 
 namespace zerodp {
@@ -21,25 +22,8 @@ namespace {
 constexpr QuantBits kBitsList[] = {QuantBits::kInt8, QuantBits::kInt4};
 constexpr size_t kBlocks[] = {1, 7, 64, 256, 1000, 4097};
 
-template <typename T>
-T from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, BFloat16>) {
-    return to_bf16(x);
-  } else {
-    return to_f16(x);
-  }
-}
-
-template <typename T>
-float widen(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    return to_f32(x);
-  }
-}
+using comm_test::from_float;
+using comm_test::widen;
 
 std::string label(QuantBits bits, size_t block, size_t count) {
   return "int" + std::to_string(static_cast<int>(bits)) + " block " + std::to_string(block) +
