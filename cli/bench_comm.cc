@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/launch.h"
+#include "comm/world_shape.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/sysinfo.h"
@@ -387,21 +388,12 @@ int run_bench(const Config& cfg, Launch args) {
   opts.backend = backend;
   // Under mpirun the job's size is the world unless --ranks was given to check it.
   opts.ranks = backend == Backend::kMpi && !cfg.ranks_given ? 0 : cfg.ranks;
-  if (cfg.ranks_per_process > 1 && backend == Backend::kLocal) {
-    throw InvalidArgument(fmt::format(
-        "--ranks-per-process {} is for --backend mpi; the local backend already runs every "
-        "rank as a thread of one process (use --ranks)",
-        cfg.ranks_per_process));
-  }
+  check_process_ranks(cfg.ranks_per_process, backend == Backend::kMpi, cfg.node_ranks,
+                      /*processes=*/0);
   opts.ranks_per_process = cfg.ranks_per_process;
   opts.comm.timeout_seconds = cfg.timeout;
-  if (cfg.node_ranks < 0 ||
-      (cfg.node_ranks > 0 && backend == Backend::kLocal && cfg.ranks % cfg.node_ranks != 0)) {
-    throw InvalidArgument(fmt::format(
-        "--node-ranks {} is invalid; use the ranks per host, a divisor of the ranks (e.g. 2 "
-        "for 2 hosts of 2), or leave it out",
-        cfg.node_ranks));
-  }
+  // Under mpirun the communicator checks the world it finds.
+  if (backend == Backend::kLocal) check_whole_nodes(cfg.node_ranks, cfg.ranks, WorldNamed::kRanks);
   opts.comm.node_ranks = cfg.node_ranks;
 
   uint64_t total_wrong = 0;

@@ -12,6 +12,7 @@
 #include "comm/local.h"
 #include "comm/mpi.h"
 #include "comm/process_watch.h"
+#include "comm/world_shape.h"
 #include "core/error.h"
 #include "core/sysinfo.h"
 
@@ -122,11 +123,8 @@ void launch(const LaunchOptions& options, int& argc, char**& argv,
     run_local(options.ranks, options.comm, fn);
     return;
   }
-  if (options.ranks_per_process < 1) {
-    throw InvalidArgument(
-        fmt::format("--ranks-per-process {} is invalid; use 1 or more rank threads per MPI process",
-                    options.ranks_per_process));
-  }
+  check_process_ranks(options.ranks_per_process, /*mpi=*/true, options.comm.node_ranks,
+                      /*processes=*/0);
   const int per_process = options.ranks_per_process;
   if (per_process > 1) check_startable_threads(per_process);
   MpiSession session(argc, argv);

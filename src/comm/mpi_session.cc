@@ -22,6 +22,7 @@
 #include "comm/mpi.h"
 #include "comm/mpi_plumbing.h"
 #include "comm/transport.h"
+#include "comm/world_shape.h"
 #include "core/error.h"
 
 namespace zerodp {
@@ -107,17 +108,7 @@ std::vector<std::unique_ptr<Communicator>> MpiSession::make_communicators(
                     options.timeout_seconds));
   }
   const int t = ranks_per_process;
-  if (t < 1) {
-    throw InvalidArgument(fmt::format(
-        "--ranks-per-process {} is invalid; use 1 or more rank threads per MPI process", t));
-  }
-  // One process may hold the whole world, whatever its nodes (collectives.cc).
-  if (options.node_ranks > 0 && options.node_ranks % t != 0 && size_ > 1) {
-    throw InvalidArgument(fmt::format(
-        "--ranks-per-process {} does not divide --node-ranks {}: a process's ranks must share "
-        "a node (or be the whole job); use a divisor of {}",
-        t, options.node_ranks, options.node_ranks));
-  }
+  check_process_ranks(t, /*mpi=*/true, options.node_ranks, size_);
   const size_t chunk_bytes = chunk_bytes_from_env();
   const auto deadline = deadline_after(options.timeout_seconds);
   constexpr std::string_view what = "mpi: creating a communicator";

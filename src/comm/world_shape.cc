@@ -28,4 +28,24 @@ void check_whole_nodes(int node_ranks, int world, WorldNamed named) {
                       /*zero_is_whole=*/true);
 }
 
+void check_process_ranks(int per_process, bool mpi, int node_ranks, int processes) {
+  if (per_process < 1) {
+    throw InvalidArgument(
+        fmt::format("--ranks-per-process {} is invalid; use 1 or more rank threads per MPI process",
+                    per_process));
+  }
+  if (per_process > 1 && !mpi) {
+    throw InvalidArgument(fmt::format(
+        "--ranks-per-process {} is for --backend mpi; the local backend already runs every "
+        "rank as a thread of one process (use --ranks)",
+        per_process));
+  }
+  if (processes > 1 && node_ranks > 0 && node_ranks % per_process != 0) {
+    throw InvalidArgument(fmt::format(
+        "--ranks-per-process {} does not divide --node-ranks {}: a process's ranks must share "
+        "a node (or be the whole job); use a divisor of {}",
+        per_process, node_ranks, node_ranks));
+  }
+}
+
 }  // namespace zerodp

@@ -25,4 +25,11 @@ void check_divides_world(std::string_view flag, int by, int world, std::string_v
 // The world is whole nodes of `node_ranks` ranks (0: one node, the whole world).
 void check_whole_nodes(int node_ranks, int world, WorldNamed named);
 
+// --ranks-per-process T, the rank threads of each MPI process: 1 or more, only with the MPI
+// backend (the local one runs every rank as a thread already), and a divisor of --node-ranks,
+// since a process's threads share its node, unless one process is the whole job. `processes`
+// is the job's MPI processes, 0 before they are launched: that rule then waits for the
+// launch, which alone knows whether one process is the job.
+void check_process_ranks(int per_process, bool mpi, int node_ranks, int processes);
+
 }  // namespace zerodp

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "train/checkpoint_io.h"
 #include "train/continuation.h"
+#include "train/run_check.h"
 
 namespace zerodp {
 
@@ -172,8 +173,12 @@ Restart plan_restart(TrainConfig& cfg, const std::exception_ptr& error,
   restart.grad_accum_after = cfg.grad_accum;
   cfg.launch.ranks = survivors;
   cfg.resume = "latest";
-  // Injections are one-shot per process: the failed step's, and those before it, fired.
-  std::erase_if(cfg.inject, [&](const Injection& i) { return i.step <= root->step; });
+  // Injections are one-shot per process: the failed step's, and those before it, fired; and
+  // those at ranks past the new world never fire, as before a restart's launch.
+  std::erase_if(cfg.inject,
+                [&](const Injection& i) { return i.step <= root->step || i.rank >= survivors; });
+  // The world chosen above keeps the rules every world keeps.
+  check_world(cfg, survivors, WorldNamed::kRanks);
   return restart;
 }
 

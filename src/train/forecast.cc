@@ -11,6 +11,7 @@
 
 #include "comm/link_model.h"
 #include "core/units.h"
+#include "train/run_check.h"
 #include "train/stage_plan.h"
 
 namespace zerodp {
@@ -48,17 +49,19 @@ TrainConfig row_config(const TrainConfig& asked, int ranks, int stage, Offload o
 namespace {
 
 // The fewest ranks, from `world` on, with which stage 3's states of `c` fit (`fits`), or none
-// up to 2^20, among the rank counts a run of `c` can have: whole nodes of T, and (apart from
-// in turn) I islands each whole nodes (multiples of I T) or a part of one (I d, d dividing T).
-// A rank's states shrink as the ranks grow, so a doubling then a bisection over the multiples
-// finds the fewest; `fits` is asked of those counts alone (rank_holdings refuses the others).
+// up to 2^20, among the rank counts a run of `c` can have (`launchable`, the world's rule).
+// Those are multiples of I T (whole nodes of T, I islands of whole nodes; apart from in turn)
+// and, below I T, I islands sharing a node: the candidates proposed here, which the rule
+// decides. A rank's states shrink as the ranks grow, so a doubling then a bisection over the
+// multiples finds the fewest; `fits` is asked of launchable counts alone (rank_holdings refuses
+// the others).
 std::optional<int> fewest_ranks(const TrainConfig& c, int world,
                                 const std::function<bool(int)>& fits) {
   const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : 1;
   const int islands = c.islands > 1 && !c.islands_in_turn ? c.islands : 1;
   for (int d = 1; islands > 1 && d < t; ++d) {  // islands inside a node
     const int n = islands * d;
-    if (t % d == 0 && n % t == 0 && n >= world && fits(n)) return n;
+    if (n >= world && launchable(c, n) && fits(n)) return n;
   }
   const int q = islands * t;
   constexpr int kMost = 1 << 20;

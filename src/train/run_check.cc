@@ -243,19 +243,8 @@ void check_train_run(const TrainConfig& c) {
         c.checkpoint_dir.empty() ? "--checkpoint-dir DIR and --checkpoint-every K"
                                  : "--checkpoint-every K (a restart repeats at most K steps)"));
   }
-  const int per_process = c.launch.ranks_per_process, node_ranks = c.launch.comm.node_ranks;
-  if (per_process > 1 && c.launch.backend == Backend::kLocal) {
-    throw InvalidArgument(fmt::format(
-        "--ranks-per-process {} is for --backend mpi; the local backend already runs every "
-        "rank as a thread of one process (use --ranks)",
-        per_process));
-  }
-  if (per_process > 1 && node_ranks > 0 && node_ranks % per_process != 0) {
-    throw InvalidArgument(fmt::format(
-        "--ranks-per-process {} does not divide --node-ranks {}: a process's ranks must share "
-        "a node; use a divisor of {}",
-        per_process, node_ranks, node_ranks));
-  }
+  check_process_ranks(c.launch.ranks_per_process, c.launch.backend == Backend::kMpi,
+                      c.launch.comm.node_ranks, /*processes=*/0);
 }
 
 }  // namespace
@@ -298,6 +287,15 @@ void check_world(const TrainConfig& c, int world, WorldNamed named) {
       throw InvalidArgument(
           fmt::format("--inject at rank {}: the run has ranks 0..{}", i.rank, world - 1));
     }
+  }
+}
+
+bool launchable(const TrainConfig& c, int world) {
+  try {
+    check_world(c, world, WorldNamed::kRanks);
+    return true;
+  } catch (const InvalidArgument&) {
+    return false;
   }
 }
 

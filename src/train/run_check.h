@@ -29,6 +29,8 @@ void check_run_at_stages(const TrainConfig& c, std::span<const int> stages);
 // the islands take turns) into islands that are whole nodes or a part of one, --node-ranks
 // divides it, and --inject names a rank of it. `named`: how a refusal names the world.
 void check_world(const TrainConfig& c, int world, WorldNamed named);
+// Whether check_world takes a world of `world` ranks: the rank counts advice may name.
+bool launchable(const TrainConfig& c, int world);
 // What a world decides, then its check: the islands' nodes (default_island_nodes), check_world.
 void resolve_world(TrainConfig& c, int world, WorldNamed named);
 

@@ -84,6 +84,38 @@ TEST(WorldCheck, AnInjectionNamesARankOfTheWorld) {
   EXPECT_EQ(message_of([&] { check_world(c, 6, WorldNamed::kLaunched); }), "(accepted)");
 }
 
+TEST(WorldCheck, ProcessRanksShareANodeUnlessOneProcessIsTheJob) {
+  const std::string split =
+      "--ranks-per-process 4 does not divide --node-ranks 2: a process's ranks must share a node "
+      "(or be the whole job); use a divisor of 2";
+  // Before the launch the job's processes are unknown: the divide rule waits for it.
+  EXPECT_EQ(message_of([] { check_process_ranks(4, true, 2, 0); }), "(accepted)");
+  EXPECT_EQ(message_of([] { check_process_ranks(4, true, 2, 3); }), split);
+  EXPECT_EQ(message_of([] { check_process_ranks(4, true, 2, 1); }), "(accepted)");
+  EXPECT_EQ(message_of([] { check_process_ranks(2, true, 4, 3); }), "(accepted)");
+  EXPECT_EQ(message_of([] { check_process_ranks(0, true, 0, 0); }),
+            "--ranks-per-process 0 is invalid; use 1 or more rank threads per MPI process");
+  EXPECT_EQ(message_of([] { check_process_ranks(2, false, 0, 0); }),
+            "--ranks-per-process 2 is for --backend mpi; the local backend already runs every "
+            "rank as a thread of one process (use --ranks)");
+  // train's check before the launch is the same rule.
+  TrainConfig c = given({});
+  c.launch.ranks_per_process = 2;
+  EXPECT_EQ(message_of([&] { check_run(c); }),
+            message_of([] { check_process_ranks(2, false, 0, 0); }));
+}
+
+TEST(WorldCheck, AdviceNamesOnlyTheWorldsTheRuleTakes) {
+  TrainConfig c;
+  c.islands = 2;
+  c.launch.comm.node_ranks = 4;
+  EXPECT_TRUE(launchable(c, 8));
+  EXPECT_TRUE(launchable(c, 4));    // two islands of 2 share a node of 4
+  EXPECT_FALSE(launchable(c, 6));   // not whole nodes
+  EXPECT_FALSE(launchable(c, 12));  // islands of 6 over nodes of 4
+  EXPECT_TRUE(launchable(c, 16));
+}
+
 TEST(RunCheck, TrainAndEstimateRefuseARuleInTheSameWords) {
   TrainConfig c = given({"qwz_block"});
   c.qwz_block = 64;
