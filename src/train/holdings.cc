@@ -1,6 +1,8 @@
 // holdings.h is the contract.
 #include "train/holdings.h"
 
+#include "train/outer_layout.h"
+
 namespace zerodp {
 
 PlannedModel planned_model(const Model& model) {
@@ -47,7 +49,7 @@ Holdings rank_holdings(const TrainConfig& c, const PlannedModel& m, int world, i
   Holdings h;
   h.states = state_bytes(layout).times(hosted);
   h.outer_state = layout[MemCategory::kOuterState] * hosted;
-  if (c.islands > 1) h.outer_state += outer_state_bytes(m.units, island_layout(c, world), rank);
+  if (c.islands > 1) h.outer_state += outer_layout(m.units, island_layout(c, world), rank).bytes();
   h.checkpoint_staging = checkpoint_staging_bytes(m.units, c, world, rank, tensors);
   if (m.model != nullptr) {
     // The buffers are the active island's, shared by every island hosted.

@@ -37,8 +37,10 @@ struct Holdings {
   // offload files, which are disk, not memory.
   StateBytes states;
   std::optional<TransientBytes> transients;  // with a model
-  uint64_t outer_state = 0;                  // --islands: the outer step's (outer_state_bytes)
-  uint64_t checkpoint_staging = 0;           // --checkpoint-async's (checkpoint_staging_bytes)
+  // --islands: the outer step's buffers (outer_layout), and what the state layout keeps per
+  // island hosted for it.
+  uint64_t outer_state = 0;
+  uint64_t checkpoint_staging = 0;  // --checkpoint-async's (checkpoint_staging_bytes)
   // Every byte of memory: what the ledger's peak total reaches.
   uint64_t memory() const;
   // The same by ledger category (the ledger's peaks, category by category).

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "comm/quantize.h"
 #include "train/flat.h"
@@ -56,7 +58,6 @@ OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& st
   check_fragments(cfg, total);
   fragments_.resize(static_cast<size_t>(cfg.fragments));
   touched_.resize(static_cast<size_t>(cfg.fragments));
-  size_t largest = 0;
   for (int f = 0; f < cfg.fragments; ++f) {
     const Range fr = fragment_range(total, cfg.fragments, f);
     uint64_t unit_at = 0;  // the unit's first element in the model's coordinates
@@ -76,7 +77,6 @@ OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& st
       }
       unit_at += u.numel;
     }
-    largest = std::max(largest, count);
     if (cfg.outer_quant != 0) {
       Quantized q{.blocks = (fr.end - fr.begin + kOuterQuantBlock - 1) / kOuterQuantBlock,
                   .count = count};
@@ -85,28 +85,57 @@ OuterStep::OuterStep(const TrainConfig& cfg, ShardedState& state, StateStore& st
       quantized_.push_back(q);
     }
   }
-  for (const UnitState& u : state_.units()) {
-    global_.emplace_back(ledger, MemCategory::kOuterState, u.own.count());
-    momentum_.emplace_back(ledger, MemCategory::kOuterState, u.own.count());
+  std::vector<uint64_t> numel;
+  for (const UnitState& u : state_.units()) numel.push_back(u.numel);
+  // The island's ranks are consecutive in the world, island by island (in turn, the world is
+  // one island and the column this rank alone).
+  const int world = island_.size() * column_.size();
+  const int rank = column_.rank() * island_.size() + island_.index();
+  const OuterLayout layout = outer_layout(numel, island_layout(cfg, world), rank);
+  if (const std::string d = outer_layout_difference(layout, pieces_layout()); !d.empty()) {
+    throw std::logic_error("outer step: its pieces differ from the planned layout's, " + d);
   }
-  exchange_ = Buffer<float>(ledger, MemCategory::kOuterState, largest);
-  if (gathers_offloaded_master()) {
-    size_t widest = 0;
-    for (const UnitState& u : state_.units()) widest = std::max(widest, u.numel);
-    whole_master_ = Buffer<float>(ledger, MemCategory::kOuterState, widest);
+  for (uint64_t own : layout.own) {
+    global_.emplace_back(ledger, MemCategory::kOuterState, own);
+    momentum_.emplace_back(ledger, MemCategory::kOuterState, own);
+  }
+  exchange_ = Buffer<float>(ledger, MemCategory::kOuterState, layout.exchange);
+  if (layout.whole_master > 0) {
+    whole_master_ = Buffer<float>(ledger, MemCategory::kOuterState, layout.whole_master);
   }
   if (cfg.outer_quant != 0) {
-    size_t blocks = 0, payload = 0;
-    for (const Quantized& q : quantized_) {
-      blocks = std::max(blocks, q.blocks);
-      payload = std::max(payload, q.payload);
-    }
-    amax_ = Buffer<float>(ledger, MemCategory::kOuterState, blocks);
-    codes_ = Buffer<int8_t>(ledger, MemCategory::kOuterState, largest);
-    payload_ = Buffer<uint8_t>(ledger, MemCategory::kOuterState, payload);
-    gathered_ = Buffer<uint8_t>(ledger, MemCategory::kOuterState,
-                                payload * static_cast<size_t>(cfg.islands));
+    amax_ = Buffer<float>(ledger, MemCategory::kOuterState, layout.amax);
+    codes_ = Buffer<int8_t>(ledger, MemCategory::kOuterState, layout.codes);
+    payload_ = Buffer<uint8_t>(ledger, MemCategory::kOuterState, layout.payload);
+    gathered_ = Buffer<uint8_t>(ledger, MemCategory::kOuterState, layout.gathered);
   }
+}
+
+OuterLayout OuterStep::pieces_layout() const {
+  OuterLayout o;
+  for (const UnitState& u : state_.units()) o.own.push_back(u.own.count());
+  for (size_t f = 0; f < fragments_.size(); ++f) {
+    OuterFragment& s = o.fragments.emplace_back();
+    for (const Piece& p : fragments_[f]) s.count += p.count;
+    if (cfg_.outer_quant != 0) {
+      const Quantized& q = quantized_[f];
+      s.blocks = q.blocks;
+      s.touched = q.touched;
+      s.payload = q.payload;
+    }
+    o.exchange = std::max(o.exchange, s.count);
+    o.amax = std::max(o.amax, s.blocks);
+    o.payload = std::max(o.payload, s.payload);
+  }
+  if (cfg_.outer_quant != 0) {
+    o.codes = o.exchange;
+    o.gathered = o.payload * static_cast<uint64_t>(cfg_.islands);
+  }
+  if (gathers_offloaded_master()) {
+    for (const UnitState& u : state_.units())
+      o.whole_master = std::max<uint64_t>(o.whole_master, u.numel);
+  }
+  return o;
 }
 
 OuterStep::~OuterStep() {

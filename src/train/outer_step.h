@@ -33,7 +33,8 @@
 // the same bits, and no step's bits depend on when an exchange finished. The outer state is
 // the global weights and the momentum (8 bytes per owned element) and the exchange's buffer
 // (4 bytes per owned element of the largest fragment), and with --outer-quant the block
-// maxima, one packed payload per island and its own codes: outer_state in the ledger.
+// maxima, one packed payload per island and its own codes: outer_state in the ledger, sized
+// by outer_layout (train/outer_layout.h), as the planner sizes it.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +47,7 @@
 #include "memory/ledger.h"
 #include "train/config.h"
 #include "train/held_islands.h"
+#include "train/outer_layout.h"
 #include "train/plan.h"
 #include "train/shard_group.h"
 #include "train/sharded_state.h"
@@ -120,6 +122,9 @@ class OuterStep {
     size_t count = 0;
     size_t payload = 0;  // bytes: the touched blocks' scales, then the packed codes
   };
+  // The buffers' sizes as the pieces and the state give them, which must be the planned ones
+  // (outer_layout) the buffers are allocated by: a piece past its buffer would write outside it.
+  OuterLayout pieces_layout() const;
   // The store's jobs for fragment f's pieces of the master (at fp32 the params), with
   // `arrays` (kMaster, and kParams where the merge narrows into them).
   std::vector<StateStore::Job> master_jobs(int f, unsigned arrays) const;

@@ -1,7 +1,6 @@
 #include "train/plan.h"
 
 #include <algorithm>
-#include <optional>
 #include <stdexcept>
 
 #include <fmt/core.h>
@@ -10,6 +9,7 @@
 #include "comm/world_shape.h"
 #include "core/error.h"
 #include "optim/moments8.h"
+#include "train/outer_layout.h"
 #include "train/stage_plan.h"
 
 namespace zerodp {
@@ -190,48 +190,6 @@ IslandLayout island_layout(const TrainConfig& c, int world) {
           .grain = c.int8_moments ? kMomentBlock : 1};
 }
 
-namespace {
-
-// Rank `rank`'s part of fragment f: its own ranges of the units (Partition(numel, n), cut on
-// the grain, index rank % n) within [f P / F, (f + 1) P / F), P the model's elements; and,
-// quantized, the fragment's blocks, those its elements touch and its payload's bytes.
-struct FragmentShare {
-  uint64_t count = 0;
-  uint64_t blocks = 0;
-  uint64_t touched = 0;
-  uint64_t payload = 0;
-};
-
-FragmentShare fragment_share(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
-                             int f) {
-  uint64_t total = 0;
-  for (uint64_t numel : unit_numel) total += numel;
-  const Range frag = balanced_range(total, l.fragments, f);
-  const uint64_t lo = frag.begin, hi = frag.end;
-  const uint64_t block = kOuterQuantBlock;
-  FragmentShare s{.blocks = (hi - lo + block - 1) / block};
-  uint64_t at = 0;
-  std::optional<uint64_t> last;  // the last block touched
-  for (uint64_t numel : unit_numel) {
-    const Range own = own_range(numel, l.ranks, rank % l.ranks, l.grain);
-    const uint64_t b = std::max<uint64_t>(lo, at + own.begin);
-    const uint64_t e = std::min<uint64_t>(hi, at + own.end);
-    if (b < e) {
-      s.count += e - b;
-      const uint64_t first = (b - lo) / block, end = (e - 1 - lo) / block + 1;
-      s.touched += end - first - (last == first ? 1 : 0);
-      last = end - 1;
-    }
-    at += numel;
-  }
-  if (l.quant_bits != 0) {
-    s.payload = 4 * s.touched + (l.quant_bits == 4 ? (s.count + 1) / 2 : s.count);
-  }
-  return s;
-}
-
-}  // namespace
-
 uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const TrainConfig& c,
                                   int world, int rank, const UnitTensors* tensors) {
   check_rank(world, rank);
@@ -269,26 +227,6 @@ uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const Tr
   return bytes + k * kStagingShardSlack;
 }
 
-uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {
-  if (l.islands == 1) return 0;
-  uint64_t own = 0;
-  for (uint64_t numel : unit_numel) own += own_count(numel, l.ranks, rank % l.ranks, l.grain);
-  uint64_t largest = 0, blocks = 0, payload = 0;
-  for (int f = 0; f < l.fragments; ++f) {
-    const FragmentShare share = fragment_share(unit_numel, l, rank, f);
-    largest = std::max(largest, share.count);
-    blocks = std::max(blocks, share.blocks);
-    payload = std::max(payload, share.payload);
-  }
-  const uint64_t quantized =
-      l.quant_bits == 0 ? 0 : 4 * blocks + largest + payload * static_cast<uint64_t>(l.islands + 1);
-  uint64_t whole = 0;
-  if (l.gathers_master && l.master_offloaded && l.ranks > 1) {
-    for (uint64_t numel : unit_numel) whole = std::max(whole, 4 * numel);
-  }
-  return 2 * 4 * own + 4 * largest + quantized + whole;
-}
-
 CommBytes outer_round_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,
                             bool exchange_only) {
   CommBytes round;
@@ -311,7 +249,7 @@ CommBytes outer_exchange_bytes(std::span<const uint64_t> unit_numel, const Islan
   // The column's nodes: islands sharing a node (across_node_ranks of them) exchange inside it.
   const int per_node = l.across_node_ranks > 0 ? l.across_node_ranks : l.islands;
   const int first = island / per_node * per_node;
-  const FragmentShare share = fragment_share(unit_numel, l, rank, f);
+  const OuterFragment share = outer_fragment(unit_numel, l, rank, f);
   if (l.quant_bits != 0) {
     // Every island's payload (the same size in a column) gathered over the column.
     b.all_gather = static_cast<uint64_t>(l.islands - 1) * share.payload;
@@ -340,7 +278,7 @@ CommBytes outer_step_bytes(std::span<const uint64_t> unit_numel, const IslandLay
   const int t = l.inside_node_ranks > 0 ? l.inside_node_ranks : l.ranks;
   if (l.quant_bits != 0) {
     // The block maxima's all-reduce inside the island, one float a block.
-    const uint64_t blocks = fragment_share(unit_numel, l, rank, f).blocks;
+    const uint64_t blocks = outer_fragment(unit_numel, l, rank, f).blocks;
     const uint64_t mine = own_count(blocks, l.ranks, local);
     uint64_t away = 0, away_ranks = 0;  // what the island's off-node ranks own, and they
     for (int q = 0; q < l.ranks; ++q) {

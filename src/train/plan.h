@@ -162,13 +162,9 @@ struct IslandLayout {
   int quant_bits = 0;
   uint64_t grain = 1;  // the units' partitions inside an island (CommModes::grain)
 };
-// InvalidArgument when the islands do not divide the world or do not fit the nodes.
+// InvalidArgument when the islands do not divide the world or do not fit the nodes. What the
+// outer step allocates on a rank of it: outer_layout (train/outer_layout.h).
 IslandLayout island_layout(const TrainConfig& c, int world);
-// The outer state of rank `rank`: global weights and momentum, fp32, of its own ranges, and
-// the exchange buffer of its largest fragment (quantized: also the block maxima, its codes,
-// and a payload of its own and every island's; an offloaded master gathered at stage 0: the
-// largest unit's fp32).
-uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
 // --checkpoint-async's staging on rank `rank` (train/async_save.h): the tensors of the shard
 // file it writes, its own ranges' params, fp32 master (16-bit runs), adam_m and adam_v, and
 // on island 0's ranks the outer weights and momentum (and the exchange in flight when

@@ -19,7 +19,8 @@
 //   scales4_m, ..._v   an fp32 scale per block of the same kMomentBlock grid as 8-bit moments
 //                      (so one aligned partition serves both).
 //   error_feedback     a DiLoCo island's compression error of its own ranges, carried to the
-//                      next outer step: fp32, per island the rank hosts (outer_state).
+//                      next outer step: fp32, per island the rank hosts (outer_state, beside
+//                      the outer step's own buffers, train/outer_layout.h, once per rank).
 #pragma once
 
 #include <array>
