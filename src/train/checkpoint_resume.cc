@@ -152,9 +152,8 @@ void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from)
   adopt_model_fields(cfg, source);
 }
 
-void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
-  const TrainConfig& cfg = trainer.config();
-  const std::vector<UnitState>& units = trainer.state().units();
+void check_same_model(const TrainConfig& cfg, std::span<const checkpoint::UnitMeta> units,
+                      const checkpoint::Checkpoint& ckpt) {
   const checkpoint::Meta& m = ckpt.meta();
   const std::string where = (ckpt.dir() / "meta.json").string();
   if (m.int8_moments && !parse_moment_code(m.moment_code)) {
@@ -172,21 +171,20 @@ void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& 
   }
   for (size_t i = 0; i < units.size(); ++i) {
     const checkpoint::UnitMeta& saved = m.units[i];
-    const Unit& mine = *units[i].unit;
-    if (saved.name != mine.name() || saved.numel != mine.numel() ||
-        saved.tensors.size() != mine.tensors().size()) {
+    const checkpoint::UnitMeta& mine = units[i];
+    if (saved.name != mine.name || saved.numel != mine.numel ||
+        saved.tensors.size() != mine.tensors.size()) {
       throw CorruptData(fmt::format(
           "{}: a checkpoint of another model: unit {} is \"{}\" with {} elements there, \"{}\" "
           "with {} in this run",
-          where, i, saved.name, saved.numel, mine.name(), mine.numel()));
+          where, i, saved.name, saved.numel, mine.name, mine.numel));
     }
     for (size_t k = 0; k < saved.tensors.size(); ++k) {
-      const TensorSpec& t = mine.tensors()[k];
-      const checkpoint::TensorMeta expected{t.name, t.shape, t.offset, t.numel};
-      if (!(saved.tensors[k] == expected)) {
+      const checkpoint::TensorMeta& t = mine.tensors[k];
+      if (!(saved.tensors[k] == t)) {
         throw CorruptData(fmt::format(
             "{}: a checkpoint of another model: tensor {} of unit {} is {} {} there, {} {} here",
-            where, k, mine.name(), saved.tensors[k].name, fmt::join(saved.tensors[k].shape, "x"),
+            where, k, mine.name, saved.tensors[k].name, fmt::join(saved.tensors[k].shape, "x"),
             t.name, fmt::join(t.shape, "x")));
       }
     }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "checkpoint/format.h"
@@ -19,8 +20,10 @@
 
 namespace zerodp {
 
-// CorruptData unless the checkpoint holds this model's units and tensors.
-void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
+// CorruptData unless the checkpoint holds the units and tensors of `units`, the model `cfg`
+// builds (states_meta's; each unit's counts are not compared: any rank count loads).
+void check_same_model(const TrainConfig& cfg, std::span<const checkpoint::UnitMeta> units,
+                      const checkpoint::Checkpoint& ckpt);
 // Replaces every state (its shards: checkpoint_shards.h's load_shards), the optimizer's
 // counters and the data cursor with the checkpoint's. The caller verified the checkpoint;
 // each rank checks the values it reads (checkpoint/format.h's saved_values), and one no run

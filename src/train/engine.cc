@@ -32,6 +32,7 @@
 #include "train/async_save.h"
 #include "train/checkpoint_resume.h"
 #include "train/checkpoint_save.h"
+#include "train/checkpoint_shards.h"
 #include "train/continuation.h"
 #include "train/elastic.h"
 #include "train/initial_weights.h"
@@ -172,7 +173,8 @@ void start_from(const RunPlan& plan, RankTrainer& trainer,
                 std::optional<checkpoint::Checkpoint>& from, RankRun& run) {
   const TrainConfig& cfg = plan.cfg;
   if (from) {
-    check_same_model(trainer, *from);
+    check_same_model(trainer.config(),
+                     states_meta(trainer.state(), trainer.group().size()).units, *from);
     const int64_t saved = static_cast<int64_t>(from->meta().step);
     if (saved > cfg.steps) {
       throw InvalidArgument(fmt::format(
