@@ -152,9 +152,8 @@ void adopt_checkpoint_model(TrainConfig& cfg, const std::filesystem::path& from)
   adopt_model_fields(cfg, source);
 }
 
-void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
-  const TrainConfig& cfg = trainer.config();
-  const std::vector<UnitState>& units = trainer.state().units();
+void check_same_model(const TrainConfig& cfg, std::span<const checkpoint::UnitMeta> units,
+                      const checkpoint::Checkpoint& ckpt) {
   const checkpoint::Meta& m = ckpt.meta();
   const std::string where = (ckpt.dir() / "meta.json").string();
   if (m.int8_moments && !parse_moment_code(m.moment_code)) {
@@ -172,31 +171,29 @@ void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& 
   }
   for (size_t i = 0; i < units.size(); ++i) {
     const checkpoint::UnitMeta& saved = m.units[i];
-    const Unit& mine = *units[i].unit;
-    if (saved.name != mine.name() || saved.numel != mine.numel() ||
-        saved.tensors.size() != mine.tensors().size()) {
+    const checkpoint::UnitMeta& mine = units[i];
+    if (saved.name != mine.name || saved.numel != mine.numel ||
+        saved.tensors.size() != mine.tensors.size()) {
       throw CorruptData(fmt::format(
           "{}: a checkpoint of another model: unit {} is \"{}\" with {} elements there, \"{}\" "
           "with {} in this run",
-          where, i, saved.name, saved.numel, mine.name(), mine.numel()));
+          where, i, saved.name, saved.numel, mine.name, mine.numel));
     }
     for (size_t k = 0; k < saved.tensors.size(); ++k) {
-      const TensorSpec& t = mine.tensors()[k];
-      const checkpoint::TensorMeta expected{t.name, t.shape, t.offset, t.numel};
-      if (!(saved.tensors[k] == expected)) {
+      const checkpoint::TensorMeta& t = mine.tensors[k];
+      if (!(saved.tensors[k] == t)) {
         throw CorruptData(fmt::format(
             "{}: a checkpoint of another model: tensor {} of unit {} is {} {} there, {} {} here",
-            where, k, mine.name(), saved.tensors[k].name, fmt::join(saved.tensors[k].shape, "x"),
+            where, k, mine.name, saved.tensors[k].name, fmt::join(saved.tensors[k].shape, "x"),
             t.name, fmt::join(t.shape, "x")));
       }
     }
   }
 }
 
-void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
-  DistributedSampler& sampler = trainer.sampler();
+RunCounters load_checkpoint(const TrainConfig& cfg, const RankShards& shards, const RunData& data,
+                            Communicator& comm, const checkpoint::Checkpoint& ckpt) {
   const checkpoint::Meta& m = ckpt.meta();
-  const TrainConfig& cfg = trainer.config();
   if (m.islands != cfg.islands) {
     throw InvalidArgument(fmt::format(
         "{}: saved by {} island(s), this run has --islands {}; a DiLoCo run resumes with its "
@@ -220,7 +217,7 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
   int failure = 0;  // 2: damaged, 1: unreadable
   std::string error;
   try {
-    load_shards(rank_shards(trainer, false), ckpt);
+    load_shards(shards, ckpt);
   } catch (const CorruptData& e) {
     failure = 2;
     error = e.what();
@@ -228,31 +225,33 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
     failure = 1;
     error = e.what();
   }
-  Communicator& comm = trainer.comm();
   CommPhaseScope phase(comm.ledger(), CommPhase::kOther);
   if (const double worst = comm.max_control(failure); worst > 0) {
     const std::string first = first_error(comm, failure == worst ? error : std::string());
     if (worst == 2) throw CorruptData(first);
     throw IoError(first);
   }
-  OptimizerCounters counters{.adam_step = m.adam_step, .scaler = std::nullopt};
-  if (m.loss_scaler) {
-    counters.scaler = LossScalerState{.scale = static_cast<float>(m.loss_scaler->scale),
-                                      .clean_steps = m.loss_scaler->clean_steps,
-                                      .hysteresis_left = m.loss_scaler->hysteresis_left};
+  RunCounters counters{.optimizer = {.adam_step = m.adam_step, .scaler = std::nullopt},
+                       .data = {m.data_epoch, m.data_step},
+                       .samples_chain = m.samples_chain,
+                       .samples_chain_from = m.samples_chain_from,
+                       .lr_next = m.lr_next};
+  // A checkpoint from before the chain was kept starts a new one at its step.
+  if (m.samples_chain.empty()) {
+    counters.samples_chain = std::string(64, '0');
+    counters.samples_chain_from = m.step;
   }
-  try {
-    trainer.optimizer().restore(counters);
-  } catch (const InvalidArgument& e) {
-    throw CorruptData(
-        fmt::format("{}: loss_scaler: {}", (ckpt.dir() / "meta.json").string(), e.what()));
+  if (m.loss_scaler) {
+    counters.optimizer.scaler = LossScalerState{.scale = static_cast<float>(m.loss_scaler->scale),
+                                                .clean_steps = m.loss_scaler->clean_steps,
+                                                .hysteresis_left = m.loss_scaler->hysteresis_left};
   }
   // The data cursor. With the same samples per step it is exact; otherwise the epoch's
   // samples consumed so far are kept and the step rounds up, so no sample of the epoch is
   // seen twice (the order is the same: it depends on the seed and the epoch only).
-  const uint64_t k = sampler.samples_per_step();
-  SamplerPosition pos{m.data_epoch, m.data_step};
-  if (m.data_identity != trainer.data().identity) {
+  const uint64_t k = data.samples_per_step;
+  SamplerPosition& pos = counters.data;
+  if (m.data_identity != data.identity) {
     const auto named = [](const std::string& id) {
       if (id.empty()) return std::string("data held in memory (kjv, synthetic or a text file)");
       if (id.starts_with("text ")) return id;  // encoded by --tokenizer: data/source.cc
@@ -261,24 +260,20 @@ void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
     throw InvalidArgument(fmt::format(
         "{}: trained on {}; this run's --data {} is {}; use the data the checkpoint was "
         "trained on",
-        ckpt.dir().string(), named(m.data_identity), trainer.config().data,
-        named(trainer.data().identity)));
+        ckpt.dir().string(), named(m.data_identity), cfg.data, named(data.identity)));
   }
-  if (m.dataset_size != sampler.options().dataset_size) {
+  if (m.dataset_size != data.dataset_size) {
     throw InvalidArgument(fmt::format(
         "{}: saved with a training set of {} samples, this run's has {}; use the same --data "
         "and sequence length",
-        ckpt.dir().string(), m.dataset_size, sampler.options().dataset_size));
+        ckpt.dir().string(), m.dataset_size, data.dataset_size));
   }
   if (m.samples_per_step != k) {
     const uint64_t consumed = m.data_step * m.samples_per_step;
     pos.step = (consumed + k - 1) / k;
   }
-  if (pos.step >= sampler.steps_per_epoch()) pos = {pos.epoch + 1, 0};
-  sampler.set_position(pos);
-  // A checkpoint from before the chain was kept starts a new one at its step.
-  trainer.set_samples_chain(m.samples_chain.empty() ? std::string(64, '0') : m.samples_chain,
-                            m.samples_chain.empty() ? m.step : m.samples_chain_from);
+  if (pos.step >= data.steps_per_epoch) pos = {pos.epoch + 1, 0};
+  return counters;
 }
 
 // A step as a checkpoint's history keeps it: what the training determines, no timings.

@@ -7,26 +7,32 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "checkpoint/format.h"
 #include "checkpoint/store.h"
 #include "comm/communicator.h"
+#include "train/checkpoint_shards.h"
 #include "train/config.h"
 #include "train/model_kind.h"
-#include "train/rank_trainer.h"
 #include "train/result.h"
 
 namespace zerodp {
 
-// CorruptData unless the checkpoint holds this model's units and tensors.
-void check_same_model(const RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
-// Replaces every state (its shards: checkpoint_shards.h's load_shards), the optimizer's
-// counters and the data cursor with the checkpoint's. The caller verified the checkpoint;
-// each rank checks the values it reads (checkpoint/format.h's saved_values), and one no run
-// saves, or a read that fails, on any rank is CorruptData (IoError) on every rank, naming the
-// lowest such rank's file, tensor and element.
-void load_checkpoint(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt);
+// CorruptData unless the checkpoint holds the units and tensors of `units`, the model `cfg`
+// builds (states_meta's; each unit's counts are not compared: any rank count loads).
+void check_same_model(const TrainConfig& cfg, std::span<const checkpoint::UnitMeta> units,
+                      const checkpoint::Checkpoint& ckpt);
+// Replaces every state `shards` holds with the checkpoint's (checkpoint_shards.h's
+// load_shards) and returns the counters the run goes on with: the checkpoint's, its data
+// cursor moved to `data`'s samples per step. The caller applies them. InvalidArgument when
+// `cfg`'s islands or DiLoCo schedule, or `data`, differ from the checkpoint's. The caller
+// verified the checkpoint; each rank checks the values it reads (checkpoint/format.h's
+// saved_values), and one no run saves, or a read that fails, on any rank is CorruptData
+// (IoError) on every rank of `comm`, naming the lowest such rank's file, tensor and element.
+RunCounters load_checkpoint(const TrainConfig& cfg, const RankShards& shards, const RunData& data,
+                            Communicator& comm, const checkpoint::Checkpoint& ckpt);
 
 // A resume continues the model the checkpoint in `from` holds. Its meta.json is validated
 // as export validates it (CorruptData: the model its shape fields describe must have the

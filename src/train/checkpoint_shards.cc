@@ -180,24 +180,9 @@ RankShards rank_shards(RankTrainer& trainer, bool pending) {
   return s;
 }
 
-checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
-  const TrainConfig& cfg = trainer.config();
-  // The ranks that write shards: the world, or under HSDP one node's (one copy of states).
-  const int world = trainer.group().size();
-  checkpoint::Meta m;
-  m.zerodp_version = zerodp_version();
-  m.step = static_cast<uint64_t>(step);
-  m.world_size = world;
-  m.islands = cfg.islands;
-  m.stage = cfg.stage;
-  m.int8_moments = trainer.state().int8_moments();
-  if (m.int8_moments) m.moment_code = std::string(moment_code_name(kCurrentMomentCode));
-  m.precision = std::string(precision_name(cfg.precision));
-  m.model_kind = cfg.model;
-  if (const ModelKind& kind = model_kind(cfg.model); kind.shape != nullptr) {
-    m.model_shape = kind.shape(cfg);
-  }
-  for (const UnitState& u : trainer.state().units()) {
+StatesMeta states_meta(const ShardedState& state, int world) {
+  StatesMeta s{.world = world, .int8_moments = state.int8_moments(), .units = {}};
+  for (const UnitState& u : state.units()) {
     checkpoint::UnitMeta um;
     um.name = u.unit->name();
     um.numel = u.numel;
@@ -205,28 +190,63 @@ checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step) {
       um.tensors.push_back({t.name, t.shape, t.offset, t.numel});
     }
     for (int r = 0; r < world; ++r) um.counts.push_back(u.part.count(r));
-    m.units.push_back(std::move(um));
+    s.units.push_back(std::move(um));
   }
+  return s;
+}
+
+RunData run_data(const RankTrainer& trainer) {
+  const DistributedSampler& sampler = trainer.sampler();
+  return {.identity = trainer.data().identity,
+          .samples_per_step = sampler.samples_per_step(),
+          .dataset_size = sampler.options().dataset_size,
+          .steps_per_epoch = sampler.steps_per_epoch()};
+}
+
+RunCounters run_counters(const RankTrainer& trainer, int64_t step) {
+  return {.optimizer = trainer.optimizer().counters(),
+          .data = trainer.sampler().position(),
+          .samples_chain = trainer.samples_chain(),
+          .samples_chain_from = trainer.samples_chain_from(),
+          .lr_next = trainer.optimizer().lr_at(step + 1)};
+}
+
+checkpoint::Meta describe_checkpoint(const TrainConfig& cfg, const StatesMeta& states,
+                                     const RunData& data, const RunCounters& counters,
+                                     int64_t step) {
+  checkpoint::Meta m;
+  m.zerodp_version = zerodp_version();
+  m.step = static_cast<uint64_t>(step);
+  m.world_size = states.world;
+  m.islands = cfg.islands;
+  m.stage = cfg.stage;
+  m.int8_moments = states.int8_moments;
+  if (m.int8_moments) m.moment_code = std::string(moment_code_name(kCurrentMomentCode));
+  m.precision = std::string(precision_name(cfg.precision));
+  m.model_kind = cfg.model;
+  if (const ModelKind& kind = model_kind(cfg.model); kind.shape != nullptr) {
+    m.model_shape = kind.shape(cfg);
+  }
+  m.units = states.units;
   const nlohmann::json config = config_json(cfg);
   for (const auto& [k, v] : config.items()) {
     m.config[k] = v.is_string() ? v.get<std::string>() : v.dump();
   }
-  const OptimizerCounters c = trainer.optimizer().counters();
+  const OptimizerCounters& c = counters.optimizer;
   m.adam_step = c.adam_step;
-  m.lr_next = trainer.optimizer().lr_at(step + 1);
+  m.lr_next = counters.lr_next;
   if (c.scaler) {
     m.loss_scaler =
         checkpoint::ScalerMeta{c.scaler->scale, c.scaler->clean_steps, c.scaler->hysteresis_left};
   }
-  const DistributedSampler& sampler = trainer.sampler();
-  m.data_epoch = sampler.position().epoch;
-  m.data_step = sampler.position().step;
-  m.samples_per_step = sampler.samples_per_step();
-  m.dataset_size = sampler.options().dataset_size;
+  m.data_epoch = counters.data.epoch;
+  m.data_step = counters.data.step;
+  m.samples_per_step = data.samples_per_step;
+  m.dataset_size = data.dataset_size;
   m.seed = cfg.seed;
-  m.data_identity = trainer.data().identity;
-  m.samples_chain = trainer.samples_chain();
-  m.samples_chain_from = trainer.samples_chain_from();
+  m.data_identity = data.identity;
+  m.samples_chain = counters.samples_chain;
+  m.samples_chain_from = counters.samples_chain_from;
   m.rank_seeds.assign(static_cast<size_t>(m.shard_files()), cfg.seed);
   return m;
 }
@@ -235,7 +255,11 @@ SaveContent save_content(RankTrainer& trainer, int64_t step) {
   trainer.settle();
   OuterStep* outer = trainer.outer();
   const bool pending = outer != nullptr && outer->in_flight(step).has_value();
-  return {.meta = describe_checkpoint(trainer, step), .shards = rank_shards(trainer, pending)};
+  // The ranks that write shards: the world, or under HSDP one node's (one copy of states).
+  const StatesMeta states = states_meta(trainer.state(), trainer.group().size());
+  return {.meta = describe_checkpoint(trainer.config(), states, run_data(trainer),
+                                      run_counters(trainer, step), step),
+          .shards = rank_shards(trainer, pending)};
 }
 
 std::vector<safetensors::TensorDecl> shard_decls(std::span<const ShardTensor> tensors) {

@@ -23,8 +23,12 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/store.h"
 #include "core/partition.h"
+#include "data/sampler.h"
+#include "train/config.h"
 #include "train/held_islands.h"
+#include "train/optimizer_step.h"
 #include "train/outer_step.h"
+#include "train/sharded_state.h"
 #include "train/state_store.h"
 
 namespace zerodp {
@@ -69,11 +73,45 @@ struct SaveContent {
   RankShards shards;
 };
 
+// The states a checkpoint holds as meta.json records them: the model's units (each one's
+// name, size and tensors), each unit's split over the `world` ranks that write shards, and
+// the moments' precision. A resume compares its own units with the saved ones.
+struct StatesMeta {
+  int world = 0;
+  bool int8_moments = false;
+  std::vector<checkpoint::UnitMeta> units;
+};
+StatesMeta states_meta(const ShardedState& state, int world);
+
+// What a checkpoint carries of a run's progress to the run that continues it.
+struct RunCounters {
+  OptimizerCounters optimizer;
+  SamplerPosition data;             // the next step's place in the epoch order
+  std::string samples_chain;        // hex, as RankTrainer::samples_chain
+  uint64_t samples_chain_from = 0;  // the step the chain started after
+  // The rate the next step applies: recorded for readers, never restored (a continuation's
+  // schedule gives it).
+  double lr_next = 0;
+};
+
+// The data a run reads, as a checkpoint records it and a resume compares it.
+struct RunData {
+  std::string identity;  // DataSplits::identity
+  uint64_t samples_per_step = 0;
+  uint64_t dataset_size = 0;
+  uint64_t steps_per_epoch = 0;
+};
+
 // The trainer's shards. With --islands, island 0's ranks' shards hold the outer state, and
 // with `pending` the outer exchange in flight too.
 RankShards rank_shards(RankTrainer& trainer, bool pending);
-// Everything meta.json says of this run after `step` steps, but the file checksums.
-checkpoint::Meta describe_checkpoint(const RankTrainer& trainer, int64_t step);
+// The trainer's data, and its counters after `step` steps.
+RunData run_data(const RankTrainer& trainer);
+RunCounters run_counters(const RankTrainer& trainer, int64_t step);
+// Everything meta.json says of a run after `step` steps, but the file checksums.
+checkpoint::Meta describe_checkpoint(const TrainConfig& cfg, const StatesMeta& states,
+                                     const RunData& data, const RunCounters& counters,
+                                     int64_t step);
 // A save of `step` at its boundary: the states settled, an outer exchange in flight waited
 // for, what it writes decided. The one place a save reads the trainer.
 SaveContent save_content(RankTrainer& trainer, int64_t step);

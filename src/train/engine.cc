@@ -32,6 +32,7 @@
 #include "train/async_save.h"
 #include "train/checkpoint_resume.h"
 #include "train/checkpoint_save.h"
+#include "train/checkpoint_shards.h"
 #include "train/continuation.h"
 #include "train/elastic.h"
 #include "train/initial_weights.h"
@@ -166,13 +167,30 @@ struct RankRun {
   std::optional<double> peak_model_shapes;
 };
 
+// A continuation's states and counters into the trainer. The counters go through the
+// trainer's optimizer because its scaler settings decide whether a saved loss scaler's state
+// is one this run can go on with.
+void resume_trainer(RankTrainer& trainer, const checkpoint::Checkpoint& ckpt) {
+  const RunCounters c = load_checkpoint(trainer.config(), rank_shards(trainer, false),
+                                        run_data(trainer), trainer.comm(), ckpt);
+  try {
+    trainer.optimizer().restore(c.optimizer);
+  } catch (const InvalidArgument& e) {
+    throw CorruptData(
+        fmt::format("{}: loss_scaler: {}", (ckpt.dir() / "meta.json").string(), e.what()));
+  }
+  trainer.sampler().set_position(c.data);
+  trainer.set_samples_chain(c.samples_chain, c.samples_chain_from);
+}
+
 // Where the run starts: a continuation takes the checkpoint's states, counters and history
 // (`from`, verified, released once read), a fresh start from --init-from its weights.
 void start_from(const RunPlan& plan, RankTrainer& trainer,
                 std::optional<checkpoint::Checkpoint>& from, RankRun& run) {
   const TrainConfig& cfg = plan.cfg;
   if (from) {
-    check_same_model(trainer, *from);
+    check_same_model(trainer.config(), states_meta(trainer.state(), trainer.group().size()).units,
+                     *from);
     const int64_t saved = static_cast<int64_t>(from->meta().step);
     if (saved > cfg.steps) {
       throw InvalidArgument(fmt::format(
@@ -187,7 +205,7 @@ void start_from(const RunPlan& plan, RankTrainer& trainer,
           "number, so use one past it, e.g. --stop-after {}",
           cfg.stop_after, plan.resume_from.string(), saved, saved + 1));
     }
-    load_checkpoint(trainer, *from);
+    resume_trainer(trainer, *from);
     // The steps every checkpoint of this run carries: the loaded checkpoint's, then this
     // run's, so a report after any number of resumes has them all.
     if (trainer.comm().rank() == 0) run.carried = from->history();
