@@ -38,7 +38,7 @@ struct StateBytes {
 // the master is the parameters), adam_m and adam_v of the optimizer range (fp32, or with
 // --optimizer-states int8 one code byte per element), every region padded to whole
 // kOffloadAlign-byte blocks so O_DIRECT can read any piece of it.
-// (kOffloadAlign and offload_region_bytes: train/state_layout.h.)
+// (kOffloadAlign and the regions, the layout's entries in the file: train/state_layout.h.)
 // Elements per staged piece (4 MiB of fp32 per array): large enough that one read or write
 // runs at the disk's sequential speed, small enough that the staging stays a few MiB.
 inline constexpr uint64_t kOffloadPiece = uint64_t{1} << 20;

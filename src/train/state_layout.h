@@ -113,9 +113,6 @@ LayoutPlan layout_plan(int stage, Precision precision, bool fp32_accumulator, Of
 // The offload file (train/offload.h) keeps each of a unit's states it holds in a region padded
 // to whole blocks of this many bytes, so O_DIRECT can read any piece of it.
 inline constexpr uint64_t kOffloadAlign = 4096;
-inline uint64_t offload_region_bytes(uint64_t elements, uint64_t element_bytes = 4) {
-  return (elements * element_bytes + kOffloadAlign - 1) / kOffloadAlign * kOffloadAlign;
-}
 
 // Rank `rank`'s range of Partition::aligned(numel, world, grain), in O(1): building the
 // Partition costs O(world), which made every loop over ranks quadratic.

@@ -193,5 +193,24 @@ TEST(OffloadTier, HoldsTheFileTheStateLayoutSays) {
   }
 }
 
+// What the tier could not stream is refused, not mislaid: a state the layout puts in the file
+// that no piece carries (Muon's momentum, which no option enables yet), and a tier told
+// otherwise than the layout where the parameters are.
+TEST(OffloadTier, RefusesAFileItsPiecesDoNotCarry) {
+  TrainConfig c = testing::tiny_config(1, 3);
+  c.offload = Offload::kOptimizer;
+  resolve_config(c);
+  const Model model = build_model(c);
+  MemoryLedger ledger;
+  testing::TempDir dir;
+  LayoutPlan muon = layout_plan(c);
+  muon.muon = true;
+  ShardedState with_muon(model, muon, false, c.decay_all, c.seed, 1, 0, ledger);
+  EXPECT_THROW(OffloadTier(with_muon, c.offload, dir.path(), 0, 4096, ledger), std::logic_error);
+  ShardedState state(model, layout_plan(c), false, c.decay_all, c.seed, 1, 0, ledger);
+  EXPECT_THROW(OffloadTier(state, Offload::kParams, dir.path(), 0, 4096, ledger), std::logic_error);
+  EXPECT_NO_THROW(OffloadTier(state, Offload::kOptimizer, dir.path(), 0, 4096, ledger));
+}
+
 }  // namespace
 }  // namespace zerodp
