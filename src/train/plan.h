@@ -170,11 +170,11 @@ IslandLayout island_layout(const TrainConfig& c, int world);
 // largest unit's fp32).
 uint64_t outer_state_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
 // --checkpoint-async's staging on rank `rank` (train/async_save.h): the tensors of the shard
-// file it writes, its own ranges' params, fp32 master (16-bit runs), adam_m and adam_v, and
-// on island 0's ranks the outer weights and momentum (and the exchange in flight when
-// --outer-delay streams them), plus kStagingShardSlack per shard file; with --offload the
-// bounce buffer (and that exchange). 0 without --checkpoint-async, and on an HSDP replica,
-// which writes no shard.
+// files it writes, each unit's checkpoint_shard_bytes (train/state_layout.h: its own ranges'
+// states, and on island 0's ranks the outer state), plus kStagingShardSlack per shard file;
+// with --offload the bounce buffer (and the exchange in flight). 0 without
+// --checkpoint-async, and on an HSDP replica, which writes no shard. The saver sizes its
+// staging from the shards' tensors themselves; async_save_test holds the two equal.
 // With --offload the states are read from the file through a bounce buffer of this many
 // bytes (plus kOffloadAlign to align it): the staging.
 inline constexpr uint64_t kCheckpointReadPiece = uint64_t{16} << 20;
