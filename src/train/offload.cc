@@ -24,14 +24,78 @@ uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
 }  // namespace
 
-std::vector<OffloadTier::Region> OffloadTier::regions_for(bool fp32, bool params, bool int8) {
-  std::vector<Region> r;
-  if (params && !fp32) r.push_back({kParams, 2});
-  if (!fp32) r.push_back({kMaster, 4});
-  if (fp32 && params) r.push_back({kMaster | kParams, 4});
-  r.push_back({kAdamM, int8 ? 1u : 4u});
-  r.push_back({kAdamV, int8 ? 1u : 4u});
-  return r;
+std::vector<OffloadTier::Region> OffloadTier::regions_of(const ShardedState& state, bool params) {
+  if (state.units().empty()) throw std::logic_error("offload: a tier of no units");
+  using E = StateEntry;
+  // Every unit's layout has the same entries; unit_bases checks each against these.
+  const UnitLayout& l = state.units().front().layout;
+  const uint64_t moment = state.int8_moments() ? 1 : 4;
+  std::vector<Region> regions;
+  unsigned served = 0;
+  for (size_t k = 0; k < l.entries.size(); ++k) {
+    if (!l.entries[k].in_file) continue;
+    const auto e = static_cast<E>(k);
+    // What a Piece views each region as (point_piece): the parameters in their dtype (at
+    // fp32 the master, which they are), fp32 master, fp32 moments or 8-bit codes.
+    Region r{.entry = e};
+    uint64_t element = 0;
+    if (e == E::kParams) {
+      r.arrays = state.fp32() ? kParams | kMaster : kParams;
+      element = dtype_size(state.dtype());
+    } else if (e == E::kMaster) {
+      r.arrays = kMaster;
+      element = 4;
+    } else if (e == E::kAdamM || e == E::kCodesM || e == E::kAdamV || e == E::kCodesV) {
+      r.arrays = e == E::kAdamM || e == E::kCodesM ? kAdamM : kAdamV;
+      element = moment;
+    }
+    r.element_bytes = l.entries[k].bits / 8;
+    if (r.arrays == 0 || (served & r.arrays) != 0 || l.entries[k].bits != 8 * element) {
+      throw std::logic_error(fmt::format(
+          "offload: the state layout puts {} ({} bits an element) in the file, which no "
+          "piece of the tier carries",
+          kStateEntrySpecs[k].name, l.entries[k].bits));
+    }
+    served |= r.arrays;
+    regions.push_back(r);
+  }
+  if (regions.empty()) throw std::logic_error("offload: the state layout puts nothing in the file");
+  if (((served & kParams) != 0) != params) {
+    throw std::logic_error(fmt::format("offload: a tier {} the parameters over states laid out {}",
+                                       params ? "with" : "without",
+                                       params ? "without them in the file" : "with them in it"));
+  }
+  return regions;
+}
+
+std::vector<uint64_t> OffloadTier::unit_bases(const ShardedState& state,
+                                              const std::vector<Region>& regions) {
+  std::vector<uint64_t> base{0};
+  for (size_t i = 0; i < state.units().size(); ++i) {
+    const UnitState& u = state.units()[i];
+    uint64_t bytes = 0;
+    for (const Region& r : regions) {
+      // A window is a range of the optimizer range, the same elements in every region.
+      const Holding& h = u.layout[r.entry];
+      if (!h.in_file || h.bits != 8 * r.element_bytes || h.count != u.opt_range.count()) {
+        throw std::logic_error(fmt::format(
+            "offload: unit {}'s {} in the file is {} elements of {} bits, not its optimizer "
+            "range's {} of {}",
+            i, state_entry_spec(r.entry).name, h.in_file ? h.count : 0, h.bits, u.opt_range.count(),
+            8 * r.element_bytes));
+      }
+      bytes += h.file_bytes();
+    }
+    LayoutBytes layout;
+    layout += u.layout;
+    if (layout.file != bytes) {
+      throw std::logic_error(
+          fmt::format("offload: unit {}'s layout puts {} bytes in the file, its regions {}", i,
+                      layout.file, bytes));
+    }
+    base.push_back(base.back() + bytes);
+  }
+  return base;
 }
 
 OffloadTier::OffloadTier(ShardedState& state, Offload offload, const std::filesystem::path& dir,
@@ -39,7 +103,7 @@ OffloadTier::OffloadTier(ShardedState& state, Offload offload, const std::filesy
                          OffloadTier* staging_of)
     : state_(state),
       params_(offload == Offload::kParams),
-      regions_(regions_for(state.fp32(), params_, state.int8_moments())),
+      regions_(regions_of(state, params_)),
       piece_(piece),
       // Elements per block of the narrowest region: every piece is whole blocks in each.
       block_(kOffloadAlign / std::min_element(regions_.begin(), regions_.end(),
@@ -48,17 +112,7 @@ OffloadTier::OffloadTier(ShardedState& state, Offload offload, const std::filesy
                                               })
                                  ->element_bytes),
       slot_bytes_(0),
-      unit_base_([&] {
-        std::vector<uint64_t> base{0};
-        for (const UnitState& u : state.units()) {
-          uint64_t bytes = 0;
-          for (const Region& r : regions_) {
-            bytes += offload_region_bytes(u.opt_range.count(), r.element_bytes);
-          }
-          base.push_back(base.back() + bytes);
-        }
-        return base;
-      }()),
+      unit_base_(unit_bases(state, regions_)),
       file_(dir,
             island == 0
                 ? fmt::format("zerodp-offload-{}-rank{}", ::getpid(), rank)
@@ -92,9 +146,9 @@ std::byte* OffloadTier::slot(int s, size_t r) {
 }
 
 uint64_t OffloadTier::offset(size_t u, size_t r, size_t e) const {
-  const uint64_t n = state_.units()[u].opt_range.count();
+  const UnitLayout& l = state_.units()[u].layout;
   uint64_t at = unit_base_[u];
-  for (size_t k = 0; k < r; ++k) at += offload_region_bytes(n, regions_[k].element_bytes);
+  for (size_t k = 0; k < r; ++k) at += l[regions_[k].entry].file_bytes();
   return at + e * regions_[r].element_bytes;
 }
 

@@ -5,12 +5,14 @@
 // previous piece back and reads the next one in.
 //
 // File layout, per unit in model order, one region per array of the unit's optimizer range
-// (at stage 3 that is the parameter shard), each padded to whole kOffloadAlign blocks
-// (train/plan.h): the 16-bit parameters (optimizer,params only), master (16-bit runs; at fp32
-// the parameters are the master, so it is there only when they are offloaded), adam_m,
-// adam_v. With --optimizer-states int8 the moments' regions hold their codes, a byte per
-// element (0 at elements of the tensors whose moments stay fp32); the block scales and those
-// small tensors' fp32 moments are a few percent of the codes and stay in memory. A piece is
+// (at stage 3 that is the parameter shard), each padded to whole kOffloadAlign blocks: the
+// unit's state layout's entries in the file (train/state_layout.h), in its order, so the file
+// is what the planner sums. They are the 16-bit parameters (optimizer,params only), master
+// (16-bit runs; at fp32 the parameters are the master, so it is there only when they are
+// offloaded), adam_m, adam_v. With --optimizer-states int8 the moments' regions hold their
+// codes, a byte per element (0 at elements of the tensors whose moments stay fp32); the block
+// scales and those small tensors' fp32 moments are a few percent of the codes and stay in
+// memory. A piece is
 // an aligned window of kOffloadPiece elements (fewer for small units) of one unit, a whole
 // number of blocks in every region, so every read and write is aligned for O_DIRECT.
 //
@@ -29,6 +31,7 @@
 #include "memory/ledger.h"
 #include "memory/state_file.h"
 #include "train/sharded_state.h"
+#include "train/state_layout.h"
 #include "train/state_store.h"
 
 namespace zerodp {
@@ -117,12 +120,20 @@ class OffloadTier final : public StateStore {
     size_t io_begin = 0, io_end = 0;    // the aligned window read or written
     size_t use_begin = 0, use_end = 0;  // the part the caller sees
   };
-  // One array's region in every unit: which Arrays bits it serves and its element size.
+  // One array's region in every unit: the layout entry it keeps, which Arrays bits it serves
+  // and its element size.
   struct Region {
+    StateEntry entry = StateEntry::kParams;
     unsigned arrays = 0;
     uint64_t element_bytes = 4;
   };
-  static std::vector<Region> regions_for(bool fp32, bool params, bool int8);
+  // The layout's entries in the file (UnitState::layout), in its order; logic_error for one
+  // a Piece cannot carry, or where the parameters are in the file and `params` says not.
+  static std::vector<Region> regions_of(const ShardedState& state, bool params);
+  // Each unit's first byte in the file, then the file's size; logic_error where a unit's
+  // layout does not fill `regions` with one element per element of its optimizer range.
+  static std::vector<uint64_t> unit_bases(const ShardedState& state,
+                                          const std::vector<Region>& regions);
   // The aligned windows a stream of `jobs` reads and writes, in order (logic_error for a job
   // outside its unit, or a write that would leave part of a window unread).
   std::vector<Window> windows_of(std::span<const Job> jobs, bool reading, bool writing) const;

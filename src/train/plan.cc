@@ -196,35 +196,27 @@ uint64_t checkpoint_staging_bytes(std::span<const uint64_t> unit_numel, const Tr
   const int shards = shard_ranks(c, world);
   // HSDP: node 0's ranks write the one copy.
   if (!c.checkpoint_async || (c.islands == 1 && rank >= shards)) return 0;
-  const uint64_t grain = c.int8_moments ? kMomentBlock : 1;
-  if (c.offload != Offload::kNone) {
-    // Island 0's ranks also stage the exchange in flight (the outer weights and momentum are
-    // read from memory unit by unit, before a merge rewrites them).
-    uint64_t pending = 0;
-    if (c.islands > 1 && rank < shards && c.outer_delay > 0) {
-      for (uint64_t numel : unit_numel) {
-        pending += 4 * own_count(numel, shards, shard_index(c, world, rank), grain);
-      }
-    }
-    return kCheckpointReadPiece + kOffloadAlign + pending;
+  if (tensors != nullptr && tensors->size() != unit_numel.size()) {
+    throw std::logic_error(fmt::format("checkpoint staging: tensors of {} units for {} units",
+                                       tensors->size(), unit_numel.size()));
   }
-  const bool int8 = c.int8_moments && tensors != nullptr && tensors->size() == unit_numel.size();
-  // Params and master per element; the fp32 moments' 8 unless they are 8-bit (moments_io.h:
-  // a code byte per element of each, scales and the small tensors' fp32 parts).
-  const uint64_t per_element = (c.precision == Precision::kFP32 ? 4 : 2 + 4) + (int8 ? 2 : 8);
   // Island 0's shard also holds the outer state (islands in turn: one of the rank's shards).
-  const uint64_t outer = c.islands > 1 && rank < shards ? (c.outer_delay > 0 ? 12 : 8) : 0;
-  const auto k = static_cast<uint64_t>(hosted_islands(c));
-  uint64_t bytes = 0;
+  const bool outer = c.islands > 1 && rank < shards;
+  const LayoutPlan p = layout_plan(c);
+  ShardUnitBytes shard;
   for (size_t i = 0; i < unit_numel.size(); ++i) {
-    const Range own = own_range(unit_numel[i], shards, shard_index(c, world, rank), grain);
-    bytes += own.count() * (per_element * k + outer);
-    if (int8) {
-      const MomentCounts m = moment_counts((*tensors)[i], own.begin, own.end);
-      bytes += k * 2 * 4 * (m.blocks + m.fp32);
-    }
+    const UnitShape unit{
+        .numel = unit_numel[i],
+        .tensors = tensors != nullptr ? std::span((*tensors)[i]) : std::span<const uint64_t>()};
+    shard += checkpoint_shard_bytes(p, unit, shards, shard_index(c, world, rank), outer,
+                                    outer && c.outer_delay > 0);
   }
-  return bytes + k * kStagingShardSlack;
+  // Offloaded, the states and the outer weights and momentum are read unit by unit through the
+  // bounce buffer (the outer ones before a merge rewrites them); only the exchange in flight
+  // is staged.
+  if (c.offload != Offload::kNone) return kCheckpointReadPiece + kOffloadAlign + shard.pending;
+  const auto k = static_cast<uint64_t>(hosted_islands(c));
+  return k * (shard.states + kStagingShardSlack) + shard.outer + shard.pending;
 }
 
 CommBytes outer_round_bytes(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank,

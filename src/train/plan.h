@@ -38,7 +38,7 @@ struct StateBytes {
 // the master is the parameters), adam_m and adam_v of the optimizer range (fp32, or with
 // --optimizer-states int8 one code byte per element), every region padded to whole
 // kOffloadAlign-byte blocks so O_DIRECT can read any piece of it.
-// (kOffloadAlign and offload_region_bytes: train/state_layout.h.)
+// (kOffloadAlign and the regions, the layout's entries in the file: train/state_layout.h.)
 // Elements per staged piece (4 MiB of fp32 per array): large enough that one read or write
 // runs at the disk's sequential speed, small enough that the staging stays a few MiB.
 inline constexpr uint64_t kOffloadPiece = uint64_t{1} << 20;
@@ -166,11 +166,11 @@ struct IslandLayout {
 // outer step allocates on a rank of it: outer_layout (train/outer_layout.h).
 IslandLayout island_layout(const TrainConfig& c, int world);
 // --checkpoint-async's staging on rank `rank` (train/async_save.h): the tensors of the shard
-// file it writes, its own ranges' params, fp32 master (16-bit runs), adam_m and adam_v, and
-// on island 0's ranks the outer weights and momentum (and the exchange in flight when
-// --outer-delay streams them), plus kStagingShardSlack per shard file; with --offload the
-// bounce buffer (and that exchange). 0 without --checkpoint-async, and on an HSDP replica,
-// which writes no shard.
+// files it writes, each unit's checkpoint_shard_bytes (train/state_layout.h: its own ranges'
+// states, and on island 0's ranks the outer state), plus kStagingShardSlack per shard file;
+// with --offload the bounce buffer (and the exchange in flight). 0 without
+// --checkpoint-async, and on an HSDP replica, which writes no shard. The saver sizes its
+// staging from the shards' tensors themselves; async_save_test holds the two equal.
 // With --offload the states are read from the file through a bounce buffer of this many
 // bytes (plus kOffloadAlign to align it): the staging.
 inline constexpr uint64_t kCheckpointReadPiece = uint64_t{16} << 20;

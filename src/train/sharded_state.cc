@@ -178,6 +178,7 @@ ShardedState::ShardedState(const Model& model, const LayoutPlan& layout, bool pr
     u.own = l.own;
     u.held = l.params;
     u.opt_range = l.optimizer;
+    u.layout = l;
     u.params_own = E::offset(plan.params, u.own, u.own.begin);
     u.params_opt = E::offset(plan.params, u.own, u.opt_range.begin);
     u.grads_own = E::offset(plan.grads, u.own, u.own.begin);

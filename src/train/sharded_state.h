@@ -82,8 +82,10 @@ struct UnitState {
   Range own;        // this rank's range of the unit's flat buffer
   Range held;       // what `params` holds: own, or all of the unit
   Range opt_range;  // what this rank's optimizer updates: own, or all of the unit
-  Flat params;      // the held range; empty when the offload tier holds it
-  Flat grads;       // all of the unit, or the own range
+  // What the buffers below were sized from, and what the offload tier lays its file out by.
+  UnitLayout layout;
+  Flat params;  // the held range; empty when the offload tier holds it
+  Flat grads;   // all of the unit, or the own range
   // The optimizer range; empty at fp32, which updates `params`, and under offload.
   Buffer<float> master;
   // Empty under offload; with int8 moments the fp32 tensors' only (offloaded too).

@@ -174,6 +174,47 @@ UnitLayout all_ranks_layout(const LayoutPlan& p, const UnitShape& unit, int shar
   return all;
 }
 
+ShardUnitBytes checkpoint_shard_bytes(const LayoutPlan& p, const UnitShape& unit, int shards,
+                                      int index, bool outer, bool pending) {
+  // Every extent the own range, in memory: the holdings of exactly what the shard keeps.
+  LayoutPlan own = p;
+  own.stage.params = own.stage.grads = own.stage.optimizer = StagePlan::Extent::kOwn;
+  own.offload = Offload::kNone;
+  const UnitLayout l = unit_layout(own, unit, shards, index);
+  const uint64_t n = l.own.count();
+  ShardUnitBytes b;
+  for (size_t k = 0; k < l.entries.size(); ++k) {
+    const Holding& h = l.entries[k];
+    switch (static_cast<E>(k)) {
+      case E::kGrads:  // a step's, never saved
+        break;
+      case E::kCodesM:
+      case E::kCodesV:
+        // The shard's codes are [c_r] like its other states (docs/checkpoint_format.md): a
+        // code for every element of the range, 0 at the fp32 tensors'.
+        b.states += Holding{.count = n, .bits = h.bits}.bytes();
+        break;
+      case E::kParams:
+      case E::kMaster:
+      case E::kAdamM:
+      case E::kAdamV:
+      case E::kScalesM:
+      case E::kScalesV:
+        b.states += h.bytes();
+        break;
+      default:
+        if (h.count > 0) {
+          throw std::logic_error(fmt::format(
+              "checkpoint shard: the state layout holds {}, which no checkpoint saves yet",
+              kStateEntrySpecs[k].name));
+        }
+    }
+  }
+  if (outer) b.outer = 2 * 4 * n;
+  if (pending) b.pending = 4 * n;
+  return b;
+}
+
 LayoutBytes& LayoutBytes::operator+=(const UnitLayout& l) {
   for (size_t k = 0; k < l.entries.size(); ++k) {
     const Holding& h = l.entries[k];

@@ -114,9 +114,6 @@ LayoutPlan layout_plan(int stage, Precision precision, bool fp32_accumulator, Of
 // The offload file (train/offload.h) keeps each of a unit's states it holds in a region padded
 // to whole blocks of this many bytes, so O_DIRECT can read any piece of it.
 inline constexpr uint64_t kOffloadAlign = 4096;
-inline uint64_t offload_region_bytes(uint64_t elements, uint64_t element_bytes = 4) {
-  return (elements * element_bytes + kOffloadAlign - 1) / kOffloadAlign * kOffloadAlign;
-}
 
 // Rank `rank`'s range of Partition::aligned(numel, world, grain), in O(1): building the
 // Partition costs O(world), which made every loop over ranks quadratic.
@@ -159,6 +156,28 @@ UnitLayout unit_layout(const LayoutPlan& p, const UnitShape& unit, int shards, i
 // moments, so their blocks add up too), `shards` of each that covers the whole unit. In
 // O(tensors), whatever the ranks. Sub-byte entries round once per copy, not per rank.
 UnitLayout all_ranks_layout(const LayoutPlan& p, const UnitShape& unit, int shards);
+
+// What rank `index` of the `shards` ranks a unit is partitioned over writes of it into a
+// checkpoint shard (train/checkpoint_shards.h), in bytes: its own range of every state a
+// checkpoint keeps, whatever extent the stage holds, as the layout of that range sizes them.
+struct ShardUnitBytes {
+  // The params, the fp32 master and Adam's moments (8-bit: a code per element, the block
+  // scales and the small tensors' fp32 moments): in each shard of an island the rank hosts.
+  uint64_t states = 0;
+  // --islands, in island 0's shard: the outer weights and momentum, fp32 (`outer`), and with
+  // --outer-delay the exchange in flight (`pending`), which the next step rewrites unwaited.
+  uint64_t outer = 0;
+  uint64_t pending = 0;
+  ShardUnitBytes& operator+=(const ShardUnitBytes& o) {
+    states += o.states;
+    outer += o.outer;
+    pending += o.pending;
+    return *this;
+  }
+};
+// O(tensors). logic_error for a state the layout holds that no checkpoint saves yet.
+ShardUnitBytes checkpoint_shard_bytes(const LayoutPlan& p, const UnitShape& unit, int shards,
+                                      int index, bool outer, bool pending);
 
 // A layout's bytes: in memory by ledger category, and the offload file's.
 struct LayoutBytes {

@@ -109,6 +109,14 @@ std::vector<Case> cases() {
   turn.launch.ranks = 2;
   turn.int8_moments = true;
   out.push_back({"streaming islands in turn, int8 moments", turn});
+  // Islands without a delay: the outer state, no exchange in flight at any boundary; 8-bit
+  // moments at fp32, no master beside the codes.
+  TrainConfig still = tiny_config(4, 2, Precision::kFP32);
+  still.islands = 2;
+  still.outer_every = 2;
+  still.int8_moments = true;
+  still.steps = 4;
+  out.push_back({"islands without a delay, fp32, int8 moments, stage 2", still});
   // Offloaded islands: the outer state from memory beside the file, the exchange staged.
   c.offload = Offload::kOptimizer;
   c.offload_piece = 2048;

@@ -1,11 +1,15 @@
 // What a rank holds, as the parts that iterate it see it: the islands a rank holds
 // (train/held_islands.h) and the two stores its states stream from (train/state_store.h,
-// train/offload.h), which hand out the same values in the same shapes.
+// train/offload.h), which hand out the same values in the same shapes, and the offload file,
+// which is the state layout's.
 #include <gtest/gtest.h>
+
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "memory/ledger.h"
@@ -13,6 +17,7 @@
 #include "train/config.h"
 #include "train/held_islands.h"
 #include "train/offload.h"
+#include "train/plan.h"
 #include "train/setup.h"
 #include "train/sharded_state.h"
 #include "train/state_store.h"
@@ -145,6 +150,66 @@ TEST(MemoryStore, HandsOutEightBitCodesAsTheOffloadFileDoes) {
     if (!s.quantized) continue;
     EXPECT_EQ(u.m_codes.span()[s.at], static_cast<uint8_t>(1 + (s.begin * 7) % 250));
   }
+}
+
+// The offload file is the state layout's: each unit's entries in the file, so its size is
+// the one the planner sums (LayoutBytes::file, the forecast's and the ledger's disk bytes).
+TEST(OffloadTier, HoldsTheFileTheStateLayoutSays) {
+  struct Case {
+    int stage;
+    Precision precision;
+    Offload offload;
+    bool int8;
+  };
+  for (const Case k : {Case{1, Precision::kBF16, Offload::kOptimizer, false},
+                       Case{0, Precision::kBF16, Offload::kOptimizer, true},
+                       Case{2, Precision::kFP32, Offload::kOptimizer, false},
+                       Case{3, Precision::kFP32, Offload::kOptimizer, true},
+                       Case{3, Precision::kBF16, Offload::kParams, false},
+                       Case{3, Precision::kFP16, Offload::kParams, true},
+                       Case{3, Precision::kFP32, Offload::kParams, false},
+                       Case{3, Precision::kFP32, Offload::kParams, true}}) {
+    constexpr int kWorld = 3;
+    TrainConfig c = testing::tiny_config(kWorld, k.stage, k.precision);
+    c.offload = k.offload;
+    c.int8_moments = k.int8;
+    resolve_config(c);
+    const Model model = build_model(c);
+    const UnitTensors tensors = unit_tensors(model);
+    std::vector<uint64_t> numel;
+    for (const auto& u : model) numel.push_back(u->numel());
+    for (int rank = 0; rank < kWorld; ++rank) {
+      const std::string what =
+          fmt::format("stage {} {} offload {}{} rank {}", k.stage, precision_name(k.precision),
+                      offload_name(k.offload), k.int8 ? " int8" : "", rank);
+      MemoryLedger ledger;
+      ShardedState state(model, layout_plan(c), false, c.decay_all, c.seed, kWorld, rank, ledger);
+      testing::TempDir dir;
+      const OffloadTier tier(state, c.offload, dir.path(), rank, 4096, ledger);
+      const uint64_t file = layout_bytes(layout_plan(c), numel, &tensors, kWorld, rank).file;
+      EXPECT_GT(file, 0u) << what;
+      EXPECT_EQ(tier.file().size(), file) << what;
+    }
+  }
+}
+
+// What the tier could not stream is refused, not mislaid: a state the layout puts in the file
+// that no piece carries (Muon's momentum, which no option enables yet), and a tier told
+// otherwise than the layout where the parameters are.
+TEST(OffloadTier, RefusesAFileItsPiecesDoNotCarry) {
+  TrainConfig c = testing::tiny_config(1, 3);
+  c.offload = Offload::kOptimizer;
+  resolve_config(c);
+  const Model model = build_model(c);
+  MemoryLedger ledger;
+  testing::TempDir dir;
+  LayoutPlan muon = layout_plan(c);
+  muon.muon = true;
+  ShardedState with_muon(model, muon, false, c.decay_all, c.seed, 1, 0, ledger);
+  EXPECT_THROW(OffloadTier(with_muon, c.offload, dir.path(), 0, 4096, ledger), std::logic_error);
+  ShardedState state(model, layout_plan(c), false, c.decay_all, c.seed, 1, 0, ledger);
+  EXPECT_THROW(OffloadTier(state, Offload::kParams, dir.path(), 0, 4096, ledger), std::logic_error);
+  EXPECT_NO_THROW(OffloadTier(state, Offload::kOptimizer, dir.path(), 0, 4096, ledger));
 }
 
 }  // namespace

@@ -212,5 +212,40 @@ TEST(StateLayout, ErrorFeedbackPerIsland) {
   EXPECT_EQ(b[MemCategory::kOuterState], 333u * 4);
 }
 
+// A checkpoint shard holds the own range of each state it saves, whatever extent the stage
+// holds or where the states live: params, master, moments (8-bit: a code per element, the
+// block scales, the small tensors' fp32 moments), and on island 0's ranks the outer state. A
+// state the layout holds that no checkpoint saves yet is refused, not left out.
+TEST(StateLayout, ACheckpointShardIsTheOwnRangeOfTheSavedStates) {
+  const uint64_t tensors[] = {8192, 64};  // quantized (>= kMomentMinNumel), then fp32
+  const UnitShape unit{.numel = 8256, .tensors = tensors};
+  for (const bool int8 : {false, true}) {
+    const ShardUnitBytes s0 =
+        checkpoint_shard_bytes(plan_at(0, Precision::kBF16, Offload::kNone, int8), unit, 2, 0,
+                               /*outer=*/true, /*pending=*/true);
+    const ShardUnitBytes s3 =
+        checkpoint_shard_bytes(plan_at(3, Precision::kBF16, Offload::kParams, int8), unit, 2, 0,
+                               /*outer=*/false, /*pending=*/false);
+    const Range own = own_range(8256, 2, 0, int8 ? kMomentBlock : 1);
+    const uint64_t n = own.count();
+    const MomentCounts m = moment_counts(tensors, own.begin, own.end);
+    EXPECT_EQ(s0.states, int8 ? (2 + 4 + 2) * n + 2 * 4 * (m.blocks + m.fp32) : (2 + 4 + 8) * n)
+        << int8;
+    EXPECT_EQ(s3.states, s0.states) << int8;
+    EXPECT_EQ(s0.outer, 2 * 4 * n) << int8;
+    EXPECT_EQ(s0.pending, 4 * n) << int8;
+    EXPECT_EQ(s3.outer + s3.pending, 0u) << int8;
+  }
+  // fp32: the params are the master.
+  EXPECT_EQ(checkpoint_shard_bytes(plan_at(1, Precision::kFP32), unit, 2, 1, false, false).states,
+            (4 + 8) * own_range(8256, 2, 1).count());
+  const uint8_t matrix[] = {1, 0};
+  LayoutPlan p = plan_at(1);
+  p.muon = true;
+  EXPECT_THROW((void)checkpoint_shard_bytes(
+                   p, {.numel = 8256, .tensors = tensors, .matrix = matrix}, 2, 0, false, false),
+               std::logic_error);
+}
+
 }  // namespace
 }  // namespace zerodp
