@@ -480,8 +480,11 @@ TransientLayout transient_layout(const Model& model, const TransientPlan& p, int
   }
   if (p.offload != Offload::kNone) {
     const bool params = p.offload == Offload::kParams;
-    l.offload_element_bytes = offload_element_bytes(p.offload, p.precision, p.int8_moments);
-    const uint64_t per_block = offload_block_elements(p.offload, p.precision, p.int8_moments);
+    const OffloadElement file = offload_element(layout_plan(
+        /*stage=*/3, p.precision, /*fp32_accumulator=*/false, p.offload, p.int8_moments));
+    l.offload_element_bytes = file.bytes;
+    // A piece's elements fill whole blocks in every region.
+    const uint64_t per_block = kOffloadAlign / file.narrowest;
     const uint64_t piece = p.offload_piece > 0 ? p.offload_piece : kOffloadPiece;
     l.offload_piece =
         std::max(per_block, std::min(piece, (max_opt + per_block - 1) / per_block * per_block));

@@ -42,21 +42,6 @@ struct StateBytes {
 // Elements per staged piece (4 MiB of fp32 per array): large enough that one read or write
 // runs at the disk's sequential speed, small enough that the staging stays a few MiB.
 inline constexpr uint64_t kOffloadPiece = uint64_t{1} << 20;
-// A piece's elements must fill whole blocks in every region: 1024 fp32, 2048 16-bit, 4096
-// 8-bit codes.
-inline uint64_t offload_block_elements(Offload o, Precision p, bool int8_moments = false) {
-  if (int8_moments) return kOffloadAlign;
-  return kOffloadAlign / (o == Offload::kParams && p != Precision::kFP32 ? 2 : 4);
-}
-// Bytes per element of the optimizer range summed over the file's regions: what one staged
-// piece holds per element.
-inline uint64_t offload_element_bytes(Offload o, Precision p, bool int8_moments = false) {
-  const bool fp32 = p == Precision::kFP32;
-  const uint64_t params = o == Offload::kParams && !fp32 ? 2 : 0;
-  const uint64_t master = !fp32 || o == Offload::kParams ? 4 : 0;
-  return params + master + (int8_moments ? 2 : 8);
-}
-
 // Every function below costs O(units) per call, whatever the world size, so a loop over
 // ranks stays linear in the ranks.
 

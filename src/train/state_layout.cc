@@ -153,6 +153,25 @@ UnitLayout unit_layout(const LayoutPlan& p, const UnitShape& u, int shards, int 
   return l;
 }
 
+OffloadElement offload_element(const LayoutPlan& p) {
+  // One element held whole: every in-file entry counts it once.
+  const UnitLayout one = unit_layout(p, UnitShape{.numel = 1}, 1, 0);
+  OffloadElement e;
+  for (size_t k = 0; k < one.entries.size(); ++k) {
+    const Holding& h = one.entries[k];
+    if (!h.in_file || h.count == 0) continue;
+    if (h.bits % 8 != 0) {
+      throw std::logic_error(
+          fmt::format("state layout: the offload file cannot hold {}, {} bits an element",
+                      kStateEntrySpecs[k].name, h.bits));
+    }
+    e.bytes += h.bits / 8;
+    e.narrowest = e.narrowest == 0 ? h.bits / 8 : std::min<uint64_t>(e.narrowest, h.bits / 8);
+  }
+  if (e.bytes == 0) throw std::logic_error("state layout: the offload file holds nothing");
+  return e;
+}
+
 UnitLayout all_ranks_layout(const LayoutPlan& p, const UnitShape& unit, int shards) {
   UnitLayout all = unit_layout(p, unit, 1, 0);
   const auto whole = [&](Covers c) {

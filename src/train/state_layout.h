@@ -115,6 +115,16 @@ LayoutPlan layout_plan(int stage, Precision precision, bool fp32_accumulator, Of
 // to whole blocks of this many bytes, so O_DIRECT can read any piece of it.
 inline constexpr uint64_t kOffloadAlign = 4096;
 
+// The offload file per element of a unit's optimizer range: the bytes of its in-file entries
+// together (what one staged piece holds per element) and of the narrowest (a piece is whole
+// kOffloadAlign blocks of each). The offload tier lays out the same entries (train/offload.h).
+struct OffloadElement {
+  uint64_t bytes = 0;
+  uint64_t narrowest = 0;
+};
+// logic_error for a plan that puts nothing in the file, or an entry of less than a byte.
+OffloadElement offload_element(const LayoutPlan& p);
+
 // Rank `rank`'s range of Partition::aligned(numel, world, grain), in O(1): building the
 // Partition costs O(world), which made every loop over ranks quadratic.
 Range own_range(uint64_t numel, int world, int rank, uint64_t grain = 1);

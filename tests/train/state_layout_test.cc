@@ -216,6 +216,35 @@ TEST(StateLayout, ErrorFeedbackPerIsland) {
 // holds or where the states live: params, master, moments (8-bit: a code per element, the
 // block scales, the small tensors' fp32 moments), and on island 0's ranks the outer state. A
 // state the layout holds that no checkpoint saves yet is refused, not left out.
+TEST(StateLayout, AnOffloadedElementIsTheInFileEntriesBytes) {
+  struct Case {
+    Precision precision;
+    Offload offload;
+    bool int8;
+    uint64_t bytes, narrowest;
+  };
+  // 16-bit params 2, fp32 master 4 (at fp32 the params are it), moments 4 + 4 or codes 1 + 1;
+  // 8-bit moments' small tensors keep fp32 moments in memory, not in the file.
+  const Case cases[] = {
+      {Precision::kBF16, Offload::kOptimizer, false, 12, 4},
+      {Precision::kBF16, Offload::kParams, false, 14, 2},
+      {Precision::kFP32, Offload::kOptimizer, false, 8, 4},
+      {Precision::kFP32, Offload::kParams, false, 12, 4},
+      {Precision::kFP16, Offload::kOptimizer, true, 6, 1},
+      {Precision::kBF16, Offload::kParams, true, 8, 1},
+      {Precision::kFP32, Offload::kOptimizer, true, 2, 1},
+  };
+  for (const Case& c : cases) {
+    const OffloadElement e = offload_element(layout_plan(3, c.precision, false, c.offload, c.int8));
+    EXPECT_EQ(e.bytes, c.bytes) << precision_name(c.precision) << " " << offload_name(c.offload)
+                                << " int8 " << c.int8;
+    EXPECT_EQ(e.narrowest, c.narrowest)
+        << precision_name(c.precision) << " " << offload_name(c.offload) << " int8 " << c.int8;
+  }
+  EXPECT_THROW(offload_element(layout_plan(3, Precision::kBF16, false, Offload::kNone, false)),
+               std::logic_error);
+}
+
 TEST(StateLayout, ACheckpointShardIsTheOwnRangeOfTheSavedStates) {
   const uint64_t tensors[] = {8192, 64};  // quantized (>= kMomentMinNumel), then fp32
   const UnitShape unit{.numel = 8256, .tensors = tensors};
