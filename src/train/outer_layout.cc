@@ -41,22 +41,28 @@ OuterFragment outer_fragment(std::span<const uint64_t> unit_numel, const IslandL
   return s;
 }
 
+void OuterLayout::size_exchange(bool quantized, int islands) {
+  exchange = amax = payload = codes = gathered = 0;
+  for (const OuterFragment& f : fragments) {
+    exchange = std::max(exchange, f.count);
+    amax = std::max(amax, f.blocks);
+    payload = std::max(payload, f.payload);
+  }
+  if (quantized) {
+    codes = exchange;
+    gathered = payload * static_cast<uint64_t>(islands);
+  }
+}
+
 OuterLayout outer_layout(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank) {
   OuterLayout o;
   if (l.islands == 1) return o;
   for (uint64_t numel : unit_numel) {
     o.own.push_back(own_range(numel, l.ranks, rank % l.ranks, l.grain).count());
   }
-  for (int f = 0; f < l.fragments; ++f) {
-    const OuterFragment& s = o.fragments.emplace_back(outer_fragment(unit_numel, l, rank, f));
-    o.exchange = std::max(o.exchange, s.count);
-    o.amax = std::max(o.amax, s.blocks);
-    o.payload = std::max(o.payload, s.payload);
-  }
-  if (l.quant_bits != 0) {
-    o.codes = o.exchange;
-    o.gathered = o.payload * static_cast<uint64_t>(l.islands);
-  }
+  for (int f = 0; f < l.fragments; ++f)
+    o.fragments.push_back(outer_fragment(unit_numel, l, rank, f));
+  o.size_exchange(l.quant_bits != 0, l.islands);
   if (l.gathers_master && l.master_offloaded && l.ranks > 1) {
     for (uint64_t numel : unit_numel) o.whole_master = std::max(o.whole_master, numel);
   }

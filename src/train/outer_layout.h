@@ -52,6 +52,9 @@ struct OuterLayout {
   uint64_t payload = 0;
   uint64_t gathered = 0;
   uint64_t bytes() const;
+  // The exchange's buffers from `fragments`, each as large as the largest fragment needs:
+  // the one rule the planner and the outer step's own pieces both size by.
+  void size_exchange(bool quantized, int islands);
 };
 OuterLayout outer_layout(std::span<const uint64_t> unit_numel, const IslandLayout& l, int rank);
 // The first size in which `got` differs from `want`, named ("fragment 1's payload: 12, not

@@ -123,14 +123,8 @@ OuterLayout OuterStep::pieces_layout() const {
       s.touched = q.touched;
       s.payload = q.payload;
     }
-    o.exchange = std::max(o.exchange, s.count);
-    o.amax = std::max(o.amax, s.blocks);
-    o.payload = std::max(o.payload, s.payload);
   }
-  if (cfg_.outer_quant != 0) {
-    o.codes = o.exchange;
-    o.gathered = o.payload * static_cast<uint64_t>(cfg_.islands);
-  }
+  o.size_exchange(cfg_.outer_quant != 0, cfg_.islands);
   if (gathers_offloaded_master()) {
     for (const UnitState& u : state_.units())
       o.whole_master = std::max<uint64_t>(o.whole_master, u.numel);
