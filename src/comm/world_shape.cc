@@ -9,9 +9,13 @@
 
 namespace zerodp {
 
+bool divides_world(int by, int world, bool zero_is_whole) {
+  return by > 0 ? world % by == 0 : by == 0 && zero_is_whole;
+}
+
 void check_divides_world(std::string_view flag, int by, int world, std::string_view why,
                          WorldNamed named, bool zero_is_whole) {
-  if (by > 0 ? world % by == 0 : by == 0 && zero_is_whole) return;
+  if (divides_world(by, world, zero_is_whole)) return;
   std::string world_text = fmt::format("--ranks {}", world);
   std::string fix = fmt::format("use a divisor of {}", world);
   if (named == WorldNamed::kRanksList) fix = "use rank counts that are multiples of it";

@@ -16,6 +16,10 @@ enum class WorldNamed {
   kLaunched,   // the world N processes and their threads made: launch a multiple, or a divisor
 };
 
+// Whether `by` splits a world of `world` ranks into equal parts (0 the whole world, where
+// `zero_is_whole`): the rule check_divides_world words, cheap enough for a search over worlds.
+bool divides_world(int by, int world, bool zero_is_whole = false);
+
 // InvalidArgument "FLAG BY does not divide WORLD: WHY; FIX" unless `by` divides `world`;
 // `by` below 1 is refused the same way, 0 excepted where `zero_is_whole` (--node-ranks 0:
 // one node).

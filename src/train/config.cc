@@ -190,19 +190,36 @@ void default_island_nodes(TrainConfig& c, int world) {
   }
 }
 
+namespace {
+
+// An island's ranks and the ranks per node it lies on, once --islands divides the world.
+struct IslandNodes {
+  int ranks, node;
+};
+IslandNodes island_nodes(const TrainConfig& c, int world) {
+  const int n = c.islands_in_turn ? world : world / c.islands;
+  return {n, c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : n};
+}
+
+}  // namespace
+
+bool islands_fit_world(const TrainConfig& c, int world) {
+  if (c.islands == 1) return true;
+  if (!c.islands_in_turn && !divides_world(c.islands, world)) return false;
+  const auto [n, t] = island_nodes(c, world);
+  return n % t == 0 || t % n == 0;
+}
+
 void check_island_world(const TrainConfig& c, int world, WorldNamed named) {
-  if (c.islands == 1) return;
+  if (islands_fit_world(c, world)) return;
   if (!c.islands_in_turn) {
     check_divides_world("--islands", c.islands, world, "every island has as many ranks", named);
   }
-  const int n = c.islands_in_turn ? world : world / c.islands;
-  const int t = c.launch.comm.node_ranks > 0 ? c.launch.comm.node_ranks : n;
-  if (n % t != 0 && t % n != 0) {
-    throw InvalidArgument(fmt::format(
-        "--islands {} of {} ranks each and --node-ranks {}: an island must be whole nodes or a "
-        "part of one; use --node-ranks dividing {} or a multiple of it",
-        c.islands, n, t, n));
-  }
+  const auto [n, t] = island_nodes(c, world);
+  throw InvalidArgument(fmt::format(
+      "--islands {} of {} ranks each and --node-ranks {}: an island must be whole nodes or a "
+      "part of one; use --node-ranks dividing {} or a multiple of it",
+      c.islands, n, t, n));
 }
 
 void check_fragments(const TrainConfig& c, uint64_t params) {

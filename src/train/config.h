@@ -257,9 +257,10 @@ void check_fragments(const TrainConfig& c, uint64_t params);
 // Islands are nodes unless --node-ranks says otherwise: with --islands and no --node-ranks,
 // node_ranks becomes world / islands (launch() makes the MPI world so, comm/launch.h).
 void default_island_nodes(TrainConfig& c, int world);
-// The islands' part of the world check (run_check.h), which the planner asks too: --islands
+// The islands' part of the world rule (run_check.h), which the planner asks too: --islands
 // divides a world of `world` ranks unless the islands take turns, into islands that are whole
-// nodes or a part of one. `named`: how a refusal names the world.
+// nodes or a part of one. The rule, then its refusal (`named`: how it names the world).
+bool islands_fit_world(const TrainConfig& c, int world);
 void check_island_world(const TrainConfig& c, int world, WorldNamed named);
 
 // --offload's value: "none", "optimizer" or "optimizer,params". Throws InvalidArgument naming

@@ -3,6 +3,7 @@
 // option with nothing to act on, into its table entry (options.h).
 #include "train/run_check.h"
 
+#include <algorithm>
 #include <optional>
 
 #include <fmt/core.h>
@@ -279,24 +280,31 @@ void check_run_at_stages(const TrainConfig& c, std::span<const int> stages) {
   if (refused) throw *refused;
 }
 
+namespace {
+
+// The first --inject at a rank outside a world of `world` ranks, or none.
+const Injection* injected_outside(const TrainConfig& c, int world) {
+  const auto i = std::find_if(c.inject.begin(), c.inject.end(),
+                              [world](const Injection& j) { return j.rank >= world; });
+  return i == c.inject.end() ? nullptr : &*i;
+}
+
+}  // namespace
+
 void check_world(const TrainConfig& c, int world, WorldNamed named) {
   check_island_world(c, world, named);
   check_whole_nodes(c.launch.comm.node_ranks, world, named);
-  for (const Injection& i : c.inject) {
-    if (i.rank >= world) {
-      throw InvalidArgument(
-          fmt::format("--inject at rank {}: the run has ranks 0..{}", i.rank, world - 1));
-    }
+  if (const Injection* i = injected_outside(c, world)) {
+    throw InvalidArgument(
+        fmt::format("--inject at rank {}: the run has ranks 0..{}", i->rank, world - 1));
   }
 }
 
+// The rules without their words: the advice asks it of up to a million worlds.
 bool launchable(const TrainConfig& c, int world) {
-  try {
-    check_world(c, world, WorldNamed::kRanks);
-    return true;
-  } catch (const InvalidArgument&) {
-    return false;
-  }
+  return islands_fit_world(c, world) &&
+         divides_world(c.launch.comm.node_ranks, world, /*zero_is_whole=*/true) &&
+         injected_outside(c, world) == nullptr;
 }
 
 void resolve_world(TrainConfig& c, int world, WorldNamed named) {

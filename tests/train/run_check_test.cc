@@ -114,6 +114,24 @@ TEST(WorldCheck, AdviceNamesOnlyTheWorldsTheRuleTakes) {
   EXPECT_FALSE(launchable(c, 6));   // not whole nodes
   EXPECT_FALSE(launchable(c, 12));  // islands of 6 over nodes of 4
   EXPECT_TRUE(launchable(c, 16));
+  // The rule without its words is the rule with them, world by world.
+  for (int islands : {1, 2, 3}) {
+    for (int node : {0, 1, 2, 4, 6}) {
+      for (bool in_turn : {false, true}) {
+        TrainConfig k;
+        k.islands = islands;
+        k.islands_in_turn = in_turn && islands > 1;
+        k.launch.comm.node_ranks = node;
+        k.inject = {parse_injection("throw@2:20")};
+        for (int world = 1; world <= 48; ++world) {
+          EXPECT_EQ(launchable(k, world),
+                    message_of([&] { check_world(k, world, WorldNamed::kRanks); }) == "(accepted)")
+              << "islands " << islands << " in turn " << k.islands_in_turn << " node " << node
+              << " world " << world;
+        }
+      }
+    }
+  }
 }
 
 TEST(RunCheck, TrainAndEstimateRefuseARuleInTheSameWords) {
