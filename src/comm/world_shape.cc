@@ -28,6 +28,10 @@ void check_divides_world(std::string_view flag, int by, int world, std::string_v
 }
 
 void check_whole_nodes(int node_ranks, int world, WorldNamed named) {
+  if (node_ranks < 0) {
+    throw InvalidArgument(
+        fmt::format("--node-ranks {} is invalid; {}", node_ranks, kNodeRanksAdvice));
+  }
   check_divides_world("--node-ranks", node_ranks, world, "a world is whole nodes", named,
                       /*zero_is_whole=*/true);
 }

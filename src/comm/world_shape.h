@@ -26,7 +26,13 @@ bool divides_world(int by, int world, bool zero_is_whole = false);
 void check_divides_world(std::string_view flag, int by, int world, std::string_view why,
                          WorldNamed named, bool zero_is_whole = false);
 
-// The world is whole nodes of `node_ranks` ranks (0: one node, the whole world).
+// What a --node-ranks that no world takes (below 0) should be: train's option table says it
+// too.
+inline constexpr std::string_view kNodeRanksAdvice =
+    "use the ranks per node (1 or more), or leave it out for one node";
+
+// The world is whole nodes of `node_ranks` ranks (0: one node, the whole world); a negative
+// count is refused as a value, with kNodeRanksAdvice.
 void check_whole_nodes(int node_ranks, int world, WorldNamed named);
 
 // --ranks-per-process T, the rank threads of each MPI process: 1 or more, only with the MPI

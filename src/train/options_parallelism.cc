@@ -6,6 +6,7 @@
 
 #include <fmt/core.h>
 
+#include "comm/world_shape.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "train/option_readers.h"
@@ -253,7 +254,7 @@ const OptionSpec kParallelismOptions[] = {
      .help = "Ranks per node: consecutive ranks share a node, and the comm ledger counts the "
              "bytes that cross nodes apart (docs/topology.md); default: one node",
      .commands = kBoth,
-     .advice = "use the ranks per node (1 or more), or leave it out for one node",
+     .advice = kNodeRanksAdvice,
      .type = "INT",
      .read = [](TrainConfig& c, const std::string& t,
                 const OptionSpec& o) { c.launch.comm.node_ranks = whole<int>(t, o); },

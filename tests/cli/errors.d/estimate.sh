@@ -121,6 +121,8 @@ done
 # bench-comm's host rate: an all-gather over 2 hosts of 2 brings each host S bytes (its 2
 # ranks each receive the other host's 2 shards of S/4), so host_MB/s is the algbw.
 expect "--node-ranks 3 does not divide --ranks 4: a world is whole nodes; use a divisor of 4" bench-comm --ranks 4 --node-ranks 3
+expect "--node-ranks -1 is invalid; use the ranks per node (1 or more), or leave it out for one node" \
+  bench-comm --ranks 4 --node-ranks -1
 row=$("$zerodp" bench-comm --ranks 4 --node-ranks 2 --ops all_gather --dtypes f32 --min-bytes 1MiB \
   --max-bytes 1MiB --json --seconds-per-row 0.05)
 if /usr/bin/python3 -c 'import json,sys; r=json.loads(sys.argv[1]); assert abs(r["host_bytes_per_s"] / (r["algbw"] * 1e9) - 1) < 1e-6, r' "$row"; then
